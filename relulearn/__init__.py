@@ -1,0 +1,15 @@
+"""relulearn: learn hidden neural networks from samples with moment and spectral methods.
+
+The public API: :func:`estimate` streams samples through Dask into a zarr store of
+sufficient statistics; :func:`open_store` reads them back with standard errors.
+"""
+
+from .api import estimate, merge, open_store, status
+from .config import ConfigError, RunConfig, load_config
+from .network import Network
+from .storage import StoreError, StoredRun
+
+__version__ = "0.1.0"
+
+__all__ = ["estimate", "merge", "open_store", "status", "load_config", "RunConfig", "ConfigError",
+           "Network", "StoreError", "StoredRun", "__version__"]

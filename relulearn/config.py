@@ -1,0 +1,286 @@
+"""The run configuration: typed, validated, loaded from YAML (DESIGN.md §8).
+
+Every section is a pydantic model with ``extra="forbid"``, so a mistyped key is an
+error that names the key and the closest valid one, instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "ConfigError",
+    "RunConfig",
+    "SourceConfig",
+    "StatisticsConfig",
+    "load_config",
+    "config_from_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A run configuration that cannot be used; the message says what to change."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# --------------------------------------------------------------------------- source
+
+
+class OneHiddenReluTeacher(_Section):
+    """``y = Σ_i λ_i relu(<u_i, x>)`` with unit ``u_i`` (DESIGN.md §3)."""
+
+    kind: Literal["one_hidden_relu"] = "one_hidden_relu"
+    width: int = Field(3, ge=1, description="number of hidden units k")
+    output_weights: Optional[list[float]] = Field(
+        None, description="λ_1..λ_k; drawn from `seed` (random signs, |λ| in [0.5, 1.5]) when omitted"
+    )
+    weights: Optional[list[list[float]]] = Field(
+        None, description="k rows u_i of length d (normalized to unit length); random unit vectors when omitted"
+    )
+    seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> "OneHiddenReluTeacher":
+        if self.output_weights is not None and len(self.output_weights) != self.width:
+            raise ValueError(
+                f"output_weights has {len(self.output_weights)} entries but width is {self.width}; "
+                "give one output weight per hidden unit"
+            )
+        if self.weights is not None and len(self.weights) != self.width:
+            raise ValueError(f"weights has {len(self.weights)} rows but width is {self.width}")
+        return self
+
+
+class FileTeacher(_Section):
+    """Any network file in the format of DESIGN.md §5 (``W0..WL``, ``activation``)."""
+
+    file: str = Field(..., description="path of a .npz network file, relative to the config file")
+
+
+TeacherConfig = Union[OneHiddenReluTeacher, FileTeacher]
+
+
+class SourceConfig(_Section):
+    d: int = Field(..., ge=1, description="input dimension")
+    teacher: TeacherConfig = Field(default_factory=OneHiddenReluTeacher)
+    noise_std: float = Field(0.0, ge=0.0, description="standard deviation of additive Gaussian label noise")
+    output: Optional[int] = Field(
+        None, ge=0, description="for a vector-output teacher: which output coordinate is the label y"
+    )
+
+    @field_validator("teacher", mode="before")
+    @classmethod
+    def _pick_teacher(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "file" in value:
+            return FileTeacher(**value)
+        if isinstance(value, dict):
+            return OneHiddenReluTeacher(**value)
+        return value
+
+
+# ----------------------------------------------------------------------- statistics
+
+
+class BasicConfig(_Section):
+    """count, Σy, Σy², Σx, Σxxᵀ, Σy·x."""
+
+
+class HermiteConfig(_Section):
+    max_order: int = Field(4, ge=0, le=8, description="largest order l of T_l = E[y He_l(x)]")
+    max_entries: int = Field(
+        2_000_000, ge=1, description="refuse when the packed tensors would have more entries than this (large d)"
+    )
+
+
+class ContractedConfig(_Section):
+    orders: list[int] = Field([2, 4], min_length=1, description="orders l of the contracted matrices M_l^g")
+    directions: Union[int, list[list[float]]] = Field(
+        8, description="number of random unit directions g, or the directions themselves (rows of length d)"
+    )
+    directions_seed: Optional[int] = Field(
+        None, ge=0, description="seed of the random direction bank (default: the run's seed)"
+    )
+
+    @field_validator("orders")
+    @classmethod
+    def _orders(cls, value: list[int]) -> list[int]:
+        bad = [o for o in value if o < 2 or o > 30]
+        if bad:
+            raise ValueError(f"contracted orders must be between 2 and 30, got {bad}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"contracted orders repeat: {value}")
+        return value
+
+    @field_validator("directions")
+    @classmethod
+    def _directions(cls, value: Any) -> Any:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("directions must be a positive count or a list of direction vectors")
+        return value
+
+
+class FilteredConfig(_Section):
+    quantiles: Optional[list[float]] = Field(
+        None, description="thresholds τ as quantiles of |y| (estimated in a short pilot pass)"
+    )
+    thresholds: Optional[list[float]] = Field(None, description="thresholds τ given directly")
+    pilot_samples: int = Field(100_000, ge=1000, description="samples of the pilot pass that estimates quantiles")
+
+    @model_validator(mode="after")
+    def _one_grid(self) -> "FilteredConfig":
+        if (self.quantiles is None) == (self.thresholds is None):
+            raise ValueError("give exactly one of `quantiles` (e.g. [0.5, 0.8, 0.95]) or `thresholds`")
+        if self.quantiles is not None:
+            if not self.quantiles or any(not 0.0 <= q < 1.0 for q in self.quantiles):
+                raise ValueError(f"quantiles must lie in [0, 1), got {self.quantiles}")
+            if sorted(set(self.quantiles)) != list(self.quantiles):
+                raise ValueError(f"quantiles must be strictly increasing, got {self.quantiles}")
+        if self.thresholds is not None:
+            if not self.thresholds or any(t < 0 for t in self.thresholds):
+                raise ValueError(f"thresholds must be non-negative, got {self.thresholds}")
+            if sorted(set(self.thresholds)) != list(self.thresholds):
+                raise ValueError(f"thresholds must be strictly increasing, got {self.thresholds}")
+        return self
+
+
+class StatisticsConfig(_Section):
+    basic: Optional[BasicConfig] = Field(default_factory=BasicConfig)
+    hermite: Optional[HermiteConfig] = None
+    contracted: Optional[ContractedConfig] = None
+    filtered: Optional[FilteredConfig] = None
+
+    def enabled(self) -> dict[str, _Section]:
+        """The statistics to accumulate, by name, in a fixed order."""
+        out = {}
+        for name in ("basic", "hermite", "contracted", "filtered"):
+            section = getattr(self, name)
+            if section is not None:
+                out[name] = section
+        return out
+
+
+class RunOptions(_Section):
+    chunks_per_block: int = Field(
+        4, ge=1, description="chunks reduced on a worker into one block partial (part of the fingerprint)"
+    )
+    commit_interval: float = Field(
+        30.0, ge=0.0, description="seconds between commits to the store (0: commit after every block)"
+    )
+    max_blocks_in_flight: Optional[int] = Field(
+        None, ge=1, description="bound on submitted, unmerged blocks (default: 2 × workers + 1)"
+    )
+
+
+class RunConfig(_Section):
+    seed: int = Field(..., ge=0, description="chunk i of this run uses a generator keyed by (seed, i)")
+    samples: int = Field(..., ge=1, description="samples wanted (rounded up to whole chunks)")
+    chunk_size: int = Field(50_000, ge=2, description="samples per chunk")
+    source: SourceConfig
+    statistics: StatisticsConfig = Field(default_factory=StatisticsConfig)
+    run: RunOptions = Field(default_factory=RunOptions)
+    # Where the config was read from: relative teacher files resolve against it. Not user-set.
+    base_dir: Optional[str] = Field(None, exclude=True, repr=False)
+
+    @property
+    def n_chunks(self) -> int:
+        return -(-self.samples // self.chunk_size)
+
+    def resolve_path(self, path: str) -> Path:
+        p = Path(path).expanduser()
+        if not p.is_absolute() and self.base_dir:
+            p = Path(self.base_dir) / p
+        return p
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict that round-trips through :func:`config_from_dict`."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _valid_keys(model: type[BaseModel]) -> list[str]:
+    return [name for name, field in model.model_fields.items() if not field.exclude]
+
+
+def _model_at(loc: tuple, root: type[BaseModel]) -> Optional[type[BaseModel]]:
+    """The model class that owns the location ``loc`` (used to suggest keys)."""
+    model: Any = root
+    for part in loc[:-1]:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            # a union member tag such as 'OneHiddenReluTeacher'
+            return None
+        ann = field.annotation
+        candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not candidates:
+            return None
+        model = candidates[0]
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _format_errors(err: ValidationError, where: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p[:1].isupper()))
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(loc, RunConfig)
+            hint = ""
+            if owner is not None:
+                close = difflib.get_close_matches(str(loc[-1]), _valid_keys(owner), n=1, cutoff=0.5)
+                valid = ", ".join(_valid_keys(owner))
+                hint = f" — did you mean '{close[0]}'?" if close else ""
+                hint += f" (valid keys here: {valid})"
+            lines.append(f"unknown key '{key}'{hint}")
+        elif e["type"] == "missing":
+            lines.append(f"missing required key '{key}'")
+        else:
+            got = e.get("input")
+            got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+            lines.append(f"'{key}': {e['msg']}{got_s}")
+    return f"invalid configuration {where}:\n  " + "\n  ".join(lines)
+
+
+def config_from_dict(data: Any, *, where: str = "", base_dir: Optional[str] = None) -> RunConfig:
+    """Validate a configuration given as a dict (the parsed YAML)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid configuration {where}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        cfg = RunConfig(**data, base_dir=base_dir)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, where)) from None
+    except TypeError as err:  # e.g. a section given as a scalar
+        raise ConfigError(f"invalid configuration {where}: {err}") from None
+    return cfg
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read and validate a run configuration from a YAML file.
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing, is not YAML, or does not satisfy the schema. The
+        message names each offending key and, for unknown keys, the closest valid one.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read configuration file {path}: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"configuration file {path} is not valid YAML: {err}") from None
+    return config_from_dict(data, where=f"in {path}", base_dir=str(path.resolve().parent))

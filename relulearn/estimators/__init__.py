@@ -1,0 +1,1 @@
+"""Downstream stages on stored statistics (spectral, enumeration, polish, learning methods)."""

@@ -1,0 +1,172 @@
+"""Network: layered weights, forward pass, and the .npz file format (DESIGN.md §5).
+
+A network file holds arrays ``W0, W1, ..., WL`` (layer j maps ``dim_j -> dim_{j+1}``
+and has shape ``(dim_{j+1}, dim_j)``; the last is the linear output layer), optional
+biases ``b0, ..., bL`` and a string ``activation`` (default ``relu``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+__all__ = ["Network", "NetworkFileError", "ACTIVATIONS"]
+
+
+def _relu(h: np.ndarray) -> np.ndarray:
+    return np.maximum(h, 0.0, out=h)
+
+
+def _sigmoid(h: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * h))
+
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "relu": _relu,
+    "tanh": np.tanh,
+    "sigmoid": _sigmoid,
+    "identity": lambda h: h,
+}
+
+
+class NetworkFileError(ValueError):
+    """A network file or weight list that does not describe a network."""
+
+
+@dataclass(frozen=True)
+class Network:
+    """A feed-forward network ``W_L act(... act(W_0 x + b_0) ...) + b_L``.
+
+    Parameters
+    ----------
+    weights
+        ``W0..WL``; ``weights[j]`` has shape ``(dim_{j+1}, dim_j)``.
+    biases
+        ``b0..bL`` or ``None`` for a bias-free network.
+    activation
+        Name of the hidden activation (``relu``, ``tanh``, ``sigmoid``, ``identity``).
+    """
+
+    weights: tuple[np.ndarray, ...]
+    biases: Optional[tuple[np.ndarray, ...]] = None
+    activation: str = "relu"
+    _origin: str = field(default="network", compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        where = self._origin
+        if len(self.weights) < 1:
+            raise NetworkFileError(f"{where}: a network needs at least one weight matrix W0")
+        if self.activation not in ACTIVATIONS:
+            raise NetworkFileError(
+                f"{where}: unknown activation {self.activation!r}; use one of {sorted(ACTIVATIONS)}"
+            )
+        ws = tuple(np.asarray(w, dtype=np.float64) for w in self.weights)
+        for j, w in enumerate(ws):
+            if w.ndim != 2:
+                raise NetworkFileError(f"{where}: W{j} must be a 2-d matrix, got shape {w.shape}")
+            if j > 0 and w.shape[1] != ws[j - 1].shape[0]:
+                raise NetworkFileError(
+                    f"{where}: W{j} has shape {w.shape} but W{j-1} has shape {ws[j-1].shape}: "
+                    f"W{j} must have {ws[j-1].shape[0]} columns (layer j maps dim_j -> dim_(j+1))"
+                )
+            if not np.all(np.isfinite(w)):
+                raise NetworkFileError(f"{where}: W{j} contains NaN or inf")
+        object.__setattr__(self, "weights", ws)
+        if self.biases is not None:
+            bs = tuple(np.asarray(b, dtype=np.float64) for b in self.biases)
+            if len(bs) != len(ws):
+                raise NetworkFileError(f"{where}: {len(bs)} biases for {len(ws)} layers; give b0..b{len(ws)-1}")
+            for j, (b, w) in enumerate(zip(bs, ws)):
+                if b.shape != (w.shape[0],):
+                    raise NetworkFileError(f"{where}: b{j} has shape {b.shape}, expected ({w.shape[0]},)")
+                if not np.all(np.isfinite(b)):
+                    raise NetworkFileError(f"{where}: b{j} contains NaN or inf")
+            object.__setattr__(self, "biases", bs)
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def input_dim(self) -> int:
+        return int(self.weights[0].shape[1])
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.weights[-1].shape[0])
+
+    @property
+    def depth(self) -> int:
+        """Number of hidden layers."""
+        return len(self.weights) - 1
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """Outputs for a batch ``x`` of shape ``(n, d)``; returns ``(n, output_dim)``."""
+        act = ACTIVATIONS[self.activation]
+        h = np.asarray(x, dtype=np.float64)
+        last = len(self.weights) - 1
+        for j, w in enumerate(self.weights):
+            h = h @ w.T
+            if self.biases is not None:
+                h += self.biases[j]
+            if j < last:
+                h = act(h)
+        return h
+
+    __call__ = forward
+
+    # ---------------------------------------------------------------- files
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {f"W{j}": w for j, w in enumerate(self.weights)}
+        if self.biases is not None:
+            out.update({f"b{j}": b for j, b in enumerate(self.biases)})
+        out["activation"] = np.array(self.activation)
+        return out
+
+    def save(self, path: str | Path) -> None:
+        """Write the network as an ``.npz`` file (no pickled objects)."""
+        np.savez(Path(path), **self.to_arrays())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Network":
+        """Read a network file, checking that its shapes chain and its values are finite."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+        except FileNotFoundError:
+            raise NetworkFileError(f"network file {path} does not exist") from None
+        except (OSError, ValueError) as err:
+            raise NetworkFileError(f"{path} is not a readable .npz network file: {err}") from None
+        return cls.from_arrays(arrays, origin=str(path))
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "network") -> "Network":
+        names = set(arrays)
+        w_idx = sorted(int(m.group(1)) for k in names if (m := re.fullmatch(r"W(\d+)", k)))
+        b_idx = sorted(int(m.group(1)) for k in names if (m := re.fullmatch(r"b(\d+)", k)))
+        unknown = names - {f"W{j}" for j in w_idx} - {f"b{j}" for j in b_idx} - {"activation"}
+        if unknown:
+            raise NetworkFileError(
+                f"{origin}: unexpected arrays {sorted(unknown)}; a network file holds W0..WL, b0..bL, activation"
+            )
+        if not w_idx or w_idx != list(range(len(w_idx))):
+            raise NetworkFileError(f"{origin}: weight arrays must be W0, W1, ..., WL without gaps; found {sorted(names)}")
+        if b_idx and b_idx != w_idx:
+            raise NetworkFileError(f"{origin}: biases must be b0..b{len(w_idx)-1} when present; found b{b_idx}")
+        act = str(arrays["activation"]) if "activation" in arrays else "relu"
+        ws = tuple(arrays[f"W{j}"] for j in w_idx)
+        bs = tuple(arrays[f"b{j}"] for j in b_idx) if b_idx else None
+        return cls(ws, bs, act, _origin=origin)
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the weights' bytes and the activation (identifies a teacher)."""
+        h = hashlib.sha256(self.activation.encode())
+        for name, arr in sorted(self.to_arrays().items()):
+            if name != "activation":
+                h.update(name.encode())
+                h.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
+        return h.hexdigest()

@@ -1,0 +1,1 @@
+"""Streaming: sources -> chunks -> statistics -> blocks -> store."""

@@ -1,0 +1,457 @@
+"""The accumulation run: plan blocks of chunks, reduce them on Dask workers, merge the
+block partials on the driver in block order, and commit them atomically to the store.
+
+Bitwise reproducibility comes from three rules: a chunk's bytes depend only on
+``(seed, chunk id)``; a block is always the same chunks reduced in the same order; the
+driver adds block partials in block order (holding early arrivals in a buffer bounded by
+the number of blocks in flight). So the result does not depend on the number of workers,
+on scheduling, or on how often the run was interrupted and resumed.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
+
+import numpy as np
+
+from ..config import RunConfig, config_from_dict
+from ..storage import FORMAT_VERSION, RunStore, StoreError, diff_fields
+from .sources import Source, make_source
+from .statistics import (
+    BasicMoments,
+    ContractedMoments,
+    FilteredMoments,
+    HermiteTensors,
+    Partial,
+    Statistic,
+    accumulate_chunks,
+    build_statistics,
+)
+
+__all__ = [
+    "RunSummary",
+    "estimate",
+    "fingerprint",
+    "plan_blocks",
+    "statistics_from_store",
+    "load_partial",
+    "compute_block",
+    "merge_stores",
+]
+
+
+# ----------------------------------------------------------------- planning
+
+
+def plan_blocks(start: int, stop: int, per_block: int) -> list[tuple[int, int]]:
+    """Chunk ranges ``[a, b)`` of the blocks that take a run from ``start`` to ``stop`` chunks.
+
+    Blocks are laid from ``start``, so a run resumed at a block boundary continues with
+    exactly the blocks the uninterrupted run would have used.
+    """
+    return [(a, min(a + per_block, stop)) for a in range(start, stop, per_block)]
+
+
+def fingerprint(cfg: RunConfig, source: Source) -> dict[str, Any]:
+    """What must agree for two runs to share a store (everything but the sample count)."""
+    src = cfg.source.model_dump(mode="json", exclude_none=True)
+    if "file" in src.get("teacher", {}):
+        src["teacher"] = {"file": "<file>"}  # the path may move; the weights may not
+    src["teacher_sha256"] = source.network.fingerprint()
+    return {
+        "format_version": FORMAT_VERSION,
+        "seed": cfg.seed,
+        "chunk_size": cfg.chunk_size,
+        "chunks_per_block": cfg.run.chunks_per_block,
+        "source": src,
+        "statistics": cfg.statistics.model_dump(mode="json", exclude_none=True),
+    }
+
+
+# ------------------------------------------------------------ store <-> state
+
+
+def statistics_from_store(cfg: RunConfig, store: RunStore) -> list[Statistic]:
+    """Rebuild a run's statistics from its configuration and the stored banks and grids."""
+    d = cfg.source.d
+    out: list[Statistic] = []
+    for name, section in cfg.statistics.enabled().items():
+        if name == "basic":
+            out.append(BasicMoments(d))
+        elif name == "hermite":
+            out.append(HermiteTensors(d, section))
+        elif name == "contracted":
+            g = store.read_group(name)
+            out.append(ContractedMoments(g["direction"][1], section.orders))
+        elif name == "filtered":
+            g = store.read_group(name)
+            q = g["quantile"][1] if "quantile" in g else None
+            out.append(FilteredMoments(d, g["tau"][1], q))
+    return out
+
+
+def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, list[list[int]]]:
+    """The committed sums as a :class:`Partial`, and the ledger rows ``[seed, start, stop, commit]``."""
+    ledger_arrays = store.read_group("ledger")
+    ledger = np.stack([ledger_arrays[k][1] for k in ("seed", "chunk_start", "chunk_stop", "commit")], axis=1)
+    ledger_rows = ledger.astype(np.int64).tolist()
+    # merged stores hold several seeds' ranges: the state covers their total count
+    part = Partial(0, int((ledger[:, 2] - ledger[:, 1]).sum()))
+    for s in stats:
+        arrays = store.read_group(s.name)
+        part.sums[s.name] = {k: np.array(arrays[f"sum_{k}"][1]) for k in s.sums_schema()}
+        part.sumsq[s.name] = {k: np.array(arrays[f"sumsq_{k}"][1]) for k in s.terms_schema()}
+    return part, ledger_rows
+
+
+def _groups(stats: Sequence[Statistic], state: Partial, chunk_size: int,
+            ledger: list[list[int]]) -> dict[str, dict[str, tuple]]:
+    """Everything a commit writes: sums, error terms, estimates with SEs, coords, ledger."""
+    groups: dict[str, dict[str, tuple]] = {}
+    n_chunks = sum(r[2] - r[1] for r in ledger)
+    for s in stats:
+        arrays: dict[str, tuple] = {}
+        sums_schema, terms_schema = s.sums_schema(), s.terms_schema()
+        for k, v in state.sums[s.name].items():
+            arrays[f"sum_{k}"] = (sums_schema[k].dims, v)
+        for k, v in state.sumsq[s.name].items():
+            arrays[f"sumsq_{k}"] = (terms_schema[k].dims, v)
+        for k, est in s.finalize(state.sums[s.name], state.sumsq[s.name], n_chunks, chunk_size).items():
+            arrays[k] = (est.dims, est.mean)
+            arrays[f"{k}_se"] = (est.dims, est.se)
+        for k, (dims, v) in s.coords().items():
+            arrays[k] = (dims, v)
+        groups[s.name] = arrays
+    table = np.asarray(ledger, dtype=np.int64).reshape(-1, 4)
+    groups["ledger"] = {k: (("block",), table[:, i]) for i, k in
+                        enumerate(("seed", "chunk_start", "chunk_stop", "commit"))}
+    return groups
+
+
+def _meta(cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[list[int]],
+          target_chunks: int) -> dict[str, Any]:
+    chunks = sum(r[2] - r[1] for r in ledger)
+    return {
+        "fingerprint": fp,
+        "config": cfg.to_dict(),
+        "seeds": sorted({int(r[0]) for r in ledger}) or [cfg.seed],
+        "chunk_size": cfg.chunk_size,
+        "chunks": chunks,
+        "samples": chunks * cfg.chunk_size,
+        "target_samples": target_chunks * cfg.chunk_size,
+        "blocks": len(ledger),
+        "statistics": [s.name for s in stats],
+    }
+
+
+# ------------------------------------------------------------------ workers
+
+
+def compute_block(stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int,
+                  chunk_start: int, chunk_stop: int) -> Partial:
+    """Reduce one block on a worker, with single-threaded BLAS (one task per core)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return accumulate_chunks(list(stats), source, seed, chunk_size, chunk_start, chunk_stop)
+
+
+# ----------------------------------------------------------------- progress
+
+
+class _Progress:
+    """One line over completed blocks: samples done, samples/s, ETA."""
+
+    def __init__(self, total: int, done: int, stream: Optional[TextIO]):
+        self.total, self.start_done, self.stream = total, done, stream
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
+
+    def update(self, done: int, force: bool = False) -> None:
+        if self.stream is None:
+            return
+        now = time.perf_counter()
+        if not force and now - self.last < (0.2 if self.tty else 5.0):
+            return
+        self.last = now
+        rate = (done - self.start_done) / max(now - self.t0, 1e-9)
+        eta = (self.total - done) / rate if rate > 0 else math.inf
+        frac = done / self.total if self.total else 1.0
+        bar = "#" * int(30 * frac)
+        eta_s = "--" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
+        line = f"[{bar:<30}] {done:,}/{self.total:,} samples  {rate:,.0f} samples/s  ETA {eta_s}"
+        self.stream.write(("\r" + line) if self.tty else (line + "\n"))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ---------------------------------------------------------------------- run
+
+
+@dataclass
+class RunSummary:
+    """What :func:`estimate` did."""
+
+    store: str
+    samples: int
+    chunks: int
+    blocks_run: int
+    resumed_from_samples: int
+    seconds: float
+    samples_per_second: float
+    statistics: list[str]
+    dashboard: Optional[str] = None
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "extra"} | self.extra
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statistic], Partial, list[list[int]], dict]:
+    """Start a new run, or resume the one in the store after checking its fingerprint."""
+    meta = store.meta()
+    if meta is None:
+        store.check_writable()
+        stats = build_statistics(cfg, source)
+        fp = fingerprint(cfg, source)
+        return stats, Partial.empty(stats), [], fp
+    fp = fingerprint(cfg, source)
+    stored_fp = meta.get("fingerprint", {})
+    if len(meta.get("seeds", [])) > 1:
+        raise StoreError(
+            f"{store.url} is a merge of runs with seeds {meta['seeds']} and cannot be extended; "
+            "extend one of the merged stores and merge again"
+        )
+    differing = diff_fields(stored_fp, fp)
+    if differing:
+        raise StoreError(
+            f"{store.url} holds a run with a different fingerprint; differing fields: {', '.join(differing)}. "
+            "Use the configuration the store was made with (see `relulearn status`), or a new --store path. "
+            "The store was not modified."
+        )
+    store.check_writable()
+    stored_cfg = config_from_dict(meta["config"], where=f"stored in {store.url}", base_dir=cfg.base_dir)
+    stats = statistics_from_store(stored_cfg, store)
+    state, ledger = load_partial(store, stats)
+    return stats, state, ledger, fp
+
+
+def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, client: Any = None,
+             progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
+             max_blocks_in_flight: Optional[int] = None, on_start: Optional[Callable[[dict], None]] = None,
+             ) -> RunSummary:
+    """Accumulate the configured statistics into the store at ``store_url``.
+
+    Starts a new run, resumes an interrupted one, or extends a finished one when
+    ``samples`` (default: ``cfg.samples``) asks for more than the store holds.
+
+    Parameters
+    ----------
+    cfg
+        The run configuration.
+    store_url
+        A local directory or any fsspec URL zarr accepts.
+    samples
+        Samples wanted in total; rounded up to whole chunks.
+    client
+        A ``distributed.Client``; ``None`` runs the same blocks in this process, serially.
+    progress
+        Stream for the progress line (``None`` for silence).
+    commit_interval
+        Seconds between commits (default ``cfg.run.commit_interval``); 0 commits after
+        every block. The last merged state is always committed when the run ends, fails
+        or is interrupted.
+
+    Raises
+    ------
+    StoreError
+        For a store with another fingerprint, a newer format, or an unwritable path.
+    SourceDataError
+        When the source produces NaN or inf; blocks merged before the failing one are
+        committed first.
+    """
+    t0 = time.perf_counter()
+    source = make_source(cfg)
+    store = RunStore(store_url)
+    stats, state, ledger, fp = _open(cfg, store, source)
+    if store.meta() is not None:
+        store.clean()
+    target = -(-(samples if samples is not None else cfg.samples) // cfg.chunk_size)
+    done0 = state.chunk_stop
+    target = max(target, done0)
+    blocks = plan_blocks(done0, target, cfg.run.chunks_per_block)
+    interval = cfg.run.commit_interval if commit_interval is None else commit_interval
+    dashboard = getattr(client, "dashboard_link", None) if client is not None else None
+    if on_start is not None:
+        on_start({"store": store_url, "dashboard": dashboard, "resumed_from_samples": done0 * cfg.chunk_size,
+                  "target_samples": target * cfg.chunk_size, "blocks": len(blocks)})
+
+    bar = _Progress(target * cfg.chunk_size, done0 * cfg.chunk_size, progress)
+    committed_at = [time.perf_counter()]
+    commit_no = int((store.meta() or {}).get("commits", -1)) + 1
+
+    def commit() -> None:
+        nonlocal commit_no
+        store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger))
+        commit_no += 1
+        committed_at[0] = time.perf_counter()
+
+    def merge(part: Partial) -> None:
+        state.add(part)
+        ledger.append([cfg.seed, part.chunk_start, part.chunk_stop, commit_no])
+        bar.update(state.chunk_stop * cfg.chunk_size)
+        if time.perf_counter() - committed_at[0] >= interval:
+            commit()
+
+    # SIGTERM behaves like Ctrl-C: commit what is merged, then stop.
+    old_term = signal.getsignal(signal.SIGTERM)
+    in_main = _is_main_thread()
+    if in_main:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        if client is None:
+            for a, b in blocks:
+                merge(compute_block(stats, source, cfg.seed, cfg.chunk_size, a, b))
+        else:
+            _run_distributed(client, blocks, stats, source, cfg, merge, max_blocks_in_flight)
+    except BaseException:
+        if state.chunk_stop > _committed_chunks(store):
+            commit()  # keep every merged block: a failure or interruption loses nothing
+        raise
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, old_term)
+        bar.update(state.chunk_stop * cfg.chunk_size, force=True)
+        bar.close()
+    if state.chunk_stop > _committed_chunks(store):
+        commit()
+    seconds = time.perf_counter() - t0
+    ran = (state.chunk_stop - done0) * cfg.chunk_size
+    return RunSummary(
+        store=store_url, samples=state.chunk_stop * cfg.chunk_size, chunks=state.chunk_stop,
+        blocks_run=len(blocks), resumed_from_samples=done0 * cfg.chunk_size, seconds=seconds,
+        samples_per_second=ran / seconds if seconds > 0 else 0.0,
+        statistics=[s.name for s in stats], dashboard=dashboard,
+    )
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _raise_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt(f"received signal {signum}")
+
+
+def _committed_chunks(store: RunStore) -> int:
+    meta = store.meta()
+    return 0 if meta is None else int(meta.get("chunks", 0))
+
+
+def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence[Statistic], source: Source,
+                     cfg: RunConfig, merge: Callable[[Partial], None], max_in_flight: Optional[int]) -> None:
+    """Submit blocks with a bounded number in flight; merge results in block order."""
+    from distributed import as_completed
+
+    if max_in_flight is None:
+        max_in_flight = cfg.run.max_blocks_in_flight
+    if max_in_flight is None:
+        n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+        max_in_flight = 2 * n_workers + 1
+    # Ship the statistics and source once; each task refers to them by key.
+    stats_f, source_f = client.scatter([list(stats), source], broadcast=True, hash=False)
+    futures: dict[Any, int] = {}
+    ready: dict[int, Partial] = {}
+    next_submit = next_merge = 0
+    ac = as_completed()
+
+    def submit_more() -> None:
+        nonlocal next_submit
+        while next_submit < len(blocks) and next_submit - next_merge < max_in_flight:
+            a, b = blocks[next_submit]
+            fut = client.submit(compute_block, stats_f, source_f, cfg.seed, cfg.chunk_size, a, b,
+                                pure=False, key=f"relulearn-block-{cfg.seed}-{a}-{b}-{time.time_ns()}")
+            futures[fut] = next_submit
+            ac.add(fut)
+            next_submit += 1
+
+    try:
+        submit_more()
+        while next_merge < len(blocks):
+            fut = next(ac)
+            idx = futures.pop(fut)
+            ready[idx] = fut.result()  # re-raises a worker's error (e.g. SourceDataError)
+            fut.release()
+            while next_merge in ready:
+                merge(ready.pop(next_merge))
+                next_merge += 1
+            submit_more()
+    finally:
+        for fut in futures:
+            fut.cancel()
+        client.cancel([stats_f, source_f])
+
+
+# -------------------------------------------------------------------- merge
+
+
+def merge_stores(a_url: str, b_url: str, out_url: str) -> dict[str, Any]:
+    """Merge the stores of two runs of the same source with different seeds into ``out_url``.
+
+    The sums of A come first, then B's (the order fixes the bits). Both must agree on
+    everything but the seed: source, statistics with their direction banks and τ grids,
+    chunk size.
+    """
+    a, b, out = RunStore(a_url), RunStore(b_url), RunStore(out_url)
+    ma, mb = a.meta(), b.meta()
+    for url, m in ((a_url, ma), (b_url, mb)):
+        if m is None:
+            raise StoreError(f"{url} holds no run; run `relulearn estimate` into it first")
+    if out.meta() is not None:
+        raise StoreError(f"{out_url} already holds a run; merge into a new path")
+    fa = {k: v for k, v in ma["fingerprint"].items() if k != "seed"}
+    fb = {k: v for k, v in mb["fingerprint"].items() if k != "seed"}
+    differing = diff_fields(fa, fb)
+    if differing:
+        raise StoreError(f"{a_url} and {b_url} are runs of different setups; differing fields: {', '.join(differing)}")
+    overlap = set(ma["seeds"]) & set(mb["seeds"])
+    if overlap:
+        raise StoreError(f"{a_url} and {b_url} both contain seed(s) {sorted(overlap)}: their samples would count twice")
+    cfg = config_from_dict(ma["config"], where=f"stored in {a_url}")
+    stats_a, stats_b = statistics_from_store(cfg, a), statistics_from_store(cfg, b)
+    for sa, sb in zip(stats_a, stats_b):
+        for k, (_, va) in sa.coords().items():
+            vb = sb.coords()[k][1]
+            if va.shape != vb.shape or not np.array_equal(va, vb):
+                hint = {"direction": "give the same statistics.contracted.directions_seed (or directions) to both runs",
+                        "tau": "give statistics.filtered.thresholds explicitly (same values) to both runs",
+                        "quantile": "give statistics.filtered.thresholds explicitly to both runs"}.get(k, "")
+                raise StoreError(f"cannot merge: the '{sa.name}' statistic's {k} differs between the stores; {hint}")
+    out.check_writable()
+    pa, la = load_partial(a, stats_a)
+    pb, lb = load_partial(b, stats_b)
+    # The ledgers are per-seed ranges; the sums simply add.
+    pb.chunk_start, pb.chunk_stop = pa.chunk_stop, pa.chunk_stop + pb.n_chunks
+    pa.add(pb)
+    ledger = [r[:3] + [0] for r in la + lb]
+    meta = _meta(cfg, dict(ma["fingerprint"], seed=sorted(ma["seeds"] + mb["seeds"])), stats_a, ledger,
+                 pa.chunk_stop)
+    meta["merged_from"] = [a_url, b_url]
+    out.commit(meta, _groups(stats_a, pa, cfg.chunk_size, ledger))
+    return {"store": out_url, "seeds": meta["seeds"], "samples": meta["samples"], "chunks": meta["chunks"]}

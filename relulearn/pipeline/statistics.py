@@ -1,0 +1,413 @@
+"""Streaming statistics: each a small class with ``init / update / terms / finalize``.
+
+A statistic accumulates *sums* over samples in an accumulator (a dict of float64 arrays).
+The quantity it estimates is ``terms(sums) / N`` where ``terms`` is linear (the identity
+for most statistics; the raw-to-Hermite conversion for the Hermite tensors; suffix sums
+over bins for the filtered matrices). The standard error of every entry comes from the
+spread of per-chunk values: the accumulation also keeps ``Σ_c terms(chunk sum_c)²`` over
+the equal-size chunks c (DESIGN.md §3, "Standard errors").
+
+The driver-side bookkeeping (a :class:`Partial` per block, merged in block order) lives
+here too, so that the same code runs in a worker, in a single-process loop and in tests.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Mapping, Optional
+
+import numpy as np
+
+from .. import hermite
+from ..config import ContractedConfig, FilteredConfig, HermiteConfig, RunConfig
+from .sources import Source, check_finite, chunk_batches, generator, pilot_batches, Stream
+
+__all__ = [
+    "Var",
+    "Statistic",
+    "BasicMoments",
+    "HermiteTensors",
+    "ContractedMoments",
+    "FilteredMoments",
+    "Partial",
+    "Estimate",
+    "accumulate_chunks",
+    "build_statistics",
+    "direction_bank",
+    "threshold_grid",
+]
+
+
+@dataclass(frozen=True)
+class Var:
+    """Shape and dimension names of one array."""
+
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A finalized statistic entry: its mean and standard error, with dimension names."""
+
+    dims: tuple[str, ...]
+    mean: np.ndarray
+    se: np.ndarray
+
+
+class Statistic(ABC):
+    """One family of sufficient statistics.
+
+    Subclasses declare the arrays of their accumulator (``sums``) and of their
+    estimands (``terms``), and provide coordinates that describe them (direction banks,
+    τ grids, index tables), which are stored next to the sums.
+    """
+
+    name: str
+
+    @abstractmethod
+    def sums_schema(self) -> dict[str, Var]:
+        """Arrays of the accumulator."""
+
+    def terms_schema(self) -> dict[str, Var]:
+        """Arrays of the estimands; by default the accumulator's own arrays."""
+        return self.sums_schema()
+
+    def coords(self) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+        """Arrays that describe the statistic (stored, never summed)."""
+        return {}
+
+    def init(self) -> dict[str, np.ndarray]:
+        return {k: np.zeros(v.shape) for k, v in self.sums_schema().items()}
+
+    @abstractmethod
+    def update(self, acc: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> None:
+        """Add the sums of a batch ``x`` (n, d), ``y`` (n,) to ``acc`` in place."""
+
+    def terms(self, acc: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Linear map from accumulated sums to sums of the estimands."""
+        return dict(acc)
+
+    def finalize(self, sums: Mapping[str, np.ndarray], sumsq: Mapping[str, np.ndarray],
+                 n_chunks: int, chunk_size: int) -> dict[str, Estimate]:
+        """Means and standard errors of the estimands from the merged sums.
+
+        The standard error of a mean over ``K`` equal chunks of ``B`` samples is the
+        sample standard deviation of the chunk means over ``sqrt(K)``; it is NaN for
+        ``K < 2``.
+        """
+        n = n_chunks * chunk_size
+        schema = self.terms_schema()
+        out = {}
+        for name, total in self.terms(sums).items():
+            mean = total / n
+            if n_chunks >= 2:
+                var = (sumsq[name] / chunk_size**2 - n_chunks * mean**2) / (n_chunks - 1)
+                se = np.sqrt(np.maximum(var, 0.0) / n_chunks)
+            else:
+                se = np.full_like(mean, np.nan)
+            out[name] = Estimate(schema[name].dims, mean, se)
+        return out
+
+    def config(self) -> dict:
+        """The options that define this statistic (part of the run's fingerprint)."""
+        return {}
+
+
+# ------------------------------------------------------------------------ basic
+
+
+class BasicMoments(Statistic):
+    """count (from the ledger), Σy, Σy², Σx, Σxxᵀ, Σy·x."""
+
+    name = "basic"
+
+    def __init__(self, d: int):
+        self.d = d
+
+    def sums_schema(self) -> dict[str, Var]:
+        d = self.d
+        return {
+            "y": Var((), ()),
+            "yy": Var((), ()),
+            "x": Var(("i",), (d,)),
+            "xx": Var(("i", "j"), (d, d)),
+            "yx": Var(("i",), (d,)),
+        }
+
+    def update(self, acc, x, y):
+        acc["y"] += y.sum()
+        acc["yy"] += y @ y
+        acc["x"] += x.sum(axis=0)
+        acc["xx"] += x.T @ x  # numpy dispatches Xᵀ X to a BLAS-3 syrk
+        acc["yx"] += y @ x
+
+
+# ---------------------------------------------------------------------- hermite
+
+
+class HermiteTensors(Statistic):
+    """Full Hermite tensors ``T_l = E[y He_l(x)]``, ``l ≤ L``, packed (unique entries).
+
+    Accumulated as raw weighted moments ``Σ y x^{⊗m}`` and converted exactly by the
+    matching sum (:func:`relulearn.hermite.raw_to_hermite`).
+    """
+
+    name = "hermite"
+
+    def __init__(self, d: int, cfg: HermiteConfig):
+        self.d, self.max_order = d, cfg.max_order
+        self.sizes = [_n_unique(d, m) for m in range(self.max_order + 1)]
+        total = sum(self.sizes)
+        if total > cfg.max_entries:
+            raise ValueError(
+                f"statistics.hermite: T_0..T_{self.max_order} at d={d} have {total:,} unique entries, more than "
+                f"max_entries={cfg.max_entries:,}; lower max_order, raise max_entries, or use the "
+                "`contracted` statistic, which never forms the full tensor"
+            )
+
+    def sums_schema(self):
+        return {f"raw{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
+
+    def terms_schema(self):
+        return {f"T{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
+
+    def coords(self):
+        return {
+            f"index{m}": ((f"entry{m}", f"axis{m}"), hermite.unique_indices(self.d, m))
+            for m in range(1, self.max_order + 1)
+        }
+
+    def update(self, acc, x, y):
+        for m in range(self.max_order + 1):
+            acc[f"raw{m}"] += hermite.raw_moment_sums(x, y, m)
+
+    def terms(self, acc):
+        raw = {m: np.asarray(acc[f"raw{m}"]) for m in range(self.max_order + 1)}
+        return {f"T{l}": hermite.raw_to_hermite(raw, self.d, l) for l in range(self.max_order + 1)}
+
+    def config(self):
+        return {"max_order": self.max_order}
+
+
+def _n_unique(d: int, m: int) -> int:
+    from math import comb
+
+    return comb(d + m - 1, m)
+
+
+# ------------------------------------------------------------------- contracted
+
+
+def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
+    """The unit directions g of the contracted statistic, shape (G, d)."""
+    if isinstance(cfg.directions, int):
+        seed = run_seed if cfg.directions_seed is None else cfg.directions_seed
+        g = generator(seed, Stream.DIRECTIONS).standard_normal((cfg.directions, d))
+    else:
+        g = np.asarray(cfg.directions, dtype=np.float64)
+        if g.ndim != 2 or g.shape[1] != d:
+            raise ValueError(
+                f"statistics.contracted.directions has shape {g.shape}; each direction needs d={d} entries"
+            )
+    norms = np.linalg.norm(g, axis=1)
+    if np.any(norms == 0) or not np.all(np.isfinite(norms)):
+        raise ValueError("statistics.contracted.directions has a zero or non-finite row")
+    return g / norms[:, None]
+
+
+class ContractedMoments(Statistic):
+    """``M_l^g = T_l(g,…,g,·,·)``, ``T_l(g,…,g,·)`` and ``T_l(g,…,g)`` for orders × directions.
+
+    All (l, g) pairs of a batch cost one GEMM (DESIGN.md §3, contracted moments).
+    Pairs are ordered order-major: pair ``p = a·G + b`` is (orders[a], directions[b]).
+    """
+
+    name = "contracted"
+
+    def __init__(self, directions: np.ndarray, orders: Iterable[int]):
+        self.directions = np.asarray(directions, dtype=np.float64)
+        self.orders = [int(o) for o in orders]
+        self.d = self.directions.shape[1]
+        self.n_pairs = len(self.orders) * len(self.directions)
+
+    def sums_schema(self):
+        p, d = self.n_pairs, self.d
+        return {"M": Var(("pair", "i", "j"), (p, d, d)), "v": Var(("pair", "i"), (p, d)), "s": Var(("pair",), (p,))}
+
+    def coords(self):
+        g = len(self.directions)
+        return {
+            "direction": (("direction", "i"), self.directions),
+            "pair_order": (("pair",), np.repeat(np.asarray(self.orders, dtype=np.int64), g)),
+            "pair_direction": (("pair",), np.tile(np.arange(g, dtype=np.int64), len(self.orders))),
+        }
+
+    def update(self, acc, x, y):
+        acc["M"] += hermite.contracted_matrix_sums(x, y, self.directions, self.orders)
+        acc["v"] += hermite.contracted_vector_sums(x, y, self.directions, self.orders)
+        acc["s"] += hermite.contracted_scalar_sums(x, y, self.directions, self.orders)
+
+    def config(self):
+        return {"orders": self.orders, "directions": self.directions.tolist()}
+
+
+# --------------------------------------------------------------------- filtered
+
+
+def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """The τ grid: given thresholds, or quantiles of |y| over a pilot pass.
+
+    Returns ``(tau, quantiles)``; ``quantiles`` is None when τ was given.
+    """
+    if cfg.thresholds is not None:
+        return np.asarray(cfg.thresholds, dtype=np.float64), None
+    absy = np.concatenate([np.abs(y) for _, y in pilot_batches(source, seed, cfg.pilot_samples)])
+    q = np.asarray(cfg.quantiles, dtype=np.float64)
+    return np.quantile(absy, q), q
+
+
+class FilteredMoments(Statistic):
+    """``M_τ = E[1{|y|>τ}(xxᵀ − I)]`` and ``P[|y|>τ]`` for a grid of τ, in one pass.
+
+    Samples are binned by |y| between consecutive thresholds; bin sums cost one
+    ``X_bᵀ X_b`` per bin (all bins together: one d² product per sample), and each
+    ``M_τ`` is a suffix sum over bins.
+    """
+
+    name = "filtered"
+
+    def __init__(self, d: int, tau: np.ndarray, quantiles: Optional[np.ndarray] = None):
+        self.d = d
+        self.tau = np.asarray(tau, dtype=np.float64)
+        self.quantiles = quantiles
+
+    def sums_schema(self):
+        k, d = len(self.tau), self.d
+        return {"bin_xx": Var(("tau", "i", "j"), (k, d, d)), "bin_count": Var(("tau",), (k,))}
+
+    def terms_schema(self):
+        k, d = len(self.tau), self.d
+        return {"M": Var(("tau", "i", "j"), (k, d, d)), "prob": Var(("tau",), (k,))}
+
+    def coords(self):
+        out = {"tau": (("tau",), self.tau)}
+        if self.quantiles is not None:
+            out["quantile"] = (("tau",), np.asarray(self.quantiles, dtype=np.float64))
+        return out
+
+    def update(self, acc, x, y):
+        # bin b holds tau[b] < |y| <= tau[b+1]; samples at or below tau[0] are dropped
+        b = np.searchsorted(self.tau, np.abs(y), side="left") - 1
+        keep = b >= 0
+        if not keep.any():
+            return
+        b, xk = b[keep], x[keep]
+        order = np.argsort(b, kind="stable")
+        b, xk = b[order], xk[order]
+        counts = np.bincount(b, minlength=len(self.tau))
+        acc["bin_count"] += counts
+        stops = np.cumsum(counts)
+        for k in np.flatnonzero(counts):
+            seg = xk[stops[k] - counts[k]: stops[k]]
+            acc["bin_xx"][k] += seg.T @ seg
+
+    def terms(self, acc):
+        count = np.cumsum(acc["bin_count"][::-1])[::-1]
+        xx = np.cumsum(acc["bin_xx"][::-1], axis=0)[::-1]
+        eye = np.eye(self.d)
+        return {"M": xx - count[:, None, None] * eye, "prob": count}
+
+    def config(self):
+        return {"tau": self.tau.tolist()}
+
+
+# ----------------------------------------------------------------- building
+
+
+def build_statistics(cfg: RunConfig, source: Source) -> list[Statistic]:
+    """The statistics a configuration asks for, with resolved direction banks and τ grids."""
+    d = cfg.source.d
+    out: list[Statistic] = []
+    for name, section in cfg.statistics.enabled().items():
+        if name == "basic":
+            out.append(BasicMoments(d))
+        elif name == "hermite":
+            out.append(HermiteTensors(d, section))
+        elif name == "contracted":
+            out.append(ContractedMoments(direction_bank(section, d, cfg.seed), section.orders))
+        elif name == "filtered":
+            tau, q = threshold_grid(section, source, cfg.seed)
+            out.append(FilteredMoments(d, tau, q))
+    return out
+
+
+# ------------------------------------------------------------------ partials
+
+
+@dataclass
+class Partial:
+    """Merged sums of a run of consecutive whole chunks.
+
+    ``sums[stat][array]`` are accumulator sums; ``sumsq[stat][term]`` are sums over
+    chunks of the squared per-chunk estimand sums (for standard errors).
+    """
+
+    chunk_start: int
+    chunk_stop: int
+    sums: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    sumsq: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def n_chunks(self) -> int:
+        return self.chunk_stop - self.chunk_start
+
+    @classmethod
+    def empty(cls, stats: Iterable[Statistic], at: int = 0) -> "Partial":
+        p = cls(at, at)
+        for s in stats:
+            p.sums[s.name] = s.init()
+            p.sumsq[s.name] = {k: np.zeros(v.shape) for k, v in s.terms_schema().items()}
+        return p
+
+    def add(self, other: "Partial") -> "Partial":
+        """Add the partial of the chunks right after this one, in place (order matters for bits)."""
+        if other.chunk_start != self.chunk_stop:
+            raise ValueError(
+                f"partials must be merged in chunk order: have chunks [{self.chunk_start}, {self.chunk_stop}), "
+                f"got [{other.chunk_start}, {other.chunk_stop})"
+            )
+        for name, arrays in other.sums.items():
+            for k, v in arrays.items():
+                self.sums[name][k] += v
+            for k, v in other.sumsq[name].items():
+                self.sumsq[name][k] += v
+        self.chunk_stop = other.chunk_stop
+        return self
+
+    def nbytes(self) -> int:
+        return sum(v.nbytes for g in (self.sums, self.sumsq) for a in g.values() for v in a.values())
+
+
+def accumulate_chunks(stats: list[Statistic], source: Source, seed: int, chunk_size: int,
+                      chunk_start: int, chunk_stop: int) -> Partial:
+    """Reduce chunks ``[chunk_start, chunk_stop)`` into one :class:`Partial`, in chunk order."""
+    part = Partial.empty(stats, chunk_start)
+    for chunk_id in range(chunk_start, chunk_stop):
+        accs = {s.name: s.init() for s in stats}
+        row = 0
+        for x, y in chunk_batches(source, seed, chunk_id, chunk_size):
+            check_finite(x, y, chunk_id, row)
+            for s in stats:
+                s.update(accs[s.name], x, y)
+            row += len(y)
+        for s in stats:
+            sums = part.sums[s.name]
+            for k, v in accs[s.name].items():
+                sums[k] += v
+            sq = part.sumsq[s.name]
+            for k, v in s.terms(accs[s.name]).items():
+                sq[k] += v * v
+        part.chunk_stop = chunk_id + 1
+    return part

@@ -1,0 +1,8 @@
+"""zarr storage of runs: schema, ledger, fingerprint, atomic commits."""
+
+from .store import FORMAT_VERSION, RunStore, StoreError, diff_fields, flatten
+
+__all__ = ["FORMAT_VERSION", "RunStore", "StoreError", "diff_fields", "flatten"]
+from .views import StoredRun, open_store  # noqa: E402
+
+__all__ += ["StoredRun", "open_store"]

@@ -1,0 +1,103 @@
+"""Read-only views of a committed run: metadata and xarray datasets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .store import RunStore, StoreError
+
+__all__ = ["StoredRun", "open_store"]
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A committed run, as read from its store.
+
+    Every statistic is a group of the committed generation ``head``; its estimates are
+    the arrays named after the estimand (``xx``, ``T4``, ``M``, ...) with standard errors
+    in ``<name>_se``, next to the raw ``sum_*``/``sumsq_*`` arrays they come from.
+    """
+
+    url: str
+    meta: dict
+
+    @property
+    def head(self) -> str:
+        return self.meta["head"]
+
+    @property
+    def samples(self) -> int:
+        return int(self.meta["samples"])
+
+    @property
+    def statistics(self) -> list[str]:
+        return list(self.meta["statistics"])
+
+    def dataset(self, statistic: str):
+        """The statistic's group as an ``xarray.Dataset`` (lazy, via ``xarray.open_zarr``)."""
+        import xarray as xr
+
+        self._check(statistic)
+        return xr.open_zarr(self.url, group=f"{self.head}/{statistic}", consolidated=False)
+
+    def arrays(self, statistic: str) -> dict[str, np.ndarray]:
+        """All arrays of a statistic's group, loaded as numpy arrays."""
+        self._check(statistic)
+        return {k: v for k, (_, v) in RunStore(self.url).read_group(statistic).items()}
+
+    def estimate(self, statistic: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, standard error)`` of one estimand, e.g. ``estimate("filtered", "M")``."""
+        arrays = self.arrays(statistic)
+        if name not in arrays or f"{name}_se" not in arrays:
+            names = sorted(k[: -len("_se")] for k in arrays if k.endswith("_se"))
+            raise KeyError(f"statistic '{statistic}' has no estimand '{name}'; it has {names}")
+        return arrays[name], arrays[f"{name}_se"]
+
+    def ledger(self) -> np.ndarray:
+        """Committed blocks as rows ``(seed, chunk_start, chunk_stop, commit)``."""
+        g = RunStore(self.url).read_group("ledger")
+        return np.stack([g[k][1] for k in ("seed", "chunk_start", "chunk_stop", "commit")], axis=1)
+
+    def _check(self, statistic: str) -> None:
+        if statistic not in self.statistics:
+            raise StoreError(
+                f"{self.url} has no '{statistic}' statistic (it has {self.statistics}); add a "
+                f"`statistics: {{{statistic}: ...}}` section to the configuration and estimate into a new store"
+            )
+
+    def summary(self) -> dict[str, Any]:
+        m = self.meta
+        return {
+            "store": self.url,
+            "samples": m["samples"],
+            "target_samples": m.get("target_samples"),
+            "chunks": m["chunks"],
+            "chunk_size": m["chunk_size"],
+            "blocks": m["blocks"],
+            "seeds": m["seeds"],
+            "complete": m.get("target_samples") is None or m["samples"] >= m["target_samples"],
+            "statistics": m["statistics"],
+            "fingerprint": m["fingerprint"],
+            "format_version": m["format_version"],
+            "commits": m["commits"] + 1,
+            "created": m["created"],
+            "last_commit": m["updated"],
+            "head": m["head"],
+        }
+
+
+def open_store(url: str) -> StoredRun:
+    """Open a run's store for reading.
+
+    Raises
+    ------
+    StoreError
+        When there is no committed run at ``url``, or it has a newer format.
+    """
+    meta = RunStore(url).meta()
+    if meta is None:
+        raise StoreError(f"no relulearn store at {url}; create one with `relulearn estimate CONFIG --store {url}`")
+    return StoredRun(url, meta)

@@ -1,0 +1,56 @@
+"""Shared fixtures: a real multi-process LocalCluster, small configurations."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from relulearn.config import RunConfig, config_from_dict
+
+
+@pytest.fixture(scope="session")
+def client():
+    """A real ``distributed`` LocalCluster with two single-threaded worker processes."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      silence_logs=40) as cluster, Client(cluster) as c:
+        yield c
+
+
+def make_config(**overrides) -> RunConfig:
+    """A small, fast configuration; keyword overrides replace top-level sections."""
+    data = {
+        "seed": 3,
+        "samples": 40_000,
+        "chunk_size": 5_000,
+        "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2, "output_weights": [1.0, -0.6]}},
+        "statistics": {
+            "basic": {},
+            "hermite": {"max_order": 4},
+            "contracted": {"orders": [2, 4], "directions": 3},
+            "filtered": {"quantiles": [0.3, 0.7]},
+        },
+        "run": {"chunks_per_block": 2, "commit_interval": 0},
+    }
+    data.update(overrides)
+    return config_from_dict(data)
+
+
+@pytest.fixture
+def small_config() -> RunConfig:
+    return make_config()
+
+
+def cli_env() -> dict[str, str]:
+    """Environment for running ``python -m relulearn.cli`` in a subprocess from the source tree."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+PYTHON = sys.executable
