@@ -1,0 +1,165 @@
+"""Exact resume: killed, resumed, extended and differently-parallel runs give the same bits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from relulearn import open_store
+from relulearn.api import estimate
+from relulearn.config import load_config
+
+from conftest import PYTHON, cli_env
+
+# Fast blocks, committed after every block: kills land in computation and in commits alike.
+KILL_CONFIG = {
+    "seed": 11,
+    "samples": 360_000,
+    "chunk_size": 4_000,
+    "source": {"d": 8, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.1},
+    "statistics": {
+        "basic": {},
+        "hermite": {"max_order": 3},
+        "contracted": {"orders": [2, 3, 4], "directions": 3},
+        "filtered": {"quantiles": [0.25, 0.5, 0.9]},
+    },
+    "run": {"chunks_per_block": 2, "commit_interval": 0},
+}
+
+
+def write_config(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def store_arrays(url: str) -> dict[str, np.ndarray]:
+    run = open_store(url)
+    out = {}
+    for stat in run.statistics:
+        for k, v in run.arrays(stat).items():
+            out[f"{stat}/{k}"] = v
+    return out
+
+
+def assert_bitwise_equal(a_url: str, b_url: str) -> None:
+    a, b = store_arrays(a_url), store_arrays(b_url)
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert np.array_equal(a[k], b[k], equal_nan=True), f"{k} differs"
+    ma, mb = open_store(a_url).meta, open_store(b_url).meta
+    assert (ma["samples"], ma["chunks"], ma["fingerprint"]) == (mb["samples"], mb["chunks"], mb["fingerprint"])
+
+
+def assert_each_chunk_once(url: str, n_chunks: int) -> None:
+    ledger = open_store(url).ledger()
+    starts, stops = ledger[:, 1], ledger[:, 2]
+    order = np.argsort(starts)
+    starts, stops = starts[order], stops[order]
+    assert starts[0] == 0 and stops[-1] == n_chunks
+    assert np.array_equal(starts[1:], stops[:-1]), "ledger ranges overlap or leave a gap"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, str]:
+    """An uninterrupted run of KILL_CONFIG, computed in-process (no Dask)."""
+    d = tmp_path_factory.mktemp("reference")
+    cfg_path = write_config(d / "run.yaml", KILL_CONFIG)
+    url = str(d / "ref.zarr")
+    estimate(load_config(cfg_path), url, client="local", progress=None, commit_interval=1e9)
+    return cfg_path, url
+
+
+def test_sigkill_resume_is_bitwise_exact(reference, tmp_path):
+    """SIGKILL the `relulearn estimate` process group at random moments, resume, compare bits."""
+    cfg_path, ref_url = reference
+    url = str(tmp_path / "killed.zarr")
+    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--workers", "2", "--quiet"]
+    rng = np.random.default_rng(20261202)
+    kills, progress = 0, []
+    for attempt in range(8):
+        proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        # wait until the run has started committing (or a short random time on the first try)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None and not (Path(url) / "zarr.json").exists():
+            time.sleep(0.05)
+        time.sleep(float(rng.uniform(0.2, 2.5)))
+        if proc.poll() is not None:
+            break  # finished before the kill
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its cluster, all at once
+        proc.wait()
+        kills += 1
+        committed = open_store(url).samples if (Path(url) / "zarr.json").exists() else 0
+        progress.append(committed)
+        if kills >= 4:
+            break
+    assert kills >= 3, f"the run finished before it could be killed 3 times (progress {progress})"
+    assert progress[-1] > 0, "no block was ever committed before a kill"
+    done = subprocess.run(cmd + ["--json"], env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert_bitwise_equal(url, ref_url)
+    n_chunks = KILL_CONFIG["samples"] // KILL_CONFIG["chunk_size"]
+    assert_each_chunk_once(url, n_chunks)
+    assert open_store(url).samples == KILL_CONFIG["samples"]
+    # the store holds only the committed generation: no leftovers of killed commits
+    gens = [p.name for p in Path(url).iterdir() if p.is_dir()]
+    assert gens == [open_store(url).head]
+
+
+def test_same_bits_with_one_and_three_workers(reference, tmp_path):
+    cfg_path, ref_url = reference
+    cfg = load_config(cfg_path)
+    for workers in (1, 3):
+        url = str(tmp_path / f"w{workers}.zarr")
+        estimate(cfg, url, workers=workers, progress=None, commit_interval=1e9)
+        assert_bitwise_equal(url, ref_url)
+
+
+def test_extend_equals_one_long_run(client, tmp_path):
+    """Estimating N then extending to 2N gives the bits of one 2N run (N on a block boundary)."""
+    data = dict(KILL_CONFIG, samples=64_000)
+    cfg = load_config(write_config(tmp_path / "c.yaml", data))
+    short, long = str(tmp_path / "short.zarr"), str(tmp_path / "long.zarr")
+    kw = dict(client=client, progress=None, commit_interval=1e9)
+    first = estimate(cfg, short, **kw)
+    assert first.samples == 64_000
+    ext = estimate(cfg, short, samples=128_000, **kw)
+    assert ext.resumed_from_samples == 64_000 and ext.samples == 128_000
+    estimate(cfg, long, samples=128_000, **kw)
+    assert_bitwise_equal(short, long)
+    assert_each_chunk_once(short, 128_000 // 4_000)
+    # asking for fewer samples than the store holds does nothing and changes nothing
+    before = store_arrays(short)
+    again = estimate(cfg, short, samples=10_000, **kw)
+    assert again.blocks_run == 0 and again.samples == 128_000
+    after = store_arrays(short)
+    assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before)
+
+
+def test_sigterm_commits_merged_blocks(tmp_path):
+    """SIGTERM (like Ctrl-C) stops the run cleanly after committing what was merged."""
+    cfg_path = write_config(tmp_path / "long.yaml", dict(KILL_CONFIG, samples=2_400_000))
+    ref_url = str(tmp_path / "ref.zarr")
+    estimate(load_config(cfg_path), ref_url, client="local", progress=None, commit_interval=1e9)
+    url = str(tmp_path / "term.zarr")
+    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process",
+           "--quiet", "--commit-interval", "1000"]
+    proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, f"the run did not stop on SIGTERM (exit {proc.returncode}): {err}"
+    assert "resume" in err and "Traceback" not in err
+    # no commit happened on the interval, so what is stored was committed on SIGTERM
+    assert 0 < open_store(url).samples < 2_400_000
+    done = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert_bitwise_equal(url, ref_url)
