@@ -97,7 +97,7 @@ async def _write_generation(url: str, gen_name: str, groups: Mapping[str, Mappin
     gen = await root.create_group(gen_name)
 
     async def write_array(grp, name: str, dims: tuple[str, ...], values: np.ndarray) -> None:
-        values = np.ascontiguousarray(values)
+        values = np.asarray(values, order="C")  # (ascontiguousarray would make 0-d arrays 1-d)
         arr = await grp.create_array(
             name, shape=values.shape, dtype=values.dtype, chunks=_chunks(values),
             dimension_names=dims if values.ndim else None,

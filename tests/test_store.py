@@ -1,0 +1,135 @@
+"""The store: atomic generations, xarray readability, fsspec URLs, merging, status."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from relulearn import open_store
+from relulearn.pipeline.run import estimate
+from relulearn.storage import RunStore
+
+from conftest import PYTHON, cli_env, make_config
+
+
+@pytest.fixture(scope="module")
+def run_url(tmp_path_factory) -> str:
+    url = str(tmp_path_factory.mktemp("store") / "run.zarr")
+    estimate(make_config(), url, progress=None, commit_interval=1e9)
+    return url
+
+
+def test_every_array_has_dimension_names_and_opens_in_xarray(run_url):
+    run = open_store(run_url)
+    root = zarr.open_group(run_url, mode="r")
+    for stat in run.statistics + ["ledger"]:
+        for name, arr in root[f"{run.head}/{stat}"].arrays():
+            if arr.ndim:
+                names = arr.metadata.dimension_names
+                assert names is not None and len(names) == arr.ndim and all(names), f"{stat}/{name}"
+        ds = xr.open_zarr(run_url, group=f"{run.head}/{stat}", consolidated=False)
+        assert len(ds.data_vars) > 0
+    ds = run.dataset("filtered")
+    assert ds["M"].dims == ("tau", "i", "j") and ds["M_se"].dims == ("tau", "i", "j")
+    np.testing.assert_array_equal(ds["tau"].values, run.arrays("filtered")["tau"])
+    # the stored estimate is the stored sum over the sample count (basic terms are the sums)
+    arrays = run.arrays("basic")
+    assert np.array_equal(arrays["xx"], arrays["sum_xx"] / run.samples)
+
+
+def test_metadata_is_json_only_and_records_the_config(run_url):
+    meta = json.loads((Path(run_url) / "zarr.json").read_text())["attributes"]["relulearn"]
+    assert meta["config"]["source"]["d"] == 6 and meta["samples"] == 40_000
+    assert meta["fingerprint"]["seed"] == 3 and meta["head"] in {p.name for p in Path(run_url).iterdir()}
+    # no pickled objects anywhere: every file is zarr JSON metadata or raw chunk bytes
+    for p in Path(run_url).rglob("*"):
+        if p.is_file():
+            assert not p.read_bytes().startswith(b"\x80"), f"{p} looks like a pickle"
+
+
+def test_interrupted_commit_leaves_previous_generation_readable(run_url, tmp_path):
+    """A crash between writing a generation and flipping the head: the old head still rules."""
+    import shutil
+
+    url = str(tmp_path / "copy.zarr")
+    shutil.copytree(run_url, url)
+    before = open_store(url)
+    expected = before.arrays("basic")
+    # simulate step (1) of a commit that never reached step (2): a complete new generation
+    store = RunStore(url)
+    import relulearn.storage.store as st
+    from zarr.core.sync import sync
+
+    sync(st._write_generation(url, "g999999", {"basic": {"xx": (("i", "j"), np.zeros((6, 6)))}}))
+    after = open_store(url)
+    assert after.head == before.head
+    got = after.arrays("basic")
+    assert all(np.array_equal(got[k], expected[k]) for k in expected)
+    # the next writer removes the leftover
+    store.clean()
+    assert not (Path(url) / "g999999").exists()
+
+
+def test_fsspec_memory_url_store():
+    """Any fsspec URL zarr accepts is a store location (here the in-memory filesystem)."""
+    cfg = make_config(samples=20_000)
+    url = "memory://relulearn-test/run.zarr"
+    estimate(cfg, url, progress=None)
+    estimate(cfg, url, samples=40_000, progress=None)
+    run = open_store(url)
+    assert run.samples == 40_000
+    mean, se = run.estimate("basic", "xx")
+    assert mean.shape == (6, 6) and np.all(se > 0)
+
+
+def test_merge_adds_sums_and_shrinks_standard_errors(tmp_path):
+    stats = {"basic": {}, "contracted": {"orders": [2, 4], "directions": 2, "directions_seed": 5},
+             "filtered": {"thresholds": [0.1, 0.5]}}
+    a, b, c = (str(tmp_path / f"{n}.zarr") for n in "abc")
+    estimate(make_config(seed=1, statistics=stats), a, progress=None)
+    estimate(make_config(seed=2, statistics=stats), b, progress=None)
+    out = subprocess.run([PYTHON, "-m", "relulearn.cli", "merge", a, b, "--out", c, "--json"],
+                         env=cli_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["seeds"] == [1, 2] and info["samples"] == 80_000
+    ra, rb, rc = open_store(a), open_store(b), open_store(c)
+    for stat in ("basic", "contracted", "filtered"):
+        xa, xb, xc = ra.arrays(stat), rb.arrays(stat), rc.arrays(stat)
+        for k in xa:
+            if k.startswith(("sum_", "sumsq_")):
+                assert np.array_equal(xc[k], xa[k] + xb[k]), f"{stat}/{k}"
+    # twice the samples: standard errors shrink by about sqrt(2) (median over entries)
+    se_a = ra.estimate("basic", "xx")[1]
+    se_c = rc.estimate("basic", "xx")[1]
+    assert 1.15 < np.median(se_a / se_c) < 1.75
+    # the merged ledger holds both seeds' chunks, each once
+    ledger = rc.ledger()
+    for seed in (1, 2):
+        rows = ledger[ledger[:, 0] == seed]
+        assert rows[:, 1].min() == 0 and (rows[:, 2] - rows[:, 1]).sum() == 8
+    status = subprocess.run([PYTHON, "-m", "relulearn.cli", "status", c, "--json"], env=cli_env(),
+                            capture_output=True, text=True)
+    assert json.loads(status.stdout)["seeds"] == [1, 2]
+    # a merged store cannot be extended (it has no single seed), and is left as it was
+    from relulearn.storage import StoreError
+
+    with pytest.raises(StoreError, match="merge of runs with seeds"):
+        estimate(make_config(seed=1, statistics=stats), c, samples=100_000, progress=None)
+    assert open_store(c).samples == 80_000
+
+
+def test_status_json(run_url):
+    out = subprocess.run([PYTHON, "-m", "relulearn.cli", "status", run_url, "--json"], env=cli_env(),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["samples"] == 40_000 and info["chunks"] == 8 and info["complete"] is True
+    assert info["statistics"] == ["basic", "hermite", "contracted", "filtered"]
+    assert info["format_version"] == 1 and info["blocks"] == 4
