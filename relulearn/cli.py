@@ -136,7 +136,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = api.merge(args.a, args.b, args.out)
         else:  # pragma: no cover - argparse rejects unknown commands
             parser.error(f"unknown command {args.command}")
-    except (ConfigError, StoreError, NetworkFileError, SourceDataError, ConnectionError, ValueError) as err:
+    except (ConfigError, StoreError, NetworkFileError, SourceDataError, OSError, ValueError) as err:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(err), "kind": type(err).__name__}))
         print(f"relulearn: error: {err}", file=sys.stderr)
@@ -145,7 +145,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print("relulearn: interrupted; every merged block was committed. Run the same command to resume.",
               file=sys.stderr)
         return EXIT_INTERRUPTED
-    _print(result, args.json)
+    try:
+        _print(result, args.json)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `relulearn status run.zarr | head -3`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -214,7 +214,7 @@ def _valid_keys(model: type[BaseModel]) -> list[str]:
 def _model_at(loc: tuple, root: type[BaseModel]) -> Optional[type[BaseModel]]:
     """The model class that owns the location ``loc`` (used to suggest keys)."""
     model: Any = root
-    for part in loc[:-1]:
+    for i, part in enumerate(loc[:-1]):
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
         field = model.model_fields.get(part)
@@ -225,14 +225,19 @@ def _model_at(loc: tuple, root: type[BaseModel]) -> Optional[type[BaseModel]]:
         candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
         if not candidates:
             return None
-        model = candidates[0]
+        # in a union (e.g. the teacher kinds) the owner is the member that lacks the unknown
+        # key, or that has the next key on the way to it
+        nxt, last = loc[i + 1], i + 1 == len(loc) - 1
+        fitting = [c for c in candidates if (nxt in c.model_fields) != last]
+        model = (fitting or candidates)[0]
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def _format_errors(err: ValidationError, where: str) -> str:
-    lines = []
+    lines: list[str] = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p[:1].isupper()))
+        # drop union member tags such as 'FileTeacher' or 'function-after[_lengths(), OneHiddenReluTeacher]'
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p[:1].isupper() or "[" in p)))
         key = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             owner = _model_at(loc, RunConfig)
@@ -245,6 +250,10 @@ def _format_errors(err: ValidationError, where: str) -> str:
             lines.append(f"unknown key '{key}'{hint}")
         elif e["type"] == "missing":
             lines.append(f"missing required key '{key}'")
+        elif e["type"] in ("model_type", "dict_type"):
+            line = f"'{key}' must be a mapping of keys (got {e.get('input')!r})"
+            if line not in lines:  # one line for all members of a union
+                lines.append(line)
         else:
             got = e.get("input")
             got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"

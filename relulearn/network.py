@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -134,6 +135,8 @@ class Network:
     def load(cls, path: str | Path) -> "Network":
         """Read a network file, checking that its shapes chain and its values are finite."""
         path = Path(path)
+        if path.is_file() and not zipfile.is_zipfile(path):  # np.load would call it "pickled data"
+            raise NetworkFileError(f"{path} is not an .npz network file (not a zip archive of arrays W0..WL)")
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {k: data[k] for k in data.files}
@@ -170,3 +173,74 @@ class Network:
                 h.update(name.encode())
                 h.update(np.ascontiguousarray(arr, dtype=np.float64).tobytes())
         return h.hexdigest()
+
+
+# ------------------------------------------------------------------ comparison
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far a learned one-hidden-layer network is from a reference, up to symmetries.
+
+    Attributes
+    ----------
+    relative_error
+        ``sqrt(Σ_i |w_i − w'_π(i)|²) / sqrt(Σ_i |w_i|²)`` over the matched units, where
+        ``w_i = λ_i u_i`` is invariant under positive rescaling; a unit matched to one whose
+        output weight has the other sign (a different function) counts as unmatched.
+    matching
+        ``matching[i]`` is the learned unit matched to reference unit ``i`` (−1: none).
+    unit_errors
+        Per reference unit, ``|w_i − w'_π(i)| / |w_i|``.
+    """
+
+    relative_error: float
+    matching: tuple[int, ...]
+    unit_errors: tuple[float, ...]
+
+
+def _unit_products(net: Network) -> tuple[np.ndarray, np.ndarray]:
+    if net.depth != 1 or net.output_dim != 1 or net.biases is not None or net.activation != "relu":
+        raise ValueError(
+            "symmetry-aware comparison is defined for bias-free one-hidden-layer ReLU networks with one output; "
+            "compare other networks by their test error"
+        )
+    u, lam = net.weights[0], net.weights[1][0]
+    return lam[:, None] * u, np.sign(lam)
+
+
+def compare(reference: Network, learned: Network) -> Comparison:
+    """Match the hidden units of two one-hidden-layer ReLU networks (Hungarian algorithm).
+
+    The products ``λ_i u_i`` identify a unit up to the network's symmetries (permutation
+    of units, positive rescaling ``(λ, u) -> (λ s, u / s)``); a unit is only matched to one
+    whose output weight has the same sign.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    w, s = _unit_products(reference)
+    v, t = _unit_products(learned)
+    if w.shape[1] != v.shape[1]:
+        raise ValueError(f"input dimensions differ: {w.shape[1]} vs {v.shape[1]}")
+    k, m = len(w), len(v)
+    n = max(k, m)
+    # pad with zero units: matching a unit to a padding unit costs its whole norm
+    wp = np.zeros((n, w.shape[1]))
+    vp = np.zeros((n, v.shape[1]))
+    wp[:k], vp[:m] = w, v
+    sp, tp = np.zeros(n), np.zeros(n)
+    sp[:k], tp[:m] = s, t
+    diff = ((wp[:, None, :] - vp[None, :, :]) ** 2).sum(-1)
+    apart = (wp**2).sum(1)[:, None] + (vp**2).sum(1)[None, :]
+    cost = np.where((sp[:, None] == tp[None, :]) | (sp[:, None] == 0) | (tp[None, :] == 0), diff, apart)
+    rows, cols = linear_sum_assignment(cost)
+    total = float(cost[rows, cols].sum())
+    norm = float((w**2).sum())
+    matching = [-1] * k
+    errors = [1.0] * k
+    for r, c in zip(rows, cols):
+        if r < k:
+            matching[r] = int(c) if c < m and cost[r, c] == diff[r, c] else -1
+            errors[r] = float(np.sqrt(cost[r, c]) / max(np.linalg.norm(w[r]), 1e-300))
+    return Comparison(float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)),
+                      tuple(matching), tuple(errors))

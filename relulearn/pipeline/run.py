@@ -21,7 +21,7 @@ import numpy as np
 
 from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, RunStore, StoreError, diff_fields
-from .sources import Source, make_source
+from .sources import Source, SourceDataError, make_source
 from .statistics import (
     BasicMoments,
     ContractedMoments,
@@ -126,6 +126,7 @@ def _groups(stats: Sequence[Statistic], state: Partial, chunk_size: int,
             arrays[f"{k}_se"] = (est.dims, est.se)
         for k, (dims, v) in s.coords().items():
             arrays[k] = (dims, v)
+        arrays["count"] = ((), np.int64(n_chunks * chunk_size))  # samples behind every estimate
         groups[s.name] = arrays
     table = np.asarray(ledger, dtype=np.int64).reshape(-1, 4)
     groups["ledger"] = {k: (("block",), table[:, i]) for i, k in
@@ -159,6 +160,16 @@ def compute_block(stats: Sequence[Statistic], source: Source, seed: int, chunk_s
 
     with threadpool_limits(limits=1, user_api="blas"):
         return accumulate_chunks(list(stats), source, seed, chunk_size, chunk_start, chunk_stop)
+
+
+def _compute_block_task(stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int,
+                        chunk_start: int, chunk_stop: int) -> Partial | SourceDataError:
+    """:func:`compute_block` as a Dask task: bad source data comes back to the driver as a value
+    (reported there with its chunk and row), not as a crashed task logged with a traceback."""
+    try:
+        return compute_block(stats, source, seed, chunk_size, chunk_start, chunk_stop)
+    except SourceDataError as err:
+        return err
 
 
 # ----------------------------------------------------------------- progress
@@ -385,23 +396,37 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
         nonlocal next_submit
         while next_submit < len(blocks) and next_submit - next_merge < max_in_flight:
             a, b = blocks[next_submit]
-            fut = client.submit(compute_block, stats_f, source_f, cfg.seed, cfg.chunk_size, a, b,
+            fut = client.submit(_compute_block_task, stats_f, source_f, cfg.seed, cfg.chunk_size, a, b,
                                 pure=False, key=f"relulearn-block-{cfg.seed}-{a}-{b}-{time.time_ns()}")
             futures[fut] = next_submit
             ac.add(fut)
             next_submit += 1
 
+    # A failed block is raised only once every block before it is merged, and the earliest failed
+    # block wins: the error and the committed state do not depend on scheduling (as in-process).
+    failed: Optional[tuple[int, BaseException]] = None
     try:
         submit_more()
         while next_merge < len(blocks):
+            if failed is not None and next_merge == failed[0]:
+                raise failed[1]
             fut = next(ac)
             idx = futures.pop(fut)
-            ready[idx] = fut.result()  # re-raises a worker's error (e.g. SourceDataError)
+            try:
+                result = fut.result()
+            except Exception as err:  # noqa: BLE001 - a crashed task: raised in block order, like data errors
+                result = err
             fut.release()
+            if isinstance(result, BaseException):
+                if failed is None or idx < failed[0]:
+                    failed = (idx, result)
+                continue
+            ready[idx] = result
             while next_merge in ready:
                 merge(ready.pop(next_merge))
                 next_merge += 1
-            submit_more()
+            if failed is None:
+                submit_more()
     finally:
         for fut in futures:
             fut.cancel()

@@ -9,12 +9,13 @@ so memory per worker does not grow with the chunk size.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Optional, Protocol
 
 import numpy as np
 
 from ..config import FileTeacher, OneHiddenReluTeacher, RunConfig, SourceConfig
-from ..network import Network
+from ..network import Network, NetworkFileError
 
 __all__ = [
     "BATCH_ROWS",
@@ -105,7 +106,9 @@ class TeacherSource:
         return self.network.input_dim
 
     def labels(self, x: np.ndarray) -> np.ndarray:
-        out = self.network.forward(x)
+        # an overflowing teacher is reported by check_finite with its chunk and row, not as a warning
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = self.network.forward(x)
         return out[:, self.output if self.output is not None else 0]
 
     def batches(
@@ -143,6 +146,11 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     teacher = src.teacher
     if isinstance(teacher, FileTeacher):
         path = run.resolve_path(teacher.file) if run is not None else teacher.file
+        if not Path(path).exists():
+            raise NetworkFileError(
+                f"teacher file {path} does not exist; set source.teacher.file to a .npz network file "
+                "(a relative path is read from the configuration file's folder)"
+            )
         net = Network.load(path)
         if net.input_dim != src.d:
             raise ValueError(
@@ -161,16 +169,17 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     return TeacherSource(net, float(src.noise_std), src.output)
 
 
-def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: int, row_offset: int) -> None:
-    """Raise :class:`SourceDataError` naming the chunk and row of the first NaN/inf."""
+def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: Optional[int], row_offset: int) -> None:
+    """Raise :class:`SourceDataError` naming the chunk (None: the pilot pass) and row of the first NaN/inf."""
     bad_y = ~np.isfinite(y)
     bad_x = ~np.isfinite(x).all(axis=1)
     bad = bad_y | bad_x
     if bad.any():
         r = int(np.argmax(bad))
         what = "label y" if bad_y[r] else "input x"
+        where = (f"chunk {chunk_id}, row {row_offset + r} (sample {chunk_id}×chunk_size + {row_offset + r})"
+                 if chunk_id is not None else f"row {row_offset + r} of the pilot pass that estimates the τ quantiles")
         raise SourceDataError(
-            f"the source produced {y[r] if bad_y[r] else 'a non-finite value'} in {what} at chunk {chunk_id}, "
-            f"row {row_offset + r} (sample {chunk_id}×chunk_size + {row_offset + r}); "
+            f"the source produced {y[r] if bad_y[r] else 'a non-finite value'} in {what} at {where}; "
             "check the teacher's weights (overflow) or the data at that position"
         )

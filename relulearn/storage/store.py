@@ -151,7 +151,7 @@ class RunStore:
                 raise StoreError(f"{self.url} is not a readable zarr group: {err}") from None
             return None
         meta = root.attrs.asdict().get("relulearn")
-        if meta is None and all(_GENERATION.fullmatch(k) for k in root.keys()):
+        if meta is None and not root.attrs.asdict() and all(_GENERATION.fullmatch(k) for k in root.keys()):
             return None  # a first commit was interrupted before its head was written
         if meta is None:
             raise StoreError(f"{self.url} is a zarr group but not a relulearn store (no 'relulearn' attribute)")

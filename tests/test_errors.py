@@ -1,0 +1,533 @@
+"""Bad input gets a clear error, and nothing is lost.
+
+Every case goes through the real command line (``python -m relulearn.cli``) and checks:
+exit code 2, a message on stderr that names the cause and the fix, no Python traceback,
+and — where a store existed before — that the store is bitwise intact (every file under
+its directory) and still readable by ``relulearn status``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from relulearn.api import estimate, status
+from relulearn.config import load_config
+from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
+
+from conftest import PYTHON, cli_env
+
+# A small run with all four statistic families (explicit direction seed and thresholds, so
+# stores of different seeds can be merged).
+BASE = {
+    "seed": 3,
+    "samples": 20_000,
+    "chunk_size": 5_000,
+    "source": {"d": 4, "teacher": {"kind": "one_hidden_relu", "width": 2, "output_weights": [1.0, -0.6]}},
+    "statistics": {
+        "basic": {},
+        "hermite": {"max_order": 3},
+        "contracted": {"orders": [2, 4], "directions": 2, "directions_seed": 1},
+        "filtered": {"thresholds": [0.1, 0.5]},
+    },
+    "run": {"chunks_per_block": 2, "commit_interval": 0},
+}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def config(**changes) -> dict:
+    """A deep copy of BASE with dotted keys set (``{"source.noise_std": 0.1}``); None deletes."""
+    data = json.loads(json.dumps(BASE))
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = data
+        for p in parents:
+            node = node[p]
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return data
+
+
+def write_yaml(path: Path, data) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cli(*args, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "relulearn.cli", *map(str, args)], env=cli_env(), cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def cli_parallel(*argvs) -> list[subprocess.CompletedProcess]:
+    """Several independent invocations at once (each is a fresh interpreter; this keeps the file fast)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return list(pool.map(lambda argv: cli(*argv), argvs))
+
+
+def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit code 2, each needle on stderr, no traceback; returns stderr."""
+    err = proc.stderr
+    assert proc.returncode == 2, f"exit code {proc.returncode}\nstdout: {proc.stdout}\nstderr: {err}"
+    assert "Traceback" not in err, err
+    assert "error:" in err, err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in stderr:\n{err}"
+    return err
+
+
+def snapshot(path: Path) -> dict[str, bytes | None]:
+    """Every file's bytes (and every directory, as None) under ``path``, by relative path."""
+    out: dict[str, bytes | None] = {}
+    for root, dirs, files in os.walk(path):
+        rel = Path(root).relative_to(path)
+        for d in dirs:
+            out[str(rel / d) + "/"] = None
+        for f in files:
+            out[str(rel / f)] = (Path(root) / f).read_bytes()
+    return out
+
+
+def assert_intact(path: Path, before: dict[str, bytes | None]) -> None:
+    """The store is bitwise what it was, and ``relulearn status`` still reads it."""
+    after = snapshot(path)
+    assert sorted(after) == sorted(before), f"files added/removed: {set(after) ^ set(before)}"
+    changed = [k for k in before if before[k] != after[k]]
+    assert not changed, f"files modified: {changed}"
+    assert status(str(path))["samples"] > 0  # what `relulearn status` prints
+
+
+def status_json(path: Path) -> dict:
+    proc = cli("status", path, "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Path]:
+    """Committed stores made once (in-process); tests copy the ones they run commands against."""
+    d = tmp_path_factory.mktemp("stores")
+    out = {}
+    for name, data in {
+        "base": config(),
+        "seed4": config(seed=4),
+        "other_setup": config(**{"seed": 4, "source.noise_std": 0.5, "statistics.hermite.max_order": 2}),
+    }.items():
+        cfg = write_yaml(d / f"{name}.yaml", data)
+        out[name] = d / f"{name}.zarr"
+        estimate(load_config(cfg), str(out[name]), client="local", progress=None)
+    return out
+
+
+@pytest.fixture
+def store(stores, tmp_path) -> tuple[Path, dict]:
+    """A private copy of the base store, and its snapshot."""
+    path = tmp_path / "run.zarr"
+    shutil.copytree(stores["base"], path)
+    return path, snapshot(path)
+
+
+# ------------------------------------------------------------- configuration
+
+UNKNOWN_KEYS = [  # (changes, the key as named, the suggestion)
+    ({"chunk_size": None, "chunksize": 5_000}, "'chunksize'", "did you mean 'chunk_size'?"),
+    ({"source.teacher.widht": 3}, "'source.teacher.widht'", "did you mean 'width'?"),
+    ({"statistics.hermite": {"max_ordr": 3}}, "'statistics.hermite.max_ordr'", "did you mean 'max_order'?"),
+    ({"statistics.filtered": {"quantile": [0.5]}}, "'statistics.filtered.quantile'", "did you mean 'quantiles'?"),
+    ({"run.chunks_per_blok": 2}, "'run.chunks_per_blok'", "did you mean 'chunks_per_block'?"),
+    # a file teacher given a planted teacher's key: the valid keys named are the file teacher's
+    ({"source.teacher": {"file": "t.npz", "kind": "one_hidden_relu"}}, "'source.teacher.kind'",
+     "(valid keys here: file)"),
+]
+
+
+def test_unknown_or_mistyped_keys_name_the_key_and_the_closest_valid_one(store, tmp_path):
+    path, before = store
+    cfgs = [write_yaml(tmp_path / f"bad{i}.yaml", config(**changes)) for i, (changes, _, _) in enumerate(UNKNOWN_KEYS)]
+    procs = cli_parallel(*(("estimate", cfg, "--store", path, "--in-process") for cfg in cfgs))
+    for cfg, proc, (changes, key, suggestion) in zip(cfgs, procs, UNKNOWN_KEYS):
+        err = assert_user_error(proc, f"invalid configuration in {cfg}", f"unknown key {key}", suggestion)
+        assert err.count("unknown key") == 1, (changes, err)
+    assert_intact(path, before)
+
+
+WRONG_VALUES = [  # (changes, needles)
+    ({"samples": "many"}, ["'samples'", "valid integer", "'many'"]),
+    ({"source": {"d": "x"}}, ["'source.d'", "valid integer", "'x'"]),
+    ({"samples": -5}, ["'samples'", "greater than or equal to 1", "-5"]),
+    ({"chunk_size": 1}, ["'chunk_size'", "greater than or equal to 2", "(got 1)"]),
+    ({"statistics": 5}, ["'statistics' must be a mapping of keys (got 5)"]),
+    ({"statistics.hermite": 4}, ["'statistics.hermite' must be a mapping of keys (got 4)"]),
+    ({"source.teacher": 5}, ["'source.teacher' must be a mapping of keys (got 5)"]),
+    ({"source": None}, ["missing required key 'source'"]),
+    ({"statistics.filtered": {"quantiles": [0.5], "thresholds": [1.0]}},
+     ["'statistics.filtered'", "exactly one of `quantiles`"]),
+]
+
+
+def test_wrong_types_and_values_name_the_key(store, tmp_path):
+    path, before = store
+    cfgs = [write_yaml(tmp_path / f"bad{i}.yaml", config(**changes)) for i, (changes, _) in enumerate(WRONG_VALUES)]
+    procs = cli_parallel(*(("estimate", cfg, "--store", path, "--in-process") for cfg in cfgs))
+    for cfg, proc, (changes, needles) in zip(cfgs, procs, WRONG_VALUES):
+        err = assert_user_error(proc, f"invalid configuration in {cfg}", *needles)
+        # one line per problem, no pydantic internals (union member tags, model class names)
+        assert len(err.strip().splitlines()) == 2, (changes, err)
+        assert not any(w in err for w in ("function-after", "FileTeacher", "Config", "pydantic")), (changes, err)
+    assert_intact(path, before)
+
+
+def test_bad_sample_counts_on_the_command_line(store, tmp_path):
+    path, before = store
+    cfg = write_yaml(tmp_path / "run.yaml", config())
+    cases = [("-5", "must be at least 1, got -5"), ("many", "expected a whole number, got 'many'")]
+    procs = cli_parallel(*(("estimate", cfg, "--store", path, "--in-process", "--samples", v) for v, _ in cases))
+    for proc, (_, needle) in zip(procs, cases):
+        assert_user_error(proc, "argument --samples", needle)
+    assert_intact(path, before)
+
+
+def test_unreadable_configuration_files(store, tmp_path):
+    path, before = store
+    missing = tmp_path / "nothere.yaml"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("seed: 3\nsource: {d: 4\n")
+    scalar = write_yaml(tmp_path / "scalar.yaml", [1, 2, 3])
+    procs = cli_parallel(*(("estimate", c, "--store", path, "--in-process") for c in (missing, broken, scalar)))
+    assert_user_error(procs[0], "cannot read configuration file", str(missing))
+    assert_user_error(procs[1], str(broken), "not valid YAML")
+    assert_user_error(procs[2], str(scalar), "expected a mapping of keys, got list")
+    assert_intact(path, before)
+
+
+# -------------------------------------------------------------------- stores
+
+
+def test_store_with_another_fingerprint_names_the_differing_fields(store, tmp_path):
+    path, before = store
+    cfg = write_yaml(tmp_path / "changed.yaml", config(**{"source.noise_std": 0.1, "chunk_size": 2_500}))
+    proc = cli("estimate", cfg, "--store", path, "--in-process", "--json")
+    # exactly the two fields (the list ends after them)
+    assert_user_error(proc, str(path), "different fingerprint", "differing fields: chunk_size, source.noise_std. ",
+                      "relulearn status", "new --store path", "not modified")
+    # --json also reports the error on stdout
+    assert json.loads(proc.stdout)["kind"] == "StoreError"
+    assert "source.noise_std" in json.loads(proc.stdout)["error"]
+    assert_intact(path, before)
+    # the original configuration still resumes/extends the intact store
+    good = write_yaml(tmp_path / "good.yaml", config())
+    proc = cli("estimate", good, "--store", path, "--in-process", "--samples", 30_000, "--json", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["resumed_from_samples"] == 20_000
+
+
+def test_store_of_a_newer_format_version_is_refused(store, tmp_path, stores):
+    path, _ = store
+    meta_file = path / "zarr.json"
+    doc = json.loads(meta_file.read_text())
+    assert doc["attributes"]["relulearn"]["format_version"] == 1
+    doc["attributes"]["relulearn"]["format_version"] = 99
+    meta_file.write_text(json.dumps(doc, indent=2))
+    before = snapshot(path)  # after our edit
+
+    cfg = write_yaml(tmp_path / "run.yaml", config())
+    procs = cli_parallel(("estimate", cfg, "--store", path, "--in-process", "--samples", 40_000),
+                         ("status", path),
+                         ("merge", path, stores["seed4"], "--out", tmp_path / "merged.zarr"),
+                         ("status", path, "--json"))
+    for proc in procs:
+        assert_user_error(proc, str(path), "newer relulearn", "store format 99", "upgrade relulearn")
+    # status --json: the error also as JSON on stdout
+    assert "store format 99" in json.loads(procs[-1].stdout)["error"]
+    assert not (tmp_path / "merged.zarr").exists()
+    assert snapshot(path) == before
+
+
+def test_damaged_format_version_is_a_clear_error(store):
+    path, _ = store
+    doc = json.loads((path / "zarr.json").read_text())
+    doc["attributes"]["relulearn"]["format_version"] = "one"
+    (path / "zarr.json").write_text(json.dumps(doc))
+    assert_user_error(cli("status", path), str(path), "format version 'one'", "damaged")
+
+
+def _huge_run(tmp_path: Path) -> Path:
+    """A configuration that would compute for hours: an error must come before any computation."""
+    return write_yaml(tmp_path / "huge.yaml", config(samples=2_000_000_000, **{
+        "statistics.filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 5_000_000}}))
+
+
+def test_store_path_under_a_regular_file(tmp_path, stores):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("not a directory\n")
+    target = blocker / "store.zarr"
+    t0 = time.perf_counter()
+    proc = cli("estimate", _huge_run(tmp_path), "--store", target, "--in-process")
+    elapsed = time.perf_counter() - t0
+    assert_user_error(proc, f"cannot write the store at {target}", f"{blocker} is a file, not a directory",
+                      "--store")
+    assert elapsed < 20, f"the error came after {elapsed:.1f} s: computation ran before the path was checked"
+    assert blocker.read_text() == "not a directory\n"
+    # merge checks its output path the same way
+    proc = cli("merge", stores["base"], stores["seed4"], "--out", target)
+    assert_user_error(proc, f"cannot write the store at {target}", "is a file, not a directory")
+    assert blocker.read_text() == "not a directory\n"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
+                    reason="permission bits do not stop root from writing")
+def test_store_path_in_a_read_only_directory(tmp_path, stores):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    shutil.copytree(stores["base"], locked / "run.zarr")
+    before = snapshot(locked / "run.zarr")
+    locked.chmod(0o500)
+    (locked / "run.zarr").chmod(0o500)
+    try:
+        target = locked / "new.zarr"
+        t0 = time.perf_counter()
+        proc = cli("estimate", _huge_run(tmp_path), "--store", target, "--in-process")
+        assert time.perf_counter() - t0 < 20
+        assert_user_error(proc, f"cannot write the store at {target}", "not writable", "--store")
+        assert not target.exists()
+        # extending an existing store that cannot be written
+        cfg = write_yaml(tmp_path / "run.yaml", config())
+        proc = cli("estimate", cfg, "--store", locked / "run.zarr", "--in-process", "--samples", 40_000)
+        assert_user_error(proc, "cannot write the store at", "not writable")
+        assert_intact(locked / "run.zarr", before)
+    finally:
+        (locked / "run.zarr").chmod(0o700)
+        locked.chmod(0o700)
+
+
+def test_status_of_something_that_is_not_a_store(tmp_path):
+    import zarr
+
+    missing = tmp_path / "nothere.zarr"
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hello")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "data.csv").write_text("1,2\n")
+    foreign = tmp_path / "foreign.zarr"  # someone else's zarr group, holding only attributes
+    zarr.open_group(str(foreign), mode="w", zarr_format=3).attrs["owner"] = "someone else"
+    with_array = tmp_path / "with_array.zarr"
+    zarr.open_group(str(with_array), mode="w", zarr_format=3).create_array("data", shape=(3,), dtype="f8")
+    damaged = tmp_path / "damaged.zarr"
+    damaged.mkdir()
+    (damaged / "zarr.json").write_text("{not json")
+    paths = [missing, a_file, folder, foreign, with_array, damaged]
+    procs = cli_parallel(*(("status", p) for p in paths))
+    assert_user_error(procs[0], f"no relulearn store at {missing}", "relulearn estimate")
+    assert_user_error(procs[1], str(a_file), "is a file, not a store")
+    assert_user_error(procs[2], str(folder), "not a relulearn store")
+    assert_user_error(procs[3], str(foreign), "not a relulearn store")
+    assert_user_error(procs[4], str(with_array), "not a relulearn store")
+    assert_user_error(procs[5], str(damaged), "not a readable zarr group")
+
+    # estimate refuses to write into something that is not a store, and leaves it alone
+    cfg = write_yaml(tmp_path / "run.yaml", config())
+    others = [folder, foreign]
+    befores = [snapshot(p) for p in others]
+    procs = cli_parallel(*(("estimate", cfg, "--store", p, "--in-process") for p in others))
+    for p, proc, before in zip(others, procs, befores):
+        assert_user_error(proc, str(p))
+        assert snapshot(p) == before, p
+
+
+# ------------------------------------------------------------------- merging
+
+
+def test_merge_errors(stores, tmp_path):
+    base, seed4, other = stores["base"], stores["seed4"], stores["other_setup"]
+    snaps = {p: snapshot(p) for p in (base, seed4, other)}
+    out = tmp_path / "merged.zarr"
+
+    copy = tmp_path / "copy.zarr"
+    shutil.copytree(base, copy)
+    procs = cli_parallel(("merge", base, other, "--out", out), ("merge", base, base, "--out", out),
+                         ("merge", base, copy, "--out", out), ("merge", base, tmp_path / "nothere.zarr", "--out", out),
+                         ("merge", base, seed4, "--out", other))
+    assert_user_error(procs[0], "different setups", "differing fields: source.noise_std, statistics.hermite.max_order")
+    assert_user_error(procs[1], "both contain seed(s) [3]", "count twice")
+    assert_user_error(procs[2], "both contain seed(s) [3]", "count twice")
+    assert_user_error(procs[3], "nothere.zarr holds no run", "relulearn estimate")
+    assert_user_error(procs[4], f"{other} already holds a run", "new path")  # into an existing store
+    assert not out.exists()
+    for p, snap in snaps.items():
+        assert_intact(p, snap)
+
+
+# ------------------------------------------------------------- teacher files
+
+
+BAD_TEACHERS = [  # (arrays, source.d, needles)
+    ({"W0": np.ones((3, 5)), "W1": np.ones((1, 4))}, 5, ["W1 has shape (1, 4)", "W0 has shape (3, 5)", "3 columns"]),
+    ({"W0": np.ones((3, 7)), "W1": np.ones((1, 3))}, 4, ["input dimension 7", "source.d is 4", "make them agree"]),
+    ({"W0": np.array([[np.nan, 1.0, 1.0, 1.0]]), "W1": np.ones((1, 1))}, 4, ["W0 contains NaN or inf"]),
+    ({"W0": np.ones((3, 4)), "W1": np.ones((2, 3))}, 4, ["2 outputs", "source.output"]),
+    (None, 4, ["does not exist", "source.teacher.file"]),
+    ("text", 4, ["is not an .npz network file"]),
+]
+
+
+def test_bad_teacher_files_name_the_file_and_the_arrays(store, tmp_path):
+    path, before = store
+    argvs, teachers = [], []
+    for i, (arrays, d, _) in enumerate(BAD_TEACHERS):
+        case = tmp_path / f"case{i}"
+        case.mkdir()
+        teacher = case / "teacher.npz"
+        if isinstance(arrays, dict):
+            np.savez(teacher, **arrays)
+        elif arrays == "text":
+            teacher.write_text("W0 = [[1, 2]]\n")
+        # a relative path, read from the configuration's folder
+        cfg = write_yaml(case / "run.yaml", config(**{"source.d": d, "source.teacher": {"file": "teacher.npz"}}))
+        argvs.append(("estimate", cfg, "--store", path, "--in-process"))
+        teachers.append(teacher)
+    for proc, teacher, (_, _, needles) in zip(cli_parallel(*argvs), teachers, BAD_TEACHERS):
+        err = assert_user_error(proc, *needles)
+        assert str(teacher) in err or "teacher has 2 outputs" in err, err
+        assert "pickle" not in err, err
+    assert_intact(path, before)
+
+
+# --------------------------------------------------------- NaN / inf in samples
+
+# y = 1e-300 · relu(b · relu(1e154 · x_0)): finite (|y| < 2e8) unless x_0 > 3.9, where the
+# hidden layer overflows to inf. With seed 8 and chunks of 5000, chunks 0 and 1 are clean and
+# the first overflow is in chunk 2, in its second batch (row > BATCH_ROWS).
+_T = 3.9
+_B = 1.7976931348623157e308 / (1e154 * _T)
+
+
+def overflow_teacher(path: Path, nan: bool = False) -> Path:
+    if nan:  # two overflowing units subtracted: inf - inf = nan
+        arrays = {"W0": np.array([[1e154, 0.0, 0.0, 0.0]]), "W1": np.array([[_B], [_B]]),
+                  "W2": np.array([[1e-300, -1e-300]])}
+    else:
+        arrays = {"W0": np.array([[1e154, 0.0, 0.0, 0.0]]), "W1": np.array([[_B]]), "W2": np.array([[1e-300]])}
+    np.savez(path, **arrays)
+    return path
+
+
+def overflow_config(tmp_path: Path, nan: bool = False, **changes) -> Path:
+    overflow_teacher(tmp_path / "deep.npz", nan=nan)
+    data = config(**{"seed": 8, "source.teacher": {"file": "deep.npz"}, "run.chunks_per_block": 1,
+                     "run.commit_interval": 3600, **changes})
+    return write_yaml(tmp_path / "deep.yaml", data)
+
+
+def first_bad_row(cfg_path: Path) -> tuple[int, int, str]:
+    """(chunk, row, value) of the first non-finite label, found by regenerating the chunks."""
+    cfg = load_config(cfg_path)
+    source = make_source(cfg)
+    for chunk in range(cfg.n_chunks):
+        row = 0
+        for x, y in chunk_batches(source, cfg.seed, chunk, cfg.chunk_size):
+            assert np.isfinite(x).all()
+            bad = ~np.isfinite(y)
+            if bad.any():
+                r = int(np.argmax(bad))
+                assert np.isfinite(y[:r]).all() and not np.isfinite(y[r])
+                return chunk, row + r, str(y[r])
+            assert np.abs(y).max() < 1e9  # finite labels are moderate: no overflow in the statistics
+            row += len(y)
+    raise AssertionError("the overflow teacher produced no non-finite label")
+
+
+def _files_without_root_meta(path: Path) -> dict:
+    return {k: v for k, v in snapshot(path).items() if k != "zarr.json"}
+
+
+def _meta(path: Path) -> dict:
+    meta = json.loads((path / "zarr.json").read_text())["attributes"]["relulearn"]
+    return {k: v for k, v in meta.items() if k not in ("updated", "created")}
+
+
+@pytest.mark.parametrize("nan", [False, True], ids=["inf", "nan"])
+def test_non_finite_labels_name_chunk_and_row_and_merged_blocks_are_kept(tmp_path, nan):
+    cfg = overflow_config(tmp_path, nan=nan)
+    chunk, row, value = first_bad_row(cfg)
+    assert (chunk, value) == (2, "nan" if nan else "inf") and row >= BATCH_ROWS  # the case is what it claims
+
+    failed = tmp_path / "failed.zarr"
+    err = assert_user_error(cli("estimate", cfg, "--store", failed, "--in-process"),
+                            f"{value} in label y at chunk {chunk}, row {row}", "teacher's weights")
+    assert "RuntimeWarning" not in err, err
+    # blocks merged before the failing one were committed: the store holds exactly chunks 0..1,
+    # bitwise what a clean run of those chunks gives
+    st = status_json(failed)
+    assert (st["samples"], st["chunks"], st["complete"]) == (chunk * 5_000, chunk, False)
+    clean = tmp_path / "clean.zarr"
+    proc = cli("estimate", cfg, "--store", clean, "--in-process", "--samples", chunk * 5_000, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert _files_without_root_meta(failed) == _files_without_root_meta(clean)
+    ma, mb = _meta(failed), _meta(clean)
+    assert ma.pop("target_samples") == 20_000 and mb.pop("target_samples") == chunk * 5_000
+    assert ma == mb
+
+
+def test_extending_into_non_finite_chunks_leaves_the_store_intact(tmp_path):
+    cfg = overflow_config(tmp_path)
+    chunk, row, _ = first_bad_row(cfg)
+    path = tmp_path / "run.zarr"
+    proc = cli("estimate", cfg, "--store", path, "--in-process", "--samples", chunk * 5_000, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    before = snapshot(path)
+    assert_user_error(cli("estimate", cfg, "--store", path, "--in-process"), f"chunk {chunk}, row {row}")
+    assert_intact(path, before)
+    assert status_json(path)["samples"] == chunk * 5_000
+
+
+def test_non_finite_in_the_first_chunk_creates_no_store(tmp_path):
+    np.savez(tmp_path / "huge.npz", W0=np.full((3, 4), 1e200), W1=np.full((3, 3), 1e200), W2=np.full((1, 3), 1e200))
+    cfg = write_yaml(tmp_path / "huge.yaml", config(**{"source.teacher": {"file": "huge.npz"}}))
+    path = tmp_path / "run.zarr"
+    assert_user_error(cli("estimate", cfg, "--store", path, "--in-process"), "in label y at chunk 0, row ")
+    assert not path.exists()  # nothing was merged, so nothing was written
+    assert_user_error(cli("status", path), "no relulearn store")
+
+
+def test_non_finite_on_a_cluster_is_reported_like_in_process(tmp_path):
+    """On the distributed path the worker's error travels back: same message, same committed store,
+    whatever the scheduling; no worker traceback on stderr."""
+    cfg = overflow_config(tmp_path)
+    chunk, row, value = first_bad_row(cfg)
+    local, dist = tmp_path / "local.zarr", tmp_path / "dist.zarr"
+    err_local = assert_user_error(cli("estimate", cfg, "--store", local, "--in-process", "--quiet"))
+    err = assert_user_error(cli("estimate", cfg, "--store", dist, "--workers", 2, "--quiet"),
+                            f"{value} in label y at chunk {chunk}, row {row}")
+    assert "Compute Failed" not in err and "RuntimeWarning" not in err, err
+    assert err.strip().splitlines()[-1] == err_local.strip().splitlines()[-1]
+    assert _files_without_root_meta(dist) == _files_without_root_meta(local)
+    assert _meta(dist) == _meta(local)
+
+
+def test_every_chunk_bad_on_a_cluster_reports_the_first(tmp_path):
+    """Blocks fail concurrently on two workers; the error is always the first bad row of chunk 0."""
+    np.savez(tmp_path / "huge.npz", W0=np.full((3, 4), 1e200), W1=np.full((3, 3), 1e200), W2=np.full((1, 3), 1e200))
+    cfg = write_yaml(tmp_path / "huge.yaml", config(**{"source.teacher": {"file": "huge.npz"},
+                                                       "run.chunks_per_block": 1}))
+    chunk, row, value = first_bad_row(cfg)
+    assert chunk == 0
+    path = tmp_path / "run.zarr"
+    assert_user_error(cli("estimate", cfg, "--store", path, "--workers", 2, "--quiet"),
+                      f"{value} in label y at chunk 0, row {row}")
+    assert not path.exists()
