@@ -200,8 +200,16 @@ class RunConfig(_Section):
         return p
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict that round-trips through :func:`config_from_dict`."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """JSON-ready dict that round-trips through :func:`config_from_dict`.
+
+        A teacher file's path is made absolute, so that the dict means the same thing
+        wherever it is read (it is stored with the run).
+        """
+        data = self.model_dump(mode="json", exclude_none=True)
+        teacher = data["source"].get("teacher", {})
+        if "file" in teacher:
+            teacher["file"] = str(self.resolve_path(teacher["file"]).resolve())
+        return data
 
 
 # --------------------------------------------------------------------------- loading

@@ -28,6 +28,7 @@ __all__ = [
     "Stream",
     "chunk_batches",
     "pilot_batches",
+    "draw",
     "check_finite",
 ]
 
@@ -43,7 +44,8 @@ class Stream:
     PILOT = 2
     DIRECTIONS = 3
     TEACHER = 4
-    HELD_OUT = 5
+    HELD_OUT = 5  # bounded samples a learning method fits on (train / validation)
+    TEST = 6  # fresh samples for evaluation, never used by estimation or learning
 
 
 def generator(seed: int, stream: int, counter: int = 0) -> np.random.Generator:
@@ -133,6 +135,18 @@ def pilot_batches(source: Source, seed: int, n: int) -> Iterator[tuple[np.ndarra
     return source.batches(generator(seed, Stream.PILOT, 0), generator(seed, Stream.PILOT, 1), n)
 
 
+def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` samples ``(x, y)`` of an auxiliary stream (``Stream.HELD_OUT``, ``Stream.TEST``),
+    independent of every chunk of the run; ``part`` selects independent draws of one stream."""
+    xs, ys, row = [], [], 0
+    for x, y in source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n):
+        check_finite(x, y, None, row)
+        xs.append(x)
+        ys.append(y)
+        row += len(y)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
 def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) -> TeacherSource:
     """Build the source a configuration describes.
 
@@ -178,7 +192,8 @@ def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: Optional[int], row_offs
         r = int(np.argmax(bad))
         what = "label y" if bad_y[r] else "input x"
         where = (f"chunk {chunk_id}, row {row_offset + r} (sample {chunk_id}×chunk_size + {row_offset + r})"
-                 if chunk_id is not None else f"row {row_offset + r} of the pilot pass that estimates the τ quantiles")
+                 if chunk_id is not None else f"row {row_offset + r} of a sample drawn outside the run's chunks "
+                 "(the pilot pass for τ quantiles, or held-out / test samples)")
         raise SourceDataError(
             f"the source produced {y[r] if bad_y[r] else 'a non-finite value'} in {what} at {where}; "
             "check the teacher's weights (overflow) or the data at that position"

@@ -1,0 +1,119 @@
+"""Exact refinement of a one-hidden-layer ReLU network (DESIGN.md §6, ``polish``).
+
+Once the activation pattern ``1{<u_i, x> > 0}`` of every unit is known on a sample, the
+output ``y = Σ_i λ_i relu(<u_i, x>) = Σ_i 1{<u_i,x> > 0} <w_i, x>`` is linear in the
+products ``w_i = λ_i u_i``. Polish fixes the patterns on samples away from every unit's
+boundary, solves that least-squares problem for all ``w_i`` at once, refreshes the
+patterns, and repeats until they stop changing. On noiseless labels this reaches machine
+precision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..network import Network
+
+__all__ = ["PolishReport", "polish"]
+
+
+@dataclass(frozen=True)
+class PolishReport:
+    """What polish did: iterations, whether the patterns converged, the final residual.
+
+    ``converged`` is true when the patterns reached a fixed point, or a cycle (possible
+    with noisy labels, where a few samples at a boundary can flip back and forth); the
+    returned network is the iterate with the smallest residual on all samples.
+    """
+
+    iterations: int
+    converged: bool
+    relative_residual: float
+    samples_used: int
+    pattern_changes: tuple[int, ...]
+    stop_reason: str = "fixed point"  # or "cycle" (patterns repeat), or "max_iter"
+
+
+def _split(net: Network) -> tuple[np.ndarray, np.ndarray]:
+    if net.depth != 1 or net.output_dim != 1 or net.biases is not None or net.activation != "relu":
+        raise ValueError("polish applies to bias-free one-hidden-layer ReLU networks with one output")
+    return net.weights[0], net.weights[1][0]
+
+
+def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30,
+           ) -> tuple[Network, PolishReport]:
+    """Refine ``net`` on samples ``(x, y)`` by alternating pattern fixing and least squares.
+
+    Parameters
+    ----------
+    net
+        Starting network (one hidden ReLU layer, one output, no biases); its output
+        weights' signs are kept.
+    x, y
+        Samples, ``(n, d)`` and ``(n,)``; ``n`` should exceed ``k·d`` several times.
+    margin
+        Samples with ``|<u_i, x>| < margin`` for some unit (unit ``u_i``) are left out:
+        their patterns are not trusted.
+    max_iter
+        Bound on the number of pattern refreshes.
+
+    Returns
+    -------
+    (Network, PolishReport)
+        The refined network, with unit-norm hidden rows, and a report.
+    """
+    u, lam = _split(net)
+    keep_units = lam != 0
+    u, lam = u[keep_units], lam[keep_units]
+    k, d = u.shape
+    sign = np.sign(lam)
+    dirs = u / np.linalg.norm(u, axis=1, keepdims=True)
+    y_norm = float(np.linalg.norm(y)) or 1.0
+
+    def residual(dirs_: np.ndarray, w_: np.ndarray) -> float:
+        pred = np.maximum(x @ dirs_.T, 0.0) @ (sign * np.linalg.norm(w_, axis=1))
+        return float(np.linalg.norm(y - pred) / y_norm)
+
+    w = (lam * np.linalg.norm(u, axis=1))[:, None] * dirs
+    best = (residual(dirs, w), dirs, w)
+    seen: set[bytes] = set()
+    changes: list[int] = []
+    prev = None
+    stop = "max_iter"
+    used = 0
+    it = 0
+    for it in range(1, max_iter + 1):
+        proj = x @ dirs.T  # (n, k)
+        trusted = np.all(np.abs(proj) >= margin, axis=1)
+        pattern = proj[trusted] > 0
+        used = int(trusted.sum())
+        if used < k * d:
+            raise ValueError(f"polish needs more than k·d = {k * d} samples away from the unit boundaries; got {used}")
+        xs = x[trusted]
+        # design matrix: block i is pattern_i * x  -> one lstsq for all k·d unknowns
+        phi = (pattern[:, :, None] * xs[:, None, :]).reshape(used, k * d)
+        sol, *_ = np.linalg.lstsq(phi, y[trusted], rcond=None)
+        w = sol.reshape(k, d)
+        norms = np.linalg.norm(w, axis=1)
+        alive = norms > 0
+        dirs = np.where(alive[:, None], sign[:, None] * w / np.where(alive, norms, 1.0)[:, None], dirs)
+        res = residual(dirs, w)
+        if res < best[0]:
+            best = (res, dirs, w)
+        full_pattern = (x @ dirs.T) > 0
+        if prev is not None:
+            changes.append(int((full_pattern != prev).sum()))
+            if changes[-1] == 0:
+                stop = "fixed point"
+                break
+        key = np.packbits(full_pattern).tobytes()
+        if key in seen:  # with noisy labels a few boundary samples can cycle forever
+            stop = "cycle"
+            break
+        seen.add(key)
+        prev = full_pattern
+    res, dirs, w = best
+    out = Network((dirs, (sign * np.linalg.norm(w, axis=1))[None, :]), activation="relu")
+    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop)

@@ -1,0 +1,87 @@
+"""Network files, symmetry-aware comparison, and exact polish."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relulearn.estimators.polish import polish
+from relulearn.network import Network, compare
+
+
+def planted(d: int, k: int, seed: int) -> Network:
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((k, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    lam = rng.choice([-1.0, 1.0], k) * rng.uniform(0.5, 1.5, k)
+    return Network((u, lam[None, :]))
+
+
+def test_npz_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    net = Network((rng.standard_normal((4, 3)), rng.standard_normal((2, 4)), rng.standard_normal((1, 2))),
+                  (rng.standard_normal(4), rng.standard_normal(2), rng.standard_normal(1)), "tanh")
+    net.save(tmp_path / "n.npz")
+    back = Network.load(tmp_path / "n.npz")
+    x = rng.standard_normal((10, 3))
+    assert back.activation == "tanh" and back.depth == 2
+    assert np.array_equal(back.forward(x), net.forward(x))
+    with np.load(tmp_path / "n.npz", allow_pickle=False) as f:  # no pickled objects in the file
+        assert sorted(f.files) == ["W0", "W1", "W2", "activation", "b0", "b1", "b2"]
+
+
+def test_compare_is_invariant_to_permutation_and_positive_rescaling():
+    net = planted(7, 4, 1)
+    u, lam = net.weights[0], net.weights[1][0]
+    perm = np.array([2, 0, 3, 1])
+    s = np.array([0.3, 2.0, 5.0, 1.7])
+    other = Network((u[perm] * s[:, None], (lam[perm] / s)[None, :]))
+    x = np.random.default_rng(2).standard_normal((100, 7))
+    np.testing.assert_allclose(other.forward(x), net.forward(x), rtol=1e-13, atol=1e-13)
+    cmp = compare(net, other)
+    assert cmp.relative_error < 1e-15
+    assert [int(np.flatnonzero(perm == i)[0]) for i in range(4)] == list(cmp.matching)
+
+
+def test_compare_sees_the_sign_symmetry_break():
+    """-relu(<u,x>) and relu(<-u,x>) have the same product λu but are different functions."""
+    net = planted(5, 2, 3)
+    u, lam = net.weights[0], net.weights[1][0]
+    flipped = Network((-u, -lam[None, :]))
+    assert compare(net, flipped).relative_error > 1.0
+    perturbed = Network((u + 1e-6, lam[None, :]))
+    assert compare(net, perturbed).relative_error < 1e-5
+
+
+@pytest.mark.parametrize("d,k", [(10, 1), (10, 3), (50, 5)])
+def test_polish_reaches_machine_precision_on_noiseless_labels(d, k):
+    teacher = planted(d, k, 10 + k)
+    rng = np.random.default_rng(d * k)
+    x = rng.standard_normal((max(4000, 30 * k * d), d))
+    y = teacher.forward(x)[:, 0]
+    u, lam = teacher.weights[0], teacher.weights[1][0]
+    start = Network((u + 0.03 * rng.standard_normal(u.shape), 1.2 * lam[None, :]))
+    assert compare(teacher, start).relative_error > 1e-2
+    out, report = polish(start, x, y)
+    assert report.converged and report.relative_residual < 1e-13
+    assert compare(teacher, out).relative_error < 1e-12
+    xt = rng.standard_normal((20_000, d))
+    yt = teacher.forward(xt)[:, 0]
+    assert np.mean((yt - out.forward(xt)[:, 0]) ** 2) / np.mean(yt**2) < 1e-24
+
+
+def test_polish_with_noise_is_least_squares():
+    """With label noise, polish converges to the least-squares fit: error ~ σ²·kd/n."""
+    d, k, sigma = 20, 3, 0.1
+    teacher = planted(d, k, 4)
+    rng = np.random.default_rng(5)
+    n = 40_000
+    x = rng.standard_normal((n, d))
+    y = teacher.forward(x)[:, 0] + sigma * rng.standard_normal(n)
+    out, report = polish(teacher, x, y)
+    assert report.converged
+    xt = rng.standard_normal((50_000, d))
+    yt = teacher.forward(xt)[:, 0]
+    excess = np.mean((yt - out.forward(xt)[:, 0]) ** 2)
+    # E[excess] = σ² k d / n for least squares with k·d unknowns; allow 3× for the pattern set
+    assert excess < 3 * sigma**2 * k * d / n
