@@ -7,16 +7,20 @@ only parses arguments and prints what these return.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
+import numpy as np
+
 from .config import RunConfig, load_config
+from .network import Network
 from .pipeline.cluster import connect
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.run import estimate as _estimate
 from .storage import StoredRun, open_store
 
-__all__ = ["estimate", "status", "merge", "open_store"]
+__all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate"]
 
 
 def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
@@ -61,3 +65,222 @@ def status(store: str) -> dict[str, Any]:
 def merge(a: str, b: str, out: str) -> dict[str, Any]:
     """Merge two stores of the same source with different seeds into a new store ``out``."""
     return merge_stores(a, b, out)
+
+
+# ------------------------------------------------------------------ learning
+
+METHODS = ("moments",)
+
+
+def _method(name: str):
+    if name == "moments":
+        from .estimators import moments
+
+        return moments
+    raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+
+
+def _mapper(client: Any) -> Callable:
+    """The cluster's map for candidate batches (results in input order), or the builtin map."""
+    if client is None:
+        return map
+
+    def cluster_map(fn: Callable, items: Any) -> list:
+        return client.gather(client.map(fn, list(items), pure=False))
+
+    return cluster_map
+
+
+def _pass_url(store: str, name: str) -> str:
+    return f"{store.rstrip('/')}/passes/{name}"
+
+
+def _learn_with(client: Any, store: str, method: str, width: Optional[int], out: Optional[str],
+                progress: Optional[TextIO]) -> dict[str, Any]:
+    from .config import config_from_dict
+    from .pipeline.sources import Stream, draw, make_source
+
+    t0 = time.perf_counter()
+    mod = _method(method)
+    run = open_store(store)
+    cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
+    source = make_source(cfg)
+    stats = {name: run.arrays(name) for name in run.statistics}
+
+    def samples(n_train: int, n_val: int):
+        x, y = draw(source, cfg.seed, Stream.HELD_OUT, n_train, part=0)
+        xv, yv = draw(source, cfg.seed, Stream.HELD_OUT, n_val, part=1)
+        return mod.Samples(x, y, xv, yv)
+
+    passes: list[dict] = []
+    pass_info: list[dict] = []
+    for _ in range(4):  # a method asks for a bounded number of passes
+        result = mod.learn(stats, passes, samples, width=width, mapper=_mapper(client), seed=cfg.seed)
+        if not isinstance(result, mod.PassRequest):
+            break
+        url = _pass_url(store, result.name)
+        pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
+        if progress is not None:
+            print(f"pass '{result.name}': {result.reason}", file=progress)
+        summary = _estimate(pass_cfg, url, samples=run.samples, client=client, progress=progress)
+        pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
+        passes.append({name: open_store(url).arrays(name) for name in open_store(url).statistics})
+    else:
+        raise RuntimeError(f"method {method} kept asking for passes; this is a bug, please report it")
+    net = result.network
+    if out is not None:
+        net.save(out)
+    return {
+        "method": method,
+        "store": store,
+        "out": out,
+        "width": int(net.weights[0].shape[0]),
+        "input_dim": net.input_dim,
+        "samples": run.samples,
+        "passes": pass_info,
+        "seconds": time.perf_counter() - t0,
+        "report": result.report,
+    }
+
+
+def learn(store: str, method: str = "moments", *, width: Optional[int] = None, out: Optional[str] = None,
+          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+          progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+    """Learn a network from the statistics in ``store`` with a learning ``method``.
+
+    Runs the extra passes the method asks for (stored under ``STORE/passes/``), evaluates
+    candidate batches on the cluster, and writes the network to ``out`` (``.npz``).
+
+    Returns
+    -------
+    dict
+        ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
+    """
+    if client == "local":
+        return _learn_with(None, store, method, width, out, progress)
+    if client is not None:
+        return _learn_with(client, store, method, width, out, progress)
+    with connect(workers=workers, scheduler=scheduler) as c:
+        return _learn_with(c, store, method, width, out, progress)
+
+
+def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
+        out: Optional[str] = None, samples: Optional[int] = None, workers: Optional[int] = None,
+        scheduler: Optional[str] = None, client: Any = None,
+        progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+    """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
+
+    A configuration without a ``statistics`` section gets the method's own choice.
+    """
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    if "statistics" not in cfg.model_fields_set:
+        from .config import config_from_dict
+
+        stats = _method(method).required_statistics(cfg.source.d, width)
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=stats), base_dir=cfg.base_dir)
+
+    def run(c: Any) -> dict[str, Any]:
+        summary = _estimate(cfg, store, samples=samples, client=c, progress=progress)
+        result = _learn_with(c, store, method, width, out, progress)
+        result["estimate"] = summary.to_dict()
+        return result
+
+    if client == "local":
+        return run(None)
+    if client is not None:
+        return run(client)
+    with connect(workers=workers, scheduler=scheduler) as c:
+        return run(c)
+
+
+def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int = 200_000) -> dict[str, Any]:
+    """Relative test error ``E[(y − f̂(x))²] / E[y²]`` on fresh samples, and the
+    symmetry-aware parameter error when the teacher is a one-hidden-layer ReLU network.
+
+    ``teacher`` is a run configuration (its source, noise included, with samples from a
+    stream the estimation never uses) or a network ``.npz`` (noiseless).
+    """
+    from .network import compare
+    from .pipeline.sources import Stream, TeacherSource, draw, make_source
+
+    net = model if isinstance(model, Network) else Network.load(model)
+    teacher = Path(teacher)
+    if teacher.suffix == ".npz":
+        source, seed = TeacherSource(Network.load(teacher)), 0
+    else:
+        cfg = load_config(teacher)
+        source, seed = make_source(cfg), cfg.seed
+    if net.input_dim != source.d:
+        raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
+    x, y = draw(source, seed, Stream.TEST, samples)
+    pred = net.forward(x)[:, 0]
+    ey2 = float(np.mean(y**2))
+    out: dict[str, Any] = {
+        "samples": samples,
+        "relative_test_error": float(np.mean((y - pred) ** 2) / ey2),
+        "noise_floor": float(source.noise_std**2 / ey2),
+        "teacher_width": int(source.network.weights[0].shape[0]),
+        "model_width": int(net.weights[0].shape[0]),
+    }
+    try:
+        cmp = compare(source.network, net)
+        out["parameter_error"] = cmp.relative_error
+        out["matching"] = list(cmp.matching)
+        out["unit_errors"] = list(cmp.unit_errors)
+    except ValueError as err:
+        out["parameter_error"] = None
+        out["parameter_error_note"] = str(err)
+    return out
+
+
+def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0, store: Optional[str] = None,
+         workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+         progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+    """Plant a one-hidden-layer ReLU network, estimate, learn, polish, evaluate.
+
+    Returns the teacher's and the learned network's units side by side (matched up to
+    permutation and positive rescaling), the errors, and the time of each step.
+    """
+    import tempfile
+
+    from .config import config_from_dict
+    from .network import compare
+    from .pipeline.sources import make_source
+
+    cfg = config_from_dict({
+        "seed": seed, "samples": samples, "chunk_size": 50_000,
+        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": width, "seed": seed}},
+        "run": {"commit_interval": 30},
+    })
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="relulearn-demo-") as tmp:
+        url = store or str(Path(tmp) / "demo.zarr")
+        model = str(Path(tmp) / "model.npz")
+        fitted = fit(cfg, url, "moments", out=model, workers=workers, scheduler=scheduler, client=client,
+                     progress=progress)
+        learned = Network.load(model)
+    teacher = make_source(cfg).network
+    cmp = compare(teacher, learned)
+    from .pipeline.sources import Stream, draw
+
+    x, y = draw(make_source(cfg), seed, Stream.TEST, 200_000)
+    rel = float(np.mean((y - learned.forward(x)[:, 0]) ** 2) / np.mean(y**2))
+    units = []
+    u_t, lam_t = teacher.weights[0], teacher.weights[1][0]
+    u_l, lam_l = learned.weights[0], learned.weights[1][0]
+    for i, j in enumerate(cmp.matching):
+        row = {"unit": i, "teacher_lambda": float(lam_t[i]), "learned_lambda": None, "angle": None,
+               "relative_error": cmp.unit_errors[i]}
+        if j >= 0:
+            scale = float(np.linalg.norm(u_l[j]))
+            row["learned_lambda"] = float(lam_l[j] * scale)
+            cos = float(np.clip(u_l[j] @ u_t[i] / scale / np.linalg.norm(u_t[i]), -1, 1))
+            row["angle"] = float(np.arccos(cos)) if cos < 1 else 0.0
+        units.append(row)
+    return {
+        "d": d, "width": width, "samples": fitted["samples"],
+        "parameter_error": cmp.relative_error, "relative_test_error": rel,
+        "units": units, "seconds": time.perf_counter() - t0,
+        "estimate_seconds": fitted["estimate"]["seconds"], "learn_seconds": fitted["seconds"],
+        "passes": fitted["passes"], "merged_units": fitted["report"].get("merged_units", []),
+    }

@@ -89,7 +89,81 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", help="second store")
     p.add_argument("--out", required=True, help="location of the new merged store")
     p.add_argument("--json", action="store_true", help="print as JSON")
+    def add_cluster_options(q: argparse.ArgumentParser) -> None:
+        w = q.add_mutually_exclusive_group()
+        w.add_argument("--workers", type=_positive, help="worker processes of the local cluster (default: one per core)")
+        w.add_argument("--scheduler", help="address of a running Dask scheduler or a scheduler file")
+        w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
+
+    p = sub.add_parser("learn", help="learn a network from a store's statistics",
+                       description="Learn a network from the statistics in a store with a learning method. "
+                       "Extra passes the method asks for (e.g. contracted moments along directions inside the "
+                       "found subspace) are run and stored under STORE/passes/.")
+    p.add_argument("store", help="store location")
+    p.add_argument("--method", default="moments", choices=["moments"],
+                   help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default)")
+    p.add_argument("--width", type=_positive, help="hidden units wanted (default: the rank the noise floor supports)")
+    p.add_argument("--out", required=True, help="where to write the learned network (.npz)")
+    add_cluster_options(p)
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("fit", help="estimate the statistics a method needs, then learn",
+                       description="Estimate (or resume/extend) a run, then learn a network from it, with the extra "
+                       "passes the method asks for. A configuration without a `statistics` section gets the "
+                       "statistics the method needs.")
+    p.add_argument("config", help="run configuration (YAML)")
+    p.add_argument("--store", required=True, help="store location")
+    p.add_argument("--method", default="moments", choices=["moments"], help="learning method (default: moments)")
+    p.add_argument("--width", type=_positive, help="hidden units wanted (default: the rank the noise floor supports)")
+    p.add_argument("--samples", type=_positive, help="total samples (default: the config's `samples`)")
+    p.add_argument("--out", required=True, help="where to write the learned network (.npz)")
+    add_cluster_options(p)
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("evaluate", help="test error of a network against a teacher",
+                       description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "
+                       "used for estimation), and for one-hidden-layer ReLU teachers the parameter error up to "
+                       "permutation and positive rescaling of hidden units.")
+    p.add_argument("model", help="network file (.npz)")
+    p.add_argument("--teacher", required=True, help="a run configuration (its source, noise included) or a network .npz")
+    p.add_argument("--samples", type=_positive, default=200_000, help="test samples (default 200000)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("demo", help="plant a network, estimate, learn, polish, evaluate",
+                       description="The end-to-end demonstration: plant a one-hidden-layer ReLU network with "
+                       "random-sign output weights, estimate its moments on a local cluster, learn it back, "
+                       "polish, evaluate, and print teacher and learned units side by side.")
+    p.add_argument("--d", type=_positive, default=20, help="input dimension (default 20)")
+    p.add_argument("--width", type=_positive, default=3, help="hidden units of the planted network (default 3)")
+    p.add_argument("--samples", type=_positive, default=1_000_000, help="samples to estimate on (default 1e6)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the teacher and of the run (default 0)")
+    add_cluster_options(p)
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
+
+
+def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"workers": args.workers, "scheduler": args.scheduler, "client": "local" if args.in_process else None,
+            "progress": None if args.quiet else sys.stderr}
+
+
+def _print_demo(result: dict[str, Any]) -> None:
+    print(f"planted one-hidden-layer ReLU network: d = {result['d']}, width = {result['width']}, "
+          f"{result['samples']:,} samples")
+    print(f"{'unit':>4}  {'teacher λ':>12}  {'learned λ':>12}  {'angle (rad)':>12}  {'rel. error':>10}")
+    for u in result["units"]:
+        learned = "—" if u["learned_lambda"] is None else f"{u['learned_lambda']:12.8f}"
+        angle = "—" if u["angle"] is None else f"{u['angle']:12.3e}"
+        print(f"{u['unit']:>4}  {u['teacher_lambda']:12.8f}  {learned:>12}  {angle:>12}  {u['relative_error']:10.2e}")
+    print(f"parameter error (up to symmetries): {result['parameter_error']:.3e}")
+    print(f"relative test error:                {result['relative_test_error']:.3e}")
+    if result["merged_units"]:
+        print(f"merged units: {result['merged_units']}")
+    print(f"time: estimate {result['estimate_seconds']:.1f} s, learn {result['learn_seconds']:.1f} s, "
+          f"total {result['seconds']:.1f} s")
 
 
 def _print(result: dict[str, Any], as_json: bool) -> None:
@@ -134,6 +208,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = api.status(args.store)
         elif args.command == "merge":
             result = api.merge(args.a, args.b, args.out)
+        elif args.command == "learn":
+            result = api.learn(args.store, args.method, width=args.width, out=args.out, **_cluster_kwargs(args))
+        elif args.command == "fit":
+            result = api.fit(args.config, args.store, args.method, width=args.width, out=args.out,
+                             samples=args.samples, **_cluster_kwargs(args))
+        elif args.command == "evaluate":
+            result = api.evaluate(args.model, args.teacher, samples=args.samples)
+        elif args.command == "demo":
+            result = api.demo(d=args.d, width=args.width, samples=args.samples, seed=args.seed,
+                              **_cluster_kwargs(args))
+            if not args.json:
+                _print_demo(result)
+                return 0
         else:  # pragma: no cover - argparse rejects unknown commands
             parser.error(f"unknown command {args.command}")
     except (ConfigError, StoreError, NetworkFileError, SourceDataError, OSError, ValueError) as err:

@@ -153,11 +153,35 @@ def _meta(cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[lis
 # ------------------------------------------------------------------ workers
 
 
+_MALLOC_TUNED = False
+
+
+def _tune_malloc() -> None:
+    """Keep batch-sized arrays on the heap in worker processes (once per process).
+
+    Workers started by ``dask worker`` may carry MALLOC_* variables that switch glibc to a
+    fixed 128 kB mmap threshold; then each batch array is mmapped and page-faulted anew.
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return
+    _MALLOC_TUNED = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 128 * 2**20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 def compute_block(stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int,
                   chunk_start: int, chunk_stop: int) -> Partial:
     """Reduce one block on a worker, with single-threaded BLAS (one task per core)."""
     from threadpoolctl import threadpool_limits
 
+    _tune_malloc()
     with threadpool_limits(limits=1, user_api="blas"):
         return accumulate_chunks(list(stats), source, seed, chunk_size, chunk_start, chunk_stop)
 

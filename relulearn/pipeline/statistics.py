@@ -263,7 +263,12 @@ def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.n
     """
     if cfg.thresholds is not None:
         return np.asarray(cfg.thresholds, dtype=np.float64), None
-    absy = np.concatenate([np.abs(y) for _, y in pilot_batches(source, seed, cfg.pilot_samples)])
+    parts, row = [], 0
+    for x, y in pilot_batches(source, seed, cfg.pilot_samples):
+        check_finite(x, y, None, row)
+        parts.append(np.abs(y))
+        row += len(y)
+    absy = np.concatenate(parts)
     q = np.asarray(cfg.quantiles, dtype=np.float64)
     return np.quantile(absy, q), q
 
@@ -300,17 +305,14 @@ class FilteredMoments(Statistic):
     def update(self, acc, x, y):
         # bin b holds tau[b] < |y| <= tau[b+1]; samples at or below tau[0] are dropped
         b = np.searchsorted(self.tau, np.abs(y), side="left") - 1
-        keep = b >= 0
-        if not keep.any():
+        counts = np.bincount(b + 1, minlength=len(self.tau) + 1)[1:]
+        if not counts.any():
             return
-        b, xk = b[keep], x[keep]
-        order = np.argsort(b, kind="stable")
-        b, xk = b[order], xk[order]
-        counts = np.bincount(b, minlength=len(self.tau))
         acc["bin_count"] += counts
-        stops = np.cumsum(counts)
         for k in np.flatnonzero(counts):
-            seg = xk[stops[k] - counts[k]: stops[k]]
+            # one gather per bin, rows in sample order (the bits of the syrk depend on it);
+            # no argsort and no second copy of the kept rows
+            seg = x.take(np.flatnonzero(b == k), axis=0)
             acc["bin_xx"][k] += seg.T @ seg
 
     def terms(self, acc):

@@ -239,7 +239,13 @@ class RunStore:
 
     def _clean(self, keep: str) -> None:
         root = self._root("a")
-        for name in list(root.group_keys()):
+
+        async def children() -> list[str]:
+            # list prefixes, not groups: a commit killed before its group metadata was
+            # written leaves a directory zarr would not report as a group
+            return [p.rstrip("/") async for p in root.store.list_dir("")]
+
+        for name in sync(children()):
             if name != keep and _GENERATION.fullmatch(name):
                 sync(root.store.delete_dir(name))
 

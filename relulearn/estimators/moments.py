@@ -1,0 +1,155 @@
+"""Method ``moments``: one-hidden-layer ReLU networks from Hermite moments
+(Chen–Dou–Goel–Klivans–Meka 2023), made practical.
+
+1. Spectral stage: the relevant subspace V from the stored ``M_2`` and contracted
+   ``M_l^g``, each scaled by its standard error (:mod:`.spectral`).
+2. If the noise floor supports fewer directions than wanted, ask for one more pass with
+   contracted directions g chosen inside V (there ``<u_i, g>`` is O(1), not O(1/√d)).
+3. Enumeration over a net of the sphere of V on a bounded sample projected on V,
+   multi-stage with residual recursion, best by held-out loss (:mod:`.enumeration`).
+4. Lift to the input space and :func:`~.polish.polish` (exact on noiseless labels).
+
+The method is a pure function of stored statistics and bounded samples; it never
+touches Dask or the pipeline. ``api`` runs the passes it requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..network import Network
+from . import enumeration, spectral
+from .polish import polish
+
+__all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
+
+Arrays = Mapping[str, np.ndarray]
+
+
+class MissingStatisticError(ValueError):
+    """A store lacks a statistic the method needs; the message gives the config lines."""
+
+
+@dataclass(frozen=True)
+class PassRequest:
+    """A request for one more accumulation pass, with the statistics it should compute."""
+
+    name: str
+    statistics: dict
+    reason: str
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Bounded samples a method fits on: a training and a validation part."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+
+
+@dataclass(frozen=True)
+class LearnResult:
+    network: Network
+    report: dict = field(default_factory=dict)
+
+
+def required_statistics(d: int, width: Optional[int] = None) -> dict:
+    """The ``statistics`` config section the first pass needs."""
+    return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}
+
+
+def sample_sizes(d: int, width: int) -> tuple[int, int]:
+    """Training and validation sample sizes: polish solves for ``k·d`` unknowns."""
+    return max(20_000, 40 * width * d), max(10_000, 10 * width * d)
+
+
+def _check(stats: Mapping[str, Arrays]) -> None:
+    if "contracted" not in stats:
+        raise MissingStatisticError(
+            "the 'moments' method needs the 'contracted' statistic (orders 2 and 4), which this store lacks; "
+            "add to the configuration\n  statistics:\n    contracted: {orders: [2, 4], directions: 8}\n"
+            "and estimate into a new store (or use `relulearn fit`, which chooses the statistics itself)"
+        )
+    orders = set(np.asarray(stats["contracted"]["pair_order"]).tolist())
+    if not orders & {2, 4}:
+        raise MissingStatisticError(
+            f"the 'moments' method needs contracted orders 2 or 4; this store has orders {sorted(orders)}; "
+            "set statistics.contracted.orders: [2, 4]"
+        )
+
+
+def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
+          samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
+          mapper: Callable = map, seed: int = 0, budget: int = 200_000,
+          ) -> LearnResult | PassRequest:
+    """Learn ``y = Σ λ_i relu(<u_i, x>)`` from stored moments.
+
+    Parameters
+    ----------
+    stats
+        The main store's statistics, ``{name: arrays}`` (``open_store(url).arrays(name)``).
+    passes
+        Statistics of the extra passes run so far at this method's request.
+    samples
+        ``samples(n_train, n_val)`` draws bounded held-out samples from the source.
+    width
+        Number of hidden units wanted (default: the rank the noise floor supports).
+    mapper
+        ``map``-like callable used to evaluate candidate batches (a cluster's map in a run).
+
+    Returns
+    -------
+    LearnResult or PassRequest
+    """
+    _check(stats)
+    mats, ses, names = spectral.matrices_from_store(stats["contracted"])
+    for i, p in enumerate(passes):
+        m, s, n = spectral.matrices_from_store(p["contracted"])
+        mats, ses, names = mats + m, ses + s, names + [f"pass{i + 1}:{x}" for x in n]
+    sub = spectral.relevant_subspace(mats, ses, rank=width, names=names)
+    report: dict[str, Any] = {"subspace": sub.to_dict()}
+    if sub.rank == 0:
+        raise ValueError(
+            "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
+            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
+        )
+    wanted = width or sub.rank
+    if not passes and (sub.rank < wanted or not getattr(sub, "supported", True)):
+        g = spectral.directions_in_subspace(sub.basis, max(4, 2 * sub.rank), seed)
+        return PassRequest(
+            "adaptive-1",
+            {"contracted": {"orders": [2, 4, 6], "directions": g.tolist()}},
+            f"the noise floor supports {sub.rank} of {wanted} directions with random g; "
+            "one pass with directions inside the found subspace",
+        )
+    d = sub.basis.shape[0]
+    n_train, n_val = sample_sizes(d, wanted)
+    smp = samples(n_train, n_val)
+    basis = sub.basis
+    z, z_val = smp.x_train @ basis, smp.x_val @ basis
+    enum = enumeration.enumerate_network(z, smp.y_train, z_val, smp.y_val, k=wanted, budget=budget,
+                                         mapper=mapper, seed=seed)
+    report["enumeration"] = enum.to_dict()
+    a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
+    start = Network((a @ basis.T, lam[None, :]), activation="relu")
+    candidates = {"enumeration": start}
+    try:
+        polished, prep = polish(start, smp.x_train, smp.y_train)
+        candidates["polish"] = polished
+        report["polish"] = prep.__dict__
+    except (ValueError, np.linalg.LinAlgError) as err:
+        report["polish"] = {"error": str(err)}
+    y2 = float(np.mean(smp.y_val**2)) or 1.0
+    losses = {k: float(np.mean((smp.y_val - n.forward(smp.x_val)[:, 0]) ** 2) / y2) for k, n in candidates.items()}
+    best = min(losses, key=losses.get)
+    report["validation_relative_loss"] = losses
+    report["chosen"] = best
+    # units that could not be told apart at this sample count, each with the final unit it went into
+    report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],
+                               "angle_to_into": float(g["angle_to_into"])} for g in enum.merged]
+    return LearnResult(candidates[best], report)

@@ -1,0 +1,67 @@
+"""The `moments` method end to end: estimate, spectral stage, enumeration, polish, evaluate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from relulearn import api
+from relulearn.config import config_from_dict
+from relulearn.estimators.moments import MissingStatisticError
+from relulearn.network import Network
+
+from conftest import PYTHON, cli_env
+
+
+def planted_config(d: int, k: int, seed: int, samples: int, noise: float = 0.0) -> dict:
+    return {
+        "seed": seed, "samples": samples, "chunk_size": 25_000,
+        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": seed}, "noise_std": noise},
+        "run": {"commit_interval": 1e9},
+    }
+
+
+@pytest.mark.parametrize("d,k", [(10, 1), (10, 3), (50, 2)])
+def test_noiseless_planted_network_is_recovered_exactly(client, tmp_path, d, k):
+    cfg = config_from_dict(planted_config(d, k, seed=d + k, samples=400_000))
+    out = str(tmp_path / "model.npz")
+    result = api.fit(cfg, str(tmp_path / "s.zarr"), "moments", width=k, out=out, client=client, progress=None)
+    assert result["width"] == k
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(planted_config(d, k, seed=d + k, samples=400_000)))
+    ev = api.evaluate(out, cfg_path, samples=100_000)
+    assert ev["parameter_error"] <= 1e-8, ev
+    assert ev["relative_test_error"] <= 1e-12, ev
+
+
+def test_learn_refuses_a_store_without_the_needed_statistic(tmp_path):
+    data = dict(planted_config(6, 2, seed=1, samples=50_000), statistics={"basic": {}})
+    url = str(tmp_path / "basic.zarr")
+    api.estimate(config_from_dict(data), url, client="local", progress=None)
+    with pytest.raises(MissingStatisticError, match=r"contracted: \{orders: \[2, 4\], directions: 8\}"):
+        api.learn(url, "moments", out=str(tmp_path / "m.npz"), client="local", progress=None)
+    out = subprocess.run([PYTHON, "-m", "relulearn.cli", "learn", url, "--out", str(tmp_path / "m.npz"),
+                          "--in-process", "--json"], env=cli_env(), capture_output=True, text=True)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "contracted" in json.loads(out.stdout)["error"]
+
+
+def test_evaluate_cli_against_a_network_file(tmp_path):
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((2, 5))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    teacher = Network((u, np.array([[1.0, -0.5]])))
+    teacher.save(tmp_path / "t.npz")
+    # the same network, rescaled and permuted: zero error up to symmetries
+    Network((u[::-1] * 3.0, np.array([[-0.5 / 3.0, 1.0 / 3.0]]))).save(tmp_path / "m.npz")
+    out = subprocess.run([PYTHON, "-m", "relulearn.cli", "evaluate", str(tmp_path / "m.npz"), "--teacher",
+                          str(tmp_path / "t.npz"), "--samples", "20000", "--json"], env=cli_env(),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    ev = json.loads(out.stdout)
+    assert ev["parameter_error"] < 1e-14 and ev["relative_test_error"] < 1e-28
+    assert ev["matching"] == [1, 0]
