@@ -274,8 +274,9 @@ def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0
         if j >= 0:
             scale = float(np.linalg.norm(u_l[j]))
             row["learned_lambda"] = float(lam_l[j] * scale)
-            cos = float(np.clip(u_l[j] @ u_t[i] / scale / np.linalg.norm(u_t[i]), -1, 1))
-            row["angle"] = float(np.arccos(cos)) if cos < 1 else 0.0
+            a, b = u_l[j] / scale, u_t[i] / np.linalg.norm(u_t[i])
+            # atan2 of sine and cosine stays accurate for tiny angles (arccos does not)
+            row["angle"] = float(np.arctan2(np.linalg.norm(a - (a @ b) * b), a @ b))
         units.append(row)
     return {
         "d": d, "width": width, "samples": fitted["samples"],

@@ -161,7 +161,8 @@ def _print_demo(result: dict[str, Any]) -> None:
     print(f"parameter error (up to symmetries): {result['parameter_error']:.3e}")
     print(f"relative test error:                {result['relative_test_error']:.3e}")
     if result["merged_units"]:
-        print(f"merged units: {result['merged_units']}")
+        print("units merged during the search (could not be told apart at that stage): "
+              + ", ".join(f"into unit {m['into']} ({m['reason']})" for m in result["merged_units"]))
     print(f"time: estimate {result['estimate_seconds']:.1f} s, learn {result['learn_seconds']:.1f} s, "
           f"total {result['seconds']:.1f} s")
 
