@@ -23,10 +23,6 @@ from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, RunStore, StoreError, diff_fields
 from .sources import Source, SourceDataError, make_source
 from .statistics import (
-    BasicMoments,
-    ContractedMoments,
-    FilteredMoments,
-    HermiteTensors,
     Partial,
     Statistic,
     accumulate_chunks,
@@ -78,21 +74,7 @@ def fingerprint(cfg: RunConfig, source: Source) -> dict[str, Any]:
 
 def statistics_from_store(cfg: RunConfig, store: RunStore) -> list[Statistic]:
     """Rebuild a run's statistics from its configuration and the stored banks and grids."""
-    d = cfg.source.d
-    out: list[Statistic] = []
-    for name, section in cfg.statistics.enabled().items():
-        if name == "basic":
-            out.append(BasicMoments(d))
-        elif name == "hermite":
-            out.append(HermiteTensors(d, section))
-        elif name == "contracted":
-            g = store.read_group(name)
-            out.append(ContractedMoments(g["direction"][1], section.orders))
-        elif name == "filtered":
-            g = store.read_group(name)
-            q = g["quantile"][1] if "quantile" in g else None
-            out.append(FilteredMoments(d, g["tau"][1], q))
-    return out
+    return build_statistics(cfg, None, lambda name: {k: v for k, (_, v) in store.read_group(name).items()})
 
 
 def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, list[list[int]]]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -328,8 +328,13 @@ class FilteredMoments(Statistic):
 # ----------------------------------------------------------------- building
 
 
-def build_statistics(cfg: RunConfig, source: Source) -> list[Statistic]:
-    """The statistics a configuration asks for, with resolved direction banks and τ grids."""
+def build_statistics(cfg: RunConfig, source: Optional[Source],
+                     stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
+    """The statistics a configuration asks for, with resolved direction banks and τ grids.
+
+    ``stored(name)``, when given, returns a committed statistic's arrays: its direction
+    bank and τ grid are then taken from the store instead of being drawn again.
+    """
     d = cfg.source.d
     out: list[Statistic] = []
     for name, section in cfg.statistics.enabled().items():
@@ -338,9 +343,14 @@ def build_statistics(cfg: RunConfig, source: Source) -> list[Statistic]:
         elif name == "hermite":
             out.append(HermiteTensors(d, section))
         elif name == "contracted":
-            out.append(ContractedMoments(direction_bank(section, d, cfg.seed), section.orders))
+            g = stored(name)["direction"] if stored else direction_bank(section, d, cfg.seed)
+            out.append(ContractedMoments(g, section.orders))
         elif name == "filtered":
-            tau, q = threshold_grid(section, source, cfg.seed)
+            if stored:
+                arrays = stored(name)
+                tau, q = arrays["tau"], arrays.get("quantile")
+            else:
+                tau, q = threshold_grid(section, source, cfg.seed)
             out.append(FilteredMoments(d, tau, q))
     return out
 
