@@ -227,6 +227,14 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         out["parameter_error"] = cmp.relative_error
         out["matching"] = list(cmp.matching)
         out["unit_errors"] = list(cmp.unit_errors)
+        # teacher units left without a learned unit were merged into the nearest one
+        u_t = source.network.weights[0] / np.linalg.norm(source.network.weights[0], axis=1, keepdims=True)
+        u_l = net.weights[0] / np.linalg.norm(net.weights[0], axis=1, keepdims=True)
+        out["merged_teacher_units"] = [
+            {"teacher_unit": i, "into_learned_unit": int(np.argmax(u_l @ u_t[i])),
+             "angle": float(np.arccos(np.clip(np.max(u_l @ u_t[i]), -1.0, 1.0)))}
+            for i, j in enumerate(cmp.matching) if j < 0
+        ]
     except ValueError as err:
         out["parameter_error"] = None
         out["parameter_error_note"] = str(err)

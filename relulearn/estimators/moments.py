@@ -152,4 +152,11 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     # units that could not be told apart at this sample count, each with the final unit it went into
     report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],
                                "angle_to_into": float(g["angle_to_into"])} for g in enum.merged]
+    found = int(np.count_nonzero(candidates[best].weights[1]))
+    report["width_requested"], report["width_found"] = wanted, found
+    if found < wanted:
+        report["unresolved"] = (
+            f"{wanted} units were requested but the samples support {found} distinct units: units closer than "
+            "the resolution at this sample count were merged into one (more samples separate them)"
+        )
     return LearnResult(candidates[best], report)
