@@ -119,3 +119,15 @@ def test_noisy_labels_reach_the_noise_floor(client, tmp_path):
     ev = api.evaluate(out, tmp_path / "c.yaml", samples=400_000)
     # the test error includes the label noise: it cannot go below σ²/E[y²]
     assert ev["relative_test_error"] <= 1.1 * ev["noise_floor"], ev
+
+
+def test_a_rank_the_noise_floor_cannot_support_is_reported(client, tmp_path):
+    """Asking for 4 units of a 2-unit network: the subspace is not padded with noise directions."""
+    data = planted_config(10, 2, seed=9, samples=200_000)
+    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=4,
+                     out=str(tmp_path / "m.npz"), client=client, progress=None)
+    sub = result["report"]["subspace"]
+    assert sub["rank"] == 2 and sub["supported"] is False
+    assert "supports only 2 of the 4" in sub["message"]
+    assert [p["name"] for p in result["passes"]] == ["adaptive-1"]  # it tried directions inside the subspace
+    assert result["report"]["width_found"] == 2 and "4 units were requested" in result["report"]["unresolved"]
