@@ -95,18 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
         w.add_argument("--scheduler", help="address of a running Dask scheduler or a scheduler file")
         w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
 
+    def add_learn_options(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--method", default="moments", choices=["moments"],
+                       help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default)")
+        q.add_argument("--width", type=_positive,
+                       help="hidden units wanted (default: the rank the noise floor supports)")
+        q.add_argument("--out", required=True, help="where to write the learned network (.npz)")
+        add_cluster_options(q)
+        q.add_argument("--quiet", action="store_true", help="no progress output")
+        q.add_argument("--json", action="store_true", help="print the result as JSON")
+
     p = sub.add_parser("learn", help="learn a network from a store's statistics",
                        description="Learn a network from the statistics in a store with a learning method. "
                        "Extra passes the method asks for (e.g. contracted moments along directions inside the "
                        "found subspace) are run and stored under STORE/passes/.")
     p.add_argument("store", help="store location")
-    p.add_argument("--method", default="moments", choices=["moments"],
-                   help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default)")
-    p.add_argument("--width", type=_positive, help="hidden units wanted (default: the rank the noise floor supports)")
-    p.add_argument("--out", required=True, help="where to write the learned network (.npz)")
-    add_cluster_options(p)
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_learn_options(p)
 
     p = sub.add_parser("fit", help="estimate the statistics a method needs, then learn",
                        description="Estimate (or resume/extend) a run, then learn a network from it, with the extra "
@@ -114,13 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "statistics the method needs.")
     p.add_argument("config", help="run configuration (YAML)")
     p.add_argument("--store", required=True, help="store location")
-    p.add_argument("--method", default="moments", choices=["moments"], help="learning method (default: moments)")
-    p.add_argument("--width", type=_positive, help="hidden units wanted (default: the rank the noise floor supports)")
     p.add_argument("--samples", type=_positive, help="total samples (default: the config's `samples`)")
-    p.add_argument("--out", required=True, help="where to write the learned network (.npz)")
-    add_cluster_options(p)
-    p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_learn_options(p)
 
     p = sub.add_parser("evaluate", help="test error of a network against a teacher",
                        description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "

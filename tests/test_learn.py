@@ -131,3 +131,17 @@ def test_a_rank_the_noise_floor_cannot_support_is_reported(client, tmp_path):
     assert "supports only 2 of the 4" in sub["message"]
     assert [p["name"] for p in result["passes"]] == ["adaptive-1"]  # it tried directions inside the subspace
     assert result["report"]["width_found"] == 2 and "4 units were requested" in result["report"]["unresolved"]
+
+
+def test_fit_cli_without_statistics_section(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(planted_config(8, 2, seed=4, samples=200_000)))
+    model = tmp_path / "m.npz"
+    out = subprocess.run([PYTHON, "-m", "relulearn.cli", "fit", str(cfg), "--store", str(tmp_path / "s.zarr"),
+                          "--width", "2", "--out", str(model), "--in-process", "--quiet", "--json"],
+                         env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["estimate"]["statistics"] == ["basic", "contracted"]  # the method's choice
+    ev = api.evaluate(str(model), cfg, samples=50_000)
+    assert ev["parameter_error"] <= 1e-8 and ev["relative_test_error"] <= 1e-12
