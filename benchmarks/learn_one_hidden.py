@@ -1,0 +1,429 @@
+"""Learning curves of the ``moments`` method on planted one-hidden-layer ReLU networks,
+against scikit-learn's MLPRegressor (a script, not a test).
+
+For each input dimension d, width k and label noise σ ∈ {0, 0.1}, and a ladder of sample
+counts, one run of ``relulearn.api.fit(cfg, store, "moments", width=k)`` (all runs on ONE
+shared ``LocalCluster`` with two workers), then ``relulearn.api.evaluate`` on 10⁵ fresh
+test samples (``Stream.TEST``). Recorded per point:
+
+- the spectral stage alone: the largest principal angle between the subspace the method
+  used (``report["subspace"]["basis"]``, after any adaptive pass) and the span of the
+  teacher's rows ``u_i``; when the found rank is below k, the angle is π/2 (a teacher
+  direction is missing) and the raw angles are kept as well;
+- the whole method: relative test error E[(y − f̂)²]/E[y²] (noise included for σ > 0,
+  next to the noise floor σ²/E[y²]) and the symmetry-aware parameter error
+  (``relulearn.network.compare``);
+- the same training samples given to ``MLPRegressor(hidden_layer_sizes=(k,),
+  activation="relu", solver="adam")``: exactly the first n samples of the run's chunk
+  stream (the bytes the estimation saw), capped at ``--mlp-max-samples``, trained by
+  ``partial_fit`` epochs until a wall-clock cap ``--mlp-seconds`` (or 200 epochs; the
+  caps are recorded per point). sklearn's MLP always has biases; its weight error is
+  computed on the network built from ``coefs_`` with the biases dropped (noted in the JSON).
+- wall time of each step.
+
+The sample ladder of one (d, k, σ) is nested: one store is extended from the smallest
+count to the largest (a later ``fit`` with more samples extends the store; the adaptive
+pass a method may request is removed before each step so it is recomputed for the new
+count). A point whose predicted time would overrun ``--budget`` is skipped and recorded as
+such; a point whose method raises is recorded with the error.
+
+Run ``python benchmarks/learn_one_hidden.py`` (about 12 minutes on 2 cores) or
+``--quick`` for a smoke run. Writes ``benchmarks/results/learn_one_hidden.json`` and a PNG
+next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml  # noqa: E402
+
+from relulearn import api  # noqa: E402
+from relulearn.config import config_from_dict  # noqa: E402
+from relulearn.estimators import spectral  # noqa: E402
+from relulearn.network import Network, compare  # noqa: E402
+from relulearn.pipeline.cluster import connect  # noqa: E402
+from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "learn_one_hidden.json"
+TEACHER_SEED = 11
+RUN_SEED = 5
+MLP_SEED = 0
+CHUNK = 50_000
+TEST_SAMPLES = 100_000
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def machine_info() -> dict[str, Any]:
+    import dask
+    import distributed
+    import psutil
+    import scipy
+    import sklearn
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "hostname": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
+        "cpu_model": cpu, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_total_bytes": psutil.virtual_memory().total, "load_average_at_start": list(os.getloadavg()),
+        "versions": {"numpy": np.__version__, "scipy": scipy.__version__, "dask": dask.__version__,
+                     "distributed": distributed.__version__, "sklearn": sklearn.__version__},
+        "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")},
+    }
+
+
+def make_config(d: int, k: int, noise: float, samples: int) -> dict[str, Any]:
+    return {"seed": RUN_SEED, "samples": samples, "chunk_size": CHUNK,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": TEACHER_SEED},
+                       "noise_std": noise},
+            "run": {"commit_interval": 30}}
+
+
+def largest_angle(basis: np.ndarray, teacher_u: np.ndarray) -> tuple[float, list[float]]:
+    """Largest principal angle between span(basis) and span(teacher rows); π/2 if rank < k."""
+    k = teacher_u.shape[0]
+    if basis.size == 0 or basis.shape[1] == 0:
+        return float(np.pi / 2), []
+    ang = spectral.principal_angles(basis, teacher_u.T)
+    raw = [float(a) for a in ang]
+    return (float(np.pi / 2) if basis.shape[1] < k else float(np.max(ang))), raw
+
+
+def run_relulearn(cfg_dict: dict, store: str, workdir: Path, client: Any, teacher_u: np.ndarray) -> dict[str, Any]:
+    """One fit + evaluate; returns the point's record (never raises)."""
+    d, k, n = cfg_dict["source"]["d"], cfg_dict["source"]["teacher"]["width"], cfg_dict["samples"]
+    rec: dict[str, Any] = {"samples": n}
+    shutil.rmtree(os.path.join(store, "passes"), ignore_errors=True)  # recomputed for this count
+    cfg_path = workdir / f"cfg_d{d}_k{k}_s{cfg_dict['source']['noise_std']}_n{n}.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg_dict))
+    model = str(workdir / f"model_d{d}_k{k}_n{n}.npz")
+    t0 = time.perf_counter()
+    try:
+        res = api.fit(config_from_dict(cfg_dict), store, "moments", width=k, out=model, client=client, progress=None)
+    except Exception as err:  # recorded, not fatal
+        rec.update(status="error", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=3),
+                   fit_seconds=time.perf_counter() - t0)
+        # the spectral stage alone, from the stored statistics, when the store has them
+        try:
+            from relulearn import open_store
+
+            mats, ses, names = spectral.matrices_from_store(open_store(store).arrays("contracted"))
+            sub = spectral.relevant_subspace(mats, ses, rank=k, names=names)
+            rec["angle"], rec["angles"] = largest_angle(sub.basis, teacher_u)
+            rec["subspace_rank"] = int(sub.rank)
+            rec["angle_note"] = "recomputed from the stored contracted statistics (no adaptive pass)"
+        except Exception as err2:
+            rec["angle_error"] = f"{type(err2).__name__}: {err2}"
+        return rec
+    rec["fit_seconds"] = time.perf_counter() - t0
+    rec["estimate_seconds"] = res["estimate"]["seconds"]
+    rec["learn_seconds"] = res["seconds"]
+    rec["samples"] = res["samples"]
+    rec["passes"] = [{"name": p["name"], "reason": p["reason"], "seconds": p["seconds"]} for p in res["passes"]]
+    sub = res["report"]["subspace"]
+    basis = np.asarray(sub["basis"], dtype=float).reshape(d, -1)
+    rec["subspace_rank"] = int(sub["rank"])
+    rec["subspace_supported"] = bool(sub["supported"])
+    rec["angle_bound"] = sub.get("angle_bound")
+    rec["angle"], rec["angles"] = largest_angle(basis, teacher_u)
+    rec["chosen"] = res["report"].get("chosen")
+    rec["merged_units"] = res["report"].get("merged_units", [])
+    t1 = time.perf_counter()
+    ev = api.evaluate(model, cfg_path, samples=TEST_SAMPLES)
+    rec["evaluate_seconds"] = time.perf_counter() - t1
+    rec["relative_test_error"] = ev["relative_test_error"]
+    rec["noise_floor"] = ev["noise_floor"]
+    rec["parameter_error"] = ev["parameter_error"]
+    rec["unit_errors"] = ev.get("unit_errors")
+    rec["status"] = "ok"
+    return rec
+
+
+def training_samples(source: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first n samples of the run's chunk stream: what the estimation saw."""
+    xs, ys, got, chunk = [], [], 0, 0
+    while got < n:
+        for x, y in chunk_batches(source, RUN_SEED, chunk, CHUNK):
+            xs.append(x)
+            ys.append(y)
+            got += len(y)
+        chunk += 1
+    return np.concatenate(xs)[:n], np.concatenate(ys)[:n]
+
+
+def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray, *, max_samples: int,
+            seconds: float, max_epochs: int = 200) -> dict[str, Any]:
+    """MLPRegressor on the first min(n, max_samples) training samples, epochs until the time cap."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    n_used = min(n, max_samples)
+    rec: dict[str, Any] = {"samples_given": n, "samples_used": n_used, "sample_cap": max_samples,
+                           "seconds_cap": seconds}
+    try:
+        t0 = time.perf_counter()
+        x, y = training_samples(source, n_used)
+        rec["data_seconds"] = time.perf_counter() - t0
+        m = MLPRegressor(hidden_layer_sizes=(k,), activation="relu", solver="adam", random_state=MLP_SEED,
+                         batch_size=200, learning_rate_init=1e-3)
+        t0 = time.perf_counter()
+        best, epochs, stop = np.inf, 0, "seconds cap"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            while time.perf_counter() - t0 < seconds:
+                m.partial_fit(x, y)
+                epochs += 1
+                best = min(best, m.loss_)
+                if epochs >= max_epochs:
+                    stop = f"{max_epochs} epochs"
+                    break
+        rec["train_seconds"] = time.perf_counter() - t0
+        rec["epochs"] = epochs
+        rec["stopped_by"] = stop
+        rec["final_training_loss"] = float(m.loss_)
+        pred = m.predict(x_test)
+        rec["relative_test_error"] = float(np.mean((y_test - pred) ** 2) / np.mean(y_test**2))
+        net = Network((m.coefs_[0].T.copy(), m.coefs_[1].T.copy()), activation="relu")
+        cmp = compare(make_source_network(source), net)
+        rec["parameter_error"] = cmp.relative_error
+        rec["unit_errors"] = list(cmp.unit_errors)
+        rec["bias_norms"] = {"hidden": float(np.linalg.norm(m.intercepts_[0])),
+                             "output": float(np.abs(m.intercepts_[1]).sum())}
+        rec["status"] = "ok"
+    except Exception as err:
+        rec.update(status="error", error=f"{type(err).__name__}: {err}")
+    return rec
+
+
+def make_source_network(source: Any) -> Network:
+    return source.network
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = result["series"]
+    dks = sorted({(s["d"], s["k"]) for s in series})
+    colors = {dk: c for dk, c in zip(dks, ["C0", "C1", "C2", "C3", "C4", "C5"])}
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
+    titles = ["spectral stage: largest principal angle (rad)", "relative test error, σ = 0 (noiseless)",
+              "relative test error, σ = 0.1 (noise floor dotted)"]
+    for s in series:
+        c = colors[(s["d"], s["k"])]
+        lab = f"d={s['d']}, k={s['k']}"
+        pts = [p for p in s["points"] if p.get("relulearn", {}).get("status") == "ok"]
+        angp = [p for p in s["points"] if p.get("relulearn", {}).get("angle") is not None]
+        if s["noise_std"] == 0:
+            if angp:
+                axes[0].loglog([p["samples"] for p in angp], [max(p["relulearn"]["angle"], 1e-12) for p in angp],
+                               "o-", color=c, label=lab + " (σ=0)")
+            ax = axes[1]
+        else:
+            if angp:
+                axes[0].loglog([p["samples"] for p in angp], [max(p["relulearn"]["angle"], 1e-12) for p in angp],
+                               "s--", color=c, alpha=0.6, label=lab + " (σ=0.1)")
+            ax = axes[2]
+            fl = [p for p in pts if p["relulearn"].get("noise_floor") is not None]
+            if fl:
+                ax.loglog([p["samples"] for p in fl], [p["relulearn"]["noise_floor"] for p in fl], ":", color=c)
+        if pts:
+            ax.loglog([p["samples"] for p in pts], [max(p["relulearn"]["relative_test_error"], 1e-16) for p in pts],
+                      "o-", color=c, label=lab + " relulearn")
+        mp = [p for p in s["points"] if p.get("mlp", {}).get("status") == "ok"]
+        if mp:
+            ax.loglog([p["samples"] for p in mp], [p["mlp"]["relative_test_error"] for p in mp], "x--", color=c,
+                      label=lab + " MLPRegressor")
+    for ax, t in zip(axes, titles):
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel("samples n")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("relulearn 'moments' vs scikit-learn MLPRegressor (ReLU, Adam, true width; capped, see JSON) "
+                 "on planted one-hidden-layer ReLU networks", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| σ | d | k | n | rank | angle (rad) | test err | floor | param err | MLP n used | MLP epochs "
+             "| MLP test err | MLP param err | fit s | MLP s | status |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+
+    def f(v: Any, fmt: str = ".2e") -> str:
+        return "" if v is None else format(v, fmt)
+
+    for s in result["series"]:
+        for p in s["points"]:
+            r, m = p.get("relulearn", {}), p.get("mlp", {})
+            status = r.get("status", "")
+            if status == "error":
+                status += ": " + r["error"][:60]
+            lines.append(
+                f"| {s['noise_std']} | {s['d']} | {s['k']} | {p['samples']:.0e} | {r.get('subspace_rank', '')} "
+                f"| {f(r.get('angle'))} | {f(r.get('relative_test_error'))} | {f(r.get('noise_floor'))} "
+                f"| {f(r.get('parameter_error'))} | {f(m.get('samples_used'), '.0e')} | {m.get('epochs', '')} "
+                f"| {f(m.get('relative_test_error'))} | {f(m.get('parameter_error'))} "
+                f"| {f(r.get('fit_seconds'), '.1f')} | {f(m.get('train_seconds'), '.1f')} | {status} |")
+    return "\n".join(lines)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a fast smoke run (d=20, small counts)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT}); PNG beside it")
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds for the whole run; points predicted to overrun it are skipped (default 700)")
+    p.add_argument("--mlp-seconds", type=float, default=None, help="wall-clock cap of one MLP fit (default 6)")
+    p.add_argument("--mlp-max-samples", type=int, default=1_000_000, help="samples cap of one MLP fit")
+    args = p.parse_args(argv)
+
+    q = args.quick
+    if q:
+        plan = [(d, 3, s, [100_000, 200_000]) for d in (20, 40) for s in (0.0, 0.1)]
+        budget = args.budget or 240.0
+        mlp_seconds = args.mlp_seconds or 3.0
+    else:
+        # order = priority: the budget skips from the end (d=200 noisy last)
+        ladder50, ladder200 = [100_000, 300_000, 1_000_000, 3_000_000], [100_000, 1_000_000]
+        plan = ([(50, k, s, ladder50) for k in (3, 5) for s in (0.0, 0.1)]
+                + [(200, k, 0.0, ladder200) for k in (3, 5)] + [(200, k, 0.1, ladder200) for k in (3, 5)])
+        budget = args.budget or 700.0
+        mlp_seconds = args.mlp_seconds or 6.0
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
+
+    result: dict[str, Any] = {
+        "benchmark": "learn_one_hidden", "started": utc_now(), "quick": q, "machine": machine_info(),
+        "settings": {
+            "teacher": "planted one_hidden_relu: unit rows u_i (random, teacher seed), λ_i random sign, |λ_i| in "
+                       "[0.5, 1.5]", "teacher_seed": TEACHER_SEED, "run_seed": RUN_SEED, "chunk_size": CHUNK,
+            "method": "relulearn.api.fit(cfg, store, 'moments', width=k) on one shared LocalCluster (2 workers)",
+            "test_samples": TEST_SAMPLES, "test_stream": "Stream.TEST of the run seed (relulearn.api.evaluate); "
+            "the MLP is scored on the same samples",
+            "angle": "largest principal angle between the subspace the method used (report.subspace.basis, after "
+                     "any adaptive pass) and span(u_i); pi/2 when the found rank < k",
+            "ladder": "nested: one store per (d, k, sigma) extended from the smallest count to the largest",
+            "budget_seconds": budget,
+            "mlp": {"estimator": "sklearn.neural_network.MLPRegressor(hidden_layer_sizes=(k,), activation='relu', "
+                                 "solver='adam', batch_size=200, learning_rate_init=1e-3, random_state=0)",
+                    "training_data": "the first min(n, cap) samples of the run's own chunk stream (the same samples "
+                                     "the estimation used)",
+                    "sample_cap": args.mlp_max_samples, "seconds_cap_per_fit": mlp_seconds,
+                    "training": "partial_fit epochs (minibatch 200, shuffled) until the seconds cap or 200 epochs; "
+                                "no loss-based early stop, so the MLP always gets its whole time cap",
+                    "biases": "sklearn's MLPRegressor always fits biases (no fit_intercept option); the weight "
+                              "error uses coefs_ only (W0 = coefs_[0].T (k, d), W1 = coefs_[1].T (1, k)), biases "
+                              "dropped; the test error uses the full model, biases included"}},
+        "series": []}
+    log(f"machine: {result['machine']['cores']} cores, load {result['machine']['load_average_at_start'][0]:.2f}; "
+        f"budget {budget:.0f} s")
+    workdir = Path(tempfile.mkdtemp(prefix="relulearn-learnbench-"))
+    last_learn: dict[int, float] = {}
+    rate: dict[int, float] = {}
+    try:
+        with connect(workers=2) as client:
+            log(f"cluster up: {len(client.scheduler_info()['workers'])} workers")
+            for d, k, noise, ladder in plan:
+                cfg0 = make_config(d, k, noise, ladder[0])
+                source = make_source(config_from_dict(cfg0))
+                teacher_u = source.network.weights[0]
+                x_test, y_test = draw(source, RUN_SEED, Stream.TEST, TEST_SAMPLES)
+                store = str(workdir / f"d{d}_k{k}_s{noise}.zarr")
+                series = {"d": d, "k": k, "noise_std": noise, "teacher_output_weights":
+                          source.network.weights[1][0].tolist(), "points": []}
+                result["series"].append(series)
+                done = 0
+                for n in ladder:
+                    elapsed = time.perf_counter() - t_start
+                    pred = None
+                    if d in rate:
+                        pred = (n - done) / rate[d] + last_learn[d] + 5 + min(mlp_seconds + 5, 2 * mlp_seconds)
+                    if pred is not None and elapsed + pred > budget:
+                        msg = f"skipped: predicted {pred:.0f} s would overrun the {budget:.0f} s budget at {elapsed:.0f} s"
+                        series["points"].append({"samples": n, "relulearn": {"status": "skipped", "note": msg}})
+                        log(f"d={d} k={k} σ={noise} n={n:.0e}: {msg}")
+                        continue
+                    point: dict[str, Any] = {"samples": n}
+                    r = run_relulearn(make_config(d, k, noise, n), store, workdir, client, teacher_u)
+                    point["relulearn"] = r
+                    if r.get("estimate_seconds") and n > done:
+                        rate[d] = (n - done) / max(r["estimate_seconds"], 1e-3)
+                        last_learn[d] = r["learn_seconds"]
+                    done = n
+                    if r["status"] == "ok":
+                        log(f"d={d} k={k} σ={noise} n={n:.0e}: rank {r['subspace_rank']} angle {r['angle']:.2e} "
+                            f"test {r['relative_test_error']:.2e} (floor {r['noise_floor']:.1e}) param "
+                            f"{r['parameter_error']:.2e}; est {r['estimate_seconds']:.1f} s learn "
+                            f"{r['learn_seconds']:.1f} s")
+                    else:
+                        log(f"d={d} k={k} σ={noise} n={n:.0e}: relulearn {r['status']}: {r.get('error', '')[:200]}")
+                    m = run_mlp(source, k, n, x_test, y_test, max_samples=args.mlp_max_samples,
+                                seconds=mlp_seconds)
+                    point["mlp"] = m
+                    if m["status"] == "ok":
+                        log(f"    MLP ({m['samples_used']:.0e} samples, {m['epochs']} epochs, "
+                            f"{m['train_seconds']:.1f} s): test {m['relative_test_error']:.2e} param "
+                            f"{m['parameter_error']:.2e}")
+                    else:
+                        log(f"    MLP error: {m['error'][:200]}")
+                    series["points"].append(point)
+                    del point
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    result["finished"] = utc_now()
+    result["total_seconds"] = time.perf_counter() - t_start
+    result["machine"]["load_average_at_end"] = list(os.getloadavg())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    png = args.out.with_suffix(".png")
+    plot(result, png)
+    print()
+    print(table(result))
+    print(f"\ntotal {result['total_seconds']:.0f} s; results in {args.out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
