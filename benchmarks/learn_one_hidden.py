@@ -236,7 +236,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     dks = sorted({(s["d"], s["k"]) for s in series})
     colors = {dk: c for dk, c in zip(dks, ["C0", "C1", "C2", "C3", "C4", "C5"])}
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2))
-    titles = ["spectral stage: largest principal angle (rad)", "relative test error, σ = 0 (noiseless)",
+    titles = ["spectral stage: largest principal angle (rad)",
+              "relative test error, σ = 0 (values < 1e-16 drawn at 1e-16)",
               "relative test error, σ = 0.1 (noise floor dotted)"]
     for s in series:
         c = colors[(s["d"], s["k"])]
