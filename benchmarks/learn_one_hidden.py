@@ -46,7 +46,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -58,6 +58,9 @@ from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import spectral  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from throughput import _json_default  # noqa: E402  (one JSON encoder for the benchmark scripts)
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
 
@@ -297,14 +300,6 @@ def table(result: dict[str, Any]) -> str:
                 f"| {f(m.get('relative_test_error'))} | {f(m.get('parameter_error'))} "
                 f"| {f(r.get('fit_seconds'), '.1f')} | {f(m.get('train_seconds'), '.1f')} | {status} |")
     return "\n".join(lines)
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"cannot serialize {type(obj).__name__}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

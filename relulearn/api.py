@@ -18,7 +18,7 @@ from .network import Network
 from .pipeline.cluster import connect
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.run import estimate as _estimate
-from .storage import StoredRun, open_store
+from .storage import open_store
 
 __all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate"]
 

@@ -14,8 +14,8 @@ import math
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence, TextIO
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, TextIO
 
 import numpy as np
 
@@ -228,14 +228,9 @@ class RunSummary:
     samples_per_second: float
     statistics: list[str]
     dashboard: Optional[str] = None
-    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "extra"} | self.extra
-
-
-class _Interrupted(Exception):
-    pass
+        return dict(self.__dict__)
 
 
 def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statistic], Partial, list[list[int]], dict]:
