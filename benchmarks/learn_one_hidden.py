@@ -15,11 +15,16 @@ test samples (``Stream.TEST``). Recorded per point:
   (``relulearn.network.compare``);
 - the same training samples given to ``MLPRegressor(hidden_layer_sizes=(k,),
   activation="relu", solver="adam")``: exactly the first n samples of the run's chunk
-  stream (the bytes the estimation saw), capped at ``--mlp-max-samples``, trained by
-  ``partial_fit`` epochs until a wall-clock cap ``--mlp-seconds`` (or 200 epochs; the
-  caps are recorded per point). sklearn's MLP always has biases; its weight error is
-  computed on the network built from ``coefs_`` with the biases dropped (noted in the JSON).
+  stream (the bytes the estimation saw; all n of them unless ``--mlp-max-samples`` caps
+  it), trained by ``partial_fit`` epochs until a wall-clock cap ``--mlp-seconds`` (default
+  60 s, at least one full epoch, at most 200 epochs; recorded per point). sklearn's MLP
+  always has biases; its weight error is computed on the network built from ``coefs_``
+  with the biases dropped (noted in the JSON).
 - wall time of each step.
+
+Before the curves, an exactness grid: noiseless planted networks for every
+d ∈ {10, 50, 200} and k ∈ {1, …, 5} at one sample count (``--grid-samples``, default 2·10⁵),
+recording parameter and test error against the targets 1e-8 and 1e-12.
 
 The sample ladder of one (d, k, σ) is nested: one store is extended from the smallest
 count to the largest (a later ``fit`` with more samples extends the store; the adaptive
@@ -27,7 +32,7 @@ pass a method may request is removed before each step so it is recomputed for th
 count). A point whose predicted time would overrun ``--budget`` is skipped and recorded as
 such; a point whose method raises is recorded with the error.
 
-Run ``python benchmarks/learn_one_hidden.py`` (about 12 minutes on 2 cores) or
+Run ``python benchmarks/learn_one_hidden.py`` (about an hour on 2 cores) or
 ``--quick`` for a smoke run. Writes ``benchmarks/results/learn_one_hidden.json`` and a PNG
 next to it.
 """
@@ -181,13 +186,14 @@ def training_samples(source: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs)[:n], np.concatenate(ys)[:n]
 
 
-def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray, *, max_samples: int,
+def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray, *, max_samples: Optional[int],
             seconds: float, max_epochs: int = 200) -> dict[str, Any]:
-    """MLPRegressor on the first min(n, max_samples) training samples, epochs until the time cap."""
+    """MLPRegressor on the first min(n, max_samples) training samples, epochs until the time cap
+    (at least one epoch)."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPRegressor
 
-    n_used = min(n, max_samples)
+    n_used = n if max_samples is None else min(n, max_samples)
     rec: dict[str, Any] = {"samples_given": n, "samples_used": n_used, "sample_cap": max_samples,
                            "seconds_cap": seconds}
     try:
@@ -200,7 +206,7 @@ def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray,
         best, epochs, stop = np.inf, 0, "seconds cap"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            while time.perf_counter() - t0 < seconds:
+            while epochs == 0 or time.perf_counter() - t0 < seconds:
                 m.partial_fit(x, y)
                 epochs += 1
                 best = min(best, m.loss_)
@@ -217,6 +223,7 @@ def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray,
         cmp = compare(make_source_network(source), net)
         rec["parameter_error"] = cmp.relative_error
         rec["unit_errors"] = list(cmp.unit_errors)
+        del x, y
         rec["bias_norms"] = {"hidden": float(np.linalg.norm(m.intercepts_[0])),
                              "output": float(np.abs(m.intercepts_[1]).sum())}
         rec["status"] = "ok"
@@ -272,11 +279,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("samples n")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("relulearn 'moments' vs scikit-learn MLPRegressor (ReLU, Adam, true width; capped, see JSON) "
+    fig.suptitle("relulearn 'moments' vs scikit-learn MLPRegressor (ReLU, Adam, true width, same samples; time cap in the JSON) "
                  "on planted one-hidden-layer ReLU networks", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def grid_table(result: dict[str, Any]) -> str:
+    lines = ["| d | k | n | param err | test err | exact | fit s |", "|---:|---:|---:|---:|---:|---|---:|"]
+    for r in result["grid"]["points"]:
+        pe, te = r.get("parameter_error"), r.get("relative_test_error")
+        lines.append(f"| {r['d']} | {r['k']} | {r['samples']:.0e} | {'' if pe is None else format(pe, '.1e')} "
+                     f"| {'' if te is None else format(te, '.1e')} | {r.get('exact', r['status'])} "
+                     f"| {r.get('fit_seconds', 0):.1f} |")
+    return "\n".join(lines)
 
 
 def table(result: dict[str, Any]) -> str:
@@ -308,23 +325,29 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--quick", action="store_true", help="a fast smoke run (d=20, small counts)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT}); PNG beside it")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds for the whole run; points predicted to overrun it are skipped (default 700)")
-    p.add_argument("--mlp-seconds", type=float, default=None, help="wall-clock cap of one MLP fit (default 6)")
-    p.add_argument("--mlp-max-samples", type=int, default=1_000_000, help="samples cap of one MLP fit")
+                   help="seconds for the whole run; points predicted to overrun it are skipped (default 5400)")
+    p.add_argument("--mlp-seconds", type=float, default=None,
+                   help="wall-clock cap of one MLP fit, at least one epoch is always run (default 60)")
+    p.add_argument("--mlp-max-samples", type=int, default=None,
+                   help="samples cap of one MLP fit (default: none, the MLP gets all n samples)")
+    p.add_argument("--grid-samples", type=int, default=200_000,
+                   help="sample count of the noiseless exactness grid d in {10,50,200} x k in {1..5}")
     args = p.parse_args(argv)
 
     q = args.quick
     if q:
         plan = [(d, 3, s, [100_000, 200_000]) for d in (20, 40) for s in (0.0, 0.1)]
+        grid = [(d, k) for d in (10, 20) for k in (1, 2)]
         budget = args.budget or 240.0
         mlp_seconds = args.mlp_seconds or 3.0
     else:
         # order = priority: the budget skips from the end (d=200 noisy last)
-        ladder50, ladder200 = [100_000, 300_000, 1_000_000, 3_000_000], [100_000, 1_000_000]
-        plan = ([(50, k, s, ladder50) for k in (3, 5) for s in (0.0, 0.1)]
-                + [(200, k, 0.0, ladder200) for k in (3, 5)] + [(200, k, 0.1, ladder200) for k in (3, 5)])
-        budget = args.budget or 700.0
-        mlp_seconds = args.mlp_seconds or 6.0
+        ladder = [100_000, 300_000, 1_000_000, 3_000_000]
+        plan = ([(50, k, s, ladder) for k in (3, 5) for s in (0.0, 0.1)]
+                + [(200, k, 0.0, ladder) for k in (3, 5)] + [(200, k, 0.1, ladder) for k in (3, 5)])
+        grid = [(d, k) for d in (10, 50, 200) for k in (1, 2, 3, 4, 5)]
+        budget = args.budget or 5400.0
+        mlp_seconds = args.mlp_seconds or 60.0
     t_start = time.perf_counter()
 
     def log(msg: str) -> None:
@@ -346,12 +369,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  "solver='adam', batch_size=200, learning_rate_init=1e-3, random_state=0)",
                     "training_data": "the first min(n, cap) samples of the run's own chunk stream (the same samples "
                                      "the estimation used)",
-                    "sample_cap": args.mlp_max_samples, "seconds_cap_per_fit": mlp_seconds,
-                    "training": "partial_fit epochs (minibatch 200, shuffled) until the seconds cap or 200 epochs; "
-                                "no loss-based early stop, so the MLP always gets its whole time cap",
+                    "sample_cap": args.mlp_max_samples or "none (all n samples)", "seconds_cap_per_fit": mlp_seconds,
+                    "training": "partial_fit epochs (minibatch 200, shuffled) until the seconds cap or 200 epochs, "
+                                "at least one full epoch; no loss-based early stop, so the MLP always gets its "
+                                "whole time cap",
                     "biases": "sklearn's MLPRegressor always fits biases (no fit_intercept option); the weight "
                               "error uses coefs_ only (W0 = coefs_[0].T (k, d), W1 = coefs_[1].T (1, k)), biases "
                               "dropped; the test error uses the full model, biases included"}},
+        "grid": {"samples": args.grid_samples, "targets": {"parameter_error": 1e-8, "relative_test_error": 1e-12},
+                 "points": []},
         "series": []}
     log(f"machine: {result['machine']['cores']} cores, load {result['machine']['load_average_at_start'][0]:.2f}; "
         f"budget {budget:.0f} s")
@@ -361,6 +387,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         with connect(workers=2) as client:
             log(f"cluster up: {len(client.scheduler_info()['workers'])} workers")
+            for d, k in grid:
+                cfg = make_config(d, k, 0.0, args.grid_samples)
+                teacher_u = make_source(config_from_dict(cfg)).network.weights[0]
+                r = run_relulearn(cfg, str(workdir / f"grid_d{d}_k{k}.zarr"), workdir, client, teacher_u)
+                r.update(d=d, k=k)
+                if r["status"] == "ok":
+                    r["exact"] = bool(r["parameter_error"] <= 1e-8 and r["relative_test_error"] <= 1e-12)
+                result["grid"]["points"].append(r)
+                log(f"grid d={d} k={k}: {r['status']} param {r.get('parameter_error')} test "
+                    f"{r.get('relative_test_error')} exact {r.get('exact')} ({r.get('fit_seconds', 0):.1f} s)")
             for d, k, noise, ladder in plan:
                 cfg0 = make_config(d, k, noise, ladder[0])
                 source = make_source(config_from_dict(cfg0))
@@ -415,6 +451,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     args.out.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
     png = args.out.with_suffix(".png")
     plot(result, png)
+    print()
+    print(grid_table(result))
     print()
     print(table(result))
     print(f"\ntotal {result['total_seconds']:.0f} s; results in {args.out} and {png}")
