@@ -59,13 +59,34 @@ class OneHiddenReluTeacher(_Section):
         return self
 
 
+class DeepReluTeacher(_Section):
+    """``y = W_L relu(… relu(W_0 x))``: a planted deep ReLU network without biases.
+
+    ``widths`` are the hidden widths, first to last; the first is the number ``k`` of rows
+    of ``W_0`` (unit rows, random directions), so the relevant subspace is their span.
+    Later layers have Gaussian entries of variance ``2 / fan_in``; the output layer
+    ``1 / fan_in``.
+    """
+
+    kind: Literal["deep_relu"]
+    widths: list[int] = Field(..., min_length=1, description="hidden widths; widths[0] = k rows of the first layer")
+    seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+
+    @field_validator("widths")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(w < 1 for w in value):
+            raise ValueError(f"every hidden width must be at least 1, got {value}")
+        return value
+
+
 class FileTeacher(_Section):
     """Any network file in the format of DESIGN.md §5 (``W0..WL``, ``activation``)."""
 
     file: str = Field(..., description="path of a .npz network file, relative to the config file")
 
 
-TeacherConfig = Union[OneHiddenReluTeacher, FileTeacher]
+TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, FileTeacher]
 
 
 class SourceConfig(_Section):
@@ -81,6 +102,8 @@ class SourceConfig(_Section):
     def _pick_teacher(cls, value: Any) -> Any:
         if isinstance(value, dict) and "file" in value:
             return FileTeacher(**value)
+        if isinstance(value, dict) and value.get("kind") == "deep_relu":
+            return DeepReluTeacher(**value)
         if isinstance(value, dict):
             return OneHiddenReluTeacher(**value)
         return value
@@ -127,6 +150,22 @@ class ContractedConfig(_Section):
         return value
 
 
+def _check_grid(quantiles: Optional[list[float]], thresholds: Optional[list[float]]) -> None:
+    """Exactly one τ grid, increasing: quantiles in [0, 1) or non-negative thresholds."""
+    if (quantiles is None) == (thresholds is None):
+        raise ValueError("give exactly one of `quantiles` (e.g. [0.5, 0.8, 0.95]) or `thresholds`")
+    if quantiles is not None:
+        if not quantiles or any(not 0.0 <= q < 1.0 for q in quantiles):
+            raise ValueError(f"quantiles must lie in [0, 1), got {quantiles}")
+        if sorted(set(quantiles)) != list(quantiles):
+            raise ValueError(f"quantiles must be strictly increasing, got {quantiles}")
+    if thresholds is not None:
+        if not thresholds or any(t < 0 for t in thresholds):
+            raise ValueError(f"thresholds must be non-negative, got {thresholds}")
+        if sorted(set(thresholds)) != list(thresholds):
+            raise ValueError(f"thresholds must be strictly increasing, got {thresholds}")
+
+
 class FilteredConfig(_Section):
     quantiles: Optional[list[float]] = Field(
         None, description="thresholds τ as quantiles of |y| (estimated in a short pilot pass)"
@@ -136,18 +175,35 @@ class FilteredConfig(_Section):
 
     @model_validator(mode="after")
     def _one_grid(self) -> "FilteredConfig":
-        if (self.quantiles is None) == (self.thresholds is None):
-            raise ValueError("give exactly one of `quantiles` (e.g. [0.5, 0.8, 0.95]) or `thresholds`")
-        if self.quantiles is not None:
-            if not self.quantiles or any(not 0.0 <= q < 1.0 for q in self.quantiles):
-                raise ValueError(f"quantiles must lie in [0, 1), got {self.quantiles}")
-            if sorted(set(self.quantiles)) != list(self.quantiles):
-                raise ValueError(f"quantiles must be strictly increasing, got {self.quantiles}")
-        if self.thresholds is not None:
-            if not self.thresholds or any(t < 0 for t in self.thresholds):
-                raise ValueError(f"thresholds must be non-negative, got {self.thresholds}")
-            if sorted(set(self.thresholds)) != list(self.thresholds):
-                raise ValueError(f"thresholds must be strictly increasing, got {self.thresholds}")
+        _check_grid(self.quantiles, self.thresholds)
+        return self
+
+
+class CandidateNetworkConfig(_Section):
+    """A bias-free network on the subspace coordinates ``z = B x`` (``B``: the residual basis)."""
+
+    weights: list[list[list[float]]] = Field(
+        ..., min_length=1, description="W0..WL; W0 has one column per basis row, WL one row (the output)"
+    )
+    activation: str = Field("relu", description="hidden activation")
+
+
+class ResidualConfig(_Section):
+    """Residual-filtered second moments ``E[1{|y − F̃(Bx)| > τ} (x⊥x⊥ᵀ − (I − BᵀB))]``,
+    ``x⊥ = x − BᵀB x``: the filtered matrix of the residual of candidate networks ``F̃`` on
+    the subspace found so far, projected off it (one d² product per sample and candidate)."""
+
+    basis: list[list[float]] = Field(..., min_length=1, description="orthonormal rows B (r × d) of the found subspace")
+    candidates: list[CandidateNetworkConfig] = Field(..., min_length=1, description="networks F̃ on z = B x")
+    quantiles: Optional[list[float]] = Field(
+        None, description="thresholds τ as quantiles of each candidate's |residual| (pilot pass)"
+    )
+    thresholds: Optional[list[float]] = Field(None, description="thresholds τ given directly (all candidates)")
+    pilot_samples: int = Field(100_000, ge=1000, description="samples of the pilot pass that estimates quantiles")
+
+    @model_validator(mode="after")
+    def _one_grid(self) -> "ResidualConfig":
+        _check_grid(self.quantiles, self.thresholds)
         return self
 
 
@@ -156,11 +212,12 @@ class StatisticsConfig(_Section):
     hermite: Optional[HermiteConfig] = None
     contracted: Optional[ContractedConfig] = None
     filtered: Optional[FilteredConfig] = None
+    residual: Optional[ResidualConfig] = None
 
     def enabled(self) -> dict[str, _Section]:
         """The statistics to accumulate, by name, in a fixed order."""
         out = {}
-        for name in ("basic", "hermite", "contracted", "filtered"):
+        for name in ("basic", "hermite", "contracted", "filtered", "residual"):
             section = getattr(self, name)
             if section is not None:
                 out[name] = section
@@ -219,10 +276,17 @@ def _valid_keys(model: type[BaseModel]) -> list[str]:
     return [name for name, field in model.model_fields.items() if not field.exclude]
 
 
-def _model_at(loc: tuple, root: type[BaseModel]) -> Optional[type[BaseModel]]:
-    """The model class that owns the location ``loc`` (used to suggest keys)."""
+def _kind_of(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("kind")
+    return getattr(field.annotation, "__args__", (None,))[0] if field is not None else None
+
+
+def _model_at(loc: tuple, root: type[BaseModel], data: Any = None) -> Optional[type[BaseModel]]:
+    """The model class that owns the location ``loc`` (used to suggest keys); ``data`` is
+    the input, used to tell the members of a union apart by their ``kind``."""
     model: Any = root
     for i, part in enumerate(loc[:-1]):
+        data = data.get(part) if isinstance(data, dict) else None
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None
         field = model.model_fields.get(part)
@@ -236,19 +300,27 @@ def _model_at(loc: tuple, root: type[BaseModel]) -> Optional[type[BaseModel]]:
         # in a union (e.g. the teacher kinds) the owner is the member that lacks the unknown
         # key, or that has the next key on the way to it
         nxt, last = loc[i + 1], i + 1 == len(loc) - 1
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if isinstance(data, dict) and "file" in data:  # as _pick_teacher: a file teacher whatever else is given
+            by_kind = [c for c in candidates if "file" in c.model_fields]
+        else:
+            by_kind = [c for c in candidates if kind is not None and _kind_of(c) == kind]
+        if by_kind:
+            model = by_kind[0]
+            continue
         fitting = [c for c in candidates if (nxt in c.model_fields) != last]
         model = (fitting or candidates)[0]
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def _format_errors(err: ValidationError, where: str) -> str:
+def _format_errors(err: ValidationError, where: str, data: Any = None) -> str:
     lines: list[str] = []
     for e in err.errors():
         # drop union member tags such as 'FileTeacher' or 'function-after[_lengths(), OneHiddenReluTeacher]'
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and (p[:1].isupper() or "[" in p)))
         key = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            owner = _model_at(loc, RunConfig)
+            owner = _model_at(loc, RunConfig, data)
             hint = ""
             if owner is not None:
                 close = difflib.get_close_matches(str(loc[-1]), _valid_keys(owner), n=1, cutoff=0.5)
@@ -276,7 +348,7 @@ def config_from_dict(data: Any, *, where: str = "", base_dir: Optional[str] = No
     try:
         cfg = RunConfig(**data, base_dir=base_dir)
     except ValidationError as err:
-        raise ConfigError(_format_errors(err, where)) from None
+        raise ConfigError(_format_errors(err, where, data)) from None
     except TypeError as err:  # e.g. a section given as a scalar
         raise ConfigError(f"invalid configuration {where}: {err}") from None
     return cfg

@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..config import FileTeacher, OneHiddenReluTeacher, RunConfig, SourceConfig
+from ..config import DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RunConfig, SourceConfig
 from ..network import Network, NetworkFileError
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "generator",
     "make_source",
     "planted_one_hidden",
+    "planted_deep",
     "Stream",
     "chunk_batches",
     "pilot_batches",
@@ -93,6 +94,23 @@ def planted_one_hidden(cfg: OneHiddenReluTeacher, d: int) -> Network:
     else:
         lam = rng.choice([-1.0, 1.0], size=cfg.width) * rng.uniform(0.5, 1.5, size=cfg.width)
     return Network((u, lam[None, :]), activation="relu", _origin="planted one_hidden_relu teacher")
+
+
+def planted_deep(cfg: DeepReluTeacher, d: int) -> Network:
+    """The planted deep network ``W_L relu(… relu(W_0 x))`` (no biases).
+
+    ``W_0`` has ``widths[0]`` unit rows in random directions; hidden layer ``j ≥ 1`` has
+    Gaussian entries of variance ``2 / fan_in`` (activations keep their scale through the
+    layers), the output layer variance ``1 / fan_in``. Drawn from the teacher's own seed.
+    """
+    rng = generator(cfg.seed, Stream.TEACHER)
+    w0 = rng.standard_normal((cfg.widths[0], d))
+    w0 /= np.linalg.norm(w0, axis=1, keepdims=True)
+    layers = [w0]
+    for fan_in, fan_out in zip(cfg.widths[:-1], cfg.widths[1:]):
+        layers.append(rng.standard_normal((fan_out, fan_in)) * np.sqrt(2.0 / fan_in))
+    layers.append(rng.standard_normal((1, cfg.widths[-1])) * np.sqrt(1.0 / cfg.widths[-1]))
+    return Network(tuple(layers), activation="relu", _origin="planted deep_relu teacher")
 
 
 @dataclass(frozen=True)
@@ -171,6 +189,8 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
                 f"teacher file {path} has input dimension {net.input_dim} (W0 has {net.input_dim} columns) "
                 f"but source.d is {src.d}; make them agree"
             )
+    elif isinstance(teacher, DeepReluTeacher):
+        net = planted_deep(teacher, src.d)
     else:
         net = planted_one_hidden(teacher, src.d)
     if net.output_dim > 1 and src.output is None:
