@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Mapping, Optional
 import numpy as np
 
 from .. import hermite
-from ..config import ContractedConfig, FilteredConfig, HermiteConfig, RunConfig
+from ..config import ContractedConfig, FilteredConfig, HermiteConfig, ResidualConfig, RunConfig
+from ..network import Network
 from .sources import Source, check_finite, chunk_batches, generator, pilot_batches, Stream
 
 __all__ = [
@@ -30,12 +31,14 @@ __all__ = [
     "HermiteTensors",
     "ContractedMoments",
     "FilteredMoments",
+    "ResidualFilteredMoments",
     "Partial",
     "Estimate",
     "accumulate_chunks",
     "build_statistics",
     "direction_bank",
     "threshold_grid",
+    "residual_setup",
 ]
 
 
@@ -325,6 +328,122 @@ class FilteredMoments(Statistic):
         return {"tau": self.tau.tolist()}
 
 
+# --------------------------------------------------------------------- residual
+
+
+def residual_setup(cfg: ResidualConfig, d: int) -> tuple[np.ndarray, list[Network]]:
+    """The basis rows ``B`` (r, d) and candidate networks of a residual section, checked.
+
+    Raises
+    ------
+    ValueError
+        Naming the key at fault: a basis of the wrong width or not orthonormal, a
+        candidate whose first layer does not take ``r`` inputs or that has several outputs.
+    """
+    basis = np.asarray(cfg.basis, dtype=np.float64)
+    if basis.ndim != 2 or basis.shape[1] != d:
+        raise ValueError(f"statistics.residual.basis has shape {basis.shape}; each row needs d={d} entries")
+    r = basis.shape[0]
+    if not np.allclose(basis @ basis.T, np.eye(r), atol=1e-8):
+        raise ValueError("statistics.residual.basis rows must be orthonormal (B Bᵀ = I)")
+    nets = []
+    for c, cand in enumerate(cfg.candidates):
+        try:
+            net = Network(tuple(np.asarray(w, dtype=np.float64) for w in cand.weights), activation=cand.activation)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"statistics.residual.candidates[{c}]: {err}") from None
+        if net.input_dim != r or net.output_dim != 1:
+            raise ValueError(
+                f"statistics.residual.candidates[{c}] maps {net.input_dim} inputs to {net.output_dim} outputs; "
+                f"it must take the r={r} subspace coordinates z = B x to one output"
+            )
+        nets.append(net)
+    return basis, nets
+
+
+def residual_grid(cfg: ResidualConfig, source: Source, seed: int, basis: np.ndarray,
+                  candidates: list[Network]) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """The τ grid per candidate, shape (C, T): given thresholds, or quantiles of each
+    candidate's |residual| over the pilot pass."""
+    if cfg.thresholds is not None:
+        tau = np.asarray(cfg.thresholds, dtype=np.float64)
+        return np.tile(tau, (len(candidates), 1)), None
+    res, row = [], 0
+    for x, y in pilot_batches(source, seed, cfg.pilot_samples):
+        check_finite(x, y, None, row)
+        z = x @ basis.T
+        res.append(np.stack([np.abs(y - net.forward(z)[:, 0]) for net in candidates]))
+        row += len(y)
+    q = np.asarray(cfg.quantiles, dtype=np.float64)
+    return np.quantile(np.concatenate(res, axis=1), q, axis=1).T.copy(), q
+
+
+class ResidualFilteredMoments(Statistic):
+    """Residual-filtered second moments, projected off a found subspace.
+
+    For candidate networks ``F̃_c`` on the coordinates ``z = B x`` of the subspace found so
+    far (rows ``B``, orthonormal), and thresholds ``τ_{c,t}``::
+
+        M[c, t] = E[1{|y − F̃_c(Bx)| > τ_{c,t}} (x⊥ x⊥ᵀ − (I − BᵀB))],   x⊥ = x − BᵀB x,
+        prob[c, t] = P[|y − F̃_c(Bx)| > τ_{c,t}].
+
+    If ``y`` depends on ``x`` only through a subspace ``V ⊇ span(B)``, the residual does
+    too, and ``M[c, t]`` has its range in ``V ⊖ span(B)``: the directions still missing.
+    Per sample and candidate one d² product (the bins of one candidate partition the
+    samples), as for :class:`FilteredMoments`. The candidates and the basis are stored
+    with the sums (coordinates ``basis``, ``candidate{c}_W{j}``).
+    """
+
+    name = "residual"
+
+    def __init__(self, d: int, basis: np.ndarray, candidates: list[Network], tau: np.ndarray,
+                 quantiles: Optional[np.ndarray] = None):
+        self.d = d
+        self.basis = np.asarray(basis, dtype=np.float64)
+        self.candidates = list(candidates)
+        self.tau = np.asarray(tau, dtype=np.float64).reshape(len(self.candidates), -1)
+        self.quantiles = quantiles
+
+    def sums_schema(self):
+        c, t, d = *self.tau.shape, self.d
+        return {"bin_xx": Var(("candidate", "tau", "i", "j"), (c, t, d, d)),
+                "bin_count": Var(("candidate", "tau"), (c, t))}
+
+    def terms_schema(self):
+        c, t, d = *self.tau.shape, self.d
+        return {"M": Var(("candidate", "tau", "i", "j"), (c, t, d, d)), "prob": Var(("candidate", "tau"), (c, t))}
+
+    def coords(self):
+        out = {"tau": (("candidate", "tau"), self.tau), "basis": (("rank", "i"), self.basis)}
+        if self.quantiles is not None:
+            out["quantile"] = (("tau",), np.asarray(self.quantiles, dtype=np.float64))
+        for c, net in enumerate(self.candidates):
+            for j, w in enumerate(net.weights):
+                out[f"candidate{c}_W{j}"] = ((f"candidate{c}_W{j}_out", f"candidate{c}_W{j}_in"), w)
+        return out
+
+    def update(self, acc, x, y):
+        z = x @ self.basis.T
+        xp = x - z @ self.basis
+        for c, net in enumerate(self.candidates):
+            tau = self.tau[c]
+            b = np.searchsorted(tau, np.abs(y - net.forward(z)[:, 0]), side="left") - 1
+            counts = np.bincount(b + 1, minlength=len(tau) + 1)[1:]
+            acc["bin_count"][c] += counts
+            for k in np.flatnonzero(counts):
+                seg = xp.take(np.flatnonzero(b == k), axis=0)
+                acc["bin_xx"][c, k] += seg.T @ seg
+
+    def terms(self, acc):
+        count = np.cumsum(acc["bin_count"][:, ::-1], axis=1)[:, ::-1]
+        xx = np.cumsum(acc["bin_xx"][:, ::-1], axis=1)[:, ::-1]
+        off = np.eye(self.d) - self.basis.T @ self.basis
+        return {"M": xx - count[:, :, None, None] * off, "prob": count}
+
+    def config(self):
+        return {"tau": self.tau.tolist()}
+
+
 # ----------------------------------------------------------------- building
 
 
@@ -352,6 +471,14 @@ def build_statistics(cfg: RunConfig, source: Optional[Source],
             else:
                 tau, q = threshold_grid(section, source, cfg.seed)
             out.append(FilteredMoments(d, tau, q))
+        elif name == "residual":
+            basis, nets = residual_setup(section, d)
+            if stored:
+                arrays = stored(name)
+                tau, q = arrays["tau"], arrays.get("quantile")
+            else:
+                tau, q = residual_grid(section, source, cfg.seed, basis, nets)
+            out.append(ResidualFilteredMoments(d, basis, nets, tau, q))
     return out
 
 
