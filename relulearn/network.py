@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["Network", "NetworkFileError", "ACTIVATIONS"]
+__all__ = ["Network", "NetworkFileError", "ACTIVATIONS", "compare", "input_gradients", "relevant_subspace", "subspace_angle"]
 
 
 def _relu(h: np.ndarray) -> np.ndarray:
@@ -244,3 +244,55 @@ def compare(reference: Network, learned: Network) -> Comparison:
             errors[r] = float(np.sqrt(cost[r, c]) / max(np.linalg.norm(w[r]), 1e-300))
     return Comparison(float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)),
                       tuple(matching), tuple(errors))
+
+
+def input_gradients(net: Network, x: np.ndarray, output: int = 0) -> np.ndarray:
+    """Gradients ``∇_x f(x)`` of one output of a ReLU network at the rows of ``x``, shape (n, d).
+
+    Vectorized back-propagation through the activation patterns (the gradient of ``relu``
+    at 0 is taken as 0).
+    """
+    if net.activation != "relu":
+        raise ValueError(f"input gradients are implemented for relu networks, not {net.activation!r}")
+    masks, h = [], x
+    for j, w in enumerate(net.weights[:-1]):
+        h = h @ w.T + (net.biases[j] if net.biases is not None else 0.0)
+        masks.append(h > 0)
+        h = np.maximum(h, 0.0)
+    g = np.broadcast_to(net.weights[-1][output], (x.shape[0], net.weights[-1].shape[1]))
+    for w, mask in zip(net.weights[-2::-1], masks[::-1]):
+        g = (g * mask) @ w
+    return g
+
+
+def relevant_subspace(net: Network, x: np.ndarray, rank: int, output: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The ``rank``-dimensional subspace a network's output depends on most, from samples.
+
+    The top eigenvectors of the average gradient outer product ``E[∇f ∇fᵀ]`` over the rows
+    of ``x``: for ``f(x) = g(Ux)`` its range is the row space of ``U`` that ``g`` really
+    uses, whatever the parametrization (extra first-layer rows with tiny effect count
+    little). Returns the ``(d, rank)`` basis and all eigenvalues, descending.
+    """
+    g = input_gradients(net, x, output)
+    w, v = np.linalg.eigh(g.T @ g / len(x))
+    order = np.argsort(w)[::-1]
+    return v[:, order[:rank]], w[order]
+
+
+def subspace_angle(reference: Network, learned: Network, x: np.ndarray, *, rtol: float = 1e-9) -> float:
+    """Largest principal angle (radians) between the subspace ``reference`` depends on (the
+    row space of its first layer, of rank ``k``) and the top-``k`` subspace of ``learned``
+    (:func:`relevant_subspace` on the samples ``x``).
+
+    ``π/2`` when the learned network depends on fewer than ``k`` directions.
+    """
+    from scipy.linalg import subspace_angles
+
+    _, s, vt = np.linalg.svd(reference.weights[0], full_matrices=False)
+    a = vt[s > rtol * s[0]].T
+    if a.shape[0] != learned.input_dim:
+        raise ValueError(f"input dimensions differ: {a.shape[0]} vs {learned.input_dim}")
+    b, eig = relevant_subspace(learned, x, a.shape[1])
+    if eig[a.shape[1] - 1] <= rtol * max(eig[0], 1e-300):
+        return float(np.pi / 2)
+    return float(np.max(subspace_angles(a, b)))

@@ -85,3 +85,42 @@ def test_polish_with_noise_is_least_squares():
     excess = np.mean((yt - out.forward(xt)[:, 0]) ** 2)
     # E[excess] = σ² k d / n for least squares with k·d unknowns; allow 3× for the pattern set
     assert excess < 3 * sigma**2 * k * d / n
+
+
+def test_input_gradients_match_finite_differences():
+    from relulearn.network import input_gradients
+
+    rng = np.random.default_rng(3)
+    net = Network((rng.standard_normal((5, 4)), rng.standard_normal((3, 5)), rng.standard_normal((1, 3))),
+                  biases=(rng.standard_normal(5), rng.standard_normal(3), rng.standard_normal(1)))
+    x = rng.standard_normal((50, 4))
+    g = input_gradients(net, x)
+    h = 1e-6
+    fd = np.stack([(net.forward(x + h * e)[:, 0] - net.forward(x - h * e)[:, 0]) / (2 * h) for e in np.eye(4)], 1)
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_subspace_angle_sees_the_function_not_the_parametrization():
+    from relulearn.network import subspace_angle
+
+    rng = np.random.default_rng(4)
+    u = np.linalg.qr(rng.standard_normal((6, 2)))[0].T
+    teacher = Network((u, rng.standard_normal((3, 2)), rng.standard_normal((1, 3))))
+    x = rng.standard_normal((20_000, 6))
+    assert subspace_angle(teacher, teacher, x) < 1e-12
+    # the same function with its units permuted and rescaled, plus a first-layer row in another
+    # direction whose outgoing weights are zero: the row space grows, the function does not
+    s = np.array([2.0, 0.5])
+    w0 = np.vstack([(u * s[:, None])[::-1], rng.standard_normal((1, 6))])
+    w1 = np.hstack([(teacher.weights[1] / s[None, :])[:, ::-1], np.zeros((3, 1))])
+    same = Network((w0, w1, teacher.weights[2]))
+    np.testing.assert_allclose(same.forward(x[:10]), teacher.forward(x[:10]), atol=1e-12)
+    assert subspace_angle(teacher, same, x) < 1e-10
+    # a network that depends on one of the two directions only misses one: π/2
+    one = Network((u[:1], np.ones((1, 1))))
+    assert subspace_angle(teacher, one, x) == pytest.approx(np.pi / 2)
+    # a tilted subspace: the angle of the tilt
+    t = 0.03
+    tilted = u.copy()
+    tilted[1] = np.cos(t) * u[1] + np.sin(t) * np.linalg.qr(np.vstack([u, rng.standard_normal(6)]).T)[0][:, 2]
+    assert subspace_angle(teacher, Network((tilted, teacher.weights[1], teacher.weights[2])), x) == pytest.approx(t, rel=1e-6)
