@@ -69,7 +69,7 @@ def merge(a: str, b: str, out: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ learning
 
-METHODS = ("moments",)
+METHODS = ("moments", "filtered-pca")
 
 
 def _method(name: str):
@@ -77,7 +77,27 @@ def _method(name: str):
         from .estimators import moments
 
         return moments
+    if name == "filtered-pca":
+        from .estimators import filtered_pca
+
+        return filtered_pca
     raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+
+
+def _options(method: str, width: Optional[int], depth: Optional[int], budget: Optional[int]) -> dict[str, Any]:
+    """The method's keyword options; options a method does not have are refused by name."""
+    opts: dict[str, Any] = {"width": width}
+    if method == "filtered-pca":
+        if depth is not None:
+            opts["depth"] = depth
+        if budget is not None:
+            opts["budget"] = budget
+        return opts
+    extra = [f"--{k}" for k, v in (("depth", depth), ("budget", budget)) if v is not None]
+    if extra:
+        verb = "applies" if len(extra) == 1 else "apply"
+        raise ValueError(f"{' and '.join(extra)} {verb} to --method filtered-pca only, not to {method}")
+    return opts
 
 
 def _mapper(client: Any) -> Callable:
@@ -91,11 +111,17 @@ def _mapper(client: Any) -> Callable:
     return cluster_map
 
 
-def _pass_url(store: str, name: str) -> str:
-    return f"{store.rstrip('/')}/passes/{name}"
+def _pass_url(store: str, name: str, statistics: dict) -> str:
+    """Where a requested pass is stored: its name and a digest of what it computes, so that
+    a different request (another sample count, width or candidate) never collides with it."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(statistics, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{store.rstrip('/')}/passes/{name}-{digest}"
 
 
-def _learn_with(client: Any, store: str, method: str, width: Optional[int], out: Optional[str],
+def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], out: Optional[str],
                 progress: Optional[TextIO]) -> dict[str, Any]:
     from .config import config_from_dict
     from .pipeline.sources import Stream, draw, make_source
@@ -114,11 +140,11 @@ def _learn_with(client: Any, store: str, method: str, width: Optional[int], out:
 
     passes: list[dict] = []
     pass_info: list[dict] = []
-    for _ in range(4):  # a method asks for a bounded number of passes
-        result = mod.learn(stats, passes, samples, width=width, mapper=_mapper(client), seed=cfg.seed)
+    for _ in range(getattr(mod, "MAX_PASSES", 3) + 1):  # a method asks for a bounded number of passes
+        result = mod.learn(stats, passes, samples, mapper=_mapper(client), seed=cfg.seed, **options)
         if not isinstance(result, mod.PassRequest):
             break
-        url = _pass_url(store, result.name)
+        url = _pass_url(store, result.name, result.statistics)
         pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
         if progress is not None:
             print(f"pass '{result.name}': {result.reason}", file=progress)
@@ -135,6 +161,7 @@ def _learn_with(client: Any, store: str, method: str, width: Optional[int], out:
         "store": store,
         "out": out,
         "width": int(net.weights[0].shape[0]),
+        "depth": int(net.depth),
         "input_dim": net.input_dim,
         "samples": run.samples,
         "passes": pass_info,
@@ -143,35 +170,42 @@ def _learn_with(client: Any, store: str, method: str, width: Optional[int], out:
     }
 
 
-def learn(store: str, method: str = "moments", *, width: Optional[int] = None, out: Optional[str] = None,
-          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+def learn(store: str, method: str = "moments", *, width: Optional[int] = None, depth: Optional[int] = None,
+          budget: Optional[int] = None, out: Optional[str] = None, workers: Optional[int] = None,
+          scheduler: Optional[str] = None, client: Any = None,
           progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
     Runs the extra passes the method asks for (stored under ``STORE/passes/``), evaluates
     candidate batches on the cluster, and writes the network to ``out`` (``.npz``).
+    ``width`` is the number of hidden units (``moments``) or the largest hidden width
+    (``filtered-pca``); ``depth`` (hidden layers) and ``budget`` (candidate networks) are
+    options of ``filtered-pca``.
 
     Returns
     -------
     dict
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
+    options = _options(method, width, depth, budget)
     if client == "local":
-        return _learn_with(None, store, method, width, out, progress)
+        return _learn_with(None, store, method, options, out, progress)
     if client is not None:
-        return _learn_with(client, store, method, width, out, progress)
+        return _learn_with(client, store, method, options, out, progress)
     with connect(workers=workers, scheduler=scheduler) as c:
-        return _learn_with(c, store, method, width, out, progress)
+        return _learn_with(c, store, method, options, out, progress)
 
 
 def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
-        out: Optional[str] = None, samples: Optional[int] = None, workers: Optional[int] = None,
-        scheduler: Optional[str] = None, client: Any = None,
-        progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+        depth: Optional[int] = None, budget: Optional[int] = None, out: Optional[str] = None,
+        samples: Optional[int] = None, workers: Optional[int] = None, scheduler: Optional[str] = None,
+        client: Any = None, progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
-    A configuration without a ``statistics`` section gets the method's own choice.
+    A configuration without a ``statistics`` section gets the method's own choice. The
+    options are those of :func:`learn`.
     """
+    options = _options(method, width, depth, budget)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
@@ -181,7 +215,7 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
 
     def run(c: Any) -> dict[str, Any]:
         summary = _estimate(cfg, store, samples=samples, client=c, progress=progress)
-        result = _learn_with(c, store, method, width, out, progress)
+        result = _learn_with(c, store, method, options, out, progress)
         result["estimate"] = summary.to_dict()
         return result
 
@@ -194,13 +228,15 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
 
 
 def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int = 200_000) -> dict[str, Any]:
-    """Relative test error ``E[(y − f̂(x))²] / E[y²]`` on fresh samples, and the
-    symmetry-aware parameter error when the teacher is a one-hidden-layer ReLU network.
+    """Relative test error ``E[(y − f̂(x))²] / E[y²]`` on fresh samples; the largest
+    principal angle between the subspace the teacher depends on (row space of its first
+    layer) and the one the model depends on (:func:`relulearn.network.subspace_angle`); and
+    the symmetry-aware parameter error when both are one-hidden-layer ReLU networks.
 
     ``teacher`` is a run configuration (its source, noise included, with samples from a
     stream the estimation never uses) or a network ``.npz`` (noiseless).
     """
-    from .network import compare
+    from .network import compare, subspace_angle
     from .pipeline.sources import Stream, TeacherSource, draw, make_source
 
     net = model if isinstance(model, Network) else Network.load(model)
@@ -221,7 +257,12 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         "noise_floor": float(source.noise_std**2 / ey2),
         "teacher_width": int(source.network.weights[0].shape[0]),
         "model_width": int(net.weights[0].shape[0]),
+        "teacher_depth": int(source.network.depth),
+        "model_depth": int(net.depth),
     }
+    if source.network.biases is None and source.network.activation == "relu" and net.activation == "relu":
+        # the subspace the teacher depends on against the one the model depends on (π/2: a direction is missing)
+        out["subspace_angle"] = subspace_angle(source.network, net, x[:20_000])
     try:
         cmp = compare(source.network, net)
         out["parameter_error"] = cmp.relative_error

@@ -96,10 +96,19 @@ def build_parser() -> argparse.ArgumentParser:
         w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
 
     def add_learn_options(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--method", default="moments", choices=["moments"],
-                       help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default)")
+        q.add_argument("--method", default="moments", choices=list(api.METHODS),
+                       help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default); "
+                       "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace")
         q.add_argument("--width", type=_positive,
-                       help="hidden units wanted (default: the rank the noise floor supports)")
+                       help="moments: hidden units wanted (default: the rank the noise floor supports); "
+                       "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
+                       "for --depth 1, else twice it, at least 4)")
+        q.add_argument("--depth", type=_positive,
+                       help="filtered-pca: hidden layers of the candidate networks; architectures of depth 1.."
+                       "DEPTH are enumerated (default 1)")
+        q.add_argument("--budget", type=_positive,
+                       help="filtered-pca: largest number of candidate networks the enumeration may fit "
+                       "(default 256); a larger --depth/--width is refused before any work")
         q.add_argument("--out", required=True, help="where to write the learned network (.npz)")
         add_cluster_options(q)
         q.add_argument("--quiet", action="store_true", help="no progress output")
@@ -209,10 +218,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "merge":
             result = api.merge(args.a, args.b, args.out)
         elif args.command == "learn":
-            result = api.learn(args.store, args.method, width=args.width, out=args.out, **_cluster_kwargs(args))
+            result = api.learn(args.store, args.method, width=args.width, depth=args.depth, budget=args.budget,
+                               out=args.out, **_cluster_kwargs(args))
         elif args.command == "fit":
-            result = api.fit(args.config, args.store, args.method, width=args.width, out=args.out,
-                             samples=args.samples, **_cluster_kwargs(args))
+            result = api.fit(args.config, args.store, args.method, width=args.width, depth=args.depth,
+                             budget=args.budget, out=args.out, samples=args.samples, **_cluster_kwargs(args))
         elif args.command == "evaluate":
             result = api.evaluate(args.model, args.teacher, samples=args.samples)
         elif args.command == "demo":

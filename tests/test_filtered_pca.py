@@ -1,0 +1,160 @@
+"""The `filtered-pca` method end to end: filtered PCA, candidate networks on the found
+subspace, residual-filtered passes, lift and polish, through the real LocalCluster."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from relulearn import api, open_store
+from relulearn.config import config_from_dict
+from relulearn.estimators import spectral
+from relulearn.estimators.deepfit import CandidateBudgetError
+from relulearn.estimators.filtered_pca import QUANTILES, FilterGridError
+from relulearn.estimators.moments import MissingStatisticError
+from relulearn.network import Network, compare, subspace_angle
+from relulearn.pipeline.sources import make_source
+
+from conftest import PYTHON, cli_env
+from test_statistics import check_within
+
+
+def vanishing_network(d: int, seed: int = 0) -> tuple[Network, np.ndarray]:
+    """``y = ||z1| − |z2|| − (√2 − 1)(|z1| + |z2|)``, ``z = U x`` (orthonormal rows U).
+
+    A depth-2 ReLU network whose first and second Hermite moments vanish exactly: it is
+    even (so ``T_1 = 0``), and in polar coordinates ``E[||z1|−|z2|| (z1² − 1)] =
+    √(2/π)(√2 − 1)``, which the ``|z1| + |z2|`` term (``T_2 = √(2/π) u uᵀ`` per ``|<u,x>|``)
+    cancels: ``E[y (xxᵀ − I)] = 0``.
+    """
+    rng = np.random.default_rng(seed)
+    u = np.linalg.qr(rng.standard_normal((d, 2)))[0].T
+    w0 = np.vstack([u[0], -u[0], u[1], -u[1]])  # relu(±z1), relu(±z2): |z1| and |z2|
+    w1 = np.array([[1.0, 1, -1, -1], [-1, -1, 1, 1], [1, 1, 1, 1]])  # relu(|z1|−|z2|), relu(|z2|−|z1|), |z1|+|z2|
+    w2 = np.array([[1.0, 1.0, -(math.sqrt(2.0) - 1.0)]])
+    return Network((w0, w1, w2)), u
+
+
+def test_vanishing_moments_network(client, tmp_path):
+    """M_2 = E[y(xxᵀ − I)] is zero (checked against its SE) and its spectrum has nothing
+    above the noise floor, while filtered PCA recovers the 2-dimensional subspace."""
+    d = 20
+    net, u = vanishing_network(d)
+    net.save(tmp_path / "t.npz")
+    cfg = config_from_dict({
+        "seed": 3, "samples": 400_000, "chunk_size": 20_000,
+        "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}},
+        "statistics": {"basic": {}, "contracted": {"orders": [2], "directions": 1},
+                       "filtered": {"quantiles": QUANTILES}},
+        "run": {"commit_interval": 1e9},
+    })
+    url = str(tmp_path / "s.zarr")
+    api.estimate(cfg, url, client=client, progress=None)
+    run = open_store(url)
+    mats, ses, _ = spectral.matrices_from_store(run.arrays("contracted"), orders=[2])
+    check_within("M_2 of the vanishing network", mats[0], ses[0], np.zeros((d, d)))
+    m2 = spectral.relevant_subspace(mats, ses, names=["M_2"])
+    assert m2.rank == 0, m2.message  # the correlational stage finds nothing
+
+    result = api.learn(url, "filtered-pca", depth=2, width=4, out=str(tmp_path / "m.npz"), client=client,
+                       progress=None)
+    step0 = result["report"]["steps"][0]
+    assert step0["pass"] == "filtered" and step0["added"] == 2
+    basis = np.asarray(result["report"]["subspace"]["basis"])
+    # residual passes may add the directions by which the estimated subspace misses V
+    assert basis.shape[0] == d and basis.shape[1] >= 2
+    assert spectral.principal_angles(u.T, basis).max() <= 0.05
+    learned = Network.load(tmp_path / "m.npz")
+    x = np.random.default_rng(1).standard_normal((20_000, d))
+    assert subspace_angle(net, learned, x) <= 0.05
+
+
+def deep_config(d: int, widths: list[int], seed: int, samples: int) -> dict:
+    return {"seed": seed, "samples": samples, "chunk_size": 50_000,
+            "source": {"d": d, "teacher": {"kind": "deep_relu", "widths": widths, "seed": seed}},
+            "run": {"commit_interval": 1e9}}
+
+
+def test_deep_teacher_subspace_and_test_error(client, tmp_path):
+    """A depth-2 teacher (first layer 3 rows, then 6) in d = 30, learned with `fit` from a
+    config without statistics: angle ≤ 0.05 rad, relative test error ≤ 1e-2."""
+    data = deep_config(30, [3, 6], seed=2, samples=2_000_000)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    out = str(tmp_path / "m.npz")
+    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=8,
+                     out=out, client=client, progress=None)
+    assert result["depth"] >= 1
+    ev = api.evaluate(out, tmp_path / "c.yaml", samples=100_000)
+    assert ev["subspace_angle"] <= 0.05, (ev, result["report"]["steps"])
+    assert ev["relative_test_error"] <= 1e-2, (ev, result["report"].get("candidates"))
+
+
+def test_depth_one_agrees_with_moments(client, tmp_path):
+    """A one-hidden-layer teacher learned by `filtered-pca --depth 1` and by `moments` is the
+    same network up to symmetries (both after polish), and equal to the teacher."""
+    d, k = 10, 3
+    data = {"seed": 4, "samples": 600_000, "chunk_size": 25_000,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 4}},
+            "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8},
+                           "filtered": {"quantiles": QUANTILES}},
+            "run": {"commit_interval": 1e9}}
+    url = str(tmp_path / "s.zarr")
+    api.estimate(config_from_dict(data), url, client=client, progress=None)
+    api.learn(url, "moments", width=k, out=str(tmp_path / "a.npz"), client=client, progress=None)
+    r = api.learn(url, "filtered-pca", depth=1, width=k, out=str(tmp_path / "b.npz"), client=client, progress=None)
+    a, b = Network.load(tmp_path / "a.npz"), Network.load(tmp_path / "b.npz")
+    assert compare(a, b).relative_error <= 1e-8, r["report"]
+    assert compare(make_source(config_from_dict(data)).network, b).relative_error <= 1e-8
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _store(tmp_path, statistics: dict, samples: int = 100_000) -> str:
+    data = dict(deep_config(8, [2, 3], seed=1, samples=samples), statistics=statistics, chunk_size=10_000)
+    url = str(tmp_path / "s.zarr")
+    api.estimate(config_from_dict(data), url, client="local", progress=None)
+    return url
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True)
+
+
+def test_no_sample_passes_the_filter(tmp_path):
+    url = _store(tmp_path, {"basic": {}, "filtered": {"thresholds": [1e3, 1e4]}})
+    with pytest.raises(FilterGridError, match=r"no sample passed the filter.*τ = 1000, 1e\+04.*thresholds"):
+        api.learn(url, "filtered-pca", out=str(tmp_path / "m.npz"), client="local", progress=None)
+    out = _cli("learn", url, "--method", "filtered-pca", "--out", str(tmp_path / "m.npz"), "--in-process", "--json")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "lower statistics.filtered.thresholds" in json.loads(out.stdout)["error"].lower()
+    assert not (tmp_path / "m.npz").exists()
+
+
+def test_store_without_filtered_matrices(tmp_path):
+    url = _store(tmp_path, {"basic": {}}, samples=20_000)
+    with pytest.raises(MissingStatisticError, match=r"filtered: \{quantiles: \["):
+        api.learn(url, "filtered-pca", out=str(tmp_path / "m.npz"), client="local", progress=None)
+
+
+def test_candidate_budget_is_checked_before_any_work(tmp_path):
+    url = _store(tmp_path, {"basic": {}, "filtered": {"quantiles": QUANTILES}})
+    with pytest.raises(CandidateBudgetError, match=r"--depth 10 --width 64 gives \d+ candidates .* over the budget of 256"):
+        api.learn(url, "filtered-pca", depth=10, width=64, out=str(tmp_path / "m.npz"), client="local",
+                  progress=None)
+    out = _cli("learn", url, "--method", "filtered-pca", "--depth", "3", "--width", "16", "--budget", "10",
+               "--out", str(tmp_path / "m.npz"), "--in-process")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "raise --budget" in out.stderr
+    assert not (tmp_path / "s.zarr" / "passes").exists()
+
+
+def test_depth_is_refused_for_moments(tmp_path):
+    out = _cli("learn", str(tmp_path / "nowhere.zarr"), "--method", "moments", "--depth", "2",
+               "--out", str(tmp_path / "m.npz"), "--in-process")
+    assert out.returncode == 2 and "--depth applies to --method filtered-pca only" in out.stderr
