@@ -158,3 +158,20 @@ def test_depth_is_refused_for_moments(tmp_path):
     out = _cli("learn", str(tmp_path / "nowhere.zarr"), "--method", "moments", "--depth", "2",
                "--out", str(tmp_path / "m.npz"), "--in-process")
     assert out.returncode == 2 and "--depth applies to --method filtered-pca only" in out.stderr
+
+
+def test_fit_cli_json(tmp_path):
+    """`relulearn fit CONFIG --method filtered-pca --depth 1 --json` from a config without a
+    statistics section: the method's statistics, the JSON report, an exact network."""
+    data = {"seed": 2, "samples": 300_000, "chunk_size": 25_000,
+            "source": {"d": 8, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 2}}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    out = _cli("fit", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--method", "filtered-pca",
+               "--depth", "1", "--width", "2", "--out", str(tmp_path / "m.npz"), "--in-process", "--quiet", "--json")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["method"] == "filtered-pca" and res["depth"] == 1 and res["width"] == 2
+    assert res["report"]["steps"][0]["pass"] == "filtered" and res["report"]["subspace"]["rank"] >= 2
+    assert open_store(str(tmp_path / "s.zarr")).statistics == ["basic", "filtered"]
+    ev = json.loads(_cli("evaluate", str(tmp_path / "m.npz"), "--teacher", str(tmp_path / "c.yaml"), "--json").stdout)
+    assert ev["parameter_error"] <= 1e-8 and ev["subspace_angle"] <= 1e-8

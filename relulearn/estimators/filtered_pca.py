@@ -33,7 +33,7 @@ import numpy as np
 from ..network import Network
 from . import deepfit, enumeration, spectral
 from .moments import LearnResult, MissingStatisticError, PassRequest, Samples
-from .polish import polish
+from .polish import polish_and_select
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",
            "required_statistics", "learn", "MAX_PASSES", "QUANTILES"]
@@ -155,10 +155,6 @@ def _stored_candidate(arrays: Arrays, c: int = 0) -> Network:
     return Network(tuple(layers), activation="relu")
 
 
-def _relative_loss(net: Network, x: np.ndarray, y: np.ndarray) -> float:
-    return float(np.mean((y - net.forward(x)[:, 0]) ** 2) / (np.mean(y**2) or 1.0))
-
-
 def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
           samples: Callable[[int, int], Samples], *, width: Optional[int] = None, depth: Optional[int] = None,
           mapper: Callable = map, seed: int = 0, budget: int = 256, starts: int = 6,
@@ -251,11 +247,9 @@ def _fit(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, 
         if a.size == 0:
             a, lam = np.zeros((1, z.shape[1])), np.zeros(1)
         net = Network((a, lam[None, :]), activation="relu")
-        y2, y2v = float(np.mean(y**2)) or 1.0, float(np.mean(y_val**2)) or 1.0
         return [deepfit.Candidate(widths=(a.shape[0],), start=0, network=net,
-                                  train_loss=float(np.mean((y - net.forward(z)[:, 0]) ** 2) / y2),
-                                  val_loss=float(np.mean((y_val - net.forward(z_val)[:, 0]) ** 2) / y2v),
-                                  iterations=0)]
+                                  train_loss=deepfit.relative_loss(net, z, y),
+                                  val_loss=deepfit.relative_loss(net, z_val, y_val), iterations=0)]
     return deepfit.fit_candidates(z, y, z_val, y_val, depth=depth, width=width, starts=starts, budget=budget,
                                   mapper=mapper, seed=seed)
 
@@ -263,18 +257,12 @@ def _fit(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, 
 def _finish(net_z: Network, basis: np.ndarray, depth: int, smp: Samples, report: dict) -> LearnResult:
     """Lift to the input space; polish when there is one hidden layer; keep the better."""
     lifted = deepfit.lift(net_z, basis)
-    candidates = {"enumeration": lifted}
     if lifted.depth == 1:
-        try:
-            polished, prep = polish(lifted, smp.x_train, smp.y_train)
-            candidates["polish"] = polished
-            report["polish"] = prep.__dict__
-        except (ValueError, np.linalg.LinAlgError) as err:
-            report["polish"] = {"error": str(err)}
-    losses = {k: _relative_loss(n, smp.x_val, smp.y_val) for k, n in candidates.items()}
-    best = min(losses, key=losses.get)
-    report["validation_relative_loss"] = losses
-    report["chosen"] = best
+        _, net = polish_and_select(lifted, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
+    else:
+        net = lifted
+        report["validation_relative_loss"] = {"enumeration": deepfit.relative_loss(net, smp.x_val, smp.y_val)}
+        report["chosen"] = "enumeration"
     report["subspace"] = {"rank": int(basis.shape[1]), "basis": basis.tolist()}
-    report["architecture"] = [int(w.shape[0]) for w in candidates[best].weights[:-1]]
-    return LearnResult(candidates[best], report)
+    report["architecture"] = [int(w.shape[0]) for w in net.weights[:-1]]
+    return LearnResult(net, report)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..network import Network
 from . import enumeration, spectral
-from .polish import polish
+from .polish import polish_and_select
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
@@ -137,26 +137,15 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     report["enumeration"] = enum.to_dict()
     a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
     start = Network((a @ basis.T, lam[None, :]), activation="relu")
-    candidates = {"enumeration": start}
-    try:
-        polished, prep = polish(start, smp.x_train, smp.y_train)
-        candidates["polish"] = polished
-        report["polish"] = prep.__dict__
-    except (ValueError, np.linalg.LinAlgError) as err:
-        report["polish"] = {"error": str(err)}
-    y2 = float(np.mean(smp.y_val**2)) or 1.0
-    losses = {k: float(np.mean((smp.y_val - n.forward(smp.x_val)[:, 0]) ** 2) / y2) for k, n in candidates.items()}
-    best = min(losses, key=losses.get)
-    report["validation_relative_loss"] = losses
-    report["chosen"] = best
+    best, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
     # units that could not be told apart at this sample count, each with the final unit it went into
     report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],
                                "angle_to_into": float(g["angle_to_into"])} for g in enum.merged]
-    found = int(np.count_nonzero(candidates[best].weights[1]))
+    found = int(np.count_nonzero(net.weights[1]))
     report["width_requested"], report["width_found"] = wanted, found
     if found < wanted:
         report["unresolved"] = (
             f"{wanted} units were requested but the samples support {found} distinct units: units closer than "
             "the resolution at this sample count were merged into one (more samples separate them)"
         )
-    return LearnResult(candidates[best], report)
+    return LearnResult(net, report)

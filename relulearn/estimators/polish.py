@@ -117,3 +117,25 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
     res, dirs, w = best
     out = Network((dirs, (sign * np.linalg.norm(w, axis=1))[None, :]), activation="relu")
     return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop)
+
+
+def polish_and_select(start: Network, x: np.ndarray, y: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
+                      report: dict) -> tuple[str, Network]:
+    """``start`` and its :func:`polish`, whichever has the lower held-out relative loss.
+
+    Records in ``report``: ``polish`` (its :class:`PolishReport`, or the error that stopped
+    it), ``validation_relative_loss`` of each and ``chosen`` (``"enumeration"`` or ``"polish"``).
+    """
+    candidates = {"enumeration": start}
+    try:
+        polished, prep = polish(start, x, y)
+        candidates["polish"] = polished
+        report["polish"] = prep.__dict__
+    except (ValueError, np.linalg.LinAlgError) as err:
+        report["polish"] = {"error": str(err)}
+    y2 = float(np.mean(y_val**2)) or 1.0
+    losses = {k: float(np.mean((y_val - n.forward(x_val)[:, 0]) ** 2) / y2) for k, n in candidates.items()}
+    best = min(losses, key=losses.get)
+    report["validation_relative_loss"] = losses
+    report["chosen"] = best
+    return best, candidates[best]
