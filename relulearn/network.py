@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["Network", "NetworkFileError", "ACTIVATIONS", "compare", "input_gradients", "relevant_subspace", "subspace_angle"]
+__all__ = ["Network", "NetworkFileError", "ACTIVATIONS", "compare", "input_gradients", "gradient_subspace", "subspace_angle"]
 
 
 def _relu(h: np.ndarray) -> np.ndarray:
@@ -265,7 +265,7 @@ def input_gradients(net: Network, x: np.ndarray, output: int = 0) -> np.ndarray:
     return g
 
 
-def relevant_subspace(net: Network, x: np.ndarray, rank: int, output: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def gradient_subspace(net: Network, x: np.ndarray, rank: int, output: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The ``rank``-dimensional subspace a network's output depends on most, from samples.
 
     The top eigenvectors of the average gradient outer product ``E[∇f ∇fᵀ]`` over the rows
@@ -282,7 +282,7 @@ def relevant_subspace(net: Network, x: np.ndarray, rank: int, output: int = 0) -
 def subspace_angle(reference: Network, learned: Network, x: np.ndarray, *, rtol: float = 1e-9) -> float:
     """Largest principal angle (radians) between the subspace ``reference`` depends on (the
     row space of its first layer, of rank ``k``) and the top-``k`` subspace of ``learned``
-    (:func:`relevant_subspace` on the samples ``x``).
+    (:func:`gradient_subspace` on the samples ``x``).
 
     ``π/2`` when the learned network depends on fewer than ``k`` directions.
     """
@@ -292,7 +292,7 @@ def subspace_angle(reference: Network, learned: Network, x: np.ndarray, *, rtol:
     a = vt[s > rtol * s[0]].T
     if a.shape[0] != learned.input_dim:
         raise ValueError(f"input dimensions differ: {a.shape[0]} vs {learned.input_dim}")
-    b, eig = relevant_subspace(learned, x, a.shape[1])
+    b, eig = gradient_subspace(learned, x, a.shape[1])
     if eig[a.shape[1] - 1] <= rtol * max(eig[0], 1e-300):
         return float(np.pi / 2)
     return float(np.max(subspace_angles(a, b)))

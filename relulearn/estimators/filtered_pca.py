@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..network import Network
+from ..network import Network, gradient_subspace
 from . import deepfit, enumeration, spectral
 from .moments import LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
@@ -263,6 +263,10 @@ def _finish(net_z: Network, basis: np.ndarray, depth: int, smp: Samples, report:
         net = lifted
         report["validation_relative_loss"] = {"enumeration": deepfit.relative_loss(net, smp.x_val, smp.y_val)}
         report["chosen"] = "enumeration"
-    report["subspace"] = {"rank": int(basis.shape[1]), "basis": basis.tolist()}
+    # how strongly the fitted network uses each direction of the found subspace: residual passes
+    # also add the directions by which the estimate missed V, so the rank can exceed dim V
+    _, eig = gradient_subspace(net_z, smp.x_val[:20_000] @ basis, basis.shape[1])
+    report["subspace"] = {"rank": int(basis.shape[1]), "basis": basis.tolist(),
+                          "gradient_spectrum": (eig / max(eig[0], 1e-300)).tolist()}
     report["architecture"] = [int(w.shape[0]) for w in net.weights[:-1]]
     return LearnResult(net, report)
