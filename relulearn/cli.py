@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="test error of a network against a teacher",
                        description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "
-                       "used for estimation), and for one-hidden-layer ReLU teachers the parameter error up to "
+                       "used for estimation), the angle between the subspace the teacher depends on and the one the "
+                       "model depends on, and for one-hidden-layer ReLU networks the parameter error up to "
                        "permutation and positive rescaling of hidden units.")
     p.add_argument("model", help="network file (.npz)")
     p.add_argument("--teacher", required=True, help="a run configuration (its source, noise included) or a network .npz")
