@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -43,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from learn_one_hidden import machine_info, utc_now  # noqa: E402
-from throughput import _json_default  # noqa: E402
+from _common import save_json, utc_now  # noqa: E402
+from learn_one_hidden import machine_info  # noqa: E402
 
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
@@ -146,11 +145,6 @@ def run_mlp(source: Any, widths: list[int], n: int, x_test: np.ndarray, y_test: 
     except Exception as err:
         rec.update(status="error", error=f"{type(err).__name__}: {err}")
     return rec
-
-
-def save(result: dict[str, Any], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -290,13 +284,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                         log(f"    MLP ({m['passes']} passes, {m['train_seconds']:.0f} s): angle {m['angle']:.3g} "
                             f"test {m['relative_test_error']:.3g}")
                     series["points"].append(point)
-                    save(result, args.out)  # after every point: a cut-short run keeps what it measured
+                    save_json(result, args.out)  # after every point: a cut-short run keeps what it measured
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     result["finished"] = utc_now()
     result["total_seconds"] = time.perf_counter() - t_start
-    result["machine"]["load_average_at_end"] = list(os.getloadavg())
-    save(result, args.out)
+    save_json(result, args.out)
     plot(result, args.out.with_suffix(".png"))
     print()
     print(table(result))

@@ -40,8 +40,6 @@ next to it.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
 import platform
 import shutil
@@ -65,7 +63,7 @@ from relulearn.estimators import spectral  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from throughput import _json_default  # noqa: E402  (one JSON encoder for the benchmark scripts)
+from _common import save_json, utc_now  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
 
@@ -75,10 +73,6 @@ RUN_SEED = 5
 MLP_SEED = 0
 CHUNK = 50_000
 TEST_SAMPLES = 100_000
-
-
-def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
 def machine_info() -> dict[str, Any]:
@@ -128,7 +122,7 @@ def run_relulearn(cfg_dict: dict, store: str, workdir: Path, client: Any, teache
     """One fit + evaluate; returns the point's record (never raises)."""
     d, k, n = cfg_dict["source"]["d"], cfg_dict["source"]["teacher"]["width"], cfg_dict["samples"]
     rec: dict[str, Any] = {"samples": n}
-    shutil.rmtree(os.path.join(store, "passes"), ignore_errors=True)  # recomputed for this count
+    shutil.rmtree(os.path.join(store, "passes"), ignore_errors=True)  # passes of smaller counts: only disk
     cfg_path = workdir / f"cfg_d{d}_k{k}_s{cfg_dict['source']['noise_std']}_n{n}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg_dict))
     model = str(workdir / f"model_d{d}_k{k}_n{n}.npz")
@@ -446,9 +440,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     result["finished"] = utc_now()
     result["total_seconds"] = time.perf_counter() - t_start
-    result["machine"]["load_average_at_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    save_json(result, args.out)
     png = args.out.with_suffix(".png")
     plot(result, png)
     print()

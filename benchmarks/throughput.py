@@ -45,7 +45,6 @@ smoke run; results go to ``benchmarks/results/throughput.json``.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
 import os
@@ -67,6 +66,9 @@ if str(ROOT) not in sys.path:  # run from a source tree without installing
     sys.path.insert(0, str(ROOT))
 
 from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import save_json, utc_now  # noqa: E402
 
 from relulearn.config import (  # noqa: E402
     ContractedConfig,
@@ -96,11 +98,6 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput.json"
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def utc_now() -> str:
-    """The current UTC time, ISO 8601, to the second."""
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
 def interleaved(fns: dict[str, Callable[[int], Any]], *, min_reps: int, max_reps: int,
@@ -702,15 +699,6 @@ def bench_memory(sizes: list[int], *, d: int, chunk_size: int, budget: float,
 # ---------------------------------------------------------------------- main
 
 
-def _json_default(obj: Any) -> Any:
-    """JSON for numpy scalars and arrays."""
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    raise TypeError(f"cannot serialize {type(obj).__name__}")
-
-
 def summary_table(result: dict[str, Any]) -> str:
     """Markdown tables of the headline figures (for the README)."""
     lines = []
@@ -847,9 +835,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     result["finished"] = utc_now()
     result["section_seconds"] = sections
     result["total_seconds"] = time.perf_counter() - t_start
-    result["machine"]["load_average_at_end"] = list(os.getloadavg())
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1, default=_json_default) + "\n")
+    save_json(result, args.out)
     print()
     print(summary_table(result))
     print()

@@ -1,0 +1,32 @@
+"""What the benchmark scripts share: timestamps and writing results as JSON."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601, to the second."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+def json_default(obj: Any) -> Any:
+    """JSON for numpy scalars and arrays."""
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    raise TypeError(f"cannot serialize {type(obj).__name__}")
+
+
+def save_json(result: dict[str, Any], path: Path) -> None:
+    """Write a benchmark's result (creating its folder), with the load average at this moment."""
+    result.setdefault("machine", {})["load_average_at_end"] = list(os.getloadavg())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=json_default) + "\n")
