@@ -84,20 +84,16 @@ def _method(name: str):
     raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
 
 
-def _options(method: str, width: Optional[int], depth: Optional[int], budget: Optional[int]) -> dict[str, Any]:
-    """The method's keyword options; options a method does not have are refused by name."""
-    opts: dict[str, Any] = {"width": width}
-    if method == "filtered-pca":
-        if depth is not None:
-            opts["depth"] = depth
-        if budget is not None:
-            opts["budget"] = budget
-        return opts
-    extra = [f"--{k}" for k, v in (("depth", depth), ("budget", budget)) if v is not None]
+def _options(method: str, **given: Any) -> dict[str, Any]:
+    """The method's keyword options (``width`` always); options a method does not declare in
+    its ``OPTIONS`` are refused by name."""
+    allowed = getattr(_method(method), "OPTIONS", ("width",))
+    extra = [f"--{k}" for k, v in given.items() if v is not None and k not in allowed]
     if extra:
         verb = "applies" if len(extra) == 1 else "apply"
-        raise ValueError(f"{' and '.join(extra)} {verb} to --method filtered-pca only, not to {method}")
-    return opts
+        users = [m for m in METHODS if all(k[2:] in getattr(_method(m), "OPTIONS", ()) for k in extra)]
+        raise ValueError(f"{' and '.join(extra)} {verb} to --method {' or '.join(users)} only, not to {method}")
+    return {k: v for k, v in given.items() if k == "width" or v is not None}
 
 
 def _mapper(client: Any) -> Callable:
@@ -187,7 +183,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     dict
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
-    options = _options(method, width, depth, budget)
+    options = _options(method, width=width, depth=depth, budget=budget)
     if client == "local":
         return _learn_with(None, store, method, options, out, progress)
     if client is not None:
@@ -205,7 +201,7 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     A configuration without a ``statistics`` section gets the method's own choice. The
     options are those of :func:`learn`.
     """
-    options = _options(method, width, depth, budget)
+    options = _options(method, width=width, depth=depth, budget=budget)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict

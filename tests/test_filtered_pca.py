@@ -88,7 +88,9 @@ def test_deep_teacher_subspace_and_test_error(client, tmp_path):
     out = str(tmp_path / "m.npz")
     result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=8,
                      out=out, client=client, progress=None)
-    assert result["depth"] >= 1
+    # the candidates of depth 1 and 2 were enumerated; the chosen one is the network written out
+    assert result["report"]["depth"] == 2 and 1 <= result["depth"] <= 2
+    assert result["report"]["architecture"] == [int(w.shape[0]) for w in Network.load(out).weights[:-1]]
     ev = api.evaluate(out, tmp_path / "c.yaml", samples=100_000)
     assert ev["subspace_angle"] <= 0.05, (ev, result["report"]["steps"])
     assert ev["relative_test_error"] <= 1e-2, (ev, result["report"].get("candidates"))

@@ -35,11 +35,13 @@ from . import deepfit, enumeration, spectral
 from .moments import LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
 
-__all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",
+__all__ = ["OPTIONS", "MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",
            "required_statistics", "learn", "MAX_PASSES", "QUANTILES"]
 
 Arrays = Mapping[str, np.ndarray]
 
+#: keyword options of :func:`learn` that ``relulearn learn`` passes through
+OPTIONS = ("width", "depth", "budget")
 #: the τ grid of the first pass and of every residual pass, as quantiles of |y| (|residual|)
 QUANTILES = [0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97]
 #: residual passes asked for at most (each adds at least one direction, so also ≤ k)

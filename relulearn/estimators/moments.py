@@ -28,6 +28,9 @@ __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "re
 
 Arrays = Mapping[str, np.ndarray]
 
+#: keyword options of :func:`learn` that ``relulearn learn`` passes through
+OPTIONS = ("width",)
+
 
 class MissingStatisticError(ValueError):
     """A store lacks a statistic the method needs; the message gives the config lines."""

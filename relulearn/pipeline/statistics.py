@@ -259,6 +259,17 @@ class ContractedMoments(Statistic):
 # --------------------------------------------------------------------- filtered
 
 
+def _pilot_scores(source: Source, seed: int, n: int, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+                  ) -> np.ndarray:
+    """``score(x, y)`` (shape (..., rows)) over the pilot pass, concatenated along rows."""
+    parts, row = [], 0
+    for x, y in pilot_batches(source, seed, n):
+        check_finite(x, y, None, row)
+        parts.append(score(x, y))
+        row += len(y)
+    return np.concatenate(parts, axis=-1)
+
+
 def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """The τ grid: given thresholds, or quantiles of |y| over a pilot pass.
 
@@ -266,14 +277,26 @@ def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.n
     """
     if cfg.thresholds is not None:
         return np.asarray(cfg.thresholds, dtype=np.float64), None
-    parts, row = [], 0
-    for x, y in pilot_batches(source, seed, cfg.pilot_samples):
-        check_finite(x, y, None, row)
-        parts.append(np.abs(y))
-        row += len(y)
-    absy = np.concatenate(parts)
     q = np.asarray(cfg.quantiles, dtype=np.float64)
-    return np.quantile(absy, q), q
+    return np.quantile(_pilot_scores(source, seed, cfg.pilot_samples, lambda x, y: np.abs(y)), q), q
+
+
+def _binned_gram(xx: np.ndarray, count: np.ndarray, x: np.ndarray, score: np.ndarray, tau: np.ndarray) -> None:
+    """Add ``x_bᵀ x_b`` and the row count of each bin ``tau[b] < score <= tau[b+1]`` to ``xx[b]``,
+    ``count[b]`` in place (rows at or below ``tau[0]`` are dropped): one d² product per row."""
+    b = np.searchsorted(tau, score, side="left") - 1
+    counts = np.bincount(b + 1, minlength=len(tau) + 1)[1:]
+    count += counts
+    for k in np.flatnonzero(counts):
+        # one gather per bin, rows in sample order (the bits of the syrk depend on it);
+        # no argsort and no second copy of the kept rows
+        seg = x.take(np.flatnonzero(b == k), axis=0)
+        xx[k] += seg.T @ seg
+
+
+def _suffix(a: np.ndarray, axis: int) -> np.ndarray:
+    """Sums over bins ``b' >= b`` (the samples past threshold ``b``) along ``axis``."""
+    return np.flip(np.cumsum(np.flip(a, axis), axis=axis), axis)
 
 
 class FilteredMoments(Statistic):
@@ -306,23 +329,11 @@ class FilteredMoments(Statistic):
         return out
 
     def update(self, acc, x, y):
-        # bin b holds tau[b] < |y| <= tau[b+1]; samples at or below tau[0] are dropped
-        b = np.searchsorted(self.tau, np.abs(y), side="left") - 1
-        counts = np.bincount(b + 1, minlength=len(self.tau) + 1)[1:]
-        if not counts.any():
-            return
-        acc["bin_count"] += counts
-        for k in np.flatnonzero(counts):
-            # one gather per bin, rows in sample order (the bits of the syrk depend on it);
-            # no argsort and no second copy of the kept rows
-            seg = x.take(np.flatnonzero(b == k), axis=0)
-            acc["bin_xx"][k] += seg.T @ seg
+        _binned_gram(acc["bin_xx"], acc["bin_count"], x, np.abs(y), self.tau)
 
     def terms(self, acc):
-        count = np.cumsum(acc["bin_count"][::-1])[::-1]
-        xx = np.cumsum(acc["bin_xx"][::-1], axis=0)[::-1]
-        eye = np.eye(self.d)
-        return {"M": xx - count[:, None, None] * eye, "prob": count}
+        count, xx = _suffix(acc["bin_count"], 0), _suffix(acc["bin_xx"], 0)
+        return {"M": xx - count[:, None, None] * np.eye(self.d), "prob": count}
 
     def config(self):
         return {"tau": self.tau.tolist()}
@@ -368,14 +379,13 @@ def residual_grid(cfg: ResidualConfig, source: Source, seed: int, basis: np.ndar
     if cfg.thresholds is not None:
         tau = np.asarray(cfg.thresholds, dtype=np.float64)
         return np.tile(tau, (len(candidates), 1)), None
-    res, row = [], 0
-    for x, y in pilot_batches(source, seed, cfg.pilot_samples):
-        check_finite(x, y, None, row)
+
+    def scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         z = x @ basis.T
-        res.append(np.stack([np.abs(y - net.forward(z)[:, 0]) for net in candidates]))
-        row += len(y)
+        return np.stack([np.abs(y - net.forward(z)[:, 0]) for net in candidates])
+
     q = np.asarray(cfg.quantiles, dtype=np.float64)
-    return np.quantile(np.concatenate(res, axis=1), q, axis=1).T.copy(), q
+    return np.quantile(_pilot_scores(source, seed, cfg.pilot_samples, scores), q, axis=1).T.copy(), q
 
 
 class ResidualFilteredMoments(Statistic):
@@ -426,17 +436,10 @@ class ResidualFilteredMoments(Statistic):
         z = x @ self.basis.T
         xp = x - z @ self.basis
         for c, net in enumerate(self.candidates):
-            tau = self.tau[c]
-            b = np.searchsorted(tau, np.abs(y - net.forward(z)[:, 0]), side="left") - 1
-            counts = np.bincount(b + 1, minlength=len(tau) + 1)[1:]
-            acc["bin_count"][c] += counts
-            for k in np.flatnonzero(counts):
-                seg = xp.take(np.flatnonzero(b == k), axis=0)
-                acc["bin_xx"][c, k] += seg.T @ seg
+            _binned_gram(acc["bin_xx"][c], acc["bin_count"][c], xp, np.abs(y - net.forward(z)[:, 0]), self.tau[c])
 
     def terms(self, acc):
-        count = np.cumsum(acc["bin_count"][:, ::-1], axis=1)[:, ::-1]
-        xx = np.cumsum(acc["bin_xx"][:, ::-1], axis=1)[:, ::-1]
+        count, xx = _suffix(acc["bin_count"], 1), _suffix(acc["bin_xx"], 1)
         off = np.eye(self.d) - self.basis.T @ self.basis
         return {"M": xx - count[:, :, None, None] * off, "prob": count}
 
