@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, TextIO
 
 import numpy as np
 
+from .aligned import fresh, fresh_map
 from .config import RunConfig, load_config
 from .network import Network
 from .pipeline.cluster import connect
@@ -97,12 +98,20 @@ def _options(method: str, **given: Any) -> dict[str, Any]:
 
 
 def _mapper(client: Any) -> Callable:
-    """The cluster's map for candidate batches (results in input order), or the builtin map."""
+    """The cluster's map for candidate batches (results in input order), or the builtin map.
+
+    Either way each item is computed on fresh aligned copies and each result is copied
+    again where it arrives (:mod:`relulearn.aligned`), so that the learned network does not
+    depend on where a batch ran or how its bytes travelled.
+    """
     if client is None:
-        return map
+        def local_map(fn: Callable, items: Any) -> list:
+            return [fresh(r) for r in map(fresh_map(fn), items)]
+
+        return local_map
 
     def cluster_map(fn: Callable, items: Any) -> list:
-        return client.gather(client.map(fn, list(items), pure=False))
+        return [fresh(r) for r in client.gather(client.map(fresh_map(fn), list(items), pure=False))]
 
     return cluster_map
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from typing import Any, Optional, Sequence
 
 from . import api
 from .config import ConfigError
 from .network import NetworkFileError
+from .pipeline.cluster import ClusterLostError
 from .pipeline.sources import SourceDataError
 from .storage import StoreError
 
@@ -235,6 +237,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return 0
         else:  # pragma: no cover - argparse rejects unknown commands
             parser.error(f"unknown command {args.command}")
+    except ClusterLostError as err:
+        resume = "relulearn " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+        msg = (f"{err}. Start the scheduler and workers again (or drop --scheduler for a local cluster) and run "
+               f"the same command to resume: {resume}")
+        if getattr(args, "json", False):
+            print(json.dumps({"error": msg, "kind": type(err).__name__}))
+        print(f"relulearn: error: {msg}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except (ConfigError, StoreError, NetworkFileError, SourceDataError, OSError, ValueError) as err:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(err), "kind": type(err).__name__}))

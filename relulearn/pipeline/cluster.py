@@ -1,12 +1,62 @@
-"""Where the accumulation runs: a local cluster by default, or an existing scheduler."""
+"""Where the accumulation runs: a local cluster by default, or an existing scheduler (DESIGN.md §9).
+
+Whatever the cluster, :func:`prepare` runs before any block: it checks that every worker
+imports the same relulearn version as the driver (naming the worker and both versions
+when not), and registers :class:`~relulearn.pipeline.worker.WorkerSetup` so that workers
+started by hand get the same treatment as the local cluster's.
+
+Dask settings chosen on purpose (:data:`DASK_SETTINGS`, applied to the driver's client
+and to a local cluster's scheduler; an external scheduler reads its own configuration,
+``deploy/README.md`` shows how to give it the same values):
+
+``distributed.scheduler.allowed-failures: 5``
+    A block whose worker dies is recomputed elsewhere (its result does not depend on the
+    worker); after 5 deaths while running the same block the block is reported as failed
+    (``KilledWorker``), which usually means it exhausts a worker's memory.
+``distributed.comm.timeouts.connect: 20s``
+    One connection attempt between processes. The driver keeps trying to reach an
+    external scheduler for ``RELULEARN_CONNECT_TIMEOUT`` seconds (default 20) and waits
+    ``RELULEARN_WAIT_FOR_WORKERS`` seconds (default 60) for a first worker. A scheduler
+    lost during a run ends it at once: merged blocks are committed and the command exits
+    with code 2, saying how to resume.
+``distributed.comm.timeouts.tcp: 60s``
+    An unresponsive peer (a stopped VM, a partition) is declared dead after a minute; a
+    killed process is noticed at once by its closed socket.
+Tasks are submitted with ``retries=0``: a block is a deterministic function of its chunk
+ids, so an exception raised inside it would be raised again; only lost workers are
+retried, by the scheduler.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
-__all__ = ["connect", "default_workers"]
+__all__ = ["ClusterError", "ClusterLostError", "DASK_SETTINGS", "connect", "default_workers", "prepare", "WORKER_COMMAND"]
+
+DASK_SETTINGS: dict[str, Any] = {
+    "distributed.scheduler.allowed-failures": 5,
+    "distributed.comm.timeouts.connect": "20s",
+    "distributed.comm.timeouts.tcp": "60s",
+}
+
+#: how a worker for relulearn is started by hand (the deploy/ recipes use the same)
+WORKER_COMMAND = "dask worker {address} --nworkers auto --nthreads 1 --preload relulearn.pipeline.worker"
+
+#: seconds to wait for a first worker on an external scheduler
+WAIT_FOR_WORKERS = float(os.environ.get("RELULEARN_WAIT_FOR_WORKERS", "60"))
+#: seconds to keep trying to reach an external scheduler (and to reconnect to it)
+CONNECT_TIMEOUT = float(os.environ.get("RELULEARN_CONNECT_TIMEOUT", "20"))
+
+
+class ClusterError(ConnectionError):
+    """The cluster cannot run the work: unreachable, no workers, mismatched workers, or lost midway."""
+
+
+class ClusterLostError(ClusterError):
+    """The scheduler went away (or its workers kept dying) during a run; merged blocks are committed
+    and the same command resumes the run once a cluster is back."""
 
 
 def default_workers() -> int:
@@ -17,11 +67,23 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _scheduler_kwargs(scheduler: str) -> dict[str, str]:
+    """``scheduler_file`` for an existing file, ``address`` for a URL or host:port."""
+    if os.path.isfile(scheduler):
+        return {"scheduler_file": scheduler}
+    if "://" in scheduler or (":" in scheduler and "/" not in scheduler):
+        return {"address": scheduler}
+    raise ClusterError(
+        f"--scheduler {scheduler}: no such scheduler file, and not an address; give the address of a running "
+        "scheduler (tcp://host:8786) or the file written by `dask scheduler --scheduler-file FILE`"
+    )
+
+
 @contextlib.contextmanager
 def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
             threads_per_worker: int = 1, memory_limit: str = "auto",
             dashboard_address: str = ":0") -> Iterator["distributed.Client"]:  # noqa: F821
-    """A ``distributed.Client``: on an existing scheduler, or on a new ``LocalCluster``.
+    """A prepared ``distributed.Client``: on an existing scheduler, or on a new ``LocalCluster``.
 
     Parameters
     ----------
@@ -33,30 +95,102 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
     threads_per_worker
         Threads of each local worker. One thread per process keeps BLAS single-threaded
         per task, which is both the fastest and the reproducible choice.
+
+    Raises
+    ------
+    ClusterError
+        For an unreachable scheduler, one without workers after ``WAIT_FOR_WORKERS``
+        seconds, or workers without relulearn or with another version of it.
     """
+    import dask
     from distributed import Client, LocalCluster
 
     if scheduler is not None:
-        kwargs = {"scheduler_file": scheduler} if os.path.isfile(scheduler) else {"address": scheduler}
-        try:
-            client = Client(timeout="20s", **kwargs)
-        except (OSError, TimeoutError) as err:
-            raise ConnectionError(
-                f"cannot reach the Dask scheduler at {scheduler}: {err}; check the address "
-                "(e.g. tcp://host:8786) or run without --scheduler to start a local cluster"
-            ) from None
-        try:
-            yield client
-        finally:
-            client.close()
+        kwargs = _scheduler_kwargs(scheduler)
+        with dask.config.set(DASK_SETTINGS):
+            try:
+                client = Client(timeout=CONNECT_TIMEOUT, **kwargs)
+            except (OSError, TimeoutError) as err:
+                raise ClusterError(
+                    f"cannot reach the Dask scheduler at {scheduler}: {err}; check the address "
+                    "(e.g. tcp://host:8786) or the scheduler file, or run without --scheduler to start a "
+                    "local cluster"
+                ) from None
+            try:
+                _wait_for_workers(client, scheduler)
+                prepare(client)
+                yield client
+            finally:
+                _close(client)
         return
-    import dask
 
     n = workers or default_workers()
     # distributed sets MALLOC_TRIM_THRESHOLD_ in its workers' environment; any glibc malloc
     # variable disables the adaptive mmap threshold, so every few-MB batch array is mapped
     # and page-faulted afresh (measured: +30% wall time per block). Leave glibc adaptive.
-    with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}), LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=True,
-                      memory_limit=memory_limit, dashboard_address=dashboard_address,
-                      silence_logs=40) as cluster, Client(cluster) as client:
+    settings = dict(DASK_SETTINGS, **{"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
+    with dask.config.set(settings), LocalCluster(
+        n_workers=n, threads_per_worker=threads_per_worker, processes=True, memory_limit=memory_limit,
+        dashboard_address=dashboard_address, silence_logs=40,
+    ) as cluster, Client(cluster) as client:
+        prepare(client)
         yield client
+
+
+def _close(client: Any) -> None:
+    """Close the client; after a lost scheduler, without distributed's reconnect-loop traceback
+    (the run has already said what happened and how to resume)."""
+    import logging
+
+    lost = client.status not in ("running", "newly-created")
+    log = logging.getLogger("distributed.client")
+    level = log.level
+    if lost:
+        log.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.suppress(Exception):
+            client.close(timeout=5)
+    finally:
+        log.setLevel(level)
+
+
+def _wait_for_workers(client: Any, scheduler: str) -> None:
+    try:
+        client.wait_for_workers(1, timeout=WAIT_FOR_WORKERS)
+    except TimeoutError:
+        raise ClusterError(
+            f"the Dask scheduler at {scheduler} has no workers after {WAIT_FOR_WORKERS:.0f} s; start them with "
+            f"`{WORKER_COMMAND.format(address=scheduler)}` (RELULEARN_WAIT_FOR_WORKERS sets how long to wait)"
+        ) from None
+
+
+def prepare(client: Any) -> dict[str, dict]:
+    """Check every worker and set it up; return what each worker reported.
+
+    Runs a probe on every worker (shipped by value, so it also runs where relulearn is
+    missing), refuses workers that cannot import relulearn or have another version than
+    this driver, then registers the worker setup plugin (one BLAS thread, adaptive malloc).
+    """
+    import relulearn
+
+    from .worker import WorkerSetup, make_probe
+
+    infos = client.run(make_probe(), on_error="return")
+    problems = []
+    for addr, info in sorted(infos.items()):
+        if isinstance(info, BaseException):
+            problems.append(f"worker {addr} could not run the version probe ({type(info).__name__}: {info})")
+        elif info.get("relulearn") is None:
+            problems.append(f"worker {addr} cannot import relulearn ({info.get('relulearn_error')}; "
+                            f"python {info.get('executable')})")
+        elif info["relulearn"] != relulearn.__version__:
+            problems.append(f"worker {addr} has relulearn {info['relulearn']} (at {info.get('relulearn_path')}) "
+                            f"but this driver has relulearn {relulearn.__version__}")
+    if problems:
+        raise ClusterError(
+            "the cluster's workers cannot run this relulearn: " + "; ".join(problems)
+            + ". Install the driver's version on every worker (pip install relulearn=="
+            f"{relulearn.__version__}, or the same source tree) and restart the workers; no block was run"
+        )
+    client.register_plugin(WorkerSetup(), name=WorkerSetup.name)
+    return infos

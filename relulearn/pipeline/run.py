@@ -10,6 +10,7 @@ on scheduling, or on how often the run was interrupted and resumed.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
@@ -19,9 +20,12 @@ from typing import Any, Callable, Optional, Sequence, TextIO
 
 import numpy as np
 
+from ..aligned import fresh
 from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, RunStore, StoreError, diff_fields
 from .sources import Source, SourceDataError, make_source
+from .cluster import DASK_SETTINGS, ClusterLostError
+from .worker import platform_id, tune_malloc
 from .statistics import (
     Partial,
     Statistic,
@@ -77,11 +81,17 @@ def statistics_from_store(cfg: RunConfig, store: RunStore) -> list[Statistic]:
     return build_statistics(cfg, None, lambda name: {k: v for k, (_, v) in store.read_group(name).items()})
 
 
-def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, list[list[int]]]:
-    """The committed sums as a :class:`Partial`, and the ledger rows ``[seed, start, stop, commit]``."""
+def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, list[list]]:
+    """The committed sums as a :class:`Partial`, and the ledger rows
+    ``[seed, start, stop, commit, platform]`` (platform: see :func:`worker.platform_id`)."""
     ledger_arrays = store.read_group("ledger")
-    ledger = np.stack([ledger_arrays[k][1] for k in ("seed", "chunk_start", "chunk_stop", "commit")], axis=1)
-    ledger_rows = ledger.astype(np.int64).tolist()
+    ledger = np.stack([ledger_arrays[k][1] for k in LEDGER_COLUMNS], axis=1).astype(np.int64)
+    platforms = list((store.meta() or {}).get("platforms", []))
+    if "platform" in ledger_arrays:  # stores written before platforms were recorded lack the column
+        names = [platforms[i] if 0 <= i < len(platforms) else "unknown" for i in ledger_arrays["platform"][1]]
+    else:
+        names = ["unknown"] * len(ledger)
+    ledger_rows = [row + [name] for row, name in zip(ledger.tolist(), names)]
     # merged stores hold several seeds' ranges: the state covers their total count
     part = Partial(0, int((ledger[:, 2] - ledger[:, 1]).sum()))
     for s in stats:
@@ -89,6 +99,14 @@ def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, 
         part.sums[s.name] = {k: np.array(arrays[f"sum_{k}"][1]) for k in s.sums_schema()}
         part.sumsq[s.name] = {k: np.array(arrays[f"sumsq_{k}"][1]) for k in s.terms_schema()}
     return part, ledger_rows
+
+
+LEDGER_COLUMNS = ("seed", "chunk_start", "chunk_stop", "commit")
+
+
+def _platforms(ledger: list[list]) -> list[str]:
+    """The distinct platforms of the ledger rows, in order of first appearance."""
+    return list(dict.fromkeys(r[4] for r in ledger))
 
 
 def _groups(stats: Sequence[Statistic], state: Partial, chunk_size: int,
@@ -110,9 +128,10 @@ def _groups(stats: Sequence[Statistic], state: Partial, chunk_size: int,
             arrays[k] = (dims, v)
         arrays["count"] = ((), np.int64(n_chunks * chunk_size))  # samples behind every estimate
         groups[s.name] = arrays
-    table = np.asarray(ledger, dtype=np.int64).reshape(-1, 4)
-    groups["ledger"] = {k: (("block",), table[:, i]) for i, k in
-                        enumerate(("seed", "chunk_start", "chunk_stop", "commit"))}
+    table = np.asarray([r[:4] for r in ledger], dtype=np.int64).reshape(-1, 4)
+    groups["ledger"] = {k: (("block",), table[:, i]) for i, k in enumerate(LEDGER_COLUMNS)}
+    index = {p: i for i, p in enumerate(_platforms(ledger))}
+    groups["ledger"]["platform"] = (("block",), np.asarray([index[r[4]] for r in ledger], dtype=np.int64))
     return groups
 
 
@@ -129,43 +148,30 @@ def _meta(cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[lis
         "target_samples": target_chunks * cfg.chunk_size,
         "blocks": len(ledger),
         "statistics": [s.name for s in stats],
+        "platforms": _platforms(ledger),
     }
 
 
 # ------------------------------------------------------------------ workers
 
 
-_MALLOC_TUNED = False
-
-
-def _tune_malloc() -> None:
-    """Keep batch-sized arrays on the heap in worker processes (once per process).
-
-    Workers started by ``dask worker`` may carry MALLOC_* variables that switch glibc to a
-    fixed 128 kB mmap threshold; then each batch array is mmapped and page-faulted anew.
-    """
-    global _MALLOC_TUNED
-    if _MALLOC_TUNED:
-        return
-    _MALLOC_TUNED = True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 128 * 2**20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
-
-
 def compute_block(stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int,
                   chunk_start: int, chunk_stop: int) -> Partial:
-    """Reduce one block on a worker, with single-threaded BLAS (one task per core)."""
+    """Reduce one block on a worker, with single-threaded BLAS (one task per core).
+
+    The statistics and the source (weights, direction banks, bases, candidates) are first
+    copied into fresh aligned memory: arrays that came through Dask's transport may sit at
+    unaligned addresses, where numpy multiplies without BLAS and so in another order.
+    The in-process loop takes the same copies, so every path does the same arithmetic.
+    """
     from threadpoolctl import threadpool_limits
 
-    _tune_malloc()
+    tune_malloc()
+    stats, source = fresh((list(stats), source))
     with threadpool_limits(limits=1, user_api="blas"):
-        return accumulate_chunks(list(stats), source, seed, chunk_size, chunk_start, chunk_stop)
+        part = accumulate_chunks(stats, source, seed, chunk_size, chunk_start, chunk_stop)
+    part.platform = platform_id()
+    return part
 
 
 def _compute_block_task(stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int,
@@ -324,7 +330,7 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
 
     def merge(part: Partial) -> None:
         state.add(part)
-        ledger.append([cfg.seed, part.chunk_start, part.chunk_stop, commit_no])
+        ledger.append([cfg.seed, part.chunk_start, part.chunk_stop, commit_no, part.platform or "unknown"])
         bar.update(state.chunk_stop * cfg.chunk_size)
         if time.perf_counter() - committed_at[0] >= interval:
             commit()
@@ -340,9 +346,13 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
                 merge(compute_block(stats, source, cfg.seed, cfg.chunk_size, a, b))
         else:
             _run_distributed(client, blocks, stats, source, cfg, merge, max_blocks_in_flight)
-    except BaseException:
+    except BaseException as err:
         if state.chunk_stop > _committed_chunks(store):
             commit()  # keep every merged block: a failure or interruption loses nothing
+        if isinstance(err, ClusterLostError):
+            raise ClusterLostError(
+                f"{err}; every merged block is committed: {state.chunk_stop * cfg.chunk_size:,} of "
+                f"{target * cfg.chunk_size:,} samples in {store_url}") from None
         raise
     finally:
         if in_main:
@@ -386,8 +396,13 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
     if max_in_flight is None:
         n_workers = max(1, len(client.scheduler_info().get("workers", {})))
         max_in_flight = 2 * n_workers + 1
-    # Ship the statistics and source once; each task refers to them by key.
-    stats_f, source_f = client.scatter([list(stats), source], broadcast=True, hash=False)
+    # Ship the statistics and source once, as the result of a task rather than by scatter: a
+    # task's inputs stay in the scheduler, so when every worker holding them dies the
+    # scheduler computes them again (scattered data would be lost with its last holder,
+    # and every block still to run with it).
+    stamp = time.time_ns()
+    stats_f = client.submit(_identity, list(stats), pure=False, key=f"relulearn-statistics-{cfg.seed}-{stamp}")
+    source_f = client.submit(_identity, source, pure=False, key=f"relulearn-source-{cfg.seed}-{stamp}")
     futures: dict[Any, int] = {}
     ready: dict[int, Partial] = {}
     next_submit = next_merge = 0
@@ -398,7 +413,7 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
         while next_submit < len(blocks) and next_submit - next_merge < max_in_flight:
             a, b = blocks[next_submit]
             fut = client.submit(_compute_block_task, stats_f, source_f, cfg.seed, cfg.chunk_size, a, b,
-                                pure=False, key=f"relulearn-block-{cfg.seed}-{a}-{b}-{time.time_ns()}")
+                                pure=False, retries=0, key=f"relulearn-block-{cfg.seed}-{a}-{b}-{time.time_ns()}")
             futures[fut] = next_submit
             ac.add(fut)
             next_submit += 1
@@ -410,15 +425,18 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
         submit_more()
         while next_merge < len(blocks):
             if failed is not None and next_merge == failed[0]:
-                raise failed[1]
+                raise _block_error(failed[1], blocks[failed[0]])
             fut = next(ac)
             idx = futures.pop(fut)
             try:
-                result = fut.result()
+                result = fresh(fut.result())  # received buffers may be unaligned
             except Exception as err:  # noqa: BLE001 - a crashed task: raised in block order, like data errors
                 result = err
             fut.release()
             if isinstance(result, BaseException):
+                if _connection_lost(client, result):
+                    raise ClusterLostError(
+                        "lost the connection to the Dask scheduler (it stopped or is unreachable)") from None
                 if failed is None or idx < failed[0]:
                     failed = (idx, result)
                 continue
@@ -430,8 +448,36 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
                 submit_more()
     finally:
         for fut in futures:
-            fut.cancel()
-        client.cancel([stats_f, source_f])
+            with contextlib.suppress(Exception):
+                fut.cancel()
+        with contextlib.suppress(Exception):
+            client.cancel([stats_f, source_f])
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _connection_lost(client: Any, err: BaseException) -> bool:
+    """Whether a failed future means the scheduler is gone (not that its block failed)."""
+    import asyncio
+
+    if getattr(client, "status", "running") not in ("running", "newly-created"):
+        return True
+    return isinstance(err, asyncio.CancelledError) and "scheduler-connection-lost" in str(getattr(err, "reason", err))
+
+
+def _block_error(err: BaseException, block: tuple[int, int]) -> BaseException:
+    """A block's failure as the driver reports it: workers that kept dying become a ClusterError."""
+    from distributed.scheduler import KilledWorker
+
+    if isinstance(err, KilledWorker):
+        return ClusterLostError(
+            f"the block of chunks [{block[0]}, {block[1]}) was running on workers that died "
+            f"{DASK_SETTINGS['distributed.scheduler.allowed-failures']} times (KilledWorker: {err}); check the "
+            "workers' logs and memory limit (a block needs about chunks_per_block × its statistics' size)"
+        )
+    return err
 
 
 # -------------------------------------------------------------------- merge
@@ -475,7 +521,7 @@ def merge_stores(a_url: str, b_url: str, out_url: str) -> dict[str, Any]:
     # The ledgers are per-seed ranges; the sums simply add.
     pb.chunk_start, pb.chunk_stop = pa.chunk_stop, pa.chunk_stop + pb.n_chunks
     pa.add(pb)
-    ledger = [r[:3] + [0] for r in la + lb]
+    ledger = [r[:3] + [0, r[4]] for r in la + lb]
     meta = _meta(cfg, dict(ma["fingerprint"], seed=sorted(ma["seeds"] + mb["seeds"])), stats_a, ledger,
                  pa.chunk_stop)
     meta["merged_from"] = [a_url, b_url]

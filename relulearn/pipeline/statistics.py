@@ -500,6 +500,8 @@ class Partial:
     chunk_stop: int
     sums: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     sumsq: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: numpy version and BLAS kernel that computed the block (``worker.platform_id``)
+    platform: str = ""
 
     @property
     def n_chunks(self) -> int:

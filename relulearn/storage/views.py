@@ -57,9 +57,18 @@ class StoredRun:
         return arrays[name], arrays[f"{name}_se"]
 
     def ledger(self) -> np.ndarray:
-        """Committed blocks as rows ``(seed, chunk_start, chunk_stop, commit)``."""
+        """Committed blocks as rows ``(seed, chunk_start, chunk_stop, commit)``; the platform
+        (numpy version and BLAS kernel) of each block is ``platforms()[i]`` per row."""
         g = RunStore(self.url).read_group("ledger")
         return np.stack([g[k][1] for k in ("seed", "chunk_start", "chunk_stop", "commit")], axis=1)
+
+    def platforms(self) -> list[str]:
+        """Per committed block, the numpy version and BLAS kernel that computed it."""
+        g = RunStore(self.url).read_group("ledger")
+        names = list(self.meta.get("platforms", []))
+        if "platform" not in g:
+            return ["unknown"] * len(g["seed"][1])
+        return [names[i] if 0 <= i < len(names) else "unknown" for i in g["platform"][1]]
 
     def _check(self, statistic: str) -> None:
         if statistic not in self.statistics:
@@ -86,6 +95,8 @@ class StoredRun:
             "created": m["created"],
             "last_commit": m["updated"],
             "head": m["head"],
+            "platforms": m.get("platforms", []),
+            "mixed_platforms": len(m.get("platforms", [])) > 1,
         }
 
 

@@ -1,0 +1,301 @@
+"""Real clusters: bitwise equality across in-process, LocalCluster and external `dask worker`
+processes at d = 20 with every statistic family, and the run surviving (or cleanly stopping at)
+the death of the driver, a worker or the scheduler."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from relulearn import open_store
+from relulearn.api import estimate
+from relulearn.config import load_config
+from relulearn.pipeline.sources import generator
+from relulearn.storage import RunStore
+
+from conftest import PYTHON, cli_env
+from external import ExternalCluster
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, store_arrays, write_config
+
+# the tests poll stores that another process is writing; zarr warns about its in-flight temp files
+pytestmark = pytest.mark.filterwarnings("ignore:Object at .* is not recognized as a component")
+
+
+def _residual_section(d: int) -> dict:
+    """A residual pass over a 2-dim basis with one depth-1 candidate (fixed numbers)."""
+    rng = generator(99, 0)
+    basis = np.linalg.qr(rng.standard_normal((d, 2)))[0].T
+    return {"basis": basis.tolist(),
+            "candidates": [{"weights": [rng.standard_normal((3, 2)).tolist(), rng.standard_normal((1, 3)).tolist()]}],
+            "quantiles": [0.3, 0.8], "pilot_samples": 20_000}
+
+
+def all_families(d: int = 20, **over) -> dict:
+    """Every statistic family at d = 20 (BLAS-sized products), a noisy 3-unit teacher."""
+    data = {
+        "seed": 11,
+        "samples": 80_000,
+        "chunk_size": 10_000,
+        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 5}, "noise_std": 0.1},
+        "statistics": {
+            "basic": {},
+            "hermite": {"max_order": 4},
+            "contracted": {"orders": [2, 4], "directions": 4},
+            "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000},
+            "residual": _residual_section(d),
+        },
+        "run": {"chunks_per_block": 1, "commit_interval": 0},
+    }
+    data.update(over)
+    return data
+
+
+#: a longer run (no order-4 tensors) that lasts long enough to kill processes inside it
+LONG = all_families(samples=1_600_000, chunk_size=20_000, statistics={
+    "basic": {}, "contracted": {"orders": [2, 4], "directions": 4},
+    "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000}, "residual": _residual_section(20)})
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory) -> tuple[Path, str]:
+    """The all-families configuration and its in-process reference store."""
+    d = tmp_path_factory.mktemp("families")
+    cfg_path = write_config(d / "run.yaml", all_families())
+    url = str(d / "ref.zarr")
+    estimate(load_config(cfg_path), url, client="local", progress=None, commit_interval=1e9)
+    return cfg_path, url
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory) -> tuple[Path, str]:
+    d = tmp_path_factory.mktemp("long")
+    cfg_path = write_config(d / "long.yaml", LONG)
+    url = str(d / "ref.zarr")
+    estimate(load_config(cfg_path), url, client="local", progress=None, commit_interval=1e9)
+    return cfg_path, url
+
+
+@pytest.fixture(scope="module")
+def external(tmp_path_factory):
+    with ExternalCluster(tmp_path_factory.mktemp("external"), workers=2) as cluster:
+        yield cluster
+
+
+def committed(url: str) -> int:
+    """Samples committed in the store at ``url`` (0 before the first commit)."""
+    meta = RunStore(url).meta()
+    return 0 if meta is None else int(meta["samples"])
+
+
+def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def test_reference_uses_blas_sized_arrays(families):
+    """The claim is only worth testing where BLAS really runs: d ≥ 20 and every family present."""
+    _, url = families
+    run = open_store(url)
+    assert run.meta["fingerprint"]["source"]["d"] >= 20
+    assert set(run.statistics) == {"basic", "hermite", "contracted", "filtered", "residual"}
+    assert len(run.platforms()) == len(run.ledger()) == 8
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_local_cluster_equals_in_process(families, tmp_path, workers):
+    cfg_path, ref = families
+    url = str(tmp_path / f"w{workers}.zarr")
+    estimate(load_config(cfg_path), url, workers=workers, progress=None, commit_interval=0)
+    assert_bitwise_equal(url, ref)
+
+
+def test_external_cluster_equals_in_process(families, external, tmp_path):
+    """`dask scheduler` + two `dask worker` processes, through the command line."""
+    cfg_path, ref = families
+    url = str(tmp_path / "ext.zarr")
+    done = cli("estimate", str(cfg_path), "--store", url, "--scheduler", external.file, "--quiet", "--json")
+    assert done.returncode == 0, done.stderr
+    assert_bitwise_equal(url, ref)
+    # and by address instead of scheduler file
+    url2 = str(tmp_path / "ext2.zarr")
+    done = cli("estimate", str(cfg_path), "--store", url2, "--scheduler", external.address, "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert_bitwise_equal(url2, ref)
+    status = cli("status", url, "--json")
+    assert '"mixed_platforms": false' in status.stdout
+
+
+def _kill_driver_until(cmd: list[str], url: str, kills: int, rng: np.random.Generator) -> list[int]:
+    """Run ``cmd`` and SIGKILL its driver (only the driver: an external cluster lives on) each
+    time the store has advanced by at least one commit since the last kill."""
+    progress = [0]
+    for _ in range(kills):
+        proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if committed(url) > progress[-1]:
+                break
+            time.sleep(0.05)
+        time.sleep(float(rng.uniform(0.0, 0.5)))  # land inside a block or a commit
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        progress.append(committed(url))
+    return progress[1:]
+
+
+def test_driver_sigkill_with_external_cluster_resumes_bitwise(long_run, external, tmp_path):
+    """Three SIGKILLs of the driver with commits in between; a new driver on the same cluster resumes."""
+    cfg_path, ref = long_run
+    url = str(tmp_path / "killed.zarr")
+    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler", external.file,
+           "--quiet", "--commit-interval", "0"]
+    progress = _kill_driver_until(cmd, url, 3, np.random.default_rng(8))
+    assert len(progress) == 3 and 0 < progress[0] < progress[1] < progress[2] < LONG["samples"], progress
+    done = subprocess.run(cmd + ["--json"], env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert_bitwise_equal(url, ref)
+    assert_each_chunk_once(url, LONG["samples"] // LONG["chunk_size"])
+    assert [p.name for p in Path(url).iterdir() if p.is_dir()] == [open_store(url).head]
+
+
+def test_worker_sigkill_twice_run_completes(long_run, tmp_path):
+    """SIGKILL a `dask worker` process twice mid-run: Dask recomputes its blocks, each is merged once."""
+    cfg_path, ref = long_run
+    url = str(tmp_path / "wk.zarr")
+    with ExternalCluster(tmp_path / "cluster", workers=2) as cluster:
+        proc = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
+                                 "--scheduler", cluster.file, "--quiet", "--json", "--commit-interval", "0"],
+                                env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        killed, seen = [], 0
+        deadline = time.monotonic() + 240
+        while len(killed) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            samples = committed(url)
+            if samples > seen + 200_000:  # let blocks run between the kills
+                victims = cluster.worker_processes()
+                if victims:
+                    victim = victims[len(killed) % len(victims)]
+                    victim.send_signal(signal.SIGKILL)
+                    killed.append((victim.pid, samples))
+                    seen = samples
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=300)
+    assert len(killed) == 2, f"the run ended before two workers could be killed: {killed}"
+    assert killed[-1][1] < LONG["samples"]
+    assert proc.returncode == 0, err
+    assert_bitwise_equal(url, ref)
+    assert_each_chunk_once(url, LONG["samples"] // LONG["chunk_size"])
+    assert len(open_store(url).ledger()) == LONG["samples"] // LONG["chunk_size"]  # one row per block
+
+
+def test_scheduler_death_commits_and_resumes_on_a_new_scheduler(long_run, tmp_path):
+    cfg_path, ref = long_run
+    url = str(tmp_path / "sk.zarr")
+    cluster = ExternalCluster(tmp_path / "cluster", workers=2).start()
+    try:
+        cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler",
+               cluster.file, "--quiet", "--commit-interval", "0"]
+        proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and committed(url) < 200_000:
+            time.sleep(0.05)
+        cluster.kill_scheduler()
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, err
+        assert "Traceback" not in err, err
+        saved = open_store(url).samples
+        assert 0 < saved < LONG["samples"]
+        line = err.strip().splitlines()[-1]
+        assert line.startswith("relulearn: error: lost the connection to the Dask scheduler"), line
+        assert f"{saved:,} of {LONG['samples']:,} samples" in line and url in line
+        assert "run the same command to resume: relulearn estimate" in line
+        # every merged block was committed: the store holds a clean prefix of the run
+        assert_each_chunk_once(url, saved // LONG["chunk_size"])
+        cluster.stop()
+        # a new scheduler (new address, same scheduler file) and new workers; the same command resumes
+        cluster = ExternalCluster(tmp_path / "cluster", workers=2).start()
+        done = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+    finally:
+        cluster.stop()
+    assert_bitwise_equal(url, ref)
+    assert_each_chunk_once(url, LONG["samples"] // LONG["chunk_size"])
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def _intact(url: str, before: dict) -> None:
+    after = store_arrays(url)
+    assert sorted(after) == sorted(before)
+    assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before)
+
+
+@pytest.fixture
+def small_store(tmp_path, families) -> tuple[Path, str, dict]:
+    """A committed half-run to check that refused commands leave it as it was."""
+    cfg_path, _ = families
+    url = str(tmp_path / "half.zarr")
+    estimate(load_config(cfg_path), url, samples=40_000, client="local", progress=None)
+    return cfg_path, url, store_arrays(url)
+
+
+def test_unreachable_scheduler(small_store):
+    cfg_path, url, before = small_store
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(cli_env(), RELULEARN_CONNECT_TIMEOUT="3")
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
+                           "--scheduler", f"tcp://127.0.0.1:{port}"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in done.stderr
+    _intact(url, before)
+    missing = cli("estimate", str(cfg_path), "--store", url, "--scheduler", str(Path(url).parent / "nope.json"))
+    assert missing.returncode == 2 and "no such scheduler file" in missing.stderr, missing.stderr
+    _intact(url, before)
+
+
+def _shadow(tmp_path: Path, body: str) -> dict:
+    """A PYTHONPATH whose `relulearn` package is ``body`` (a worker with another or no relulearn)."""
+    pkg = tmp_path / "shadow" / "relulearn"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(body)
+    return {"PYTHONPATH": str(pkg.parent)}
+
+
+@pytest.mark.parametrize("case", ["other-version", "missing"])
+def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small_store, tmp_path, case):
+    import relulearn
+
+    cfg_path, url, before = small_store
+    body = ('__version__ = "0.0.7"\n' if case == "other-version"
+            else 'raise ModuleNotFoundError("No module named \'relulearn\'", name="relulearn")\n')
+    worker_env = [{}, _shadow(tmp_path, body)]
+    with ExternalCluster(tmp_path / "cluster", workers=2, worker_env=worker_env, preload=False) as cluster:
+        from distributed import Client
+
+        with Client(scheduler_file=cluster.file) as c:
+            bad = [addr for addr, info in c.scheduler_info()["workers"].items() if info["name"] == "w1"][0]
+        done = cli("estimate", str(cfg_path), "--store", url, "--scheduler", cluster.file)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"worker {bad}" in done.stderr, done.stderr
+    if case == "other-version":
+        assert f"has relulearn 0.0.7" in done.stderr and f"this driver has relulearn {relulearn.__version__}" in done.stderr
+    else:
+        assert "cannot import relulearn" in done.stderr
+    assert "no block was run" in done.stderr
+    _intact(url, before)
+    assert open_store(url).samples == 40_000
