@@ -16,7 +16,7 @@ import numpy as np
 from .aligned import fresh, fresh_map
 from .config import RunConfig, load_config
 from .network import Network
-from .pipeline.cluster import connect
+from .pipeline.cluster import ClusterLostError, connect, connection_lost
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.run import estimate as _estimate
 from .storage import open_store
@@ -111,7 +111,13 @@ def _mapper(client: Any) -> Callable:
         return local_map
 
     def cluster_map(fn: Callable, items: Any) -> list:
-        return [fresh(r) for r in client.gather(client.map(fresh_map(fn), list(items), pure=False))]
+        try:
+            return [fresh(r) for r in client.gather(client.map(fresh_map(fn), list(items), pure=False))]
+        except Exception as err:  # noqa: BLE001 - only a lost scheduler is translated
+            if connection_lost(client, err):
+                raise ClusterLostError("lost the connection to the Dask scheduler while learning; the "
+                                       "statistics and the passes already stored are kept") from None
+            raise
 
     return cluster_map
 

@@ -179,6 +179,24 @@ def _print_demo(result: dict[str, Any]) -> None:
           f"total {result['seconds']:.1f} s")
 
 
+def _print_status(st: dict[str, Any]) -> None:
+    state = "complete" if st["complete"] else "incomplete (run `relulearn estimate` with its configuration to resume)"
+    print(f"store        {st['store']}")
+    print(f"samples      {st['samples']:,} of {st['target_samples'] or st['samples']:,}: {state}")
+    print(f"chunks       {st['chunks']:,} × {st['chunk_size']:,} samples, in {st['blocks']:,} blocks; "
+          f"seeds {', '.join(map(str, st['seeds']))}")
+    print(f"statistics   {', '.join(st['statistics'])}")
+    print(f"commits      {st['commits']:,} (created {st['created']}, last {st['last_commit']}, head {st['head']})")
+    platforms = st.get("platforms") or ["unknown"]
+    print(f"computed on  {platforms[0]}")
+    for p in platforms[1:]:
+        print(f"             {p}")
+    if st.get("mixed_platforms"):
+        print("note: blocks were computed under different numpy versions or BLAS kernels; the sums agree with a "
+              "single-platform run within rounding, not bitwise")
+    print("(the fingerprint and the rest: --json)")
+
+
 def _print(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2, default=str))
@@ -219,6 +237,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = _cmd_estimate(args)
         elif args.command == "status":
             result = api.status(args.store)
+            if not args.json:
+                _print_status(result)
+                return 0
         elif args.command == "merge":
             result = api.merge(args.a, args.b, args.out)
         elif args.command == "learn":

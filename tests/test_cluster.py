@@ -4,6 +4,7 @@ the death of the driver, a worker or the scheduler."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,24 +18,14 @@ import yaml
 from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
-from relulearn.pipeline.sources import generator
 from relulearn.storage import RunStore
 
 from conftest import PYTHON, cli_env
 from external import ExternalCluster
-from test_resume import assert_bitwise_equal, assert_each_chunk_once, store_arrays, write_config
+from test_resume import residual_section, assert_bitwise_equal, assert_each_chunk_once, store_arrays, write_config
 
 # the tests poll stores that another process is writing; zarr warns about its in-flight temp files
 pytestmark = pytest.mark.filterwarnings("ignore:Object at .* is not recognized as a component")
-
-
-def _residual_section(d: int) -> dict:
-    """A residual pass over a 2-dim basis with one depth-1 candidate (fixed numbers)."""
-    rng = generator(99, 0)
-    basis = np.linalg.qr(rng.standard_normal((d, 2)))[0].T
-    return {"basis": basis.tolist(),
-            "candidates": [{"weights": [rng.standard_normal((3, 2)).tolist(), rng.standard_normal((1, 3)).tolist()]}],
-            "quantiles": [0.3, 0.8], "pilot_samples": 20_000}
 
 
 def all_families(d: int = 20, **over) -> dict:
@@ -49,7 +40,7 @@ def all_families(d: int = 20, **over) -> dict:
             "hermite": {"max_order": 4},
             "contracted": {"orders": [2, 4], "directions": 4},
             "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000},
-            "residual": _residual_section(d),
+            "residual": residual_section(d),
         },
         "run": {"chunks_per_block": 1, "commit_interval": 0},
     }
@@ -60,7 +51,7 @@ def all_families(d: int = 20, **over) -> dict:
 #: a longer run (no order-4 tensors) that lasts long enough to kill processes inside it
 LONG = all_families(samples=1_600_000, chunk_size=20_000, statistics={
     "basic": {}, "contracted": {"orders": [2, 4], "directions": 4},
-    "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000}, "residual": _residual_section(20)})
+    "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000}, "residual": residual_section(20)})
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +121,24 @@ def test_external_cluster_equals_in_process(families, external, tmp_path):
     assert_bitwise_equal(url2, ref)
     status = cli("status", url, "--json")
     assert '"mixed_platforms": false' in status.stdout
+
+
+def test_fit_on_external_cluster_equals_in_process(external, tmp_path):
+    """`fit --scheduler`: estimation, the learning stage's candidate maps and its extra passes
+    run on the external cluster and give the network the in-process run gives, bit for bit."""
+    data = {"seed": 4, "samples": 400_000, "chunk_size": 50_000, "run": {"commit_interval": 0},
+            "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 2}, "noise_std": 0.05}}
+    cfg_path = write_config(tmp_path / "fit.yaml", data)
+    outs = {}
+    for where, flags in (("local", ["--in-process"]), ("external", ["--scheduler", external.file])):
+        model = str(tmp_path / f"{where}.npz")
+        done = cli("fit", str(cfg_path), "--store", str(tmp_path / f"{where}.zarr"), "--method", "moments",
+                   "--out", model, "--quiet", "--json", *flags)
+        assert done.returncode == 0, done.stderr
+        outs[where] = np.load(model)
+    assert outs["local"]["W0"].shape == (3, 20)
+    for k in ("W0", "W1"):
+        assert np.array_equal(outs["local"][k], outs["external"][k]), k
 
 
 def _kill_driver_until(cmd: list[str], url: str, kills: int, rng: np.random.Generator) -> list[int]:
@@ -299,3 +308,25 @@ def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small
     assert "no block was run" in done.stderr
     _intact(url, before)
     assert open_store(url).samples == 40_000
+
+
+def test_status_names_the_platforms_of_a_mixed_store(families, tmp_path, monkeypatch):
+    """A store extended on a node with another BLAS kernel says so. (This machine has one CPU
+    type, so the other node's platform id is set by hand for the first half of the run.)"""
+    import relulearn.pipeline.run as run_module
+
+    cfg_path, ref = families
+    url = str(tmp_path / "mixed.zarr")
+    other = "numpy 2.4.6; openblas 0.3.31 Haswell"
+    with monkeypatch.context() as m:
+        m.setattr(run_module, "platform_id", lambda: other)
+        estimate(load_config(cfg_path), url, samples=40_000, client="local", progress=None)
+    assert open_store(url).platforms() == [other] * 4
+    estimate(load_config(cfg_path), url, client="local", progress=None)
+    status = json.loads(cli("status", url, "--json").stdout)
+    here = open_store(ref).platforms()[0]
+    assert status["platforms"] == [other, here] and status["mixed_platforms"] is True
+    assert open_store(url).platforms() == [other] * 4 + [here] * 4
+    human = cli("status", url).stdout
+    assert "different numpy versions or BLAS kernels" in human and other in human and here in human
+    assert "different" not in cli("status", ref).stdout

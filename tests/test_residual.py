@@ -79,15 +79,12 @@ def test_candidates_and_basis_are_stored_with_the_pass(tmp_path):
     assert ds["M"].dims == ("candidate", "tau", "i", "j")
 
 
-def test_quantile_grid_per_candidate_and_cluster_run_bitwise_equal(tmp_path, client):
+def test_quantile_grid_per_candidate(tmp_path, client):
+    """(Bitwise equality of cluster and in-process residual passes is tested at d = 20 in test_cluster.)"""
     q = [0.5, 0.9]
     cfg = residual_config(11, 40_000, {"quantiles": q, "pilot_samples": 50_000})
-    estimate(cfg, str(tmp_path / "local"), client=None, progress=None)
     estimate(cfg, str(tmp_path / "cluster"), client=client, progress=None)
-    a, b = open_store(str(tmp_path / "local")).arrays("residual"), open_store(str(tmp_path / "cluster")).arrays("residual")
-    assert a.keys() == b.keys()
-    for k in a:
-        assert np.array_equal(a[k], b[k]), k
+    a = open_store(str(tmp_path / "cluster")).arrays("residual")
     # τ of each candidate: the pilot's quantiles of that candidate's |residual|
     source = make_source(cfg)
     x, y = (np.concatenate(v) for v in zip(*pilot_batches(source, cfg.seed, 50_000)))

@@ -33,7 +33,7 @@ import contextlib
 import os
 from typing import Any, Iterator, Optional
 
-__all__ = ["ClusterError", "ClusterLostError", "DASK_SETTINGS", "connect", "default_workers", "prepare", "WORKER_COMMAND"]
+__all__ = ["ClusterError", "ClusterLostError", "connection_lost", "DASK_SETTINGS", "connect", "default_workers", "prepare", "WORKER_COMMAND"]
 
 DASK_SETTINGS: dict[str, Any] = {
     "distributed.scheduler.allowed-failures": 5,
@@ -194,3 +194,12 @@ def prepare(client: Any) -> dict[str, dict]:
         )
     client.register_plugin(WorkerSetup(), name=WorkerSetup.name)
     return infos
+
+
+def connection_lost(client: Any, err: BaseException) -> bool:
+    """Whether a failed future means the scheduler is gone (not that its block failed)."""
+    import asyncio
+
+    if getattr(client, "status", "running") not in ("running", "newly-created"):
+        return True
+    return isinstance(err, asyncio.CancelledError) and "scheduler-connection-lost" in str(getattr(err, "reason", err))

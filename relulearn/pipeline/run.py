@@ -24,7 +24,7 @@ from ..aligned import fresh
 from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, RunStore, StoreError, diff_fields
 from .sources import Source, SourceDataError, make_source
-from .cluster import DASK_SETTINGS, ClusterLostError
+from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .worker import platform_id, tune_malloc
 from .statistics import (
     Partial,
@@ -434,7 +434,7 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
                 result = err
             fut.release()
             if isinstance(result, BaseException):
-                if _connection_lost(client, result):
+                if connection_lost(client, result):
                     raise ClusterLostError(
                         "lost the connection to the Dask scheduler (it stopped or is unreachable)") from None
                 if failed is None or idx < failed[0]:
@@ -456,15 +456,6 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
 
 def _identity(value: Any) -> Any:
     return value
-
-
-def _connection_lost(client: Any, err: BaseException) -> bool:
-    """Whether a failed future means the scheduler is gone (not that its block failed)."""
-    import asyncio
-
-    if getattr(client, "status", "running") not in ("running", "newly-created"):
-        return True
-    return isinstance(err, asyncio.CancelledError) and "scheduler-connection-lost" in str(getattr(err, "reason", err))
 
 
 def _block_error(err: BaseException, block: tuple[int, int]) -> BaseException:
