@@ -16,7 +16,7 @@ import numpy as np
 from .aligned import fresh, fresh_map
 from .config import RunConfig, load_config
 from .network import Network
-from .pipeline.cluster import ClusterLostError, connect, connection_lost
+from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepare
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.run import estimate as _estimate
 from .storage import open_store
@@ -51,6 +51,7 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
         return _estimate(cfg, store, samples=samples, client=None, progress=progress,
                          commit_interval=commit_interval, on_start=on_start)
     if client is not None:
+        prepare(client)  # a client the caller made: same checks and worker setup as connect()
         return _estimate(cfg, store, samples=samples, client=client, progress=progress,
                          commit_interval=commit_interval, on_start=on_start)
     with connect(workers=workers, scheduler=scheduler) as c:
@@ -202,6 +203,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     if client == "local":
         return _learn_with(None, store, method, options, out, progress)
     if client is not None:
+        prepare(client)
         return _learn_with(client, store, method, options, out, progress)
     with connect(workers=workers, scheduler=scheduler) as c:
         return _learn_with(c, store, method, options, out, progress)
@@ -233,6 +235,7 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     if client == "local":
         return run(None)
     if client is not None:
+        prepare(client)
         return run(client)
     with connect(workers=workers, scheduler=scheduler) as c:
         return run(c)

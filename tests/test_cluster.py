@@ -141,6 +141,38 @@ def test_fit_on_external_cluster_equals_in_process(external, tmp_path):
         assert np.array_equal(outs["local"][k], outs["external"][k]), k
 
 
+def test_driver_started_before_the_scheduler_and_env_address(families, tmp_path):
+    """A driver waits for its scheduler file like `dask worker` does; without --scheduler it uses
+    DASK_SCHEDULER_ADDRESS (as in a Kubernetes DaskJob) instead of starting a local cluster."""
+    cfg_path, ref = families
+    cluster = ExternalCluster(tmp_path / "cluster", workers=2)
+    url = str(tmp_path / "early.zarr")
+    early = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
+                              "--scheduler", cluster.file, "--quiet", "--json"], env=cli_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        assert early.poll() is None, early.communicate()
+        cluster.start()
+        out, err = early.communicate(timeout=180)
+        assert early.returncode == 0, err
+        assert_bitwise_equal(url, ref)
+        from distributed import Client
+
+        with Client(scheduler_file=cluster.file) as c:
+            dashboard = c.dashboard_link
+        url2 = str(tmp_path / "env.zarr")
+        done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url2, "--quiet",
+                               "--json"], env=dict(cli_env(), DASK_SCHEDULER_ADDRESS=cluster.address),
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["dashboard"] == dashboard  # the external cluster's, not a new one
+        assert_bitwise_equal(url2, ref)
+    finally:
+        early.kill()
+        cluster.stop()
+
+
 def _kill_driver_until(cmd: list[str], url: str, kills: int, rng: np.random.Generator) -> list[int]:
     """Run ``cmd`` and SIGKILL its driver (only the driver: an external cluster lives on) each
     time the store has advanced by at least one commit since the last kill."""
@@ -272,7 +304,9 @@ def test_unreachable_scheduler(small_store):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in done.stderr
     _intact(url, before)
-    missing = cli("estimate", str(cfg_path), "--store", url, "--scheduler", str(Path(url).parent / "nope.json"))
+    missing = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler",
+                              str(Path(url).parent / "nope.json")], env=env, capture_output=True, text=True,
+                             timeout=120)
     assert missing.returncode == 2 and "no such scheduler file" in missing.stderr, missing.stderr
     _intact(url, before)
 

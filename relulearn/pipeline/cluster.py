@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any, Iterator, Optional
 
 __all__ = ["ClusterError", "ClusterLostError", "connection_lost", "DASK_SETTINGS", "connect", "default_workers", "prepare", "WORKER_COMMAND"]
@@ -68,14 +69,20 @@ def default_workers() -> int:
 
 
 def _scheduler_kwargs(scheduler: str) -> dict[str, str]:
-    """``scheduler_file`` for an existing file, ``address`` for a URL or host:port."""
+    """``address`` for a URL or host:port, ``scheduler_file`` for a file path — waiting up to
+    ``CONNECT_TIMEOUT`` seconds for the file to appear, as ``dask worker --scheduler-file`` does
+    (a driver started next to a scheduler that is still starting)."""
+    if "://" in scheduler or (":" in scheduler and "/" not in scheduler and not os.path.exists(scheduler)):
+        return {"address": scheduler}
+    deadline = time.monotonic() + CONNECT_TIMEOUT
+    while not os.path.isfile(scheduler) and time.monotonic() < deadline:
+        time.sleep(0.2)
     if os.path.isfile(scheduler):
         return {"scheduler_file": scheduler}
-    if "://" in scheduler or (":" in scheduler and "/" not in scheduler):
-        return {"address": scheduler}
     raise ClusterError(
-        f"--scheduler {scheduler}: no such scheduler file, and not an address; give the address of a running "
-        "scheduler (tcp://host:8786) or the file written by `dask scheduler --scheduler-file FILE`"
+        f"--scheduler {scheduler}: no such scheduler file (waited {CONNECT_TIMEOUT:.0f} s), and not an address; "
+        "give the address of a running scheduler (tcp://host:8786) or the file written by "
+        "`dask scheduler --scheduler-file FILE`"
     )
 
 
@@ -92,6 +99,8 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
         ``scheduler``.
     scheduler
         Address of a running scheduler (``tcp://host:8786``) or a scheduler file path.
+        Default: Dask's ``scheduler-address`` setting (environment variable
+        ``DASK_SCHEDULER_ADDRESS``) when ``workers`` is not given, else a local cluster.
     threads_per_worker
         Threads of each local worker. One thread per process keeps BLAS single-threaded
         per task, which is both the fastest and the reproducible choice.
@@ -105,6 +114,10 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
     import dask
     from distributed import Client, LocalCluster
 
+    if scheduler is None and workers is None:
+        # DASK_SCHEDULER_ADDRESS (set by the Kubernetes operator in a DaskJob's driver pod, for
+        # instance) names the cluster to use; otherwise a local cluster is started
+        scheduler = dask.config.get("scheduler-address", None) or None
     if scheduler is not None:
         kwargs = _scheduler_kwargs(scheduler)
         with dask.config.set(DASK_SETTINGS):

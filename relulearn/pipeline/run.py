@@ -393,9 +393,13 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
 
     if max_in_flight is None:
         max_in_flight = cfg.run.max_blocks_in_flight
-    if max_in_flight is None:
-        n_workers = max(1, len(client.scheduler_info().get("workers", {})))
-        max_in_flight = 2 * n_workers + 1
+
+    def in_flight_limit() -> int:
+        # given, or two per worker present now (plus one): workers that join a running
+        # cluster (a batch system starting them late, a nanny restarting one) get blocks too
+        if max_in_flight is not None:
+            return max_in_flight
+        return 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 1
     # Ship the statistics and source once, as the result of a task rather than by scatter: a
     # task's inputs stay in the scheduler, so when every worker holding them dies the
     # scheduler computes them again (scattered data would be lost with its last holder,
@@ -410,7 +414,8 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
 
     def submit_more() -> None:
         nonlocal next_submit
-        while next_submit < len(blocks) and next_submit - next_merge < max_in_flight:
+        limit = in_flight_limit()
+        while next_submit < len(blocks) and next_submit - next_merge < limit:
             a, b = blocks[next_submit]
             fut = client.submit(_compute_block_task, stats_f, source_f, cfg.seed, cfg.chunk_size, a, b,
                                 pure=False, retries=0, key=f"relulearn-block-{cfg.seed}-{a}-{b}-{time.time_ns()}")
