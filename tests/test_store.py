@@ -43,6 +43,27 @@ def test_every_array_has_dimension_names_and_opens_in_xarray(run_url):
     assert np.array_equal(arrays["xx"], arrays["sum_xx"] / run.samples)
 
 
+def test_xarray_opens_from_consolidated_metadata_with_coordinates(run_url):
+    """The root's consolidated metadata describes the head generation: xarray opens a statistic
+    without a warning, and the arrays that describe a statistic are its coordinates."""
+    import warnings
+
+    run = open_store(run_url)
+    doc = json.loads((Path(run_url) / "zarr.json").read_text())
+    consolidated = doc["consolidated_metadata"]["metadata"]
+    assert {k.split("/")[0] for k in consolidated} == {run.head}  # exactly the committed generation
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for stat in run.statistics:
+            ds = xr.open_zarr(run_url, group=f"{run.head}/{stat}")
+            assert set(ds.variables) == set(run.arrays(stat)), stat
+    filtered = run.dataset("filtered")
+    assert set(filtered.coords) == {"tau", "quantile"} and {"tau", "quantile"} <= set(filtered["M"].coords)
+    assert set(run.dataset("hermite").coords) == {f"index{m}" for m in range(1, 5)}
+    assert set(run.dataset("contracted").coords) == {"direction", "pair_order", "pair_direction"}
+    assert not run.dataset("basic").coords
+
+
 def test_metadata_is_json_only_and_records_the_config(run_url):
     meta = json.loads((Path(run_url) / "zarr.json").read_text())["attributes"]["relulearn"]
     assert meta["config"]["source"]["d"] == 6 and meta["samples"] == 40_000

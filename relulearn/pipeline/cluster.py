@@ -2,7 +2,7 @@
 
 Whatever the cluster, :func:`prepare` runs before any block: it checks that every worker
 imports the same relulearn version as the driver (naming the worker and both versions
-when not), and registers :class:`~relulearn.pipeline.worker.WorkerSetup` so that workers
+when not), and registers :func:`~relulearn.pipeline.worker.worker_setup_plugin` so that workers
 started by hand get the same treatment as the local cluster's.
 
 Dask settings chosen on purpose (:data:`DASK_SETTINGS`, applied to the driver's client
@@ -186,7 +186,7 @@ def prepare(client: Any) -> dict[str, dict]:
     """
     import relulearn
 
-    from .worker import WorkerSetup, make_probe
+    from .worker import make_probe, worker_setup_plugin
 
     infos = client.run(make_probe(), on_error="return")
     problems = []
@@ -205,7 +205,8 @@ def prepare(client: Any) -> dict[str, dict]:
             + ". Install the driver's version on every worker (pip install relulearn=="
             f"{relulearn.__version__}, or the same source tree) and restart the workers; no block was run"
         )
-    client.register_plugin(WorkerSetup(), name=WorkerSetup.name)
+    plugin = worker_setup_plugin()
+    client.register_plugin(plugin, name=plugin.name)
     return infos
 
 

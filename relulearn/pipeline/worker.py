@@ -6,7 +6,7 @@ same speed. The treatment is applied in three places, so that no route misses it
 
 * :func:`compute_block` (in ``run.py``) tunes malloc once per process, limits BLAS to
   one thread per task and copies every array it uses into aligned memory;
-* :class:`WorkerSetup`, a worker plugin the driver registers on connecting, applies the
+* :func:`worker_setup_plugin`, a worker plugin the driver registers on connecting, applies the
   process-wide part (malloc, one BLAS thread) as soon as a worker joins;
 * ``dask worker --preload relulearn.pipeline.worker`` does the same at start-up (the
   recipes in ``deploy/`` use it).
@@ -20,9 +20,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from distributed.diagnostics.plugin import WorkerPlugin
-
-__all__ = ["platform_id", "tune_malloc", "WorkerSetup", "probe_source", "dask_setup"]
+__all__ = ["platform_id", "tune_malloc", "worker_setup_plugin", "probe_source", "dask_setup", "make_probe"]
 
 _MALLOC_TUNED = False
 
@@ -69,22 +67,22 @@ def _single_blas_thread() -> None:
     threadpool_limits(limits=1, user_api="blas")
 
 
-class WorkerSetup(WorkerPlugin):
-    """Worker plugin: one BLAS thread and adaptive malloc in every worker process.
+def worker_setup_plugin() -> Any:
+    """A worker plugin (``WorkerSetup``): one BLAS thread and adaptive malloc in every worker
+    process. Registered by the driver (``client.register_plugin``) once the workers' versions
+    have been checked; it also applies to workers that join later. (Built on demand so that
+    importing relulearn does not import ``distributed``.)"""
+    from distributed.diagnostics.plugin import WorkerPlugin
 
-    Registered by the driver (``client.register_plugin``) once the workers' versions have
-    been checked; it also applies to workers that join later.
-    """
+    class WorkerSetup(WorkerPlugin):
+        name = "relulearn-setup"
+        idempotent = True
 
-    name = "relulearn-setup"
-    idempotent = True
+        def setup(self, worker: Any) -> None:  # noqa: ARG002 - WorkerPlugin signature
+            tune_malloc()
+            _single_blas_thread()
 
-    def setup(self, worker: Any) -> None:  # noqa: ARG002 - WorkerPlugin signature
-        tune_malloc()
-        _single_blas_thread()
-
-    def teardown(self, worker: Any) -> None:  # noqa: ARG002
-        pass
+    return WorkerSetup()
 
 
 def dask_setup(worker: Any) -> None:  # noqa: ARG001 - the --preload hook's signature

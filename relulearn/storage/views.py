@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .store import RunStore, StoreError
+from .store import RunStore, StoreError, _object_store_errors, storage_options
 
 __all__ = ["StoredRun", "open_store"]
 
@@ -37,11 +37,21 @@ class StoredRun:
         return list(self.meta["statistics"])
 
     def dataset(self, statistic: str):
-        """The statistic's group as an ``xarray.Dataset`` (lazy, via ``xarray.open_zarr``)."""
+        """The statistic's group as an ``xarray.Dataset`` (lazy, via ``xarray.open_zarr``).
+
+        Opening reads one metadata document, the root's consolidated metadata; the arrays
+        that describe the statistic (``tau``, ``quantile``, ``direction``, ...) are coordinates.
+        """
         import xarray as xr
 
         self._check(statistic)
-        return xr.open_zarr(self.url, group=f"{self.head}/{statistic}", consolidated=False)
+        group = f"{self.head}/{statistic}"
+        options = {"storage_options": storage_options(self.url)} if storage_options(self.url) else {}
+        with _object_store_errors(self.url, "read"):
+            try:  # one read: the root's consolidated metadata describes the head generation
+                return xr.open_zarr(self.url, group=group, consolidated=True, zarr_format=3, **options)
+            except ValueError:  # a store written before metadata was consolidated
+                return xr.open_zarr(self.url, group=group, consolidated=False, zarr_format=3, **options)
 
     def arrays(self, statistic: str) -> dict[str, np.ndarray]:
         """All arrays of a statistic's group, loaded as numpy arrays."""
