@@ -71,7 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples", type=_positive, help="total samples wanted (default: the config's `samples`)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", type=_positive, help="worker processes of the local cluster (default: one per core)")
-    where.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786) or a scheduler file")
+    where.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786) or the file written by "
+                       "`dask scheduler --scheduler-file FILE` (waited for up to RELULEARN_CONNECT_TIMEOUT s); "
+                       "default: DASK_SCHEDULER_ADDRESS if set, else a local cluster. Workers must run the "
+                       "driver's relulearn version (checked before any block)")
     where.add_argument("--in-process", action="store_true",
                        help="run the blocks in this process without Dask (same results, no parallelism)")
     p.add_argument("--commit-interval", type=_non_negative_float,
@@ -94,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     def add_cluster_options(q: argparse.ArgumentParser) -> None:
         w = q.add_mutually_exclusive_group()
         w.add_argument("--workers", type=_positive, help="worker processes of the local cluster (default: one per core)")
-        w.add_argument("--scheduler", help="address of a running Dask scheduler or a scheduler file")
+        w.add_argument("--scheduler", help="address of a running Dask scheduler or a scheduler file; estimation, "
+                       "candidate batches and extra passes all run there (default: DASK_SCHEDULER_ADDRESS if set, "
+                       "else a local cluster)")
         w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
 
     def add_learn_options(q: argparse.ArgumentParser) -> None:
