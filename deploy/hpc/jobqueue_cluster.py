@@ -38,7 +38,9 @@ PRELOAD = "relulearn.pipeline.worker"
 
 # One BLAS thread per worker process from the start (the preload enforces it too, but these keep
 # OpenBLAS/MKL from starting a thread pool per process at import).
-SINGLE_THREAD_ENV = ["export OMP_NUM_THREADS=1", "export OPENBLAS_NUM_THREADS=1", "export MKL_NUM_THREADS=1"]
+SINGLE_THREAD_ENV = ["export OMP_NUM_THREADS=1", "export OPENBLAS_NUM_THREADS=1", "export MKL_NUM_THREADS=1",
+                     # Dask's profiler keeps a growing history per worker (README: Dask settings)
+                     "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False"]
 
 
 def make_cluster(*, cores: int = 32, memory: str = "120GB", walltime: str = "04:00:00",

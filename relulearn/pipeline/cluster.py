@@ -22,6 +22,11 @@ and to a local cluster's scheduler; an external scheduler reads its own configur
 ``distributed.comm.timeouts.tcp: 60s``
     An unresponsive peer (a stopped VM, a partition) is declared dead after a minute; a
     killed process is noticed at once by its closed socket.
+``distributed.worker.profile.enabled: False``
+    Dask's statistical profiler keeps 1000 one-second profiles per worker: worker memory
+    grew by ~0.03 MiB per second of work with it (benchmarks/scale.py), and it samples
+    every 10 ms. (Passed to a local cluster's workers; give ``dask worker`` processes
+    ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False``, as the deploy/ recipes do.)
 Tasks are submitted with ``retries=0``: a block is a deterministic function of its chunk
 ids, so an exception raised inside it would be raised again; only lost workers are
 retried, by the scheduler.
@@ -40,6 +45,7 @@ DASK_SETTINGS: dict[str, Any] = {
     "distributed.scheduler.allowed-failures": 5,
     "distributed.comm.timeouts.connect": "20s",
     "distributed.comm.timeouts.tcp": "60s",
+    "distributed.worker.profile.enabled": False,
 }
 
 #: how a worker for relulearn is started by hand (the deploy/ recipes use the same)
