@@ -159,3 +159,21 @@ def test_status_json(run_url):
     assert info["samples"] == 40_000 and info["chunks"] == 8 and info["complete"] is True
     assert info["statistics"] == ["basic", "hermite", "contracted", "filtered"]
     assert info["format_version"] == 1 and info["blocks"] == 4
+
+
+def test_first_commit_in_progress_reads_as_an_empty_store(tmp_path):
+    """While the first commit writes the root document, zarr's LocalStore holds it in a
+    temporary ``zarr.<hex>.partial`` file: a reader (``status``, a polling script) must see
+    an empty store, not "not a relulearn store", and the next writer removes a stale one."""
+    url = tmp_path / "s.zarr"
+    (url / "g000000").mkdir(parents=True)
+    stale = url / "zarr.93a0e48307894e8a9dd64cadc8de9dd0.partial"
+    stale.write_text("{")
+    assert RunStore(str(url)).meta() is None
+    (url / "notes.txt").write_text("mine")  # anything else is still refused
+    with pytest.raises(Exception, match="not a relulearn store"):
+        RunStore(str(url)).meta()
+    (url / "notes.txt").unlink()
+    estimate(make_config(samples=10_000), str(url), client=None, progress=None)
+    assert open_store(str(url)).samples == 10_000
+    assert not stale.exists() and sorted(p.name for p in url.iterdir()) == ["g000000", "zarr.json"]

@@ -141,8 +141,11 @@ def _local_path(url: str) -> Path:
 
 #: object written and removed by :meth:`RunStore.check_writable` on object stores
 _PROBE = ".relulearn-write-check"
-#: what a killed writer may leave next to the root zarr.json: generations and the write probe
-_LEFTOVER = re.compile(rf"g\d{{6}}|{re.escape(_PROBE)}")
+#: zarr's LocalStore writes a key to a temporary ``<key>.<uuid hex>.partial`` file, then renames it
+_PARTIAL = re.compile(r".+\.[0-9a-f]{32}\.partial")
+#: what a writer may leave behind when killed before a store's first commit completed (or is
+#: leaving right now: a first commit in progress shows its root document as a .partial file)
+_LEFTOVER = re.compile(rf"g\d{{6}}|{re.escape(_PROBE)}|{_PARTIAL.pattern}")
 
 #: arrays up to this many bytes are one chunk; larger stacks of matrices are chunked per matrix
 _WHOLE_CHUNK_BYTES = 64 * 2**20
@@ -534,7 +537,7 @@ class RunStore:
         store = store or self._store(read_only=False)
         for name in sync(_children(store)):
             if name != keep and _LEFTOVER.fullmatch(name):
-                if name == _PROBE:
+                if name == _PROBE or _PARTIAL.fullmatch(name):
                     sync(store.delete(name))
                 else:
                     sync(store.delete_dir(name))
