@@ -121,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with Client(cluster) as client:
             print(f"scheduler {cluster.scheduler_address}, dashboard {cluster.dashboard_link}", file=sys.stderr)
             try:
-                # relulearn sizes its window of blocks in flight from the workers present when it starts.
+                # the driver checks the workers' relulearn version once, when it starts
                 client.wait_for_workers(args.jobs * args.cores, timeout=args.wait_timeout)
             except TimeoutError:
                 n = len(client.scheduler_info()["workers"])

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..aligned import fresh
 from ..config import RunConfig, config_from_dict
-from ..storage import FORMAT_VERSION, RunStore, StoreError, diff_fields
+from ..storage import FORMAT_VERSION, LEDGER_COLUMNS, RunStore, StoreError, diff_fields, ledger_platforms
 from .sources import Source, SourceDataError, make_source
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .worker import platform_id, tune_malloc
@@ -86,11 +86,7 @@ def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, 
     ``[seed, start, stop, commit, platform]`` (platform: see :func:`worker.platform_id`)."""
     ledger_arrays = store.read_group("ledger")
     ledger = np.stack([ledger_arrays[k][1] for k in LEDGER_COLUMNS], axis=1).astype(np.int64)
-    platforms = list((store.meta() or {}).get("platforms", []))
-    if "platform" in ledger_arrays:  # stores written before platforms were recorded lack the column
-        names = [platforms[i] if 0 <= i < len(platforms) else "unknown" for i in ledger_arrays["platform"][1]]
-    else:
-        names = ["unknown"] * len(ledger)
+    names = ledger_platforms(ledger_arrays, store.meta() or {})
     ledger_rows = [row + [name] for row, name in zip(ledger.tolist(), names)]
     # merged stores hold several seeds' ranges: the state covers their total count
     part = Partial(0, int((ledger[:, 2] - ledger[:, 1]).sum()))
@@ -99,9 +95,6 @@ def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, 
         part.sums[s.name] = {k: np.array(arrays[f"sum_{k}"][1]) for k in s.sums_schema()}
         part.sumsq[s.name] = {k: np.array(arrays[f"sumsq_{k}"][1]) for k in s.terms_schema()}
     return part, ledger_rows
-
-
-LEDGER_COLUMNS = ("seed", "chunk_start", "chunk_stop", "commit")
 
 
 def _platforms(ledger: list[list]) -> list[str]:
@@ -394,12 +387,17 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
     if max_in_flight is None:
         max_in_flight = cfg.run.max_blocks_in_flight
 
+    counted = [0.0, 3]  # when the workers were last counted, and the limit then
+
     def in_flight_limit() -> int:
         # given, or two per worker present now (plus one): workers that join a running
-        # cluster (a batch system starting them late, a nanny restarting one) get blocks too
+        # cluster (a batch system starting them late, a nanny restarting one) get blocks too;
+        # counted at most every 5 s (each count is a round trip to the scheduler)
         if max_in_flight is not None:
             return max_in_flight
-        return 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 1
+        if time.monotonic() - counted[0] > 5.0:
+            counted[:] = [time.monotonic(), 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 1]
+        return counted[1]
     # Ship the statistics and source once, as the result of a task rather than by scatter: a
     # task's inputs stay in the scheduler, so when every worker holding them dies the
     # scheduler computes them again (scattered data would be lost with its last holder,

@@ -96,27 +96,15 @@ def dask_setup(worker: Any) -> None:  # noqa: ARG001 - the --preload hook's sign
 # name that does not exist on any worker, and cloudpickle then ships it by value.
 probe_source = '''
 def worker_probe():
-    import os, sys, threading
-    info = {"python": sys.version.split()[0], "pid": os.getpid(), "executable": sys.executable}
-    try:
-        import numpy
-        info["numpy"] = numpy.__version__
-    except Exception as err:
-        info["numpy"] = None
+    import os, sys
+    info = {"executable": sys.executable}
     try:
         import relulearn
         info["relulearn"] = getattr(relulearn, "__version__", "unknown")
         info["relulearn_path"] = os.path.dirname(relulearn.__file__)
-        from relulearn.pipeline.worker import platform_id
-        info["platform"] = platform_id()
     except Exception as err:
         info["relulearn"] = None
         info["relulearn_error"] = f"{type(err).__name__}: {err}"
-    try:
-        from distributed import get_worker
-        info["nthreads"] = get_worker().state.nthreads
-    except Exception:
-        info["nthreads"] = None
     return info
 '''
 

@@ -3,6 +3,6 @@
 from .store import FORMAT_VERSION, RunStore, StoreError, diff_fields, flatten
 
 __all__ = ["FORMAT_VERSION", "RunStore", "StoreError", "diff_fields", "flatten"]
-from .views import StoredRun, open_store  # noqa: E402
+from .views import LEDGER_COLUMNS, StoredRun, ledger_platforms, open_store  # noqa: E402
 
-__all__ += ["StoredRun", "open_store"]
+__all__ += ["LEDGER_COLUMNS", "StoredRun", "ledger_platforms", "open_store"]

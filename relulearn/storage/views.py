@@ -9,7 +9,20 @@ import numpy as np
 
 from .store import RunStore, StoreError, _object_store_errors, storage_options
 
-__all__ = ["StoredRun", "open_store"]
+__all__ = ["StoredRun", "open_store", "LEDGER_COLUMNS", "ledger_platforms"]
+
+#: the integer columns of a store's ``ledger`` group, one row per committed block
+LEDGER_COLUMNS = ("seed", "chunk_start", "chunk_stop", "commit")
+
+
+def ledger_platforms(ledger: dict, meta: dict) -> list[str]:
+    """Per ledger row (``ledger``: the group's arrays as read by ``RunStore.read_group``), the
+    numpy version and BLAS kernel that computed the block: the ``platform`` column indexes the
+    root metadata's ``platforms`` list ("unknown" for stores written before it existed)."""
+    names = list(meta.get("platforms", []))
+    if "platform" not in ledger:
+        return ["unknown"] * len(ledger["seed"][1])
+    return [names[i] if 0 <= i < len(names) else "unknown" for i in ledger["platform"][1]]
 
 
 @dataclass(frozen=True)
@@ -70,15 +83,11 @@ class StoredRun:
         """Committed blocks as rows ``(seed, chunk_start, chunk_stop, commit)``; the platform
         (numpy version and BLAS kernel) of each block is ``platforms()[i]`` per row."""
         g = RunStore(self.url).read_group("ledger")
-        return np.stack([g[k][1] for k in ("seed", "chunk_start", "chunk_stop", "commit")], axis=1)
+        return np.stack([g[k][1] for k in LEDGER_COLUMNS], axis=1)
 
     def platforms(self) -> list[str]:
         """Per committed block, the numpy version and BLAS kernel that computed it."""
-        g = RunStore(self.url).read_group("ledger")
-        names = list(self.meta.get("platforms", []))
-        if "platform" not in g:
-            return ["unknown"] * len(g["seed"][1])
-        return [names[i] if 0 <= i < len(names) else "unknown" for i in g["platform"][1]]
+        return ledger_platforms(RunStore(self.url).read_group("ledger"), self.meta)
 
     def _check(self, statistic: str) -> None:
         if statistic not in self.statistics:
