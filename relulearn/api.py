@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from .aligned import fresh, fresh_map
 from .config import RunConfig, load_config
+from .estimators.base import PassRequest, Samples
 from .network import Network
 from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepare
 from .pipeline.run import RunSummary, merge_stores
@@ -123,6 +125,26 @@ def _mapper(client: Any) -> Callable:
     return cluster_map
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """Samples a method draws from the run's source (:class:`~.estimators.base.SampleDraw`):
+    the held-out stream, independent of every chunk of the run; picklable, so that a method's
+    mapped functions can draw their own part on a worker."""
+
+    source: Any
+    seed: int
+
+    def __call__(self, n_train: int, n_val: int) -> Samples:
+        x, y = self.part(0, n_train)
+        xv, yv = self.part(1, n_val)
+        return Samples(x, y, xv, yv)
+
+    def part(self, p: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        from .pipeline.sources import Stream, draw
+
+        return draw(self.source, self.seed, Stream.HELD_OUT, n, part=p)
+
+
 def _pass_url(store: str, name: str, statistics: dict) -> str:
     """Where a requested pass is stored: its name and a digest of what it computes, so that
     a different request (another sample count, width or candidate) never collides with it."""
@@ -136,7 +158,7 @@ def _pass_url(store: str, name: str, statistics: dict) -> str:
 def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], out: Optional[str],
                 progress: Optional[TextIO]) -> dict[str, Any]:
     from .config import config_from_dict
-    from .pipeline.sources import Stream, draw, make_source
+    from .pipeline.sources import make_source
 
     t0 = time.perf_counter()
     mod = _method(method)
@@ -145,16 +167,12 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     source = make_source(cfg)
     stats = {name: run.arrays(name) for name in run.statistics}
 
-    def samples(n_train: int, n_val: int):
-        x, y = draw(source, cfg.seed, Stream.HELD_OUT, n_train, part=0)
-        xv, yv = draw(source, cfg.seed, Stream.HELD_OUT, n_val, part=1)
-        return mod.Samples(x, y, xv, yv)
-
+    samples = HeldOut(source, cfg.seed)
     passes: list[dict] = []
     pass_info: list[dict] = []
     for _ in range(getattr(mod, "MAX_PASSES", 3) + 1):  # a method asks for a bounded number of passes
         result = mod.learn(stats, passes, samples, mapper=_mapper(client), seed=cfg.seed, **options)
-        if not isinstance(result, mod.PassRequest):
+        if not isinstance(result, PassRequest):
             break
         url = _pass_url(store, result.name, result.statistics)
         pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")

@@ -16,7 +16,7 @@ from relulearn.config import config_from_dict
 from relulearn.estimators import spectral
 from relulearn.estimators.deepfit import CandidateBudgetError
 from relulearn.estimators.filtered_pca import QUANTILES, FilterGridError
-from relulearn.estimators.moments import MissingStatisticError
+from relulearn.estimators.base import MissingStatisticError
 from relulearn.network import Network, compare, subspace_angle
 from relulearn.pipeline.sources import make_source
 

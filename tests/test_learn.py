@@ -11,7 +11,7 @@ import yaml
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.estimators.moments import MissingStatisticError
+from relulearn.estimators.base import MissingStatisticError
 from relulearn.network import Network
 
 from conftest import PYTHON, cli_env

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..network import Network, gradient_subspace
 from . import deepfit, enumeration, spectral
-from .moments import LearnResult, MissingStatisticError, PassRequest, Samples
+from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
 
 __all__ = ["OPTIONS", "MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",

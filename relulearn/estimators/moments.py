@@ -15,50 +15,19 @@ touches Dask or the pipeline. ``api`` runs the passes it requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
 from ..network import Network
 from . import enumeration, spectral
+from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
-Arrays = Mapping[str, np.ndarray]
-
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width",)
-
-
-class MissingStatisticError(ValueError):
-    """A store lacks a statistic the method needs; the message gives the config lines."""
-
-
-@dataclass(frozen=True)
-class PassRequest:
-    """A request for one more accumulation pass, with the statistics it should compute."""
-
-    name: str
-    statistics: dict
-    reason: str
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Bounded samples a method fits on: a training and a validation part."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_val: np.ndarray
-    y_val: np.ndarray
-
-
-@dataclass(frozen=True)
-class LearnResult:
-    network: Network
-    report: dict = field(default_factory=dict)
 
 
 def required_statistics(d: int, width: Optional[int] = None) -> dict:

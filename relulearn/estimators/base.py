@@ -1,0 +1,69 @@
+"""Types every learning method shares (DESIGN.md §6).
+
+A method is a pure function ``learn(stats, passes, samples, *, mapper, seed, **options)``
+that returns a :class:`LearnResult` or a :class:`PassRequest`; ``api`` runs the pass and
+calls it again. Each method module depends on these shared pieces only, never on another
+method.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from ..network import Network
+
+__all__ = ["Arrays", "MissingStatisticError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
+
+Arrays = Mapping[str, np.ndarray]
+
+
+class MissingStatisticError(ValueError):
+    """A store lacks a statistic the method needs; the message gives the config lines."""
+
+
+@dataclass(frozen=True)
+class PassRequest:
+    """A request for one more accumulation pass, with the statistics it should compute."""
+
+    name: str
+    statistics: dict
+    reason: str
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Bounded samples a method fits on: a training and a validation part.
+
+    ``y_train`` and ``y_val`` are ``(n,)`` for a scalar label and ``(n, m)`` for a source with
+    ``m`` outputs.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+
+
+class SampleDraw(Protocol):
+    """What a method is handed to draw samples from the run's source (never the run's chunks).
+
+    Calling it returns a :class:`Samples` of ``n_train`` and ``n_val`` samples; ``part(p, n)``
+    returns ``n`` samples ``(x, y)`` of the independent draw ``p`` (``p >= 2``; 0 and 1 are the
+    training and validation parts). It is picklable, so a method may call ``part`` inside the
+    functions it maps over a cluster (a streamed refinement over many samples).
+    """
+
+    def __call__(self, n_train: int, n_val: int) -> Samples: ...
+
+    def part(self, p: int, n: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class LearnResult:
+    """A learned network and the method's report (JSON-ready)."""
+
+    network: Network
+    report: dict = field(default_factory=dict)
