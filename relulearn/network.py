@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-__all__ = ["Network", "NetworkFileError", "ACTIVATIONS", "compare", "input_gradients", "gradient_subspace", "subspace_angle"]
+__all__ = ["Network", "NetworkFileError", "ACTIVATIONS", "RELU_POWERS", "compare", "compare_two_layer", "input_gradients", "gradient_subspace", "subspace_angle"]
 
 
 def _relu(h: np.ndarray) -> np.ndarray:
@@ -27,12 +27,38 @@ def _sigmoid(h: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * h))
 
 
+def _relu_power(c: int) -> Callable[[np.ndarray], np.ndarray]:
+    def act(h: np.ndarray) -> np.ndarray:
+        np.maximum(h, 0.0, out=h)
+        return h**c
+
+    act.__name__ = f"relu{c}"
+    return act
+
+
+def _erf(h: np.ndarray) -> np.ndarray:
+    from scipy.special import erf
+
+    return erf(h)
+
+
+def _softplus(h: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, h)
+
+
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": _relu,
+    "relu2": _relu_power(2),
+    "relu3": _relu_power(3),
+    "erf": _erf,
     "tanh": np.tanh,
+    "softplus": _softplus,
     "sigmoid": _sigmoid,
     "identity": lambda h: h,
 }
+
+#: activations ``f(z) = max(z, 0)^c``: the power ``c`` (positive homogeneous of degree c)
+RELU_POWERS: dict[str, int] = {"relu": 1, "relu2": 2, "relu3": 3}
 
 
 class NetworkFileError(ValueError):
@@ -50,7 +76,8 @@ class Network:
     biases
         ``b0..bL`` or ``None`` for a bias-free network.
     activation
-        Name of the hidden activation (``relu``, ``tanh``, ``sigmoid``, ``identity``).
+        Name of the hidden activation: ``relu``, ``relu2``, ``relu3`` (``max(z, 0)^c``),
+        ``erf``, ``tanh``, ``softplus``, ``sigmoid``, ``identity``.
     """
 
     weights: tuple[np.ndarray, ...]
@@ -242,6 +269,53 @@ def compare(reference: Network, learned: Network) -> Comparison:
         if r < k:
             matching[r] = int(c) if c < m and cost[r, c] == diff[r, c] else -1
             errors[r] = float(np.sqrt(cost[r, c]) / max(np.linalg.norm(w[r]), 1e-300))
+    return Comparison(float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)),
+                      tuple(matching), tuple(errors))
+
+
+def compare_two_layer(reference: Network, learned: Network) -> Comparison:
+    """Match the units of two networks ``U f(V x)`` with ``f(z) = max(z, 0)^c`` (any number of outputs).
+
+    ``f`` is positively homogeneous of degree ``c``, so ``(u_i, v_i) -> (u_i s^{-c}, s v_i)``
+    (``s > 0``) and permutations of the units leave the network unchanged. Each unit is put in
+    the canonical form ``(|v_i|^c u_i, v_i / |v_i|)`` and units are matched by the Hungarian
+    algorithm on the squared distance of these pairs; ``relative_error`` is
+    ``sqrt(Σ_i |ν_i − ν'_π(i)|² + |ũ_i − ũ'_π(i)|²) / sqrt(Σ_i |ν_i|² + |ũ_i|²)`` (unmatched
+    units count their whole norm), ``unit_errors`` the same per reference unit.
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    def canonical(net: Network, what: str) -> np.ndarray:
+        if net.depth != 1 or net.biases is not None or net.activation not in RELU_POWERS:
+            raise ValueError(
+                f"the {what} is not a bias-free two-layer network with activation relu, relu2 or relu3 "
+                f"(depth {net.depth}, activation {net.activation!r}); compare such networks by their test error"
+            )
+        v, u = net.weights
+        norms = np.linalg.norm(v, axis=1)
+        alive = norms > 0
+        nu = np.where(alive[:, None], v / np.where(alive, norms, 1.0)[:, None], 0.0)
+        return np.concatenate([nu * alive[:, None], u.T * (norms ** RELU_POWERS[net.activation])[:, None]], axis=1)
+
+    a, b = canonical(reference, "reference"), canonical(learned, "learned network")
+    if reference.activation != learned.activation:
+        raise ValueError(f"activations differ: {reference.activation} vs {learned.activation}")
+    if reference.input_dim != learned.input_dim or reference.output_dim != learned.output_dim:
+        raise ValueError(f"shapes differ: {reference.input_dim}→{reference.output_dim} inputs→outputs vs "
+                         f"{learned.input_dim}→{learned.output_dim}")
+    k, m = len(a), len(b)
+    n = max(k, m)
+    ap, bp = np.zeros((n, a.shape[1])), np.zeros((n, b.shape[1]))
+    ap[:k], bp[:m] = a, b
+    cost = ((ap[:, None, :] - bp[None, :, :]) ** 2).sum(-1)
+    rows, cols = linear_sum_assignment(cost)
+    matching, errors = [-1] * k, [1.0] * k
+    for r, c in zip(rows, cols):
+        if r < k:
+            matching[r] = int(c) if c < m else -1
+            errors[r] = float(np.sqrt(cost[r, c]) / max(np.linalg.norm(a[r]), 1e-300))
+    norm = float((a**2).sum())
+    total = float(cost[rows, cols].sum())
     return Comparison(float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)),
                       tuple(matching), tuple(errors))
 
