@@ -89,12 +89,15 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
 
 
 def fresh_call(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` on fresh aligned copies of the arguments.
+    """``fn(*args)`` on fresh aligned copies of the arguments and of ``fn``'s own arrays.
 
-    The result crosses the transport on its way back: the receiver copies it with
-    :func:`fresh` before computing with it.
+    ``fn`` travels too: a callable dataclass (or a ``functools.partial``) gets its array
+    fields copied like the arguments. Arrays captured by a closure are not reachable, so
+    mapped functions that carry arrays are written as callable dataclasses. The result
+    crosses the transport on its way back: the receiver copies it with :func:`fresh`
+    before computing with it.
     """
-    return fn(*fresh(args))
+    return fresh(fn)(*fresh(args))
 
 
 def fresh_map(fn: Callable[[Any], T]) -> Callable[[Any], T]:

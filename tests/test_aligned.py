@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from relulearn.aligned import ALIGNMENT, fresh, fresh_map, is_aligned
@@ -54,3 +56,22 @@ def test_fresh_map_hands_the_function_aligned_items():
     seen = list(map(fresh_map(lambda args: (args[0].ctypes.data % ALIGNMENT, float(args[0].sum() * args[1]))),
                     items))
     assert seen == [(0, 2.0 * np.arange(40.0).sum())]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Weighted:
+    """A mapped function that carries arrays (as a method's streamed refinement does)."""
+
+    w: np.ndarray
+
+    def __call__(self, x: np.ndarray) -> tuple[int, int, float]:
+        return self.w.ctypes.data % ALIGNMENT, x.ctypes.data % ALIGNMENT, float((x @ self.w).sum())
+
+
+def test_fresh_map_copies_the_arrays_a_callable_dataclass_carries():
+    """Found by the exact method's refinement: its parameters travel inside the mapped function,
+    and an unaligned copy on a worker summed in another order than in process."""
+    fn = _Weighted(unaligned(np.arange(5.0)))
+    seen = list(map(fresh_map(fn), [unaligned(np.ones((3, 5)))]))
+    assert seen == [(0, 0, 30.0)]
+    assert fn.w.ctypes.data % ALIGNMENT != 0  # the original is not touched
