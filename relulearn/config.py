@@ -7,6 +7,7 @@ error that names the key and the closest valid one, instead of being silently ig
 from __future__ import annotations
 
 import difflib
+import math
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -80,13 +81,67 @@ class DeepReluTeacher(_Section):
         return value
 
 
+class TwoLayerTeacher(_Section):
+    """``A = U f(V x)`` with ``m`` outputs: ``V`` (k × d) and ``U`` (m × k), ``f(z) = max(z, 0)^c``.
+
+    Rows of ``V`` are random unit directions times norms drawn uniformly from ``v_norms``;
+    ``U`` has i.i.d. standard normal entries when its rank r (``output_rank``, default
+    ``min(m, k)``) equals k, or m = 1. When r < k and m ≥ 2 (fewer outputs than units, or
+    ``output_rank`` below ``min(m, k)``), ``U = P Q`` (``P``: m × r, ``Q``: r × k, Gaussian) and its last column is
+    then set to minus its first: an antipodal pair ``u, −u``, the case a rank-deficient learner
+    (the fixed-parameter path of ``exact``) must handle.
+    Without ``source.output`` the label is the vector of all m outputs.
+    """
+
+    kind: Literal["two_layer"]
+    width: int = Field(..., ge=1, description="number of hidden units k (rows of V)")
+    outputs: int = Field(..., ge=1, description="number of outputs m (rows of U)")
+    activation: Literal["relu", "relu2", "relu3"] = Field(
+        "relu", description="hidden activation f(z) = max(z, 0)^c: relu (c = 1), relu2 (c = 2) or relu3 (c = 3)"
+    )
+    weights_seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+    v_norms: list[float] = Field(
+        [0.5, 2.0], description="[lo, hi]: the norms of the rows of V are uniform in [lo, hi], 0 < lo <= hi"
+    )
+    output_rank: Optional[int] = Field(
+        None, ge=1, description="rank r of U, at most min(outputs, width) (the default); below width, U = P Q "
+        "with an antipodal pair of columns (u, −u)"
+    )
+
+    @field_validator("v_norms")
+    @classmethod
+    def _norms(cls, value: list[float]) -> list[float]:
+        if len(value) != 2 or not 0 < value[0] <= value[1] or not all(map(math.isfinite, value)):
+            raise ValueError(f"v_norms must be [lo, hi] with 0 < lo <= hi, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _rank(self) -> "TwoLayerTeacher":
+        full = min(self.outputs, self.width)
+        r = self.output_rank
+        if r is not None and r > full:
+            raise ValueError(
+                f"output_rank is {r} but U (outputs × width = {self.outputs} × {self.width}) has rank at most "
+                f"min(outputs, width) = {full}; lower output_rank or omit it for full rank"
+            )
+        # r < min(m, k) implies k >= 2, so the antipodal pair (first, last column) is two columns;
+        # with r = 1 every column is ±u, so a third column would be positively parallel to one of them
+        if r == 1 and self.outputs >= 2 and self.width > 2:
+            raise ValueError(
+                f"U of rank 1 (outputs {self.outputs}, output_rank {r}) with width {self.width}: every column of U "
+                "would be a multiple of one vector, so two of them would be positively parallel; use outputs and "
+                "output_rank >= 2, or width <= 2"
+            )
+        return self
+
+
 class FileTeacher(_Section):
     """Any network file in the format of DESIGN.md §5 (``W0..WL``, ``activation``)."""
 
     file: str = Field(..., description="path of a .npz network file, relative to the config file")
 
 
-TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, FileTeacher]
+TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, FileTeacher]
 
 
 class SourceConfig(_Section):
@@ -94,7 +149,8 @@ class SourceConfig(_Section):
     teacher: TeacherConfig = Field(default_factory=OneHiddenReluTeacher)
     noise_std: float = Field(0.0, ge=0.0, description="standard deviation of additive Gaussian label noise")
     output: Optional[int] = Field(
-        None, ge=0, description="for a vector-output teacher: which output coordinate is the label y"
+        None, ge=0, description="for a vector-output teacher: which output coordinate is the (scalar) label y; "
+        "omitted: the label is the vector of all outputs, and every statistic is computed per output"
     )
 
     @field_validator("teacher", mode="before")
@@ -104,6 +160,8 @@ class SourceConfig(_Section):
             return FileTeacher(**value)
         if isinstance(value, dict) and value.get("kind") == "deep_relu":
             return DeepReluTeacher(**value)
+        if isinstance(value, dict) and value.get("kind") == "two_layer":
+            return TwoLayerTeacher(**value)
         if isinstance(value, dict):
             return OneHiddenReluTeacher(**value)
         return value
@@ -114,6 +172,12 @@ class SourceConfig(_Section):
 
 class BasicConfig(_Section):
     """count, Σy, Σy², Σx, Σxxᵀ, Σy·x."""
+
+
+class OutputMomentsConfig(_Section):
+    """Per-output moments of the label vector A (m outputs; m = 1 for a scalar label):
+    ``E[A]``, ``E[A Aᵀ]``, ``T1 = E[A_j x]``, ``T2 = E[A_j (x xᵀ − I)]``; one GEMM per batch
+    for all outputs."""
 
 
 class HermiteConfig(_Section):
@@ -209,6 +273,7 @@ class ResidualConfig(_Section):
 
 class StatisticsConfig(_Section):
     basic: Optional[BasicConfig] = Field(default_factory=BasicConfig)
+    output_moments: Optional[OutputMomentsConfig] = None
     hermite: Optional[HermiteConfig] = None
     contracted: Optional[ContractedConfig] = None
     filtered: Optional[FilteredConfig] = None
@@ -217,7 +282,7 @@ class StatisticsConfig(_Section):
     def enabled(self) -> dict[str, _Section]:
         """The statistics to accumulate, by name, in a fixed order."""
         out = {}
-        for name in ("basic", "hermite", "contracted", "filtered", "residual"):
+        for name in ("basic", "output_moments", "hermite", "contracted", "filtered", "residual"):
             section = getattr(self, name)
             if section is not None:
                 out[name] = section
@@ -326,7 +391,7 @@ def _format_errors(err: ValidationError, where: str, data: Any = None) -> str:
                 close = difflib.get_close_matches(str(loc[-1]), _valid_keys(owner), n=1, cutoff=0.5)
                 valid = ", ".join(_valid_keys(owner))
                 hint = f" — did you mean '{close[0]}'?" if close else ""
-                hint += f" (valid keys here: {valid})"
+                hint += f" (valid keys here: {valid})" if valid else " (this section takes no keys: write it as {})"
             lines.append(f"unknown key '{key}'{hint}")
         elif e["type"] == "missing":
             lines.append(f"missing required key '{key}'")

@@ -220,6 +220,11 @@ def connection_lost(client: Any, err: BaseException) -> bool:
     """Whether a failed future means the scheduler is gone (not that its block failed)."""
     import asyncio
 
+    from distributed.comm.core import CommClosedError
+
     if getattr(client, "status", "running") not in ("running", "newly-created"):
+        return True
+    if isinstance(err, (ConnectionError, CommClosedError)):
+        # the client's own link broke (seen as ConnectionResetError when the scheduler dies mid-gather)
         return True
     return isinstance(err, asyncio.CancelledError) and "scheduler-connection-lost" in str(getattr(err, "reason", err))

@@ -14,7 +14,7 @@ from typing import Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..config import DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RunConfig, SourceConfig
+from ..config import DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RunConfig, SourceConfig, TwoLayerTeacher
 from ..network import Network, NetworkFileError
 
 __all__ = [
@@ -26,6 +26,9 @@ __all__ = [
     "make_source",
     "planted_one_hidden",
     "planted_deep",
+    "planted_two_layer",
+    "OutputColumn",
+    "label_outputs",
     "Stream",
     "chunk_batches",
     "pilot_batches",
@@ -63,12 +66,21 @@ class Source(Protocol):
     """What the pipeline needs of a source."""
 
     d: int
+    #: None for a scalar label ``y`` (rows,); ``m`` for a label vector ``y`` (rows, m)
+    outputs: Optional[int]
 
     def batches(
         self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Yield ``n`` samples as ``(x, y)`` batches (``x``: (rows, d), ``y``: (rows,)) drawn from the generators."""
+        """Yield ``n`` samples as ``(x, y)`` batches (``x``: (rows, d), ``y``: (rows,), or (rows, m)
+        for a source with ``m`` outputs) drawn from the generators."""
         ...
+
+
+def label_outputs(source: Source) -> Optional[int]:
+    """The number ``m`` of outputs of a vector-label source, None for a scalar label (also for
+    sources that do not declare ``outputs``)."""
+    return getattr(source, "outputs", None)
 
 
 def planted_one_hidden(cfg: OneHiddenReluTeacher, d: int) -> Network:
@@ -113,9 +125,52 @@ def planted_deep(cfg: DeepReluTeacher, d: int) -> Network:
     return Network(tuple(layers), activation="relu", _origin="planted deep_relu teacher")
 
 
+def planted_two_layer(cfg: TwoLayerTeacher, d: int) -> Network:
+    """The planted vector-output network ``A = U f(V x)``, ``f(z) = max(z, 0)^c``.
+
+    Rows of ``V`` (k × d) are random unit directions times norms uniform in ``cfg.v_norms``;
+    ``U`` (m × k) has i.i.d. N(0, 1) entries when its rank r (``output_rank``, default
+    ``min(m, k)``) is k, or there is one output; when r < k (``m < k``, or ``output_rank`` below
+    ``min(m, k)``) and ``m >= 2`` it is
+    ``P Q`` (Gaussian ``P``: m × r, ``Q``: r × k) with its last column then set to minus its
+    first (an antipodal pair; no two columns positively parallel). Drawn from the
+    teacher's own ``weights_seed``, so runs with different seeds sample the same teacher.
+
+    Parameters
+    ----------
+    cfg
+        The ``two_layer`` teacher section.
+    d
+        Input dimension.
+
+    Returns
+    -------
+    Network
+        ``Network((V, U), activation=cfg.activation)``; its forward pass returns (n, m).
+    """
+    rng = generator(cfg.weights_seed, Stream.TEACHER)
+    k, m = cfg.width, cfg.outputs
+    v = rng.standard_normal((k, d))
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    lo, hi = cfg.v_norms
+    v *= rng.uniform(lo, hi, size=k)[:, None]
+    r = min(m, k) if cfg.output_rank is None else cfg.output_rank
+    if r < k and m >= 2:  # U rank-deficient (m < k, or output_rank below min(m, k)); vector outputs only
+        u = rng.standard_normal((m, r)) @ rng.standard_normal((r, k))
+        u[:, -1] = -u[:, 0]  # r < k implies k >= 2: these are two columns
+    else:
+        u = rng.standard_normal((m, k))
+    return Network((v, u), activation=cfg.activation, _origin="planted two_layer teacher")
+
+
 @dataclass(frozen=True)
 class TeacherSource:
-    """``y = F(x) + σ ε`` with ``x ~ N(0, I_d)`` and a network ``F``."""
+    """``y = F(x) + σ ε`` with ``x ~ N(0, I_d)`` and a network ``F``.
+
+    The label is ``F``'s output number ``output``; with ``output=None`` it is the only output
+    of a one-output network (shape (rows,)), or the vector of all ``m`` outputs of a
+    vector-output network (shape (rows, m), independent noise per output).
+    """
 
     network: Network
     noise_std: float = 0.0
@@ -125,10 +180,18 @@ class TeacherSource:
     def d(self) -> int:
         return self.network.input_dim
 
+    @property
+    def outputs(self) -> Optional[int]:
+        """None for a scalar label; the number of outputs ``m`` for a label vector."""
+        m = self.network.output_dim
+        return m if self.output is None and m > 1 else None
+
     def labels(self, x: np.ndarray) -> np.ndarray:
         # an overflowing teacher is reported by check_finite with its chunk and row, not as a warning
         with np.errstate(over="ignore", invalid="ignore"):
             out = self.network.forward(x)
+        if self.outputs is not None:
+            return out
         return out[:, self.output if self.output is not None else 0]
 
     def batches(
@@ -139,8 +202,31 @@ class TeacherSource:
             x = gen_x.standard_normal((rows, self.d))
             y = self.labels(x)
             if self.noise_std > 0:
-                y = y + self.noise_std * gen_noise.standard_normal(rows)
+                y = y + self.noise_std * gen_noise.standard_normal(y.shape)
             yield x, y
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """The scalar source ``(x, y[:, output])`` of a vector-label source: the same inputs and
+    the same label bits, noise included (the column is a view of the vector label)."""
+
+    source: Source
+    output: int
+
+    @property
+    def d(self) -> int:
+        return self.source.d
+
+    @property
+    def outputs(self) -> None:
+        return None
+
+    def batches(
+        self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for x, y in self.source.batches(gen_x, gen_noise, n):
+            yield x, y[:, self.output]
 
 
 def chunk_batches(source: Source, seed: int, chunk_id: int, chunk_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -168,6 +254,9 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
 def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) -> TeacherSource:
     """Build the source a configuration describes.
 
+    A teacher with several outputs gives scalar labels (its output ``source.output``) or,
+    without ``source.output``, label vectors (``source.outputs`` is then their length).
+
     Raises
     ------
     ValueError
@@ -191,30 +280,36 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
             )
     elif isinstance(teacher, DeepReluTeacher):
         net = planted_deep(teacher, src.d)
+    elif isinstance(teacher, TwoLayerTeacher):
+        net = planted_two_layer(teacher, src.d)
     else:
         net = planted_one_hidden(teacher, src.d)
-    if net.output_dim > 1 and src.output is None:
-        raise ValueError(
-            f"the teacher has {net.output_dim} outputs; set source.output to the index (0..{net.output_dim - 1}) "
-            "of the output used as the label y"
-        )
+    # a teacher with several outputs and no source.output gives vector labels
     if src.output is not None and src.output >= net.output_dim:
         raise ValueError(f"source.output is {src.output} but the teacher has only {net.output_dim} outputs")
     return TeacherSource(net, float(src.noise_std), src.output)
 
 
 def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: Optional[int], row_offset: int) -> None:
-    """Raise :class:`SourceDataError` naming the chunk (None: the pilot pass) and row of the first NaN/inf."""
-    bad_y = ~np.isfinite(y)
+    """Raise :class:`SourceDataError` naming the chunk (None: the pilot pass), the row and, for a
+    label vector ``y`` (rows, m), the output of the first NaN/inf."""
+    bad_label = ~np.isfinite(y)
+    bad_y = bad_label.any(axis=1) if y.ndim == 2 else bad_label
     bad_x = ~np.isfinite(x).all(axis=1)
     bad = bad_y | bad_x
     if bad.any():
         r = int(np.argmax(bad))
-        what = "label y" if bad_y[r] else "input x"
+        if not bad_y[r]:
+            what, value = "input x", "a non-finite value"
+        elif y.ndim == 2:
+            j = int(np.argmax(bad_label[r]))
+            what, value = f"label y (output {j} of {y.shape[1]})", y[r, j]
+        else:
+            what, value = "label y", y[r]
         where = (f"chunk {chunk_id}, row {row_offset + r} (sample {chunk_id}×chunk_size + {row_offset + r})"
                  if chunk_id is not None else f"row {row_offset + r} of a sample drawn outside the run's chunks "
                  "(the pilot pass for τ quantiles, or held-out / test samples)")
         raise SourceDataError(
-            f"the source produced {y[r] if bad_y[r] else 'a non-finite value'} in {what} at {where}; "
+            f"the source produced {value} in {what} at {where}; "
             "check the teacher's weights (overflow) or the data at that position"
         )

@@ -22,12 +22,14 @@ import numpy as np
 from .. import hermite
 from ..config import ContractedConfig, FilteredConfig, HermiteConfig, ResidualConfig, RunConfig
 from ..network import Network
-from .sources import Source, check_finite, chunk_batches, generator, pilot_batches, Stream
+from .sources import Source, Stream, check_finite, chunk_batches, generator, label_outputs, pilot_batches
 
 __all__ = [
     "Var",
     "Statistic",
     "BasicMoments",
+    "OutputMoments",
+    "PerOutput",
     "HermiteTensors",
     "ContractedMoments",
     "FilteredMoments",
@@ -86,7 +88,8 @@ class Statistic(ABC):
 
     @abstractmethod
     def update(self, acc: dict[str, np.ndarray], x: np.ndarray, y: np.ndarray) -> None:
-        """Add the sums of a batch ``x`` (n, d), ``y`` (n,) to ``acc`` in place."""
+        """Add the sums of a batch ``x`` (n, d), ``y`` (n,) — (n, m) for the statistics of a
+        label vector (:class:`PerOutput`, :class:`OutputMoments`) — to ``acc`` in place."""
 
     def terms(self, acc: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Linear map from accumulated sums to sums of the estimands."""
@@ -139,12 +142,154 @@ class BasicMoments(Statistic):
             "yx": Var(("i",), (d,)),
         }
 
-    def update(self, acc, x, y):
+    def label_free_sums(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        """The batch sums that do not involve the label: computed once for all outputs of a
+        vector source (:class:`PerOutput`), then added to each output's accumulator."""
+        return {"x": x.sum(axis=0), "xx": x.T @ x}  # numpy dispatches Xᵀ X to a BLAS-3 syrk
+
+    def label_update(self, acc, x, y):
         acc["y"] += y.sum()
         acc["yy"] += y @ y
-        acc["x"] += x.sum(axis=0)
-        acc["xx"] += x.T @ x  # numpy dispatches Xᵀ X to a BLAS-3 syrk
         acc["yx"] += y @ x
+
+    def update(self, acc, x, y):
+        self.label_update(acc, x, y)
+        for k, v in self.label_free_sums(x).items():
+            acc[k] += v
+
+
+# --------------------------------------------------------------- output moments
+
+#: bytes of the weighted copy ``xw`` of a row batch in :class:`OutputMoments` (rows are cut to fit)
+_XW_BYTES = 32 * 2**20
+
+
+class OutputMoments(Statistic):
+    """Moments of the label vector ``A`` (``m`` outputs; ``m = 1`` for a scalar label).
+
+    Estimands: ``A = E[A]`` (output,), ``AA = E[A Aᵀ]`` (output, output2),
+    ``T1 = E[A_j x]`` (output, i) and ``T2 = E[A_j (x xᵀ − I)]`` (output, i, j). The d × d
+    part of all outputs is one GEMM per row batch, ``xwᵀ x`` with
+    ``xw[s, j·d + i] = A_j(x_s) x_{s,i}`` (m d² flops per sample).
+    """
+
+    name = "output_moments"
+
+    def __init__(self, d: int, outputs: int = 1):
+        self.d, self.outputs = d, int(outputs)
+
+    def sums_schema(self):
+        m, d = self.outputs, self.d
+        return {"a": Var(("output",), (m,)), "aa": Var(("output", "output2"), (m, m)),
+                "ax": Var(("output", "i"), (m, d)), "axx": Var(("output", "i", "j"), (m, d, d))}
+
+    def terms_schema(self):
+        m, d = self.outputs, self.d
+        return {"A": Var(("output",), (m,)), "AA": Var(("output", "output2"), (m, m)),
+                "T1": Var(("output", "i"), (m, d)), "T2": Var(("output", "i", "j"), (m, d, d))}
+
+    def coords(self):
+        return {"output": (("output",), np.arange(self.outputs, dtype=np.int64))}
+
+    def update(self, acc, x, y):
+        a = y[:, None] if y.ndim == 1 else y
+        n, d = x.shape
+        m = a.shape[1]
+        acc["a"] += a.sum(axis=0)
+        acc["aa"] += a.T @ a
+        acc["ax"] += a.T @ x
+        # rows per GEMM so that the weighted copy xw (rows × m d) stays below _XW_BYTES
+        step = max(1, _XW_BYTES // (8 * m * d))
+        for start in range(0, n, step):
+            xs, ws = x[start:start + step], a[start:start + step]
+            xw = (ws[:, :, None] * xs[:, None, :]).reshape(len(xs), m * d)
+            acc["axx"] += (xw.T @ xs).reshape(m, d, d)
+
+    def terms(self, acc):
+        a = acc["a"]
+        return {"A": a, "AA": acc["aa"], "T1": acc["ax"], "T2": acc["axx"] - a[:, None, None] * np.eye(self.d)}
+
+    def config(self):
+        return {"outputs": self.outputs}
+
+
+# ------------------------------------------------------------------ per output
+
+
+def _at(arrays: Mapping[str, np.ndarray], j: int) -> dict[str, np.ndarray]:
+    """Views of entry ``j`` along the leading axis (``a[j, ...]``: a 0-d view, not a copy, when
+    ``a`` is 1-d, so that in-place updates reach the stacked accumulator)."""
+    return {k: a[j, ...] for k, a in arrays.items()}
+
+
+class PerOutput(Statistic):
+    """A family computed for each output ``j`` of a label vector, as if ``y = A_j``.
+
+    Holds one inner statistic per output (they differ only in what was fitted to their
+    output, e.g. the τ grid from per-output quantiles). Every array of the inner schemas
+    gets a leading dimension ``output``; each output's sums are updated in place through
+    views of the stacked accumulator, so they are the bits the inner statistic computes
+    on the scalar source of that output. Coordinates equal for all outputs are stored
+    once, the others stacked along ``output``; ``output`` itself is a coordinate.
+    """
+
+    def __init__(self, inner: Iterable[Statistic]):
+        self.inner = list(inner)
+        if not self.inner or len({s.name for s in self.inner}) != 1:
+            raise ValueError("PerOutput needs one or more statistics of the same family")
+        self.name = self.inner[0].name
+
+    @property
+    def outputs(self) -> int:
+        return len(self.inner)
+
+    def _stacked(self, schema: Mapping[str, Var]) -> dict[str, Var]:
+        return {k: Var(("output",) + v.dims, (self.outputs,) + v.shape) for k, v in schema.items()}
+
+    def sums_schema(self):
+        return self._stacked(self.inner[0].sums_schema())
+
+    def terms_schema(self):
+        return self._stacked(self.inner[0].terms_schema())
+
+    def coords(self):
+        out = {"output": (("output",), np.arange(self.outputs, dtype=np.int64))}
+        per = [s.coords() for s in self.inner]
+        for k, (dims, first) in per[0].items():
+            values = [np.asarray(c[k][1]) for c in per]
+            if all(v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values[1:]):
+                out[k] = (dims, values[0])
+            else:
+                out[k] = (("output",) + tuple(dims), np.stack(values))
+        return out
+
+    def update(self, acc, x, y):
+        first = self.inner[0]
+        if hasattr(first, "label_free_sums"):
+            # sums that do not involve the label (basic's x, xxᵀ) once for all outputs, not m times:
+            # the same batch arrays are added to every output, so each output's bits are unchanged
+            shared = first.label_free_sums(x)
+            for j, s in enumerate(self.inner):
+                out = _at(acc, j)
+                s.label_update(out, x, y[:, j])
+                for k, v in shared.items():
+                    out[k] += v
+            return
+        for j, s in enumerate(self.inner):
+            s.update(_at(acc, j), x, y[:, j])
+
+    def terms(self, acc):
+        per = [s.terms(_at(acc, j)) for j, s in enumerate(self.inner)]
+        return {k: np.stack([p[k] for p in per]) for k in per[0]}
+
+    def finalize(self, sums, sumsq, n_chunks, chunk_size):
+        per = [s.finalize(_at(sums, j), _at(sumsq, j), n_chunks, chunk_size) for j, s in enumerate(self.inner)]
+        return {k: Estimate(("output",) + est.dims, np.stack([p[k].mean for p in per]),
+                            np.stack([p[k].se for p in per]))
+                for k, est in per[0].items()}
+
+    def config(self):
+        return {"per_output": [s.config() for s in self.inner]}
 
 
 # ---------------------------------------------------------------------- hermite
@@ -270,15 +415,30 @@ def _pilot_scores(source: Source, seed: int, n: int, score: Callable[[np.ndarray
     return np.concatenate(parts, axis=-1)
 
 
+def _label_scores(source: Source, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+                  ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``score`` of a scalar label, applied to every output of a vector source and stacked
+    along a leading ``output`` axis; ``score`` itself for a scalar source."""
+    m = label_outputs(source)
+    if m is None:
+        return score
+    return lambda x, y: np.stack([score(x, y[:, j]) for j in range(m)])
+
+
 def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """The τ grid: given thresholds, or quantiles of |y| over a pilot pass.
 
-    Returns ``(tau, quantiles)``; ``quantiles`` is None when τ was given.
+    Returns ``(tau, quantiles)``; ``quantiles`` is None when τ was given. For a source with
+    ``m`` outputs and quantiles, ``tau`` has shape (m, T): the quantiles of each ``|A_j|``.
     """
     if cfg.thresholds is not None:
         return np.asarray(cfg.thresholds, dtype=np.float64), None
     q = np.asarray(cfg.quantiles, dtype=np.float64)
-    return np.quantile(_pilot_scores(source, seed, cfg.pilot_samples, lambda x, y: np.abs(y)), q), q
+    scores = _pilot_scores(source, seed, cfg.pilot_samples, _label_scores(source, lambda x, y: np.abs(y)))
+    if scores.ndim == 1:
+        return np.quantile(scores, q), q
+    # one output at a time, on the same contiguous 1-d arrays as for a scalar source
+    return np.stack([np.quantile(s, q) for s in scores]), q
 
 
 def _binned_gram(xx: np.ndarray, count: np.ndarray, x: np.ndarray, score: np.ndarray, tau: np.ndarray) -> None:
@@ -375,7 +535,7 @@ def residual_setup(cfg: ResidualConfig, d: int) -> tuple[np.ndarray, list[Networ
 def residual_grid(cfg: ResidualConfig, source: Source, seed: int, basis: np.ndarray,
                   candidates: list[Network]) -> tuple[np.ndarray, Optional[np.ndarray]]:
     """The τ grid per candidate, shape (C, T): given thresholds, or quantiles of each
-    candidate's |residual| over the pilot pass."""
+    candidate's |residual| over the pilot pass (then (m, C, T) for a source with m outputs)."""
     if cfg.thresholds is not None:
         tau = np.asarray(cfg.thresholds, dtype=np.float64)
         return np.tile(tau, (len(candidates), 1)), None
@@ -385,7 +545,10 @@ def residual_grid(cfg: ResidualConfig, source: Source, seed: int, basis: np.ndar
         return np.stack([np.abs(y - net.forward(z)[:, 0]) for net in candidates])
 
     q = np.asarray(cfg.quantiles, dtype=np.float64)
-    return np.quantile(_pilot_scores(source, seed, cfg.pilot_samples, scores), q, axis=1).T.copy(), q
+    all_scores = _pilot_scores(source, seed, cfg.pilot_samples, _label_scores(source, scores))
+    if all_scores.ndim == 2:
+        return np.quantile(all_scores, q, axis=1).T.copy(), q
+    return np.stack([np.quantile(s, q, axis=1).T.copy() for s in all_scores]), q
 
 
 class ResidualFilteredMoments(Statistic):
@@ -450,30 +613,73 @@ class ResidualFilteredMoments(Statistic):
 # ----------------------------------------------------------------- building
 
 
+def _stored_outputs(names: Iterable[str], stored: Callable[[str], Mapping[str, np.ndarray]]) -> Optional[int]:
+    """The number of outputs of a stored run's label vector (None: scalar label), read from
+    the ``output`` coordinate of one of its statistics: every statistic of a vector run has
+    it (the scalar ``output_moments`` has one of length 1, the scalar families none)."""
+    # one group tells; not the Hermite tensors (the largest) unless they are all there is
+    name = min(names, key=lambda n: n == "hermite", default=None)
+    if name is None:
+        return None
+    arrays = stored(name)
+    return int(len(arrays["output"])) if "output" in arrays and len(arrays["output"]) > 1 else None
+
+
+def _of_output(values: Optional[np.ndarray], j: Optional[int], ndim: int) -> Optional[np.ndarray]:
+    """Output ``j``'s part of a grid stored once for all outputs (``ndim`` dims) or stacked
+    along a leading output axis (``ndim + 1``)."""
+    if values is None or j is None:
+        return values
+    values = np.asarray(values)
+    return values[j] if values.ndim == ndim + 1 else values
+
+
 def build_statistics(cfg: RunConfig, source: Optional[Source],
                      stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
     """The statistics a configuration asks for, with resolved direction banks and τ grids.
 
     ``stored(name)``, when given, returns a committed statistic's arrays: its direction
     bank and τ grid are then taken from the store instead of being drawn again.
+
+    For a source with ``m`` outputs (a label vector), every family but ``output_moments``
+    (natively per output) is a :class:`PerOutput` of ``m`` statistics, one per output, with
+    τ grids from each output's pilot quantiles. Without a source, ``m`` is read from the store.
     """
     d = cfg.source.d
+    sections = cfg.statistics.enabled()
+    if stored is not None:
+        cache: dict[str, Mapping[str, np.ndarray]] = {}
+        read = stored
+
+        def stored(name: str) -> Mapping[str, np.ndarray]:  # each group is read once
+            if name not in cache:
+                cache[name] = read(name)
+            return cache[name]
+
+    m = label_outputs(source) if source is not None else _stored_outputs(sections, stored) if stored else None
+
+    def family(make: Callable[[Optional[int]], Statistic]) -> Statistic:
+        # make(j): the statistic of output j (j None: of the scalar label)
+        return make(None) if m is None else PerOutput(make(j) for j in range(m))
+
     out: list[Statistic] = []
-    for name, section in cfg.statistics.enabled().items():
+    for name, section in sections.items():
         if name == "basic":
-            out.append(BasicMoments(d))
+            out.append(family(lambda j: BasicMoments(d)))
+        elif name == "output_moments":
+            out.append(OutputMoments(d, m or 1))
         elif name == "hermite":
-            out.append(HermiteTensors(d, section))
+            out.append(family(lambda j: HermiteTensors(d, section)))
         elif name == "contracted":
             g = stored(name)["direction"] if stored else direction_bank(section, d, cfg.seed)
-            out.append(ContractedMoments(g, section.orders))
+            out.append(family(lambda j: ContractedMoments(g, section.orders)))
         elif name == "filtered":
             if stored:
                 arrays = stored(name)
                 tau, q = arrays["tau"], arrays.get("quantile")
             else:
                 tau, q = threshold_grid(section, source, cfg.seed)
-            out.append(FilteredMoments(d, tau, q))
+            out.append(family(lambda j: FilteredMoments(d, _of_output(tau, j, 1), _of_output(q, j, 1))))
         elif name == "residual":
             basis, nets = residual_setup(section, d)
             if stored:
@@ -481,7 +687,8 @@ def build_statistics(cfg: RunConfig, source: Optional[Source],
                 tau, q = arrays["tau"], arrays.get("quantile")
             else:
                 tau, q = residual_grid(section, source, cfg.seed, basis, nets)
-            out.append(ResidualFilteredMoments(d, basis, nets, tau, q))
+            out.append(family(lambda j: ResidualFilteredMoments(d, basis, nets, _of_output(tau, j, 2),
+                                                                _of_output(q, j, 1))))
     return out
 
 
