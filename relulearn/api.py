@@ -23,7 +23,7 @@ from .pipeline.run import RunSummary, merge_stores
 from .pipeline.run import estimate as _estimate
 from .storage import open_store
 
-__all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate"]
+__all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate", "exact_arbitrary"]
 
 
 def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
@@ -73,7 +73,7 @@ def merge(a: str, b: str, out: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ learning
 
-METHODS = ("moments", "filtered-pca")
+METHODS = ("moments", "filtered-pca", "exact")
 
 
 def _method(name: str):
@@ -85,7 +85,45 @@ def _method(name: str):
         from .estimators import filtered_pca
 
         return filtered_pca
+    if name == "exact":
+        from .estimators import exact
+
+        return exact
     raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+
+
+def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse, before any work, a source outside the method's setting; returns the options,
+    completed from the source where the method needs it (``exact``'s activation).
+
+    ``moments`` and ``filtered-pca`` learn a scalar label; ``exact`` learns two-layer networks
+    ``U f(V x)`` with a rectified ``f`` (its paper's setting), so a planted or file teacher of
+    another shape or activation is refused, naming why.
+    """
+    outputs = getattr(source, "outputs", None)
+    if method != "exact" and outputs:
+        raise ValueError(
+            f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "
+            "set source.output to the output to learn, or use --method exact (two-layer networks with vector outputs)"
+        )
+    if method != "exact":
+        return options
+    from .estimators import exact
+
+    net = getattr(source, "network", None)
+    if net is not None:
+        if net.depth != 1 or net.biases is not None:
+            raise ValueError(
+                f"--method exact learns two-layer networks A = U f(V x) without biases (Bakshi–Jayaram–Woodruff); "
+                f"the teacher has {net.depth} hidden layers{' and biases' if net.biases is not None else ''}; "
+                "use --method filtered-pca for deep networks"
+            )
+        exact.check_activation(net.activation, what="the teacher's activation")
+        if options.get("activation") is None:
+            options = dict(options, activation=net.activation)
+    if options.get("activation") is not None:
+        exact.check_activation(options["activation"])
+    return options
 
 
 def _options(method: str, **given: Any) -> dict[str, Any]:
@@ -103,13 +141,17 @@ def _options(method: str, **given: Any) -> dict[str, Any]:
 def _mapper(client: Any) -> Callable:
     """The cluster's map for candidate batches (results in input order), or the builtin map.
 
-    Either way each item is computed on fresh aligned copies and each result is copied
-    again where it arrives (:mod:`relulearn.aligned`), so that the learned network does not
-    depend on where a batch ran or how its bytes travelled.
+    Either way each item is computed on fresh aligned copies with one BLAS thread, and each
+    result is copied again where it arrives (:mod:`relulearn.aligned`), so that the learned
+    network does not depend on where a batch ran or how its bytes travelled.
     """
     if client is None:
         def local_map(fn: Callable, items: Any) -> list:
-            return [fresh(r) for r in map(fresh_map(fn), items)]
+            from threadpoolctl import threadpool_limits
+
+            # one BLAS thread, as on a worker (pipeline.worker): multi-threaded BLAS sums in another order
+            with threadpool_limits(limits=1, user_api="blas"):
+                return [fresh(r) for r in map(fresh_map(fn), items)]
 
         return local_map
 
@@ -165,6 +207,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     run = open_store(store)
     cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
     source = make_source(cfg)
+    options = _check_setting(method, source, options)
     stats = {name: run.arrays(name) for name in run.statistics}
 
     samples = HeldOut(source, cfg.seed)
@@ -201,7 +244,8 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
 
 
 def learn(store: str, method: str = "moments", *, width: Optional[int] = None, depth: Optional[int] = None,
-          budget: Optional[int] = None, out: Optional[str] = None, workers: Optional[int] = None,
+          budget: Optional[int] = None, activation: Optional[str] = None, exact_samples: Optional[int] = None,
+          refine_samples: Optional[int] = None, out: Optional[str] = None, workers: Optional[int] = None,
           scheduler: Optional[str] = None, client: Any = None,
           progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
@@ -210,14 +254,17 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     candidate batches on the cluster, and writes the network to ``out`` (``.npz``).
     ``width`` is the number of hidden units (``moments``) or the largest hidden width
     (``filtered-pca``); ``depth`` (hidden layers) and ``budget`` (candidate networks) are
-    options of ``filtered-pca``.
+    options of ``filtered-pca``; ``activation`` (``relu``, ``relu2``, ``relu3``; default: the
+    teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
+    (samples streamed through the refinement; default all the store holds) of ``exact``.
 
     Returns
     -------
     dict
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
-    options = _options(method, width=width, depth=depth, budget=budget)
+    options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
+                       exact_samples=exact_samples, refine_samples=refine_samples)
     if client == "local":
         return _learn_with(None, store, method, options, out, progress)
     if client is not None:
@@ -228,7 +275,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
 
 
 def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
-        depth: Optional[int] = None, budget: Optional[int] = None, out: Optional[str] = None,
+        depth: Optional[int] = None, budget: Optional[int] = None, activation: Optional[str] = None,
+        exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, out: Optional[str] = None,
         samples: Optional[int] = None, workers: Optional[int] = None, scheduler: Optional[str] = None,
         client: Any = None, progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
@@ -236,8 +284,12 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     A configuration without a ``statistics`` section gets the method's own choice. The
     options are those of :func:`learn`.
     """
-    options = _options(method, width=width, depth=depth, budget=budget)
+    options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
+                       exact_samples=exact_samples, refine_samples=refine_samples)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    from .pipeline.sources import make_source
+
+    _check_setting(method, make_source(cfg), options)  # before anything is written
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
 
@@ -260,15 +312,19 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
 
 
 def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int = 200_000) -> dict[str, Any]:
-    """Relative test error ``E[(y − f̂(x))²] / E[y²]`` on fresh samples; the largest
-    principal angle between the subspace the teacher depends on (row space of its first
-    layer) and the one the model depends on (:func:`relulearn.network.subspace_angle`); and
-    the symmetry-aware parameter error when both are one-hidden-layer ReLU networks.
+    """Relative test error ``E[|y − f̂(x)|²] / E[|y|²]`` on fresh samples (per output too, for
+    vector labels); the largest principal angle between the subspace a scalar ReLU teacher
+    depends on (row space of its first layer) and the one the model depends on
+    (:func:`relulearn.network.subspace_angle`); and the parameter error up to the networks'
+    symmetries: permutation and positive rescaling of hidden units, for one-hidden-layer ReLU
+    networks with one output (:func:`~relulearn.network.compare`) and for two-layer networks
+    ``U f(V x)`` with ``f = max(z, 0)^c`` and any number of outputs, where rescaling ``v_i`` by
+    ``s`` scales ``u_i`` by ``s^{-c}`` (:func:`~relulearn.network.compare_two_layer`).
 
     ``teacher`` is a run configuration (its source, noise included, with samples from a
-    stream the estimation never uses) or a network ``.npz`` (noiseless).
+    stream the estimation never uses) or a network ``.npz`` (noiseless, every output).
     """
-    from .network import compare, subspace_angle
+    from .network import compare, compare_two_layer, subspace_angle
     from .pipeline.sources import Stream, TeacherSource, draw, make_source
 
     net = model if isinstance(model, Network) else Network.load(model)
@@ -281,37 +337,97 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
     x, y = draw(source, seed, Stream.TEST, samples)
-    pred = net.forward(x)[:, 0]
-    ey2 = float(np.mean(y**2))
+    y2 = y.reshape(len(y), -1)
+    if net.output_dim != y2.shape[1]:
+        raise ValueError(f"the model has {net.output_dim} outputs but the teacher's labels have {y2.shape[1]}; "
+                         "learn a model of the same source (or set source.output to compare one output)")
+    pred = net.forward(x)
+    err2, ey2 = np.mean((y2 - pred) ** 2, axis=0), np.mean(y2**2, axis=0)
     out: dict[str, Any] = {
         "samples": samples,
-        "relative_test_error": float(np.mean((y - pred) ** 2) / ey2),
-        "noise_floor": float(source.noise_std**2 / ey2),
+        "relative_test_error": float(err2.sum() / ey2.sum()),
+        "noise_floor": float(y2.shape[1] * source.noise_std**2 / ey2.sum()),
         "teacher_width": int(source.network.weights[0].shape[0]),
         "model_width": int(net.weights[0].shape[0]),
         "teacher_depth": int(source.network.depth),
         "model_depth": int(net.depth),
     }
-    if source.network.biases is None and source.network.activation == "relu" and net.activation == "relu":
+    if y2.shape[1] > 1:
+        out["outputs"] = int(y2.shape[1])
+        out["relative_test_error_per_output"] = [float(e) for e in err2 / ey2]
+    t_net = source.network
+    scalar_relu = (t_net.activation == "relu" and net.activation == "relu" and y2.shape[1] == 1
+                   and getattr(source, "output", None) is None)
+    if scalar_relu and t_net.biases is None:
         # the subspace the teacher depends on against the one the model depends on (π/2: a direction is missing)
-        out["subspace_angle"] = subspace_angle(source.network, net, x[:20_000])
+        out["subspace_angle"] = subspace_angle(t_net, net, x[:20_000])
+    if getattr(source, "output", None) is not None:
+        out["parameter_error"] = None
+        out["parameter_error_note"] = ("the label is one output of a vector-output teacher; parameter errors compare "
+                                       "whole networks (compare by test error)")
+        return out
     try:
-        cmp = compare(source.network, net)
+        cmp = compare(t_net, net) if scalar_relu else compare_two_layer(t_net, net)
         out["parameter_error"] = cmp.relative_error
         out["matching"] = list(cmp.matching)
         out["unit_errors"] = list(cmp.unit_errors)
-        # teacher units left without a learned unit were merged into the nearest one
-        u_t = source.network.weights[0] / np.linalg.norm(source.network.weights[0], axis=1, keepdims=True)
-        u_l = net.weights[0] / np.linalg.norm(net.weights[0], axis=1, keepdims=True)
-        out["merged_teacher_units"] = [
-            {"teacher_unit": i, "into_learned_unit": int(np.argmax(u_l @ u_t[i])),
-             "angle": float(np.arccos(np.clip(np.max(u_l @ u_t[i]), -1.0, 1.0)))}
-            for i, j in enumerate(cmp.matching) if j < 0
-        ]
+        if scalar_relu:
+            # teacher units left without a learned unit were merged into the nearest one
+            u_t = t_net.weights[0] / np.linalg.norm(t_net.weights[0], axis=1, keepdims=True)
+            u_l = net.weights[0] / np.linalg.norm(net.weights[0], axis=1, keepdims=True)
+            out["merged_teacher_units"] = [
+                {"teacher_unit": i, "into_learned_unit": int(np.argmax(u_l @ u_t[i])),
+                 "angle": float(np.arccos(np.clip(np.max(u_l @ u_t[i]), -1.0, 1.0)))}
+                for i, j in enumerate(cmp.matching) if j < 0
+            ]
     except ValueError as err:
         out["parameter_error"] = None
         out["parameter_error_note"] = str(err)
     return out
+
+
+def _load_matrix(path: str | Path, what: str) -> np.ndarray:
+    """A 2-d float array from a ``.npy`` file (a vector becomes one column), or an error naming the file."""
+    path = Path(path)
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise ValueError(f"{what} file {path} does not exist") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{what} file {path} is not a readable .npy array of numbers: {err}") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"{what} file {path} must hold a 1-d or 2-d numeric array, got "
+                         f"{getattr(arr, 'shape', '?')} of {getattr(arr, 'dtype', type(arr).__name__)}")
+    arr = np.asarray(arr, dtype=np.float64)
+    arr = arr[:, None] if arr.ndim == 1 else arr
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        r, c = (int(i[0]) for i in np.nonzero(bad))
+        raise ValueError(f"{what} file {path} has a non-finite value at row {r}, column {c}")
+    return arr
+
+
+def exact_arbitrary(inputs: str | Path, labels: str | Path, width: int, *, activation: str = "relu",
+                    out: Optional[str] = None) -> dict[str, Any]:
+    """Recover ``A = U f(V X)`` exactly from arbitrary inputs (files ``inputs`` X, n × d, and
+    ``labels`` A, n × m, ``.npy``) with :func:`relulearn.estimators.exact.recover`; write the
+    network to ``out``. Returns the width, shapes, the check on the given samples and the report."""
+    from .estimators import exact
+
+    t0 = time.perf_counter()
+    x, a = _load_matrix(inputs, "inputs"), _load_matrix(labels, "labels")
+    if len(x) != len(a):
+        raise ValueError(f"inputs {inputs} have {len(x)} rows but labels {labels} have {len(a)}; one label row "
+                         "per input row")
+    result = exact.recover(x, a, width, activation=activation)
+    net = result.network
+    if out is not None:
+        net.save(out)
+    pred = net.forward(x)
+    return {"out": out, "samples": int(len(x)), "input_dim": int(x.shape[1]), "outputs": int(a.shape[1]),
+            "width": int(net.weights[0].shape[0]), "activation": activation,
+            "relative_error": float(np.sum((a - pred) ** 2) / max(np.sum(a**2), 1e-300)),
+            "seconds": time.perf_counter() - t0, "report": result.report}
 
 
 def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0, store: Optional[str] = None,

@@ -105,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     def add_learn_options(q: argparse.ArgumentParser) -> None:
         q.add_argument("--method", default="moments", choices=list(api.METHODS),
                        help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default); "
-                       "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace")
+                       "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace; "
+                       "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
+                       "(tensor step, signs, null vectors of the row span, refinement)")
         q.add_argument("--width", type=_positive,
                        help="moments: hidden units wanted (default: the rank the noise floor supports); "
                        "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
@@ -116,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--budget", type=_positive,
                        help="filtered-pca: largest number of candidate networks the enumeration may fit "
                        "(default 256); a larger --depth/--width is refused before any work")
+        q.add_argument("--activation", choices=["relu", "relu2", "relu3"],
+                       help="exact: the rectified activation f(z) = max(z,0)^c of the network learned (default: the "
+                       "teacher's, relu for other sources)")
+        q.add_argument("--exact-samples", type=_positive,
+                       help="exact: samples of the bounded exact step (default: chosen from d and the width; too few is "
+                       "refused with the number needed)")
+        q.add_argument("--refine-samples", type=_positive,
+                       help="exact: samples streamed through the noisy-case refinement, each pass regenerating them "
+                       "on the workers (default: as many as the store holds, at most 10^7)")
         q.add_argument("--out", required=True, help="where to write the learned network (.npz)")
         add_cluster_options(q)
         q.add_argument("--quiet", action="store_true", help="no progress output")
@@ -137,6 +148,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="store location")
     p.add_argument("--samples", type=_positive, help="total samples (default: the config's `samples`)")
     add_learn_options(p)
+
+    p = sub.add_parser("exact-arbitrary", help="recover a two-layer rectified net exactly from arbitrary inputs",
+                       description="Recover A = U f(V X) exactly from samples with arbitrary (non-Gaussian) inputs X, "
+                       "by enumerating the zero patterns realisable in the row span of A (Bakshi–Jayaram–Woodruff's "
+                       "n^O(k) algorithm). Needs rank(A) = k and small k (at most 3 with a few hundred samples); "
+                       "labels must be noiseless.")
+    p.add_argument("inputs", help="inputs X (.npy, n rows × d columns)")
+    p.add_argument("labels", help="labels A (.npy, n rows × m outputs, or a vector of n labels)")
+    p.add_argument("--width", type=_positive, required=True, help="hidden units k")
+    p.add_argument("--activation", choices=["relu", "relu2", "relu3"], default="relu",
+                   help="the rectified activation f(z) = max(z,0)^c (default relu)")
+    p.add_argument("--out", required=True, help="where to write the recovered network (.npz)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("evaluate", help="test error of a network against a teacher",
                        description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "
@@ -165,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"workers": args.workers, "scheduler": args.scheduler, "client": "local" if args.in_process else None,
             "progress": None if args.quiet else sys.stderr}
+
+
+def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"width": args.width, "depth": args.depth, "budget": args.budget, "activation": args.activation,
+            "exact_samples": args.exact_samples, "refine_samples": args.refine_samples}
 
 
 def _print_demo(result: dict[str, Any]) -> None:
@@ -202,19 +231,37 @@ def _print_status(st: dict[str, Any]) -> None:
     print("(the fingerprint and the rest: --json)")
 
 
+def _format(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3e}" if v != 0 and (abs(v) < 1e-2 or abs(v) >= 1e6) else f"{v:,.3f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    if isinstance(v, list) and len(v) <= 12 and all(isinstance(e, (int, float)) for e in v):
+        return "[" + ", ".join(_format(e) for e in v) + "]"
+    return str(v)
+
+
 def _print(result: dict[str, Any], as_json: bool) -> None:
+    """JSON, or a short table for people: scalar fields and short lists; the lines of a
+    method's ``report["summary"]``; nested parts only named (they are in ``--json``)."""
     if as_json:
         print(json.dumps(result, indent=2, default=str))
         return
-    width = max(len(k) for k in result)
-    for k, v in result.items():
-        if isinstance(v, dict):
-            v = json.dumps(v)
-        elif isinstance(v, float):
-            v = f"{v:,.3f}"
-        elif isinstance(v, int) and not isinstance(v, bool):
-            v = f"{v:,}"
+    def short(v: Any) -> bool:  # a scalar, or a short list of numbers
+        return not isinstance(v, (dict, list)) or (isinstance(v, list) and 0 < len(v) <= 12
+                                                   and all(isinstance(e, (int, float)) for e in v))
+
+    rows = [(k, _format(v)) for k, v in result.items() if short(v) and k != "passes"]
+    summary = result.get("report", {}).get("summary", {}) if isinstance(result.get("report"), dict) else {}
+    rows += [(k, _format(v)) for k, v in summary.items()]
+    if result.get("passes"):
+        rows.append(("passes", ", ".join(p["name"] for p in result["passes"])))
+    width = max((len(k) for k, _ in rows), default=0)
+    for k, v in rows:
         print(f"{k:<{width}}  {v}")
+    hidden = [k for k, v in result.items() if not short(v) and k != "passes" and v]
+    if hidden:
+        print(f"(also {', '.join(hidden)}: --json)")
 
 
 def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
@@ -248,11 +295,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "merge":
             result = api.merge(args.a, args.b, args.out)
         elif args.command == "learn":
-            result = api.learn(args.store, args.method, width=args.width, depth=args.depth, budget=args.budget,
-                               out=args.out, **_cluster_kwargs(args))
+            result = api.learn(args.store, args.method, out=args.out, **_method_kwargs(args), **_cluster_kwargs(args))
         elif args.command == "fit":
-            result = api.fit(args.config, args.store, args.method, width=args.width, depth=args.depth,
-                             budget=args.budget, out=args.out, samples=args.samples, **_cluster_kwargs(args))
+            result = api.fit(args.config, args.store, args.method, out=args.out, samples=args.samples,
+                             **_method_kwargs(args), **_cluster_kwargs(args))
+        elif args.command == "exact-arbitrary":
+            result = api.exact_arbitrary(args.inputs, args.labels, args.width, activation=args.activation,
+                                         out=args.out)
         elif args.command == "evaluate":
             result = api.evaluate(args.model, args.teacher, samples=args.samples)
         elif args.command == "demo":

@@ -1,0 +1,278 @@
+"""Method ``exact``: two-layer rectified networks ``A = U f(V x)`` with vector outputs, exactly
+(Bakshi–Jayaram–Woodruff 2019, "Learning two layer rectified neural networks in polynomial time").
+
+Tensor path (``m ≥ k`` outputs, ``rank U = k``):
+
+1. Subspace: the span of the ``ν_i = v_i/|v_i|`` from the per-output ``T2_j = E[A_j (x xᵀ − I)]``
+   against their noise floors (:func:`.spectral.relevant_subspace`).
+2. Tensor step: ``T2_j = Σ_i κ2 U_ji |v_i|^c ν_i ν_iᵀ`` decomposed by simultaneous
+   diagonalisation inside the subspace (:mod:`.tensor`).
+3. Signs from ``T1_j = E[A_j x]`` (:mod:`.signs`); the moment estimate ``V0 = s_i ν̂_i``, ``U0 = α/κ2``.
+4. Exact step on a bounded sample: null vectors of the labels' row span on each unit's inactive
+   samples (:mod:`.exact_step`); exact on noiseless labels, checked on fresh samples.
+5. With label noise: Gauss–Newton refinement streamed over the held-out samples (:mod:`.refine`);
+   the best of moment estimate, exact step and refinement by validation loss.
+
+Fixed-parameter path (``m < k``, noiseless): clusters of 1-sparse labels (:mod:`.fixed_parameter`).
+Arbitrary inputs (no distribution, small ``k``): :func:`recover` (:mod:`.orthants`).
+
+The method is a pure function of stored statistics and bounded samples; it never asks for a pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..network import Network
+from . import exact_step as _exact_step
+from . import fixed_parameter as _fixed
+from . import orthants, refine as _refine, signs as _signs, spectral, tensor
+from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
+from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
+
+__all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "sample_sizes", "learn", "recover",
+           "check_activation", "Rectified", "MissingStatisticError", "LearnResult", "PassRequest"]
+
+#: keyword options of :func:`learn` that ``relulearn learn`` passes through
+OPTIONS = ("width", "activation", "exact_samples", "refine_samples")
+
+#: the method never asks for a pass: everything it needs is in ``output_moments``
+MAX_PASSES = 0
+
+#: the tensor step needs ``rank α = k``; beyond this condition number of ``α`` the outputs do not
+#: separate the units (a rank-deficient ``U``), and noiseless labels go to the fixed-parameter path
+ALPHA_CONDITION_LIMIT = 1e8
+#: default cap on the samples the refinement streams (each of its passes costs (k·d)² per sample:
+#: 10^7 samples at k·d = 800 are minutes on 2 cores, 10^9 would be hours); ``refine_samples`` lifts it
+REFINE_DEFAULT_MAX = 10_000_000
+
+#: the fixed-parameter path draws more samples at most this many times when its default count
+#: (which assumes near-orthogonal units) leaves a unit alone on too few samples
+REDRAWS = 2
+
+
+def required_statistics(d: int, width: Optional[int] = None) -> dict:
+    """The ``statistics`` config section the method needs (per-output first and second moments)."""
+    return {"basic": {}, "output_moments": {}}
+
+
+def sample_sizes(d: int, k: int) -> tuple[int, int]:
+    """Training and validation sizes of the exact step: each unit's linear system has ``d`` unknowns and
+    uses the top 40 % of the samples; its inactive set is the bottom 2–20 % and needs ``≥ 4k`` samples;
+    ``40 (d + k)`` leaves every system overdetermined many times over."""
+    return max(4_000, 40 * (d + k)), max(2_000, 10 * (d + k))
+
+
+def _check(stats: Mapping[str, Arrays]) -> Arrays:
+    if "output_moments" not in stats:
+        raise MissingStatisticError(
+            "the 'exact' method needs the 'output_moments' statistic (per-output E[A x] and E[A (x xᵀ − I)]), "
+            "which this store lacks; add to the configuration\n  statistics:\n    output_moments: {}\n"
+            "and estimate into a new store (or use `relulearn fit`, which chooses the statistics itself)"
+        )
+    om = stats["output_moments"]
+    missing = [k for k in ("T1", "T1_se", "T2", "T2_se") if k not in om]
+    if missing:
+        raise MissingStatisticError(f"the store's output_moments lack {missing}; re-estimate with "
+                                    "statistics.output_moments: {}")
+    return om
+
+
+def _validation(cands: dict[str, Network], smp: Samples) -> dict[str, float]:
+    return {name: relative_loss(net, smp.x_val, smp.y_val) for name, net in cands.items()}
+
+
+def _basis(sub: spectral.Subspace, t2: np.ndarray, k: int, report: dict) -> np.ndarray:
+    if sub.rank >= k:
+        return sub.basis[:, :k]
+    # fewer directions above the floor than units: the top-k span of all T2_j, with a note
+    report["subspace_note"] = (f"the noise floor supports {sub.rank} of {k} directions; the tensor step uses the "
+                               "top-k span of the stacked T2_j (more samples would make it reliable)")
+    left = np.linalg.svd(np.concatenate(list(t2), axis=1), full_matrices=False)[0]
+    return left[:, :k]
+
+
+def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
+          samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
+          activation: Optional[str] = "relu", exact_samples: Optional[int] = None,
+          refine_samples: Optional[int] = None, mapper: Callable = map, seed: int = 0) -> LearnResult:
+    """Learn ``A = U f(V x)`` (``f = max(z, 0)^c``) exactly from per-output moments and bounded samples.
+
+    Parameters
+    ----------
+    stats
+        The store's statistics, ``{name: arrays}``; needs ``output_moments`` (``T1``, ``T2`` with
+        ``_se``, ``count``).
+    passes
+        Ignored (the method asks for none).
+    samples
+        A :class:`~.base.SampleDraw`: ``samples(n_train, n_val)`` for the exact step and its check,
+        ``samples.part(p, n)`` for the streamed refinement.
+    width
+        Number of hidden units (default: the rank the noise floor supports).
+    activation
+        ``relu``, ``relu2`` or ``relu3`` (others are refused, naming why).
+    exact_samples
+        Size of the bounded sample of the exact step (default :func:`sample_sizes` on the tensor path,
+        :func:`.fixed_parameter.samples_needed` on the fixed-parameter path, where too few draws
+        again with the count its clusters suggest); too few is refused with the number needed.
+    refine_samples
+        Samples streamed by the refinement (default: the store's sample count, at most
+        ``REFINE_DEFAULT_MAX`` = 10⁷).
+    mapper
+        ``map``-like callable; the refinement maps its parts through it.
+    seed
+        Seeds the tensor step's random combinations and the cluster ordering.
+
+    Returns
+    -------
+    LearnResult
+        ``Network((V, U), activation)`` and a JSON-ready report: ``subspace``, ``path``, ``tensor``,
+        ``signs``, ``projection_test``, ``exact_step``, ``check``, ``refinement``,
+        ``validation_relative_loss``, ``chosen``.
+
+    Raises
+    ------
+    MissingStatisticError
+        Without ``output_moments``.
+    ValueError
+        For an unsupported activation, an empty subspace, or a fixed-parameter path that cannot run.
+    """
+    act = check_activation(activation)
+    om = _check(stats)
+    t2 = np.asarray(om["T2"], dtype=np.float64)
+    t2_se = np.asarray(om["T2_se"], dtype=np.float64)
+    m, d = t2.shape[0], t2.shape[1]
+    sub = spectral.relevant_subspace(list(t2), list(t2_se), rank=width, names=[f"T2[{j}]" for j in range(m)])
+    report: dict[str, Any] = {"activation": act.name, "subspace": sub.to_dict(include_basis=False)}
+    if sub.rank == 0:
+        raise ValueError("the spectral stage found no direction above the noise floor in any T2_j: the statistics "
+                         "are pure noise at this sample count; estimate with more samples")
+    k = int(width or sub.rank)
+    report["width"] = k
+    if m < k:
+        report["path"] = "fixed-parameter"
+        report["path_reason"] = f"m = {m} outputs < k = {k} units: U has rank < k, the tensor step cannot separate"
+        return _fixed_path(samples, d, k, act, exact_samples, seed, report, width_known=width is not None)
+
+    w = _basis(sub, t2, k, report)
+    dec = tensor.decompose(t2, w, seed=seed)
+    report["tensor"] = dec.to_dict()
+    if dec.weight_condition > ALPHA_CONDITION_LIMIT:
+        report["path"] = "fixed-parameter"
+        report["path_reason"] = (f"the per-output weights α have condition number {dec.weight_condition:.3g}: "
+                                 "U has rank < k, the tensor step cannot separate the units")
+        return _fixed_path(samples, d, k, act, exact_samples, seed, report, width_known=width is not None)
+    report["path"] = "tensor"
+    sg = _signs.signs_from_first_moments(np.asarray(om["T1"]), np.asarray(om["T1_se"]), dec.weights,
+                                         dec.directions, act.power)
+    report["signs"] = sg.to_dict()
+    signed = dec.directions * sg.signs[:, None]
+    n_train, n_val = sample_sizes(d, k)
+    if exact_samples is not None:
+        least = _exact_step.min_samples(d, k)
+        if exact_samples < least:
+            raise ValueError(f"exact_samples = {exact_samples} is too few for the exact step: at least {least} samples "
+                             f"are needed (d = {d}, k = {k}; default {n_train})")
+        n_train = int(exact_samples)
+    smp = samples(n_train, n_val)
+    report["projection_test"] = _signs.projection_test(smp.x_train, smp.y_train, dec.weights, signed, act.power)
+    cands = {"moments": _signs.moment_estimate(dec.weights, dec.directions, sg.signs, act.power, act.name)}
+    try:
+        net, rep = _exact_step.exact_step(smp.x_train, smp.y_train, signed, act.power, act.name)
+        cands["exact step"] = net
+        report["exact_step"] = rep
+        report["check"] = check_on(net, smp.x_val, smp.y_val)
+    except (ValueError, np.linalg.LinAlgError) as err:
+        report["exact_step"] = {"error": str(err)}
+    losses = _validation(cands, smp)
+    if report.get("check", {}).get("exact"):
+        report["refinement"] = {"skipped": "the exact step is exact on the validation samples"}
+    elif not hasattr(samples, "part"):
+        report["refinement"] = {"skipped": "the sample draw has no independent parts to stream"}
+    else:
+        total = int(refine_samples if refine_samples is not None
+                    else min(int(np.asarray(om.get("count", n_train))), REFINE_DEFAULT_MAX))
+        start = min(losses, key=losses.get)
+        refined, rrep = _refine.refine(cands[start], samples, total, mapper=mapper)
+        rrep["start"] = start
+        report["refinement"] = rrep
+        cands["refined"] = refined
+        losses = _validation(cands, smp)
+    report["validation_relative_loss"] = losses
+    chosen = min(losses, key=losses.get)
+    report["chosen"] = chosen
+    return LearnResult(cands[chosen], report)
+
+
+def _fixed_path(samples: Callable[[int, int], Samples], d: int, k: int, act: Rectified,
+                exact_samples: Optional[int], seed: int, report: dict, *, width_known: bool = True) -> LearnResult:
+    need = _fixed.samples_needed(d, k)
+    if exact_samples is not None and exact_samples < need:
+        raise ValueError(
+            f"exact_samples = {exact_samples} is too few for the fixed-parameter path: about {need} samples are needed "
+            f"(each of the k = {k} units must be the only active one on at least d + {_fixed.FIXED_MARGIN} = "
+            f"{d + _fixed.FIXED_MARGIN} samples, a fraction ≈ 2^-k of Gaussian inputs: "
+            f"(d + {_fixed.FIXED_MARGIN})·2^k·{_fixed.FIXED_SAFETY})")
+    n = int(exact_samples or need)
+    n_val = sample_sizes(d, k)[1]
+    smp = samples(n, n_val)
+    redrawn = []
+    while True:
+        try:
+            net, rep = _fixed.fixed_parameter(smp.x_train, smp.y_train, k, act.power, act.name, seed=seed,
+                                              width_known=width_known)
+            break
+        except _fixed.TooFewSamplesError as err:
+            if exact_samples is not None or len(redrawn) >= REDRAWS or err.needed <= n:
+                raise
+            # the default count assumes near-orthogonal units; draw again with the count the clusters suggest
+            redrawn.append(f"{n} samples were too few; drew {err.needed}")
+            n = err.needed
+            smp = samples(n, n_val)
+    if redrawn:
+        rep["redrawn"] = redrawn
+    report["fixed_parameter"] = rep
+    report["check"] = check_on(net, smp.x_val, smp.y_val)
+    report["validation_relative_loss"] = {"fixed-parameter": report["check"]["relative_error"]}
+    report["chosen"] = "fixed-parameter"
+    return LearnResult(net, report)
+
+
+def recover(x: np.ndarray, a: np.ndarray, k: int, *, activation: str = "relu") -> LearnResult:
+    """``A = U f(V X)`` exactly from noiseless samples with *arbitrary* inputs (no distribution).
+
+    Enumerates the zero patterns realisable in the row span of ``A`` (:mod:`.orthants`); exponential
+    in ``k``, for small ``k`` (≤ 3 comfortably) and a few hundred samples.
+
+    Parameters
+    ----------
+    x
+        ``(n, d)`` inputs (e.g. uniform on a cube, or a standardised data matrix).
+    a
+        ``(n, m)`` labels with ``rank(A) = k`` (``m ≥ k``).
+    k
+        Number of hidden units.
+    activation
+        ``relu``, ``relu2`` or ``relu3``.
+
+    Returns
+    -------
+    LearnResult
+        The network and a report (``enumeration``, ``check`` on the given samples).
+
+    Raises
+    ------
+    ValueError
+        For ``rank(A) ≠ k``, ``k`` too large for the enumeration (with its cost), too few samples,
+        or an unsupported activation.
+    """
+    act = check_activation(activation)
+    x = np.asarray(x, dtype=np.float64)
+    a = np.asarray(a, dtype=np.float64).reshape(len(x), -1)
+    v, rep = orthants.enumerate_units(x, a, int(k), act.power)
+    u = output_weights(x, a, v, act.power)
+    net = Network((v, u), activation=act.name)
+    return LearnResult(net, {"path": "arbitrary inputs", "enumeration": rep, "check": check_on(net, x, a)})
