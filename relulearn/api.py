@@ -123,6 +123,8 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
             options = dict(options, activation=net.activation)
     if options.get("activation") is not None:
         exact.check_activation(options["activation"])
+    if options.get("exact_samples") is not None and options.get("width") is not None:
+        exact.check_exact_samples(options["exact_samples"], source.d, options["width"], outputs or 1)
     return options
 
 

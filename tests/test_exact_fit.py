@@ -119,6 +119,13 @@ def test_too_few_exact_samples_is_refused_with_the_number_needed(tmp_path):
     err = json.loads(proc.stdout)["error"]
     assert "500" in err and "5632 samples are needed" in err, err
     assert not (tmp_path / "m.npz").exists()
+    # fit knows the width and the outputs before estimating: refused before anything is written
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(data))
+    proc = cli("fit", str(cfg), "--store", str(tmp_path / "new.zarr"), "--method", "exact", "--width", "6",
+               "--exact-samples", "500", "--out", str(tmp_path / "m.npz"), "--in-process")
+    assert proc.returncode == 2 and "5632 samples are needed" in proc.stderr, proc.stderr
+    assert not (tmp_path / "new.zarr").exists() and not (tmp_path / "m.npz").exists()
 
 
 @pytest.mark.parametrize("k", [2, 3])

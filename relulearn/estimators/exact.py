@@ -32,7 +32,7 @@ from . import orthants, refine as _refine, signs as _signs, spectral, tensor
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
 from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
 
-__all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "sample_sizes", "learn", "recover",
+__all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "sample_sizes", "learn", "recover", "check_exact_samples",
            "check_activation", "Rectified", "MissingStatisticError", "LearnResult", "PassRequest"]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
@@ -172,10 +172,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     signed = dec.directions * sg.signs[:, None]
     n_train, n_val = sample_sizes(d, k)
     if exact_samples is not None:
-        least = _exact_step.min_samples(d, k)
-        if exact_samples < least:
-            raise ValueError(f"exact_samples = {exact_samples} is too few for the exact step: at least {least} samples "
-                             f"are needed (d = {d}, k = {k}; default {n_train})")
+        check_exact_samples(exact_samples, d, k, m)
         n_train = int(exact_samples)
     smp = samples(n_train, n_val)
     report["projection_test"] = _signs.projection_test(smp.x_train, smp.y_train, dec.weights, signed, act.power)
@@ -204,18 +201,52 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     report["validation_relative_loss"] = losses
     chosen = min(losses, key=losses.get)
     report["chosen"] = chosen
-    return LearnResult(cands[chosen], report)
+    return LearnResult(cands[chosen], _summarize(report))
 
 
-def _fixed_path(samples: Callable[[int, int], Samples], d: int, k: int, act: Rectified,
-                exact_samples: Optional[int], seed: int, report: dict, *, width_known: bool = True) -> LearnResult:
+def _summarize(report: dict) -> dict:
+    """Add ``summary``: the few lines a person reads first (the CLI prints them without --json)."""
+    summary: dict[str, Any] = {"path": report.get("path"), "chosen": report.get("chosen")}
+    check = report.get("check") or {}
+    if "relative_error" in check:
+        summary["check_relative_error"] = check["relative_error"]
+        summary["check_samples"] = check["samples"]
+        summary["exact"] = bool(check.get("exact"))
+    loss = (report.get("validation_relative_loss") or {}).get(report.get("chosen"))
+    if loss is not None:
+        summary["validation_relative_loss"] = loss
+    ref = report.get("refinement") or {}
+    if "passes" in ref:
+        summary["refinement_passes"] = ref["passes"]
+        summary["refinement_samples"] = ref["samples"]
+    report["summary"] = summary
+    return report
+
+
+def check_exact_samples(exact_samples: int, d: int, k: int, outputs: int) -> None:
+    """Refuse an ``exact_samples`` too small for the path ``m = outputs`` and ``k`` units take,
+    naming the number needed (the tensor path's exact step when ``m >= k``, else the
+    fixed-parameter path, whose 1-sparse samples are a fraction ≈ 2^-k of Gaussian inputs)."""
+    if outputs >= k:
+        least = _exact_step.min_samples(d, k)
+        if exact_samples < least:
+            raise ValueError(f"exact_samples = {exact_samples} is too few for the exact step: at least {least} samples "
+                             f"are needed (d = {d}, k = {k}; default {sample_sizes(d, k)[0]})")
+        return
     need = _fixed.samples_needed(d, k)
-    if exact_samples is not None and exact_samples < need:
+    if exact_samples < need:
         raise ValueError(
             f"exact_samples = {exact_samples} is too few for the fixed-parameter path: about {need} samples are needed "
             f"(each of the k = {k} units must be the only active one on at least d + {_fixed.FIXED_MARGIN} = "
             f"{d + _fixed.FIXED_MARGIN} samples, a fraction ≈ 2^-k of Gaussian inputs: "
             f"(d + {_fixed.FIXED_MARGIN})·2^k·{_fixed.FIXED_SAFETY})")
+
+
+def _fixed_path(samples: Callable[[int, int], Samples], d: int, k: int, act: Rectified,
+                exact_samples: Optional[int], seed: int, report: dict, *, width_known: bool = True) -> LearnResult:
+    need = _fixed.samples_needed(d, k)
+    if exact_samples is not None:
+        check_exact_samples(exact_samples, d, k, 0)
     n = int(exact_samples or need)
     n_val = sample_sizes(d, k)[1]
     smp = samples(n, n_val)
@@ -238,7 +269,7 @@ def _fixed_path(samples: Callable[[int, int], Samples], d: int, k: int, act: Rec
     report["check"] = check_on(net, smp.x_val, smp.y_val)
     report["validation_relative_loss"] = {"fixed-parameter": report["check"]["relative_error"]}
     report["chosen"] = "fixed-parameter"
-    return LearnResult(net, report)
+    return LearnResult(net, _summarize(report))
 
 
 def recover(x: np.ndarray, a: np.ndarray, k: int, *, activation: str = "relu") -> LearnResult:
