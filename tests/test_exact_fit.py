@@ -152,3 +152,14 @@ def test_exact_arbitrary_cli_names_bad_files(tmp_path):
     proc = cli("exact-arbitrary", str(tmp_path / "missing.npy"), str(tmp_path / "a.npy"), "--width", "2",
                "--out", str(tmp_path / "m.npz"))
     assert proc.returncode == 2 and "missing.npy" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
+
+
+def test_the_two_layer_example_plants_what_it_says():
+    from pathlib import Path
+
+    from relulearn.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "two_layer.yaml")
+    net = make_source(cfg).network
+    assert (net.input_dim, net.weights[0].shape[0], net.output_dim, net.activation) == (50, 6, 8, "relu2")
+    assert cfg.statistics.output_moments is None  # fit chooses the method's statistics
