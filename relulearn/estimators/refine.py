@@ -24,7 +24,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..aligned import fresh
 from ..network import RELU_POWERS, Network
 from .rectified import activate, derivative
 
@@ -128,12 +127,11 @@ class PartEquations:
     power: int
 
     def __call__(self, item: tuple[int, int]) -> NormalEquations:
+        # the mapper hands this object, its weights and its draw's teacher over in fresh aligned
+        # memory (relulearn.aligned.fresh_call), so every worker does the same arithmetic
         p, n = item
         x, y = self.draw.part(int(p), int(n))
-        # weights that arrived inside a transport frame may be unaligned, which changes numpy's
-        # summation order; fresh aligned copies make every worker do the same arithmetic
-        v, u = fresh((self.v, self.u))
-        return normal_equations(x, y, v, u, self.power)
+        return normal_equations(x, y, self.v, self.u, self.power)
 
 
 def parts(total: int, rows: int = PART_ROWS, first: int = 2) -> list[tuple[int, int]]:
