@@ -23,6 +23,16 @@ Arrays = Mapping[str, np.ndarray]
 class MissingStatisticError(ValueError):
     """A store lacks a statistic the method needs; the message gives the config lines."""
 
+    @classmethod
+    def lacking(cls, method: str, statistic: str, what: str, section: str) -> "MissingStatisticError":
+        """The error for a store without ``statistic`` (``what`` it holds), with the config line
+        ``statistic: section`` that produces it."""
+        return cls(
+            f"the '{method}' method needs the '{statistic}' statistic ({what}), which this store lacks; add to the "
+            f"configuration\n  statistics:\n    {statistic}: {section}\nand estimate into a new store (or use "
+            "`relulearn fit`, which chooses the statistics itself)"
+        )
+
 
 @dataclass(frozen=True)
 class PassRequest:

@@ -67,11 +67,7 @@ def sample_sizes(d: int, k: int) -> tuple[int, int]:
 
 def _check(stats: Mapping[str, Arrays]) -> Arrays:
     if "output_moments" not in stats:
-        raise MissingStatisticError(
-            "the 'exact' method needs the 'output_moments' statistic (per-output E[A x] and E[A (x xᵀ − I)]), "
-            "which this store lacks; add to the configuration\n  statistics:\n    output_moments: {}\n"
-            "and estimate into a new store (or use `relulearn fit`, which chooses the statistics itself)"
-        )
+        raise MissingStatisticError.lacking("exact", "output_moments", "per-output E[A x] and E[A (x xᵀ − I)]", "{}")
     om = stats["output_moments"]
     missing = [k for k in ("T1", "T1_se", "T2", "T2_se") if k not in om]
     if missing:

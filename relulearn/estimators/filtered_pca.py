@@ -94,12 +94,8 @@ def _filtered_matrices(arrays: Arrays, what: str, config_hint: str) -> tuple[lis
 
 def _check(stats: Mapping[str, Arrays]) -> None:
     if "filtered" not in stats:
-        raise MissingStatisticError(
-            "the 'filtered-pca' method needs the 'filtered' statistic (filtered second moments M_τ), which this "
-            "store lacks; add to the configuration\n  statistics:\n    filtered: {quantiles: "
-            f"{QUANTILES}}}\nand estimate into a new store (or use `relulearn fit`, which chooses the statistics "
-            "itself)"
-        )
+        raise MissingStatisticError.lacking("filtered-pca", "filtered", "filtered second moments M_τ",
+                                            f"{{quantiles: {QUANTILES}}}")
 
 
 def _grid_hint(stats: Mapping[str, Arrays]) -> str:

@@ -42,11 +42,8 @@ def sample_sizes(d: int, width: int) -> tuple[int, int]:
 
 def _check(stats: Mapping[str, Arrays]) -> None:
     if "contracted" not in stats:
-        raise MissingStatisticError(
-            "the 'moments' method needs the 'contracted' statistic (orders 2 and 4), which this store lacks; "
-            "add to the configuration\n  statistics:\n    contracted: {orders: [2, 4], directions: 8}\n"
-            "and estimate into a new store (or use `relulearn fit`, which chooses the statistics itself)"
-        )
+        raise MissingStatisticError.lacking("moments", "contracted", "orders 2 and 4",
+                                            "{orders: [2, 4], directions: 8}")
     orders = set(np.asarray(stats["contracted"]["pair_order"]).tolist())
     if not orders & {2, 4}:
         raise MissingStatisticError(
