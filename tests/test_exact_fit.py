@@ -163,3 +163,17 @@ def test_the_two_layer_example_plants_what_it_says():
     net = make_source(cfg).network
     assert (net.input_dim, net.weights[0].shape[0], net.output_dim, net.activation) == (50, 6, 8, "relu2")
     assert cfg.statistics.output_moments is None  # fit chooses the method's statistics
+
+
+def test_a_vector_output_network_file_is_a_teacher_for_exact(tmp_path):
+    """Any .npz network with a vector output: vector labels, and its own activation is the default."""
+    rng = np.random.default_rng(5)
+    teacher = Network((rng.standard_normal((3, 10)), rng.standard_normal((4, 3))), activation="relu3")
+    teacher.save(tmp_path / "t.npz")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("seed: 2\nsamples: 100000\nchunk_size: 25000\nsource: {d: 10, teacher: {file: t.npz}}\n")
+    proc = cli("fit", str(cfg), "--store", str(tmp_path / "s.zarr"), "--method", "exact", "--out",
+               str(tmp_path / "m.npz"), "--in-process", "--quiet", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["report"]["activation"] == "relu3"
+    assert compare_two_layer(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-12
