@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "refused with the number needed)")
         q.add_argument("--refine-samples", type=_positive,
                        help="exact: samples streamed through the noisy-case refinement, each pass regenerating them "
-                       "on the workers (default: as many as the store holds, at most 10^7)")
+                       "on the workers (default: as many as the store holds, at most 10^7 and at most 2e13/(k·d)^2, "
+                       "as each pass costs (k·d)^2 flops per sample)")
         q.add_argument("--out", required=True, help="where to write the learned network (.npz)")
         add_cluster_options(q)
         q.add_argument("--quiet", action="store_true", help="no progress output")

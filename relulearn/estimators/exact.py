@@ -47,6 +47,9 @@ ALPHA_CONDITION_LIMIT = 1e8
 #: default cap on the samples the refinement streams (each of its passes costs (k·d)² per sample:
 #: 10^7 samples at k·d = 800 are minutes on 2 cores, 10^9 would be hours); ``refine_samples`` lifts it
 REFINE_DEFAULT_MAX = 10_000_000
+#: default flop budget of one refinement pass, ``(k·d)²`` per sample for the Gauss–Newton matrix
+#: (2·10¹³: minutes on 2 cores); at large ``k·d`` it caps the default sample count below 10⁷
+REFINE_FLOPS_PER_PASS = 2e13
 
 #: the fixed-parameter path draws more samples at most this many times when its default count
 #: (which assumes near-orthogonal units) leaves a unit alone on too few samples
@@ -115,8 +118,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         :func:`.fixed_parameter.samples_needed` on the fixed-parameter path, where too few draws
         again with the count its clusters suggest); too few is refused with the number needed.
     refine_samples
-        Samples streamed by the refinement (default: the store's sample count, at most
-        ``REFINE_DEFAULT_MAX`` = 10⁷).
+        Samples streamed by the refinement (default: :func:`default_refine_samples`, the store's
+        sample count, at most 10⁷ and at most 2·10¹³ / (k d)²: one pass costs (k d)² per sample).
     mapper
         ``map``-like callable; the refinement maps its parts through it.
     seed
@@ -186,8 +189,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     elif not hasattr(samples, "part"):
         report["refinement"] = {"skipped": "the sample draw has no independent parts to stream"}
     else:
-        total = int(refine_samples if refine_samples is not None
-                    else min(int(np.asarray(om.get("count", n_train))), REFINE_DEFAULT_MAX))
+        total = int(refine_samples if refine_samples is not None else default_refine_samples(
+            int(np.asarray(om.get("count", n_train))), d, k))
         start = min(losses, key=losses.get)
         refined, rrep = _refine.refine(cands[start], samples, total, mapper=mapper)
         rrep["start"] = start
@@ -198,6 +201,12 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     chosen = min(losses, key=losses.get)
     report["chosen"] = chosen
     return LearnResult(cands[chosen], _summarize(report))
+
+
+def default_refine_samples(count: int, d: int, k: int) -> int:
+    """Samples the refinement streams by default: the store's count, at most ``REFINE_DEFAULT_MAX``
+    and at most what one pass of ``REFINE_FLOPS_PER_PASS`` affords at ``(k d)²`` flops per sample."""
+    return int(max(min(count, REFINE_DEFAULT_MAX, REFINE_FLOPS_PER_PASS // (k * d) ** 2), 1))
 
 
 def _summarize(report: dict) -> dict:

@@ -20,7 +20,7 @@ to unit length (moving the scale into ``u_i``), which changes nothing about the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -36,6 +36,9 @@ PART_ROWS = 50_000
 
 #: entries (rows × k·d) of the design block ``Y`` formed at a time inside a part (32 MB of float64)
 BLOCK_ENTRIES = 4_000_000
+
+#: bytes of part results held at once before they are summed (large k·d: each is (kd + mk)² floats)
+WINDOW_BYTES = 512 * 2**20
 
 #: Gauss–Newton iterations at most (each is one pass over the refinement samples); from the
 #: exact step's estimate the loss settles in 3–6
@@ -142,14 +145,25 @@ def parts(total: int, rows: int = PART_ROWS, first: int = 2) -> list[tuple[int, 
     return [(first + i, base + (1 if i < extra else 0)) for i in range(count)]
 
 
+def _window(k: int, d: int, m: int) -> int:
+    """Parts mapped at a time: their results (a ``(kd + mk)²`` matrix each) are held until summed,
+    so a window is at most ``WINDOW_BYTES`` of them (and at least 2, to keep two workers busy)."""
+    p = k * d + m * k
+    return max(2, int(WINDOW_BYTES // (8 * p * p)))
+
+
 def _accumulate(draw: Any, items: list[tuple[int, int]], v: np.ndarray, u: np.ndarray, power: int,
                 mapper: Callable) -> NormalEquations:
-    results = list(mapper(PartEquations(draw, v, u, power), items))
-    if len(results) != len(items):
-        raise RuntimeError(f"mapper returned {len(results)} results for {len(items)} parts")
-    total = results[0]
-    for r in results[1:]:  # in part order: the sum is deterministic
-        total = total + r
+    fn = PartEquations(draw, v, u, power)
+    step = _window(v.shape[0], v.shape[1], u.shape[0])
+    total: Optional[NormalEquations] = None
+    for a in range(0, len(items), step):
+        window = items[a:a + step]
+        results = list(mapper(fn, window))
+        if len(results) != len(window):
+            raise RuntimeError(f"mapper returned {len(results)} results for {len(window)} parts")
+        for r in results:  # in part order, whatever the window: the sum is deterministic
+            total = r if total is None else total + r
     return total
 
 
