@@ -44,6 +44,8 @@ MAX_PASSES = 0
 #: the tensor step needs ``rank α = k``; beyond this condition number of ``α`` the outputs do not
 #: separate the units (a rank-deficient ``U``), and noiseless labels go to the fixed-parameter path
 ALPHA_CONDITION_LIMIT = 1e8
+#: largest bounded sample (bytes of inputs) the fixed-parameter path draws in memory
+FIXED_PATH_MAX_BYTES = 4 * 2**30
 #: default cap on the samples the refinement streams (each of its passes costs (k·d)² per sample:
 #: 10^7 samples at k·d = 800 are minutes on 2 cores, 10^9 would be hours); ``refine_samples`` lifts it
 REFINE_DEFAULT_MAX = 10_000_000
@@ -83,14 +85,15 @@ def _validation(cands: dict[str, Network], smp: Samples) -> dict[str, float]:
     return {name: relative_loss(net, smp.x_val, smp.y_val) for name, net in cands.items()}
 
 
-def _basis(sub: spectral.Subspace, t2: np.ndarray, k: int, report: dict) -> np.ndarray:
+def _basis(sub: spectral.JointRange, t2: np.ndarray, k: int, report: dict) -> np.ndarray:
     if sub.rank >= k:
         return sub.basis[:, :k]
-    # fewer directions above the floor than units: the top-k span of all T2_j, with a note
+    # fewer directions above the floor than units: the top-k eigenvectors of Σ_j T2_j², with a note
     report["subspace_note"] = (f"the noise floor supports {sub.rank} of {k} directions; the tensor step uses the "
-                               "top-k span of the stacked T2_j (more samples would make it reliable)")
-    left = np.linalg.svd(np.concatenate(list(t2), axis=1), full_matrices=False)[0]
-    return left[:, :k]
+                               "top-k eigenvectors of Σ_j T2_j² (more samples would make it reliable)")
+    total = sum(t @ t.T for t in t2)
+    w, v = np.linalg.eigh((total + total.T) / 2.0)
+    return v[:, np.argsort(w)[::-1][:k]]
 
 
 def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
@@ -144,7 +147,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     t2 = np.asarray(om["T2"], dtype=np.float64)
     t2_se = np.asarray(om["T2_se"], dtype=np.float64)
     m, d = t2.shape[0], t2.shape[1]
-    sub = spectral.relevant_subspace(list(t2), list(t2_se), rank=width, names=[f"T2[{j}]" for j in range(m)])
+    # the span of the v_i: eigenvalues of Σ_j T2_j² above the noise floor of the standard errors
+    sub = spectral.joint_range(list(t2), list(t2_se), rank=width)
     report: dict[str, Any] = {"activation": act.name, "subspace": sub.to_dict(include_basis=False)}
     if sub.rank == 0:
         raise ValueError("the spectral stage found no direction above the noise floor in any T2_j: the statistics "
@@ -253,6 +257,14 @@ def _fixed_path(samples: Callable[[int, int], Samples], d: int, k: int, act: Rec
     if exact_samples is not None:
         check_exact_samples(exact_samples, d, k, 0)
     n = int(exact_samples or need)
+    if n * d * 8 > FIXED_PATH_MAX_BYTES:
+        # exponential in k (each unit is alone on ≈ 2^-k of the samples): refuse before allocating
+        raise ValueError(
+            f"{report.get('path_reason', 'the tensor step cannot separate the units')}; the fixed-parameter path "
+            f"would need about {n:,} samples ({n * d * 8 / 2**30:,.1f} GiB of inputs at d = {d}): each of the "
+            f"k = {k} units is the only active one on a fraction ≈ 2^-{k} of Gaussian inputs. Check the width "
+            f"(--width; the noise floor found {report.get('subspace', {}).get('rank', '?')} directions), use more "
+            "outputs than units, or more samples for the tensor step's statistics")
     n_val = sample_sizes(d, k)[1]
     smp = samples(n, n_val)
     redrawn = []

@@ -93,9 +93,17 @@ def _jennrich(s: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     m, k, _ = s.shape
     a, c = rng.standard_normal(m), rng.standard_normal(m)
     p, q = np.tensordot(a, s, 1), np.tensordot(c, s, 1)
-    # eigenvectors of P Q⁻¹ are the b_i; with estimated moments they may come out slightly complex
+    # eigenvectors of P Q⁻¹ are the b_i. With estimated moments two close eigenvalue ratios can turn
+    # into a complex pair λ ± iμ with eigenvectors v ± iw: their real parts are one vector twice (a
+    # rank-deficient start that ALS cannot split), but span{v, w} holds the two true columns, so the
+    # pair contributes v and w
     w, vec = np.linalg.eig(np.linalg.solve(q.T, p.T).T)
-    return _unit_columns(np.real(vec))
+    cols = np.real(vec).copy()
+    for i in np.flatnonzero(np.imag(w) > 0):
+        j = int(np.argmin(np.abs(w - np.conj(w[i]))))  # its conjugate partner
+        if j != i:
+            cols[:, j] = np.imag(vec[:, i])
+    return _unit_columns(cols)
 
 
 def _als(s: np.ndarray, b: np.ndarray, sweeps: int) -> np.ndarray:
