@@ -100,7 +100,9 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
     ``U f(V x)`` with a rectified ``f`` (its paper's setting), so a planted or file teacher of
     another shape or activation is refused, naming why.
     """
-    outputs = getattr(source, "outputs", None)
+    from .pipeline.sources import label_outputs
+
+    outputs = label_outputs(source)
     if method != "exact" and outputs:
         raise ValueError(
             f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "

@@ -282,12 +282,6 @@ class PerOutput(Statistic):
         per = [s.terms(_at(acc, j)) for j, s in enumerate(self.inner)]
         return {k: np.stack([p[k] for p in per]) for k in per[0]}
 
-    def finalize(self, sums, sumsq, n_chunks, chunk_size):
-        per = [s.finalize(_at(sums, j), _at(sumsq, j), n_chunks, chunk_size) for j, s in enumerate(self.inner)]
-        return {k: Estimate(("output",) + est.dims, np.stack([p[k].mean for p in per]),
-                            np.stack([p[k].se for p in per]))
-                for k, est in per[0].items()}
-
     def config(self):
         return {"per_output": [s.config() for s in self.inner]}
 
