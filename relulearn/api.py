@@ -73,7 +73,7 @@ def merge(a: str, b: str, out: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ learning
 
-METHODS = ("moments", "filtered-pca", "exact")
+METHODS = ("moments", "filtered-pca", "exact", "landscape")
 
 
 def _method(name: str):
@@ -89,6 +89,10 @@ def _method(name: str):
         from .estimators import exact
 
         return exact
+    if name == "landscape":
+        from .estimators import landscape
+
+        return landscape
     raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
 
 
@@ -108,6 +112,8 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
             f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "
             "set source.output to the output to learn, or use --method exact (two-layer networks with vector outputs)"
         )
+    if method == "landscape":
+        _check_landscape_teacher(getattr(source, "network", None))
     if method != "exact":
         return options
     from .estimators import exact
@@ -128,6 +134,36 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
     if options.get("exact_samples") is not None and options.get("width") is not None:
         exact.check_exact_samples(options["exact_samples"], source.d, options["width"], outputs or 1)
     return options
+
+
+def _check_landscape_teacher(net: Optional[Network]) -> None:
+    """Refuse a planted or file teacher outside Ge–Lee–Ma's setting ``y = aᵀ relu(B x)``, ``a ≥ 0``,
+    ``B`` of full row rank ``m ≤ d``, naming what differs and what to use instead."""
+    if net is None:
+        return
+    if net.depth != 1 or net.biases is not None or net.activation != "relu" or net.output_dim != 1:
+        raise ValueError(
+            "--method landscape learns y = aᵀ relu(B x) (one hidden ReLU layer, no biases, one output; Ge–Lee–Ma); "
+            f"the teacher has {net.depth} hidden layer(s), activation {net.activation}"
+            f"{', biases' if net.biases is not None else ''} and {net.output_dim} output(s); use --method "
+            "filtered-pca for deep networks or --method exact for other rectified activations"
+        )
+    a, b = net.weights[1][0], net.weights[0]
+    if np.any(a < 0):
+        from .estimators.landscape import NegativeWeightsError
+
+        raise NegativeWeightsError(
+            f"the teacher has {int(np.sum(a < 0))} negative output weight(s); the landscape method (Ge–Lee–Ma) assumes "
+            "a ≥ 0 (its T_2 would not be positive semidefinite); use --method moments, which allows either sign"
+        )
+    m, d = b.shape
+    rank = int(np.linalg.matrix_rank(b))
+    if m > d or rank < m:
+        raise ValueError(
+            f"the teacher's B ({m} × {d}) has rank {rank} < {m} rows: the landscape method needs B of full row rank "
+            "(m ≤ d, no row a combination of others), where whitening by T_2 makes the fourth moment orthogonal; "
+            "use --method moments for parallel or too many units"
+        )
 
 
 def _options(method: str, **given: Any) -> dict[str, Any]:
@@ -249,8 +285,8 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
 
 def learn(store: str, method: str = "moments", *, width: Optional[int] = None, depth: Optional[int] = None,
           budget: Optional[int] = None, activation: Optional[str] = None, exact_samples: Optional[int] = None,
-          refine_samples: Optional[int] = None, out: Optional[str] = None, workers: Optional[int] = None,
-          scheduler: Optional[str] = None, client: Any = None,
+          refine_samples: Optional[int] = None, starts: Optional[int] = None, out: Optional[str] = None,
+          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
           progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
@@ -260,7 +296,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     (``filtered-pca``); ``depth`` (hidden layers) and ``budget`` (candidate networks) are
     options of ``filtered-pca``; ``activation`` (``relu``, ``relu2``, ``relu3``; default: the
     teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
-    (samples streamed through the refinement; default all the store holds) of ``exact``.
+    (samples streamed through the refinement; default all the store holds) of ``exact``;
+    ``starts`` (random starts of G, default 8) of ``landscape``.
 
     Returns
     -------
@@ -268,7 +305,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples)
+                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts)
     if client == "local":
         return _learn_with(None, store, method, options, out, progress)
     if client is not None:
@@ -280,8 +317,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
 
 def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
         depth: Optional[int] = None, budget: Optional[int] = None, activation: Optional[str] = None,
-        exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, out: Optional[str] = None,
-        samples: Optional[int] = None, workers: Optional[int] = None, scheduler: Optional[str] = None,
+        exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, starts: Optional[int] = None,
+        out: Optional[str] = None, samples: Optional[int] = None, workers: Optional[int] = None, scheduler: Optional[str] = None,
         client: Any = None, progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
@@ -289,7 +326,7 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     options are those of :func:`learn`.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples)
+                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     from .pipeline.sources import make_source
 

@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default); "
                        "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace; "
                        "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
-                       "(tensor step, signs, null vectors of the row span, refinement)")
+                       "(tensor step, signs, null vectors of the row span, refinement); landscape = one-hidden-layer ReLU nets "
+                       "with non-negative output weights and B of full row rank, up to width d, by minimizing Ge–Lee–Ma's "
+                       "designed objective G (no spurious local minima) on the whitened 4th moment")
         q.add_argument("--width", type=_positive,
                        help="moments: hidden units wanted (default: the rank the noise floor supports); "
                        "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
@@ -128,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="exact: samples streamed through the noisy-case refinement, each pass regenerating them "
                        "on the workers (default: as many as the store holds, at most 10^7 and at most 2e13/(k·d)^2, "
                        "as each pass costs (k·d)^2 flops per sample)")
+        q.add_argument("--starts", type=_positive,
+                       help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept")
         q.add_argument("--out", required=True, help="where to write the learned network (.npz)")
         add_cluster_options(q)
         q.add_argument("--quiet", action="store_true", help="no progress output")
@@ -194,7 +198,7 @@ def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"width": args.width, "depth": args.depth, "budget": args.budget, "activation": args.activation,
-            "exact_samples": args.exact_samples, "refine_samples": args.refine_samples}
+            "exact_samples": args.exact_samples, "refine_samples": args.refine_samples, "starts": args.starts}
 
 
 def _print_demo(result: dict[str, Any]) -> None:

@@ -271,6 +271,29 @@ class ResidualConfig(_Section):
         return self
 
 
+class ExpansionConfig(_Section):
+    """A polynomial expansion of degree ≤ 2 in Hermite form, ``t0 + <t1, x> + ½<t2, xxᵀ − I>``
+    (DESIGN.md §3): the ``P_{≤2} y`` that residual labels subtract."""
+
+    t0: float = Field(0.0, description="constant term (E[y])")
+    t1: Optional[list[float]] = Field(None, description="linear term T_1 (d entries); omitted: zero")
+    t2: Optional[list[list[float]]] = Field(None, description="second-order term T_2 (d × d, symmetric); omitted: zero")
+
+
+class ProjectedHermiteConfig(_Section):
+    """Hermite moments on a subspace, ``E[ỹ He_l(P x)]`` for ``l ≤ max_order``, packed over the
+    r coordinates of ``z = P x`` (P: r × d, orthonormal rows), on labels ``ỹ = y − expansion(x)``
+    (``y`` itself when no expansion is given). He_l is orthogonal to every polynomial of lower
+    degree, so subtracting a degree-≤2 expansion leaves the orders ≥ 3 unchanged and cuts their
+    variance."""
+
+    basis: list[list[float]] = Field(..., min_length=1, description="orthonormal rows P (r × d) of the subspace")
+    max_order: int = Field(4, ge=0, le=6, description="largest order l")
+    expansion: Optional[ExpansionConfig] = Field(
+        None, description="degree-≤2 expansion subtracted from the labels (residual labels); omitted: raw labels"
+    )
+
+
 class StatisticsConfig(_Section):
     basic: Optional[BasicConfig] = Field(default_factory=BasicConfig)
     output_moments: Optional[OutputMomentsConfig] = None
@@ -278,11 +301,12 @@ class StatisticsConfig(_Section):
     contracted: Optional[ContractedConfig] = None
     filtered: Optional[FilteredConfig] = None
     residual: Optional[ResidualConfig] = None
+    projected_hermite: Optional[ProjectedHermiteConfig] = None
 
     def enabled(self) -> dict[str, _Section]:
         """The statistics to accumulate, by name, in a fixed order."""
         out = {}
-        for name in ("basic", "output_moments", "hermite", "contracted", "filtered", "residual"):
+        for name in ("basic", "output_moments", "hermite", "contracted", "filtered", "residual", "projected_hermite"):
             section = getattr(self, name)
             if section is not None:
                 out[name] = section

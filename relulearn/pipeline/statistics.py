@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Mapping, Optional
 import numpy as np
 
 from .. import hermite
-from ..config import ContractedConfig, FilteredConfig, HermiteConfig, ResidualConfig, RunConfig
+from ..config import ContractedConfig, FilteredConfig, HermiteConfig, ProjectedHermiteConfig, ResidualConfig, RunConfig
 from ..network import Network
 from .sources import Source, Stream, check_finite, chunk_batches, generator, label_outputs, pilot_batches
 
@@ -34,6 +34,7 @@ __all__ = [
     "ContractedMoments",
     "FilteredMoments",
     "ResidualFilteredMoments",
+    "ProjectedHermite",
     "Partial",
     "Estimate",
     "accumulate_chunks",
@@ -604,6 +605,95 @@ class ResidualFilteredMoments(Statistic):
         return {"tau": self.tau.tolist()}
 
 
+# ------------------------------------------------------------ projected hermite
+
+
+def projected_setup(cfg: ProjectedHermiteConfig, d: int) -> tuple[np.ndarray, Optional[tuple]]:
+    """The basis ``P`` (r, d) and the expansion ``(t0, t1, t2)`` of a ``projected_hermite``
+    section, checked (``None``: raw labels).
+
+    Raises
+    ------
+    ValueError
+        Naming the key at fault: a basis of the wrong width or not orthonormal, an expansion
+        term of the wrong shape or not symmetric.
+    """
+    where = "statistics.projected_hermite"
+    basis = np.asarray(cfg.basis, dtype=np.float64)
+    if basis.ndim != 2 or basis.shape[1] != d:
+        raise ValueError(f"{where}.basis has shape {basis.shape}; each row needs d={d} entries")
+    r = basis.shape[0]
+    if r > d or not np.allclose(basis @ basis.T, np.eye(r), atol=1e-8):
+        raise ValueError(f"{where}.basis rows must be orthonormal (P Pᵀ = I), at most d={d} of them")
+    if cfg.expansion is None:
+        return basis, None
+    e = cfg.expansion
+    t1 = np.zeros(d) if e.t1 is None else np.asarray(e.t1, dtype=np.float64)
+    t2 = np.zeros((d, d)) if e.t2 is None else np.asarray(e.t2, dtype=np.float64)
+    if t1.shape != (d,):
+        raise ValueError(f"{where}.expansion.t1 has shape {t1.shape}; it needs d={d} entries")
+    if t2.shape != (d, d) or not np.allclose(t2, t2.T, rtol=0, atol=1e-12 * (1 + np.abs(t2).max())):
+        raise ValueError(f"{where}.expansion.t2 must be a symmetric d × d matrix (d={d}), got shape {t2.shape}")
+    return basis, (float(e.t0), t1, 0.5 * (t2 + t2.T))
+
+
+class ProjectedHermite(Statistic):
+    """Hermite tensors on a subspace, on residual labels (DESIGN.md §3, "Residual labels").
+
+    For orthonormal rows ``P`` (r × d), ``z = P x`` is standard normal in ``R^r`` and
+    ``He_l(z) = P^{⊗l} He_l(x)``, so ``E[ỹ He_l(z)] = T_l(Pᵀ·, …, Pᵀ·)``: the moment tensors
+    restricted to the subspace, packed over r coordinates (C(r+l−1, l) entries, not
+    C(d+l−1, l)). The labels are ``ỹ = y − (t0 + <t1, x> + ½<t2, xxᵀ − I>)``; He_l is
+    orthogonal to every polynomial of degree < l, so orders l ≥ 3 are those of ``y`` while
+    their variance falls with ``E[ỹ²]``. Orders 0..2 are moments of ``ỹ`` (zero in
+    expectation when the expansion is the true one). Per sample: one d × r product, one
+    d × d product for the expansion (BLAS-3 over the batch), and the raw sums of ``z``.
+    """
+
+    name = "projected_hermite"
+
+    def __init__(self, d: int, basis: np.ndarray, max_order: int, expansion: Optional[tuple] = None):
+        self.d, self.basis, self.max_order, self.expansion = d, np.asarray(basis, dtype=np.float64), max_order, expansion
+        self.r = self.basis.shape[0]
+        self.sizes = [_n_unique(self.r, m) for m in range(max_order + 1)]
+
+    def sums_schema(self):
+        return {f"raw{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
+
+    def terms_schema(self):
+        return {f"T{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
+
+    def coords(self):
+        out = {"basis": (("rank", "i"), self.basis)}
+        out.update({f"index{m}": ((f"entry{m}", f"axis{m}"), hermite.unique_indices(self.r, m))
+                    for m in range(1, self.max_order + 1)})
+        if self.expansion is not None:
+            t0, t1, t2 = self.expansion
+            out.update({"expansion_t0": (("scalar",), np.array([t0])), "expansion_t1": (("i",), t1),
+                        "expansion_t2": (("i", "j"), t2)})
+        return out
+
+    def labels(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``ỹ``: the labels minus the expansion."""
+        if self.expansion is None:
+            return y
+        t0, t1, t2 = self.expansion
+        quad = np.einsum("ni,ni->n", x @ t2, x) - np.trace(t2)  # <t2, xxᵀ − I>
+        return y - (t0 + x @ t1 + 0.5 * quad)
+
+    def update(self, acc, x, y):
+        z, yt = x @ self.basis.T, self.labels(x, y)
+        for m in range(self.max_order + 1):
+            acc[f"raw{m}"] += hermite.raw_moment_sums(z, yt, m)
+
+    def terms(self, acc):
+        raw = {m: np.asarray(acc[f"raw{m}"]) for m in range(self.max_order + 1)}
+        return {f"T{l}": hermite.raw_to_hermite(raw, self.r, l) for l in range(self.max_order + 1)}
+
+    def config(self):
+        return {"max_order": self.max_order, "rank": self.r, "residual_labels": self.expansion is not None}
+
+
 # ----------------------------------------------------------------- building
 
 
@@ -683,6 +773,9 @@ def build_statistics(cfg: RunConfig, source: Optional[Source],
                 tau, q = residual_grid(section, source, cfg.seed, basis, nets)
             out.append(family(lambda j: ResidualFilteredMoments(d, basis, nets, _of_output(tau, j, 2),
                                                                 _of_output(q, j, 1))))
+        elif name == "projected_hermite":
+            basis, expansion = projected_setup(section, d)
+            out.append(family(lambda j: ProjectedHermite(d, basis, section.max_order, expansion)))
     return out
 
 

@@ -1,0 +1,319 @@
+"""Method ``landscape``: the designed objective G of Ge–Lee–Ma (2017), "Learning one-hidden-layer
+neural networks with landscape design".
+
+Setting: ``y = Σ_i a_i relu(<b_i, x>) + ξ`` with ``a_i ≥ 0`` and ``B`` of full row rank
+``m ≤ d`` (``m = d`` included, a width where enumeration over a net of the subspace is
+hopeless). Since ``relu(<b, x>) = |b| relu(<u, x>)``, only the unit directions and the
+products ``λ_i = a_i |b_i|`` are identifiable; the learned network has unit rows.
+
+1. First pass (``hermite`` up to order 2): ``T_0, T_1, T_2``. ``T_2 = c_2 Σ λ_i u_i u_iᵀ`` is
+   positive semidefinite of rank m (``c_2 > 0``); an eigenvalue below minus its noise floor
+   means a negative output weight, outside the method's setting. Its top-m eigenvectors Q give
+   the subspace and the whitening ``Λ^{-1/2} Qᵀ`` (their Appendix A.3; undercomplete m < d
+   works in the subspace).
+2. One more pass, ``projected_hermite`` on Q: the fourth moment on the subspace, on residual
+   labels ``y − P_{≤2} y`` with ``P_{≤2}`` from the first pass (same expectation, about ten
+   times less variance for ReLU units; DESIGN.md §3). In the eigenbasis whitening is a
+   diagonal scaling, so each entry's standard error scales the same way.
+3. ``T = sign(c_4) T̃_4 = Σ_i β_i ũ_i^{⊗4}`` with orthonormal ``ũ_i``; G from many random starts
+   (:mod:`.objective_g`), μ and λ from the theorem's conditions (``μ = c/κ``, ``λ = β_max/c``),
+   β estimated from the tensor and, after a first round, from the rows found; λ at least the
+   noise's bound (so that G is bounded below). The answer: the lowest G with m distinct rows.
+4. Un-whiten (``u_i ∝ Q Λ^{1/2} b̃_i``, ``λ_i = |Λ^{1/2} b̃_i|² / c_2``), signs of the ``u_i``
+   from ``T_1 = ½ Σ λ_i u_i`` (even orders cannot see them), then :func:`~.polish.polish`
+   (exact on noiseless labels).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .. import hermite
+from ..network import Network
+from . import spectral
+from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
+from .objective_g import GParameters, StartResult, best_start, minimize_g
+from .polish import polish_and_select
+
+__all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "learn", "NegativeWeightsError", "TooFewSamplesError",
+           "whitened_tensor", "g_parameters"]
+
+#: keyword options of :func:`learn` that ``relulearn learn`` passes through
+OPTIONS = ("width", "starts")
+#: one extra pass: the fourth moment on the found subspace
+MAX_PASSES = 1
+#: the theorem's small constant: ``μ = C/κ``, ``λ = β_max/C``
+C_THEOREM = 0.1
+#: rows of a start are the same unit up to sign when closer than this angle (radians)
+SAME_ROW_ANGLE = 0.3
+
+_C2, _C4, _C1 = (hermite.relu_hermite_coefficient(l) for l in (2, 4, 1))
+
+
+class NegativeWeightsError(ValueError):
+    """The statistics show a negative output weight: outside the setting of Ge–Lee–Ma."""
+
+
+class TooFewSamplesError(ValueError):
+    """The fourth moment is too noisy at this sample count; the message gives the count needed."""
+
+
+def required_statistics(d: int, width: Optional[int] = None) -> dict:
+    """The ``statistics`` config section the first pass needs: ``T_0, T_1, T_2``."""
+    return {"basic": {}, "hermite": {"max_order": 2}}
+
+
+def sample_sizes(d: int, width: int) -> tuple[int, int]:
+    """Training and validation sample sizes of the polish (``k·d`` unknowns)."""
+    return max(20_000, 40 * width * d), max(10_000, 10 * width * d)
+
+
+def _first_pass(stats: Mapping[str, Arrays]) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, int]:
+    """``T_0, T_1, T_2, se(T_2)`` and d from the stored ``hermite`` statistic."""
+    h = stats.get("hermite")
+    if h is None or "T2" not in h:
+        raise MissingStatisticError.lacking("landscape", "hermite", "T_0, T_1 and T_2", "{max_order: 2}")
+    if "output" in h:
+        raise ValueError("the 'landscape' method learns a scalar label; this store holds a label vector")
+    d = int(np.asarray(h["T1"]).shape[0])
+    t2 = hermite.unpack(np.asarray(h["T2"]), d, 2)
+    se2 = hermite.unpack(np.asarray(h["T2_se"]), d, 2)
+    return float(np.asarray(h["T0"]).reshape(())), np.asarray(h["T1"], dtype=np.float64), t2, se2, d
+
+
+def _subspace(t2: np.ndarray, se2: np.ndarray, width: Optional[int], d: int, n: int, report: dict) -> spectral.Spectrum:
+    """The spectrum of ``T_2`` against its floor; refuses negative weights and a rank below ``width``."""
+    spec = spectral.spectrum(t2, se2, name="T_2")
+    report["T2_spectrum"] = spec.to_dict()
+    negative = spec.eigenvalues[spec.eigenvalues < -spec.floor]
+    if negative.size:
+        raise NegativeWeightsError(
+            f"T_2 = E[y (xxᵀ − I)] has {negative.size} eigenvalue(s) below minus its noise floor "
+            f"({', '.join(f'{v:.3g}' for v in negative[:4])}; floor {spec.floor:.3g}): for y = Σ a_i relu(<b_i, x>) it "
+            "equals c_2 Σ a_i |b_i| u_i u_iᵀ with c_2 > 0, so some output weight a_i is negative. The landscape "
+            "method (Ge–Lee–Ma) assumes a ≥ 0; use --method moments, which allows output weights of either sign"
+        )
+    rank = spec.rank
+    if width is not None and width > d:
+        raise ValueError(f"--width {width} exceeds d = {d}: the landscape method needs B of full row rank m ≤ d")
+    if width is not None and rank < width:
+        e = abs(float(spec.eigenvalues[width - 1])) if width <= len(spec.eigenvalues) else 0.0
+        needed = int(math.ceil(n * 1.2 * (spec.floor / e) ** 2)) if e > 0 else None
+        raise TooFewSamplesError(
+            f"T_2 has {rank} eigenvalue(s) above its noise floor ({spec.floor:.3g}) but --width is {width} (the "
+            f"{width}-th is {e:.3g}): either B is not of full row rank {width} (parallel rows, or rows that are "
+            f"combinations of others, cannot be told apart; the method needs rank m = width) or {n:,} samples do not "
+            "resolve the weakest unit" + (f", which about {needed:,} samples would (the floor falls as 1/√n)"
+                                          if needed else "") + f"; or learn with --width {rank}"
+        )
+    if rank == 0:
+        raise TooFewSamplesError(
+            "T_2 has no eigenvalue above its noise floor: the statistics are pure noise at this sample count; "
+            "estimate with more samples (`relulearn estimate ... --samples N`)"
+        )
+    return spec
+
+
+def _count(arrays: Arrays) -> int:
+    """Samples behind a stored statistic."""
+    return int(np.asarray(arrays["count"]).reshape(-1)[0])
+
+
+def whitened_tensor(t4_packed: np.ndarray, se4_packed: np.ndarray, eig: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The whitened fourth moment ``T_4 / sqrt(Λ_a Λ_b Λ_c Λ_d)`` in the eigenbasis of ``T_2``,
+    and its standard errors, both full ``(r,)*4``."""
+    r = eig.shape[0]
+    s = 1.0 / np.sqrt(eig)
+    scale = np.einsum("a,b,c,d->abcd", s, s, s, s)
+    return hermite.unpack(t4_packed, r, 4) * scale, hermite.unpack(se4_packed, r, 4) * scale
+
+
+def _power_max(t: np.ndarray, seed: int, tries: int = 8, iters: int = 100) -> float:
+    """``max_v T(v, v, v, v)`` over unit v by the shifted power method (β_max of an orthogonal
+    tensor with positive weights), from a few random starts."""
+    r = t.shape[0]
+    rng = np.random.default_rng([seed, 4])
+    best = 0.0
+    shift = float(np.abs(t).sum(axis=(1, 2, 3)).max())  # makes the map monotone (Kolda–Mayo)
+    for _ in range(tries):
+        v = rng.standard_normal(r)
+        v /= np.linalg.norm(v)
+        for _ in range(iters):
+            w = np.einsum("abcd,b,c,d->a", t, v, v, v) + shift * v
+            v = w / np.linalg.norm(w)
+        best = max(best, float(np.einsum("abcd,a,b,c,d->", t, v, v, v, v)))
+    return best
+
+
+def g_parameters(t: np.ndarray, se: np.ndarray, betas: Optional[np.ndarray], seed: int) -> GParameters:
+    """μ and λ of G from the theorem's conditions and the noise.
+
+    ``β_max`` comes from the power method, ``β_min`` from the rows of a first round when
+    given (``betas``) or else the mean ``trace/m``. ``μ = C/κ``, ``λ = max(β_max/C, m ν)``
+    where ``ν`` bounds the operator norm of the noise in the r² × r² unfolding (spectral
+    noise floor of the standard errors): the quartic part of G is then bounded below whatever
+    the noise, ``Σ_{j≠k} E(b_j, b_j, b_k, b_k) ≥ −ν (Σ_j |b_j|²)² ≥ −m ν Σ_j |b_j|⁴``.
+    """
+    r = t.shape[0]
+    trace = float(np.einsum("aabb->", t))
+    if betas is not None:
+        beta_max, beta_min = float(betas.max()), float(betas.min())
+    else:
+        beta_max = max(_power_max(t, seed), trace / r)
+        beta_min = trace / r
+    nu = spectral.noise_floor(se.reshape(r * r, r * r))
+    beta_min = max(beta_min, 1e-300)
+    mu = C_THEOREM * beta_min / beta_max
+    lam = max(beta_max / C_THEOREM, r * nu)
+    return GParameters(mu=mu, lam=lam, beta_max=beta_max, beta_min=beta_min, noise=nu)
+
+
+def _row_betas(t: np.ndarray, b: np.ndarray) -> np.ndarray:
+    bn = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return np.einsum("abcd,ja,jb,jc,jd->j", t, bn, bn, bn, bn)
+
+
+def _minimize(t: np.ndarray, se: np.ndarray, m: int, starts: int, seed: int, mapper: Callable,
+              report: dict) -> tuple[StartResult, list[StartResult], GParameters]:
+    """Two rounds of G: parameters from the tensor, then from the β of the rows found."""
+    tmat = t.reshape(m * m, m * m)
+    params = g_parameters(t, se, None, seed)
+    rounds = []
+    for rnd in range(2):
+        results = minimize_g(tmat, m, params, starts=starts, seed=(seed, 7, rnd), mapper=mapper)
+        best = best_start(results, m)
+        rounds.append({"parameters": params.to_dict(), "starts": [s.to_dict() for s in results],
+                       "best_start": None if best is None else best.start})
+        if best is None:
+            break
+        betas = _row_betas(t, best.b)
+        if betas.min() <= 0:
+            break
+        new = g_parameters(t, se, betas, seed)
+        # rerun only when the first round's μ or λ broke the theorem's conditions for the β found
+        if params.mu <= new.mu * 1.5 and params.lam >= new.lam / 1.5:
+            break
+        params = new
+    report["rounds"] = rounds
+    if best is None:
+        unbounded = sum(s.unbounded for s in results)
+        raise TooFewSamplesError(
+            f"no start of G reached {m} distinct rows ({unbounded} of {len(results)} ran off to infinity): the fourth "
+            "moment is too noisy at this sample count for G's landscape; estimate with more samples "
+            f"(report: {[s.to_dict() for s in results][:3]})"
+        )
+    return best, results, params
+
+
+def _check_noise(params: GParameters, best: StartResult, t: np.ndarray, m: int, n: int) -> dict:
+    """The noise-to-signal ratio of the fourth moment at the answer, and the samples needed.
+
+    The gradient noise on a row is about ``ν_row = ||E(·, b_j, b_k, b_k) summed||`` and the
+    restoring curvature about ``β_min``; we measure ``ρ = ν / β_min`` with ``ν`` the operator
+    bound of the noise, and ask ``ρ ≤`` :data:`MAX_NOISE_RATIO` (at which the row angles
+    stay below about 0.2; measured in the tests and the benchmark).
+    """
+    rho = params.noise / max(params.beta_min, 1e-300)
+    needed = int(math.ceil(n * (rho / MAX_NOISE_RATIO) ** 2))
+    out = {"noise_to_signal": rho, "max_noise_to_signal": MAX_NOISE_RATIO, "samples": n, "samples_needed": needed}
+    if rho > MAX_NOISE_RATIO:
+        raise TooFewSamplesError(
+            f"the fourth moment's noise is {rho:.2f} times the smallest unit's signal (at most {MAX_NOISE_RATIO} "
+            f"keeps G's minima near the truth): {n:,} samples are too few; about {needed:,} are needed "
+            f"(`relulearn estimate ... --samples {needed}`)"
+        )
+    return out
+
+
+#: largest noise-to-signal ratio ν/β_min of the whitened fourth moment that is accepted
+MAX_NOISE_RATIO = 1.5
+
+
+def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
+          samples: Callable[[int, int], Samples], *, width: Optional[int] = None, starts: Optional[int] = None,
+          mapper: Callable = map, seed: int = 0) -> LearnResult | PassRequest:
+    """Learn ``y = Σ a_i relu(<b_i, x>)``, ``a ≥ 0``, ``B`` of full row rank, by minimizing G.
+
+    Parameters
+    ----------
+    stats
+        The main store's statistics (``hermite`` up to order 2).
+    passes
+        Statistics of the extra pass (``projected_hermite`` on the subspace), once run.
+    samples
+        ``samples(n_train, n_val)`` draws bounded held-out samples (for the polish).
+    width
+        The number m of hidden units (default: the rank of ``T_2`` above its noise floor).
+    starts
+        Random starts of G (default 8).
+    mapper
+        ``map``-like callable over which the starts run.
+
+    Returns
+    -------
+    LearnResult or PassRequest
+
+    Raises
+    ------
+    NegativeWeightsError
+        When ``T_2`` shows a negative output weight.
+    TooFewSamplesError
+        When the fourth moment is too noisy for G (the message gives the samples needed).
+    """
+    starts = 8 if starts is None else int(starts)
+    if starts < 1:
+        raise ValueError(f"--starts must be at least 1, got {starts}")
+    t0, t1, t2, se2, d = _first_pass(stats)
+    report: dict[str, Any] = {}
+    spec = _subspace(t2, se2, width, d, _count(stats['hermite']), report)
+    m = width or spec.rank
+    q, eig = spec.eigenvectors[:, :m], spec.eigenvalues[:m]
+    if not passes:
+        return PassRequest(
+            "projected-hermite",
+            {"projected_hermite": {"basis": q.T.tolist(), "max_order": 4,
+                                   "expansion": {"t0": t0, "t1": t1.tolist(), "t2": t2.tolist()}}},
+            f"the fourth moment on the {m}-dimensional subspace of T_2, on residual labels y − P≤2 y",
+        )
+    ph = passes[-1]["projected_hermite"]
+    basis = np.asarray(ph["basis"])
+    if basis.shape != (m, d) or not np.allclose(basis, q.T):
+        raise ValueError("the stored projected_hermite pass was computed on another subspace; remove STORE/passes")
+    n = _count(ph)
+    t4w, se4w = whitened_tensor(np.asarray(ph["T4"]), np.asarray(ph["T4_se"]), eig)
+    t = np.sign(_C4) * t4w
+    report["labels"] = {"first_pass": "y", "fourth_moment": "y − P≤2 y (T_0, T_1, T_2 of the first pass)"}
+    best, results, params = _minimize(t, se4w, m, starts, seed, mapper, report)
+    report["parameters"] = params.to_dict()
+    report["noise"] = _check_noise(params, best, t, m, n)
+    # un-whiten: u ∝ Q Λ^{1/2} b̃ for unit b̃, λ = |Λ^{1/2} b̃|² / c_2
+    bt = best.b / np.linalg.norm(best.b, axis=1, keepdims=True)
+    w = bt * np.sqrt(eig)[None, :]
+    lam = np.einsum("ij,ij->i", w, w) / _C2
+    u = w @ q.T
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    # even orders cannot see the sign of u; T_1 = c_1 Σ λ_i u_i does
+    coef = np.linalg.lstsq(u.T, t1, rcond=None)[0]
+    u *= np.where(coef < 0, -1.0, 1.0)[:, None]
+    report["sign_coefficients"] = (coef / (_C1 * lam)).tolist()
+    start = Network((u, lam[None, :]), activation="relu")
+    report["before_polish"] = {"W0": u.tolist(), "W1": lam[None, :].tolist()}
+    smp = samples(*sample_sizes(d, m))
+    chosen, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
+    report["chosen"] = "landscape" if chosen == "enumeration" else chosen
+    report["validation_relative_loss"] = {("landscape" if k == "enumeration" else k): v
+                                          for k, v in report["validation_relative_loss"].items()}
+    report["width"] = m
+    report["summary"] = _summary(report, best, results)
+    return LearnResult(net, report)
+
+
+def _summary(report: dict, best: StartResult, results: list[StartResult]) -> dict:
+    agree = [s for s in results if not s.unbounded and s.distinct == best.b.shape[0]
+             and abs(s.value - best.value) <= 1e-6 * max(1.0, abs(best.value))]
+    return {"width": report["width"], "starts": len(results), "starts_at_lowest_G": len(agree),
+            "lowest_G": best.value, "noise_to_signal": report["noise"]["noise_to_signal"],
+            "chosen": report["chosen"]}
