@@ -140,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("learn", help="learn a network from a store's statistics",
                        description="Learn a network from the statistics in a store with a learning method. "
                        "Extra passes the method asks for (moments: contracted moments along directions inside the "
-                       "found subspace; filtered-pca: residual-filtered matrices of its candidate networks) are "
+                       "found subspace; filtered-pca: residual-filtered matrices of its candidate networks; landscape: the fourth "
+                       "moment on the subspace of T_2, on residual labels) are "
                        "run and stored under STORE/passes/.")
     p.add_argument("store", help="store location")
     add_learn_options(p)

@@ -222,3 +222,18 @@ def test_too_few_samples_gives_the_number_needed(tmp_path):
     with pytest.raises(landscape.TooFewSamplesError, match=r"about [\d,]+ samples would"):
         api.fit(config_from_dict(config(b, a, 100_000)), str(tmp_path / "s"), "landscape", width=12,
                 out=str(tmp_path / "m.npz"), client="local", progress=None)
+
+
+def test_starts_are_bitwise_equal_in_process_and_on_two_workers(client):
+    """The starts of G run through the method's mapper: the same bits wherever they run (r = 20)."""
+    from relulearn.api import _mapper
+
+    r = 20
+    rng = np.random.default_rng(15)
+    u = np.linalg.qr(rng.standard_normal((r, r)))[0]
+    t = np.einsum("i,ia,ib,ic,id->abcd", 1.0 / rng.uniform(0.5, 1.5, r), u, u, u, u)
+    t += 1e-3 * hermite.unpack(hermite.pack(rng.standard_normal((r,) * 4)), r, 4)  # noisy, not exactly orthogonal
+    params = GParameters(mu=0.03, lam=20.0, beta_max=2.0, beta_min=0.7, noise=0.0)
+    here = minimize_g(t.reshape(r * r, r * r), r, params, starts=2, seed=(5,), mapper=_mapper(None))
+    there = minimize_g(t.reshape(r * r, r * r), r, params, starts=2, seed=(5,), mapper=_mapper(client))
+    assert all(np.array_equal(a.b, b.b) and a.value == b.value for a, b in zip(here, there))

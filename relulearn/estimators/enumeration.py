@@ -750,7 +750,10 @@ class _Search:
         self.zs, self.ys = z[:n_s], y[:n_s]
         # plan: one global net for the whole run, sized so that k + 1 stages fit in the budget
         self.cap_n = _cap_count(r)
-        one = stage_cost(r, opts.seed)
+        # a stage costs at least a net of 4^r points and one local cap: refuse on that bound before building
+        # the net (at r = 10 that net has 10^6 points, and building it would take hours)
+        lower = 2 if r == 1 else _min_net(r) + _cap_count(r)
+        one = stage_cost(r, opts.seed) if opts.budget >= lower or _min_net(r) <= 4**8 else lower
         if opts.budget < one:
             raise ValueError(
                 f"budget={opts.budget} candidate evaluations does not pay for one enumeration stage in r={r} "
