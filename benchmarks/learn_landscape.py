@@ -98,9 +98,11 @@ def run_method(cfg: dict, workdir: Path, client: Any, tag: str, method: str, b: 
     rec.update(estimate_seconds=res["estimate"]["seconds"], learn_seconds=res["seconds"],
                passes=[{k: p[k] for k in ("name", "seconds")} for p in res["passes"]])
     if method == "landscape":
-        rec.update(summary=rep["summary"], parameters=rep["parameters"], noise=rep["noise"],
+        rec.update(summary=rep["summary"], parameters=rep["parameters"], noise=rep.get("noise"),
                    route=rep.get("route", "moments"),
-                   starts=[s for r in rep["rounds"][-1:] for s in r["starts"]],
+                   starts=[s for r in rep["rounds"][-1:] for s in r.get("starts", [])],
+                   stream=[{k: v for k, v in r["stream"].items()} | {"conditions": r["conditions"]}
+                           for r in rep["rounds"] if "stream" in r],
                    angle_before_polish=row_angle(b, np.asarray(rep["before_polish"]["W0"])))
     ev = api.evaluate(model, cfg_path, samples=TEST_SAMPLES)
     rec.update(parameter_error=ev["parameter_error"], relative_test_error=ev["relative_test_error"],
@@ -282,8 +284,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 c = np.asarray(r["curve"])
                 ax.loglog(c[:, 0], np.maximum(c[:, 1], 1e-32), label=f"{r['method']} (test error while training)")
             elif r.get("status") == "ok":
+                streamed = (r.get("summary") or {}).get("samples_streamed")
+                seen = f"{r['samples']:.0e} samples" + (f" + {streamed:.1e} streamed" if streamed else "")
                 ax.axhline(max(r["relative_test_error"], 1e-32), ls="--",
-                           label=f"{r['method']} ({r['samples']:.0e} samples)", color="C2" if
+                           label=f"{r['method']} ({seen})", color="C2" if
                            r["method"] == "landscape" else "C3")
         ax.set_xlabel("samples seen")
         ax.set_ylabel("relative test error")

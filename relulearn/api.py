@@ -285,8 +285,8 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
 
 def learn(store: str, method: str = "moments", *, width: Optional[int] = None, depth: Optional[int] = None,
           budget: Optional[int] = None, activation: Optional[str] = None, exact_samples: Optional[int] = None,
-          refine_samples: Optional[int] = None, starts: Optional[int] = None, out: Optional[str] = None,
-          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+          refine_samples: Optional[int] = None, starts: Optional[int] = None, route: Optional[str] = None,
+          out: Optional[str] = None, workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
           progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
@@ -297,7 +297,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     options of ``filtered-pca``; ``activation`` (``relu``, ``relu2``, ``relu3``; default: the
     teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
     (samples streamed through the refinement; default all the store holds) of ``exact``;
-    ``starts`` (random starts of G, default 8) of ``landscape``.
+    ``starts`` (random starts of G, default 8) and ``route`` (``moments`` or ``stream``; default by
+    width) of ``landscape``.
 
     Returns
     -------
@@ -305,7 +306,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts)
+                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route)
     if client == "local":
         return _learn_with(None, store, method, options, out, progress)
     if client is not None:
@@ -318,15 +319,15 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
 def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
         depth: Optional[int] = None, budget: Optional[int] = None, activation: Optional[str] = None,
         exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, starts: Optional[int] = None,
-        out: Optional[str] = None, samples: Optional[int] = None, workers: Optional[int] = None, scheduler: Optional[str] = None,
-        client: Any = None, progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+        route: Optional[str] = None, out: Optional[str] = None, samples: Optional[int] = None,
+        workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None, progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
     A configuration without a ``statistics`` section gets the method's own choice. The
     options are those of :func:`learn`.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts)
+                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     from .pipeline.sources import make_source
 

@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "as each pass costs (k·d)^2 flops per sample)")
         q.add_argument("--starts", type=_positive,
                        help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept")
+        q.add_argument("--route", choices=["moments", "stream"],
+                       help="landscape: moments = G from the 4th moment on the subspace (one extra pass, C(m+3,4) "
+                       "entries per sample); stream = the paper's stochastic gradient of G on fresh samples, O(m·d) per "
+                       "sample (default: stream above 32 units)")
         q.add_argument("--out", required=True, help="where to write the learned network (.npz)")
         add_cluster_options(q)
         q.add_argument("--quiet", action="store_true", help="no progress output")
@@ -199,7 +203,8 @@ def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"width": args.width, "depth": args.depth, "budget": args.budget, "activation": args.activation,
-            "exact_samples": args.exact_samples, "refine_samples": args.refine_samples, "starts": args.starts}
+            "exact_samples": args.exact_samples, "refine_samples": args.refine_samples, "starts": args.starts,
+            "route": args.route}
 
 
 def _print_demo(result: dict[str, Any]) -> None:

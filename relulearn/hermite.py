@@ -17,6 +17,7 @@ import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
 __all__ = [
+    "subtract_expansion",
     "hermite_e", "relu_hermite_coefficient", "activation_hermite_coefficients",
     "unique_indices", "packed_index", "pack", "unpack", "partial_matchings",
     "raw_moment_sums", "raw_to_hermite", "hermite_tensor", "contracted_coefficients",
@@ -434,3 +435,26 @@ def contracted_scalar_sums(
         h = hermite_e(x[sl] @ G.T, max(orders))
         out += y[sl] @ np.concatenate([h[l] for l in orders], axis=1)
     return out
+
+
+def subtract_expansion(x: np.ndarray, y: np.ndarray, t0: float, t1: np.ndarray, t2: np.ndarray) -> np.ndarray:
+    """Residual labels ``y − (t0 + <t1, x> + ½ <t2, xxᵀ − I>)``: ``y`` less a Hermite expansion of
+    degree ≤ 2 (DESIGN.md §3; ``E[(y − P_{≤2} y) He_l(x)] = T_l`` for ``l ≥ 3``).
+
+    Parameters
+    ----------
+    x
+        ``(n, d)`` inputs.
+    y
+        ``(n,)`` labels.
+    t0, t1, t2
+        The expansion: ``E[y]``, ``E[y x]`` (d,), ``E[y (xxᵀ − I)]`` (d, d, symmetric).
+
+    Returns
+    -------
+    np.ndarray
+        ``(n,)`` residual labels.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    quad = np.einsum("ij,ij->i", x @ t2, x) - np.trace(t2)  # <t2, xxᵀ − I>, one d × d GEMM over the batch
+    return np.asarray(y, dtype=np.float64) - (t0 + x @ t1 + 0.5 * quad)

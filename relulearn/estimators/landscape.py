@@ -35,18 +35,23 @@ from .. import hermite
 from ..network import Network
 from . import spectral
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
-from .objective_g import GParameters, StartResult, best_start, minimize_g
+from .objective_g import GParameters, StartResult, best_start, distinct_rows, minimize_g
 from .polish import polish_and_select
 
 __all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "learn", "NegativeWeightsError", "TooFewSamplesError",
            "whitened_tensor", "g_parameters"]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "starts")
+OPTIONS = ("width", "starts", "route")
 #: one extra pass: the fourth moment on the found subspace
 MAX_PASSES = 1
 #: the theorem's small constant: ``μ = C/κ``, ``λ = β_max/C``
 C_THEOREM = 0.1
+#: above this width the fourth moment on the subspace (C(m+3, 4) entries, about m⁴/4 flops per sample) gives
+#: way to the paper's streamed stochastic gradient of G (O(m d) per sample); ``--route`` overrides
+STREAM_WIDTH = 32
+#: samples of the pilot estimate of the β's on the streamed route
+PILOT_SAMPLES = 1_000_000
 #: rows of a start are the same unit up to sign when closer than this angle (radians)
 SAME_ROW_ANGLE = 0.3
 
@@ -234,7 +239,7 @@ MAX_NOISE_RATIO = 1.5
 
 def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
           samples: Callable[[int, int], Samples], *, width: Optional[int] = None, starts: Optional[int] = None,
-          mapper: Callable = map, seed: int = 0) -> LearnResult | PassRequest:
+          route: Optional[str] = None, mapper: Callable = map, seed: int = 0) -> LearnResult | PassRequest:
     """Learn ``y = Σ a_i relu(<b_i, x>)``, ``a ≥ 0``, ``B`` of full row rank, by minimizing G.
 
     Parameters
@@ -248,7 +253,11 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     width
         The number m of hidden units (default: the rank of ``T_2`` above its noise floor).
     starts
-        Random starts of G (default 8).
+        Random starts of G (default 8; on the streamed route, one start).
+    route
+        ``"moments"``: G from the fourth moment on the subspace (one extra pass); ``"stream"``: the
+        paper's stochastic gradient of G on fresh samples (``samples.part``), never forming the fourth
+        moment. Default: ``"stream"`` above :data:`STREAM_WIDTH` units, else ``"moments"``.
     mapper
         ``map``-like callable over which the starts run.
 
@@ -271,6 +280,13 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     spec = _subspace(t2, se2, width, d, _count(stats['hermite']), report)
     m = width or spec.rank
     q, eig = spec.eigenvectors[:, :m], spec.eigenvalues[:m]
+    route = route or ("stream" if m > STREAM_WIDTH else "moments")
+    if route not in ("moments", "stream"):
+        raise ValueError(f"--route must be 'moments' or 'stream', got {route!r}")
+    report["route"] = route
+    if route == "stream":
+        bt, params = _stream_route(samples, mapper, seed, t0, t1, t2, q, eig, report)
+        return _finish(bt, q, eig, t1, d, m, samples, params, report)
     if not passes:
         return PassRequest(
             "projected-hermite",
@@ -289,8 +305,15 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     best, results, params = _minimize(t, se4w, m, starts, seed, mapper, report)
     report["parameters"] = params.to_dict()
     report["noise"] = _check_noise(params, best, t, m, n)
+    report["summary"] = _summary(report, best, results)
+    return _finish(best.b, q, eig, t1, d, m, samples, params, report)
+
+
+def _finish(b: np.ndarray, q: np.ndarray, eig: np.ndarray, t1: np.ndarray, d: int, m: int,
+            samples: Callable[[int, int], Samples], params: GParameters, report: dict) -> LearnResult:
+    """Un-whiten the rows ``b`` of G's minimum, sign them from ``T_1``, and polish."""
     # un-whiten: u ∝ Q Λ^{1/2} b̃ for unit b̃, λ = |Λ^{1/2} b̃|² / c_2
-    bt = best.b / np.linalg.norm(best.b, axis=1, keepdims=True)
+    bt = b / np.linalg.norm(b, axis=1, keepdims=True)
     w = bt * np.sqrt(eig)[None, :]
     lam = np.einsum("ij,ij->i", w, w) / _C2
     u = w @ q.T
@@ -307,13 +330,88 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     report["validation_relative_loss"] = {("landscape" if k == "enumeration" else k): v
                                           for k, v in report["validation_relative_loss"].items()}
     report["width"] = m
-    report["summary"] = _summary(report, best, results)
+    report.setdefault("summary", {"width": m, "route": report["route"]})
+    report["summary"]["chosen"] = report["chosen"]
     return LearnResult(net, report)
 
 
 def _summary(report: dict, best: StartResult, results: list[StartResult]) -> dict:
     agree = [s for s in results if not s.unbounded and s.distinct == best.b.shape[0]
              and abs(s.value - best.value) <= 1e-6 * max(1.0, abs(best.value))]
-    return {"width": report["width"], "starts": len(results), "starts_at_lowest_G": len(agree),
-            "lowest_G": best.value, "noise_to_signal": report["noise"]["noise_to_signal"],
-            "chosen": report["chosen"]}
+    return {"width": int(best.b.shape[0]), "route": "moments", "starts": len(results),
+            "starts_at_lowest_G": len(agree), "lowest_G": best.value,
+            "noise_to_signal": report["noise"]["noise_to_signal"]}
+
+
+def _pilot(samples: Any, mapper: Callable, t: tuple, v: np.ndarray, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row j of ``v``: ``T(v_j⁴)`` and ``Σ_k T(v_j, v_j, v_k, v_k)``, streamed from ``n`` fresh samples
+    (parts ``first, first + 1, …``)."""
+    from functools import partial
+
+    from .landscape_stream import part_sums
+
+    size = 16_384
+    items = [(first + i, size) for i in range(max(2, -(-n // size)))]
+    fn = partial(part_sums, samples, float(t[0]), np.asarray(t[1]), np.asarray(t[2]), v, 0.0)
+    own, rows, total = 0.0, 0.0, 0
+    for r in mapper(fn, items):  # summed in part order
+        own, rows = own + r.own, rows + r.rows
+    total = size * len(items)
+    return np.asarray(own) / total, np.asarray(rows) / total
+
+
+def _stream_route(samples: Any, mapper: Callable, seed: int, t0: float, t1: np.ndarray, t2: np.ndarray,
+                  q: np.ndarray, eig: np.ndarray, report: dict) -> tuple[np.ndarray, GParameters]:
+    """G by the paper's stochastic gradient on fresh samples (:mod:`.landscape_stream`).
+
+    μ and λ need the β's of the whitened tensor without forming it: a pilot of
+    :data:`PILOT_SAMPLES` fresh samples streams ``Σ_ab T(e_a, e_a, e_b, e_b) = Σ_i β_i`` (the
+    whitened basis rows; the trace of an orthogonal tensor) and ``max_a T(e_a⁴)``; κ is unknown
+    before the rows are found, so μ = C·β̄/β_max with the trace's mean β̄, and λ = 2 max(β̄, max_a T(e_a⁴))/C.
+    The rows found then give each β_j, reported with whether the theorem's conditions held.
+    """
+    from .landscape_stream import streamed_g
+
+    m = len(eig)
+    w = (q / np.sqrt(eig)[None, :]).T  # Λ^{-1/2} Qᵀ, m × d
+    t = (t0, t1, t2)
+    pilot_parts = -(-PILOT_SAMPLES // 16_384)
+    own, rows = _pilot(samples, mapper, t, w, 2, PILOT_SAMPLES)
+    beta_bar = float(rows.sum()) / m
+    if beta_bar <= 0:
+        raise TooFewSamplesError(
+            f"the streamed trace of the whitened fourth moment is {beta_bar:.3g} ≤ 0 from {PILOT_SAMPLES:,} samples: "
+            "no fourth-order signal of the sign a ReLU network with a ≥ 0 gives; check the teacher, or use more samples"
+        )
+    beta_max = max(beta_bar, float(own.max()))
+    params = GParameters(mu=C_THEOREM * beta_bar / beta_max, lam=2.0 * beta_max / C_THEOREM, beta_max=beta_max,
+                         beta_min=beta_bar, noise=float("nan"))
+    rounds = []
+    first = 2 + pilot_parts
+    for rnd in range(2):
+        res = streamed_g(samples, mapper, w=w, t0=t0, t1=t1, t2=t2, m=m, mu=params.mu, lam=params.lam,
+                         seed=seed + rnd, beta_max=params.beta_max, beta_min=params.beta_min, first_part=first)
+        b = res.b
+        # the β of each row found, from fresh samples after the run (parts past every part it used)
+        v = (b / np.linalg.norm(b, axis=1, keepdims=True)) @ w
+        own_rows, _ = _pilot(samples, mapper, t, v, int(res.report["parts"][1]), PILOT_SAMPLES)
+        first = int(res.report["parts"][1]) + pilot_parts
+        bmax, bmin = float(own_rows.max()), float(own_rows.min())
+        kappa = bmax / max(bmin, 1e-300)
+        held = bool(bmin > 0 and params.mu <= 1.5 * C_THEOREM / kappa and params.lam >= bmax / C_THEOREM / 1.5)
+        rounds.append({"parameters": params.to_dict(), "stream": res.report, "row_betas": own_rows.tolist(),
+                       "conditions": {"kappa": kappa, "mu_at_most": C_THEOREM / kappa,
+                                      "lambda_at_least": bmax / C_THEOREM, "held": held}})
+        if held or bmin <= 0:
+            break
+        # the theorem's conditions for the β's found: run again with them
+        params = GParameters(mu=C_THEOREM / kappa, lam=max(params.lam, bmax / C_THEOREM), beta_max=bmax,
+                             beta_min=bmin, noise=float("nan"))
+    report["labels"] = {"first_pass": "y", "streamed_gradient": "y − P≤2 y (T_0, T_1, T_2 of the first pass)"}
+    report["parameters"] = params.to_dict()
+    report["rounds"] = rounds
+    report["summary"] = {"width": m, "route": "stream", "rounds": len(rounds),
+                         "samples_streamed": sum(r["stream"]["samples"] for r in rounds),
+                         "steps": sum(r["stream"]["steps"] for r in rounds), "converged": res.report.get("converged"),
+                         "conditions_held": rounds[-1]["conditions"]["held"], "distinct_rows": distinct_rows(b)}
+    return b, params

@@ -637,58 +637,39 @@ def projected_setup(cfg: ProjectedHermiteConfig, d: int) -> tuple[np.ndarray, Op
     return basis, (float(e.t0), t1, 0.5 * (t2 + t2.T))
 
 
-class ProjectedHermite(Statistic):
+class ProjectedHermite(HermiteTensors):
     """Hermite tensors on a subspace, on residual labels (DESIGN.md §3, "Residual labels").
 
     For orthonormal rows ``P`` (r × d), ``z = P x`` is standard normal in ``R^r`` and
     ``He_l(z) = P^{⊗l} He_l(x)``, so ``E[ỹ He_l(z)] = T_l(Pᵀ·, …, Pᵀ·)``: the moment tensors
     restricted to the subspace, packed over r coordinates (C(r+l−1, l) entries, not
-    C(d+l−1, l)). The labels are ``ỹ = y − (t0 + <t1, x> + ½<t2, xxᵀ − I>)``; He_l is
-    orthogonal to every polynomial of degree < l, so orders l ≥ 3 are those of ``y`` while
-    their variance falls with ``E[ỹ²]``. Orders 0..2 are moments of ``ỹ`` (zero in
-    expectation when the expansion is the true one). Per sample: one d × r product, one
-    d × d product for the expansion (BLAS-3 over the batch), and the raw sums of ``z``.
+    C(d+l−1, l)): the :class:`HermiteTensors` of ``(z, ỹ)``. The labels are
+    ``ỹ = y − (t0 + <t1, x> + ½<t2, xxᵀ − I>)``; He_l is orthogonal to every polynomial of
+    degree < l, so orders l ≥ 3 are those of ``y`` while their variance falls with ``E[ỹ²]``.
+    Orders 0..2 are moments of ``ỹ`` (zero in expectation when the expansion is the true one).
+    Per sample: one d × r product, one d × d product for the expansion (BLAS-3 over the
+    batch), and the raw sums of ``z``.
     """
 
     name = "projected_hermite"
 
     def __init__(self, d: int, basis: np.ndarray, max_order: int, expansion: Optional[tuple] = None):
-        self.d, self.basis, self.max_order, self.expansion = d, np.asarray(basis, dtype=np.float64), max_order, expansion
-        self.r = self.basis.shape[0]
+        self.basis, self.max_order, self.expansion = np.asarray(basis, dtype=np.float64), max_order, expansion
+        self.input_dim, self.d = d, self.basis.shape[0]  # the tensors live on the r subspace coordinates
+        self.r = self.d
         self.sizes = [_n_unique(self.r, m) for m in range(max_order + 1)]
 
-    def sums_schema(self):
-        return {f"raw{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
-
-    def terms_schema(self):
-        return {f"T{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
-
     def coords(self):
-        out = {"basis": (("rank", "i"), self.basis)}
-        out.update({f"index{m}": ((f"entry{m}", f"axis{m}"), hermite.unique_indices(self.r, m))
-                    for m in range(1, self.max_order + 1)})
+        out = {"basis": (("rank", "i"), self.basis), **super().coords()}
         if self.expansion is not None:
             t0, t1, t2 = self.expansion
             out.update({"expansion_t0": (("scalar",), np.array([t0])), "expansion_t1": (("i",), t1),
                         "expansion_t2": (("i", "j"), t2)})
         return out
 
-    def labels(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``ỹ``: the labels minus the expansion."""
-        if self.expansion is None:
-            return y
-        t0, t1, t2 = self.expansion
-        quad = np.einsum("ni,ni->n", x @ t2, x) - np.trace(t2)  # <t2, xxᵀ − I>
-        return y - (t0 + x @ t1 + 0.5 * quad)
-
     def update(self, acc, x, y):
-        z, yt = x @ self.basis.T, self.labels(x, y)
-        for m in range(self.max_order + 1):
-            acc[f"raw{m}"] += hermite.raw_moment_sums(z, yt, m)
-
-    def terms(self, acc):
-        raw = {m: np.asarray(acc[f"raw{m}"]) for m in range(self.max_order + 1)}
-        return {f"T{l}": hermite.raw_to_hermite(raw, self.r, l) for l in range(self.max_order + 1)}
+        yt = y if self.expansion is None else hermite.subtract_expansion(x, y, *self.expansion)
+        super().update(acc, x @ self.basis.T, yt)
 
     def config(self):
         return {"max_order": self.max_order, "rank": self.r, "residual_labels": self.expansion is not None}
