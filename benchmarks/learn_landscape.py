@@ -90,7 +90,8 @@ def run_method(cfg: dict, workdir: Path, client: Any, tag: str, method: str, b: 
     try:
         res = api.fit(config_from_dict(cfg), store, method, out=model, client=client, progress=None, **options)
     except Exception as err:  # recorded, not fatal: a refusal is a result here
-        rec.update(status="refused" if "Error" in type(err).__name__ else "error",
+        # a ValueError is the method refusing with its reason (a result here); anything else is a failure
+        rec.update(status="refused" if isinstance(err, ValueError) else "error",
                    error=f"{type(err).__name__}: {err}"[:600], traceback=traceback.format_exc(limit=4),
                    seconds=time.perf_counter() - t0)
         return rec

@@ -320,7 +320,8 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         depth: Optional[int] = None, budget: Optional[int] = None, activation: Optional[str] = None,
         exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, starts: Optional[int] = None,
         route: Optional[str] = None, out: Optional[str] = None, samples: Optional[int] = None,
-        workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None, progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+        workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+        progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
     A configuration without a ``statistics`` section gets the method's own choice. The

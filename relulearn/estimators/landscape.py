@@ -52,6 +52,8 @@ C_THEOREM = 0.1
 STREAM_WIDTH = 32
 #: samples of the pilot estimate of the β's on the streamed route
 PILOT_SAMPLES = 1_000_000
+#: samples per mapped part of a pilot
+PILOT_PART = 16_384
 #: rows of a start are the same unit up to sign when closer than this angle (radians)
 SAME_ROW_ANGLE = 0.3
 
@@ -181,7 +183,7 @@ def _row_betas(t: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("abcd,ja,jb,jc,jd->j", t, bn, bn, bn, bn)
 
 
-def _minimize(t: np.ndarray, se: np.ndarray, m: int, starts: int, seed: int, mapper: Callable,
+def _minimize(t: np.ndarray, se: np.ndarray, m: int, n: int, starts: int, seed: int, mapper: Callable,
               report: dict) -> tuple[StartResult, list[StartResult], GParameters]:
     """Two rounds of G: parameters from the tensor, then from the β of the rows found."""
     tmat = t.reshape(m * m, m * m)
@@ -205,15 +207,18 @@ def _minimize(t: np.ndarray, se: np.ndarray, m: int, starts: int, seed: int, map
     report["rounds"] = rounds
     if best is None:
         unbounded = sum(s.unbounded for s in results)
+        rho = params.noise / max(params.beta_min, 1e-300)
+        # ρ ∝ 1/√n: the samples at which it falls to the accepted ratio, and at least twice these
+        needed = max(2 * n, int(math.ceil(n * (rho / MAX_NOISE_RATIO) ** 2)))
         raise TooFewSamplesError(
             f"no start of G reached {m} distinct rows ({unbounded} of {len(results)} ran off to infinity): the fourth "
-            "moment is too noisy at this sample count for G's landscape; estimate with more samples "
-            f"(report: {[s.to_dict() for s in results][:3]})"
+            f"moment is too noisy at {n:,} samples for G's landscape (noise-to-signal {rho:.2f}); about {needed:,} "
+            f"samples are needed (`relulearn estimate ... --samples {needed}`); every start is in the report"
         )
     return best, results, params
 
 
-def _check_noise(params: GParameters, best: StartResult, t: np.ndarray, m: int, n: int) -> dict:
+def _check_noise(params: GParameters, n: int) -> dict:
     """The noise-to-signal ratio of the fourth moment at the answer, and the samples needed.
 
     The gradient noise on a row is about ``ν_row = ||E(·, b_j, b_k, b_k) summed||`` and the
@@ -302,9 +307,9 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     t4w, se4w = whitened_tensor(np.asarray(ph["T4"]), np.asarray(ph["T4_se"]), eig)
     t = np.sign(_C4) * t4w
     report["labels"] = {"first_pass": "y", "fourth_moment": "y − P≤2 y (T_0, T_1, T_2 of the first pass)"}
-    best, results, params = _minimize(t, se4w, m, starts, seed, mapper, report)
+    best, results, params = _minimize(t, se4w, m, n, starts, seed, mapper, report)
     report["parameters"] = params.to_dict()
-    report["noise"] = _check_noise(params, best, t, m, n)
+    report["noise"] = _check_noise(params, n)
     report["summary"] = _summary(report, best, results)
     return _finish(best.b, q, eig, t1, d, m, samples, params, report)
 
@@ -343,6 +348,11 @@ def _summary(report: dict, best: StartResult, results: list[StartResult]) -> dic
             "noise_to_signal": report["noise"]["noise_to_signal"]}
 
 
+def _pilot_parts(n: int) -> int:
+    """Parts of :data:`PILOT_PART` samples a pilot of ``n`` samples maps (at least two, for a spread)."""
+    return max(2, -(-n // PILOT_PART))
+
+
 def _pilot(samples: Any, mapper: Callable, t: tuple, v: np.ndarray, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Per row j of ``v``: ``T(v_j⁴)`` and ``Σ_k T(v_j, v_j, v_k, v_k)``, streamed from ``n`` fresh samples
     (parts ``first, first + 1, …``)."""
@@ -350,10 +360,10 @@ def _pilot(samples: Any, mapper: Callable, t: tuple, v: np.ndarray, first: int, 
 
     from .landscape_stream import part_sums
 
-    size = 16_384
-    items = [(first + i, size) for i in range(max(2, -(-n // size)))]
+    size = PILOT_PART
+    items = [(first + i, size) for i in range(_pilot_parts(n))]
     fn = partial(part_sums, samples, float(t[0]), np.asarray(t[1]), np.asarray(t[2]), v, 0.0)
-    own, rows, total = 0.0, 0.0, 0
+    own, rows = 0.0, 0.0
     for r in mapper(fn, items):  # summed in part order
         own, rows = own + r.own, rows + r.rows
     total = size * len(items)
@@ -375,7 +385,7 @@ def _stream_route(samples: Any, mapper: Callable, seed: int, t0: float, t1: np.n
     m = len(eig)
     w = (q / np.sqrt(eig)[None, :]).T  # Λ^{-1/2} Qᵀ, m × d
     t = (t0, t1, t2)
-    pilot_parts = -(-PILOT_SAMPLES // 16_384)
+    pilot_parts = _pilot_parts(PILOT_SAMPLES)
     own, rows = _pilot(samples, mapper, t, w, 2, PILOT_SAMPLES)
     beta_bar = float(rows.sum()) / m
     if beta_bar <= 0:

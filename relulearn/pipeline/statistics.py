@@ -656,8 +656,7 @@ class ProjectedHermite(HermiteTensors):
     def __init__(self, d: int, basis: np.ndarray, max_order: int, expansion: Optional[tuple] = None):
         self.basis, self.max_order, self.expansion = np.asarray(basis, dtype=np.float64), max_order, expansion
         self.input_dim, self.d = d, self.basis.shape[0]  # the tensors live on the r subspace coordinates
-        self.r = self.d
-        self.sizes = [_n_unique(self.r, m) for m in range(max_order + 1)]
+        self.sizes = [_n_unique(self.d, m) for m in range(max_order + 1)]
 
     def coords(self):
         out = {"basis": (("rank", "i"), self.basis), **super().coords()}
@@ -672,7 +671,7 @@ class ProjectedHermite(HermiteTensors):
         super().update(acc, x @ self.basis.T, yt)
 
     def config(self):
-        return {"max_order": self.max_order, "rank": self.r, "residual_labels": self.expansion is not None}
+        return {"max_order": self.max_order, "rank": self.d, "residual_labels": self.expansion is not None}
 
 
 # ----------------------------------------------------------------- building
