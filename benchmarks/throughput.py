@@ -25,8 +25,9 @@ sample are the model counts of DESIGN.md §7, exploiting symmetry: a symmetric d
 moment needs d(d+1)/2 multiply-adds, i.e. ``d(d+1) ≈ d²`` flops per sample (a ``syrk``
 of an n×d batch: ``n·d(d+1)`` flops; the same ``XᵀX`` done as a general GEMM costs
 ``2·n·d²``). A full packed Hermite tensor of order l costs one multiply-add per unique
-entry, ``2·C(d+l-1, l)`` flops per sample. Lower-order terms (Σy, Σx, Σy·x, ...) are not
-counted. Two yardsticks, both counted with the same convention:
+entry, ``2·C(d+l-1, l)`` flops per sample; all orders ``0..L`` together ``2·C(d+L, L)``
+(for the Hermite family, also Σy and Σy·x, which are part of the packed output). Other
+lower-order terms (Σx, Σy², ...) are not counted. Two yardsticks, both counted with the same convention:
 
 - ``blas``: the bare BLAS-3 call(s) the family minimally needs, on the same rows: ``x.T @ x``
   (numpy dispatches it to ``syrk``) once per matrix (basic: 1; filtered: 1 on as many rows
@@ -38,8 +39,17 @@ counted. Two yardsticks, both counted with the same convention:
   with the BLAS's best per-flop rate; a ``syrk``-based family cannot exceed
   rate(syrk)/rate(gemm) on it.
 
+The Hermite family (full packed tensors) runs at its own dimensions and orders
+(``--hermite-dims``, ``--hermite-orders``; default d = 8, 20, 50 and L = 4, 6, where the
+entries fit ``max_entries``). Besides the model count it records the flops the
+implementation executes (``relulearn.hermite.raw_moment_flops``, the plan of its blocked
+GEMMs) and, timed in the same interleaved rounds, the former implementation ("before":
+one GEMM of all (prefix, suffix) pairs per order, ``hermite._raw_moment_sums_pairs``).
+
 Run ``python benchmarks/throughput.py`` (about 10 minutes on 2 cores) or ``--quick`` for a
-smoke run; results go to ``benchmarks/results/throughput.json``.
+smoke run; results go to ``benchmarks/results/throughput.json``, or, when ``--families``
+is ``hermite`` alone, to ``benchmarks/results/throughput_hermite.json`` (the script writes
+its whole output file; this keeps the other families' results).
 """
 
 from __future__ import annotations
@@ -70,6 +80,7 @@ from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import save_json, utc_now  # noqa: E402
 
+from relulearn import hermite  # noqa: E402
 from relulearn.config import (  # noqa: E402
     ContractedConfig,
     FilteredConfig,
@@ -93,8 +104,10 @@ SEED = 11
 QUANTILES = [0.5, 0.8, 0.95]
 CONTRACTED_ORDERS = [2, 4]
 CONTRACTED_DIRECTIONS = 4
-HERMITE_MAX_ORDER = 4
+HERMITE_DIMS = [8, 20, 50]
+HERMITE_ORDERS = [4, 6]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "throughput.json"
+HERMITE_OUT = ROOT / "benchmarks" / "results" / "throughput_hermite.json"
 
 
 # ------------------------------------------------------------------ helpers
@@ -215,11 +228,12 @@ def n_unique(d: int, m: int) -> int:
     return math.comb(d + m - 1, m)
 
 
-def build_family(name: str, d: int, source: Source) -> tuple[Optional[Statistic], dict[str, Any]]:
+def build_family(name: str, d: int, source: Source, max_order: int = 4) -> tuple[Optional[Statistic], dict[str, Any]]:
     """The statistic of one family at dimension ``d``, and a description of its options.
 
-    Returns ``(None, info)`` with ``info["status"]`` saying why when the family does not
-    fit at this ``d`` (the Hermite tensors' entry limit).
+    ``max_order`` is the Hermite family's highest order. Returns ``(None, info)`` with
+    ``info["status"]`` saying why when the family does not fit at this ``d`` (the Hermite
+    tensors' entry limit).
     """
     if name == "basic":
         return BasicMoments(d), {"options": {}}
@@ -231,9 +245,9 @@ def build_family(name: str, d: int, source: Source) -> tuple[Optional[Statistic]
         return ContractedMoments(g, CONTRACTED_ORDERS), {
             "options": {"orders": CONTRACTED_ORDERS, "directions": CONTRACTED_DIRECTIONS}}
     if name == "hermite":
-        opts = {"max_order": HERMITE_MAX_ORDER}
+        opts = {"max_order": max_order}
         try:
-            return HermiteTensors(d, HermiteConfig(max_order=HERMITE_MAX_ORDER)), {"options": opts}
+            return HermiteTensors(d, HermiteConfig(max_order=max_order)), {"options": opts}
         except ValueError as err:
             return None, {"options": opts, "status": "skipped: too many entries", "reason": str(err)}
     raise ValueError(f"unknown family {name!r}")
@@ -259,12 +273,15 @@ def flop_model(stat: Statistic, batches: list[tuple[np.ndarray, np.ndarray]]) ->
         return {"model": p * sym, "implementation": impl, "matrices": p}
     if isinstance(stat, HermiteTensors):
         model = sum(2 * n_unique(d, m) for m in range(stat.max_order + 1))
-        impl = 0
-        for m in range(stat.max_order + 1):
-            b = m // 2
-            impl += 2 * n_unique(d, m - b) * n_unique(d, b)  # the (a, b)-products GEMM of raw_moment_sums
-        return {"model": model, "implementation": impl, "matrices": 0}
+        return {"model": model, "implementation": hermite.raw_moment_flops(d, stat.max_order), "matrices": 0,
+                "before": hermite_flops_before(d, stat.max_order)}
     raise TypeError(type(stat))
+
+
+def hermite_flops_before(d: int, max_order: int) -> int:
+    """Flops per sample of the former Hermite update: per order m, one GEMM of the sorted
+    ceil(m/2)-tuple products against the sorted floor(m/2)-tuple products, every pair."""
+    return sum(2 * n_unique(d, m - m // 2) * n_unique(d, m // 2) for m in range(max_order + 1))
 
 
 def yardsticks(stat: Statistic, batches: list[tuple[np.ndarray, np.ndarray]], flops: dict[str, float],
@@ -316,9 +333,11 @@ def yardsticks(stat: Statistic, batches: list[tuple[np.ndarray, np.ndarray]], fl
 
 
 def bench_family(name: str, d: int, source: Source, batches: list[tuple[np.ndarray, np.ndarray]], *,
-                 min_reps: int, max_reps: int, budget: float, chunk_size: int) -> dict[str, Any]:
-    """Update vs. yardsticks (interleaved), generation + update, and ``accumulate_chunks``."""
-    stat, info = build_family(name, d, source)
+                 min_reps: int, max_reps: int, budget: float, chunk_size: int,
+                 max_order: int = 4) -> dict[str, Any]:
+    """Update vs. yardsticks (interleaved), generation + update, and ``accumulate_chunks``;
+    for the Hermite family also the former update ("before") in the same rounds."""
+    stat, info = build_family(name, d, source, max_order)
     rec: dict[str, Any] = {"family": name, "d": d, "batch_rows": BATCH_ROWS, **info}
     if stat is None:
         return rec
@@ -345,6 +364,15 @@ def bench_family(name: str, d: int, source: Source, batches: list[tuple[np.ndarr
     fns = {"update": update, "gen_update": gen_update, "chunk": chunk, "yard_blas": ys["blas"][0]}
     if ys["gemm"][0] is not ys["blas"][0]:
         fns["yard_gemm"] = ys["gemm"][0]
+    if isinstance(stat, HermiteTensors):
+        acc_before = stat.init()
+
+        def update_before(r: int) -> None:
+            x, y = batches[r % nb]
+            for m in range(stat.max_order + 1):
+                acc_before[f"raw{m}"] += hermite._raw_moment_sums_pairs(x, y, m)
+
+        fns["update_before"] = update_before
     t = interleaved(fns, min_reps=min_reps, max_reps=max_reps, budget=budget)
     t_upd = med(t["update"])
     f_model = flops["model"]
@@ -370,6 +398,8 @@ def bench_family(name: str, d: int, source: Source, batches: list[tuple[np.ndarr
         if key == "blas":
             rec["roofline_ratio_paired"] = paired_ratio(
                 [ti * f_model * n / flops_per_batch for ti in tk], t["update"])
+    if "update_before" in t:
+        rec.update(hermite_record(rec, t, flops, n))
     t_gu = med(t["gen_update"])
     rec["generation_update"] = {"seconds_per_batch": t_gu, "samples_per_s": n / t_gu}
     # the whole accumulate_chunks path (generation, finiteness check, update, per-chunk error terms)
@@ -377,6 +407,24 @@ def bench_family(name: str, d: int, source: Source, batches: list[tuple[np.ndarr
     rec["accumulate_chunks"] = {"chunk_size": chunk_size, "seconds_per_chunk": t_ch,
                                 "samples_per_s": chunk_size / t_ch, "reps": len(t["chunk"])}
     return rec
+
+
+def hermite_record(rec: dict[str, Any], t: dict[str, list[float]], flops: dict[str, float],
+                   n: int) -> dict[str, Any]:
+    """The Hermite family's extra fields: executed/packed flops, and the former update's
+    speed and roofline ratio, timed in the same rounds against the same yardstick."""
+    t_before = med(t["update_before"])
+    ratio_before = rec["roofline_ratio"] * med(t["update"]) / t_before  # same yardstick rate
+    return {
+        "max_order": rec["options"]["max_order"],
+        "executed_over_packed": flops["implementation"] / flops["model"],
+        "before": {"implementation": "one GEMM of all (ceil(m/2)-tuple, floor(m/2)-tuple) pairs per order m",
+                   "flops_per_sample_implementation": flops["before"],
+                   "executed_over_packed": flops["before"] / flops["model"],
+                   "seconds_per_batch": t_before, "samples_per_s": n / t_before,
+                   "roofline_ratio": ratio_before, "reps": len(t["update_before"])},
+        "speedup_vs_before": paired_ratio(t["update_before"], t["update"]),
+    }
 
 
 def bench_generation(d: int, source: Source, *, min_reps: int, max_reps: int, budget: float) -> dict[str, Any]:
@@ -405,11 +453,26 @@ def bench_generation(d: int, source: Source, *, min_reps: int, max_reps: int, bu
 
 
 def run_families(dims: list[int], families: list[str], *, min_reps: int, max_reps: int, budget: float,
-                 chunk_size: int, log: Callable[[str], None]) -> tuple[list, list]:
-    """All (family, d) records and the per-d generation records."""
+                 chunk_size: int, log: Callable[[str], None], hermite_dims: Optional[list[int]] = None,
+                 hermite_orders: Optional[list[int]] = None) -> tuple[list, list]:
+    """All (family, d) records and the per-d generation records.
+
+    The Hermite family runs at ``hermite_dims`` (default :data:`HERMITE_DIMS`), once per
+    order in ``hermite_orders`` (default :data:`HERMITE_ORDERS`); the others at ``dims``.
+    """
     records, gens = [], []
+    hdims = HERMITE_DIMS if hermite_dims is None else hermite_dims
+    horders = HERMITE_ORDERS if hermite_orders is None else hermite_orders
+    # d -> [(family, max_order or None)], in order of d
+    plan: dict[int, list[tuple[str, Optional[int]]]] = {}
+    for d in dims:
+        plan.setdefault(d, []).extend((f, None) for f in families if f != "hermite")
+    if "hermite" in families:
+        for d in hdims:
+            plan.setdefault(d, []).extend(("hermite", L) for L in horders)
+    plan = {d: runs for d, runs in sorted(plan.items()) if runs}
     with threadpool_limits(limits=1, user_api="blas"):
-        for d in dims:
+        for d, runs in plan.items():
             source = make_source(make_run_config(d, {"basic": {}}))
             gx, gn = generator(SEED, Stream.INPUTS, 0), generator(SEED, Stream.NOISE, 0)
             batches = list(source.batches(gx, gn, 4 * BATCH_ROWS))
@@ -417,19 +480,28 @@ def run_families(dims: list[int], families: list[str], *, min_reps: int, max_rep
             gens.append(bench_generation(d, source, min_reps=min_reps, max_reps=max_reps, budget=budget / 2))
             log(f"  d={d:4d} generation: {gens[-1]['generation_samples_per_s']:,.0f} samples/s "
                 f"({time.perf_counter() - t0:.1f} s)")
-            for name in families:
+            for name, order in runs:
                 t0 = time.perf_counter()
+                kw = {} if order is None else {"max_order": order}
                 rec = bench_family(name, d, source, batches, min_reps=min_reps, max_reps=max_reps,
-                                   budget=budget, chunk_size=chunk_size)
+                                   budget=budget, chunk_size=chunk_size, **kw)
                 rec["wall_seconds"] = time.perf_counter() - t0
                 records.append(rec)
+                label = f"{name} L={order}" if name == "hermite" else name
                 if rec["status"] == "ok":
-                    log(f"  d={d:4d} {name:10s}: update {rec['update']['samples_per_s']:,.0f} samples/s, "
+                    extra = ""
+                    if "before" in rec:
+                        b = rec["before"]
+                        extra = (f", executed/packed {rec['executed_over_packed']:.2f}; before: "
+                                 f"{b['samples_per_s']:,.0f} samples/s, ratio {b['roofline_ratio']:.2f}, "
+                                 f"executed/packed {b['executed_over_packed']:.2f}; "
+                                 f"speed-up {rec['speedup_vs_before']:.1f}×")
+                    log(f"  d={d:4d} {label:10s}: update {rec['update']['samples_per_s']:,.0f} samples/s, "
                         f"ratio {rec['roofline_ratio']:.2f} (gemm {rec['roofline_ratio_gemm']:.2f}), "
                         f"gen+update {rec['generation_update']['samples_per_s']:,.0f}, "
-                        f"chunks {rec['accumulate_chunks']['samples_per_s']:,.0f} ({rec['wall_seconds']:.1f} s)")
+                        f"chunks {rec['accumulate_chunks']['samples_per_s']:,.0f}{extra} ({rec['wall_seconds']:.1f} s)")
                 else:
-                    log(f"  d={d:4d} {name:10s}: {rec['status']}")
+                    log(f"  d={d:4d} {label:10s}: {rec['status']}")
     return records, gens
 
 
@@ -704,6 +776,25 @@ def summary_table(result: dict[str, Any]) -> str:
     lines = []
     fam = [r for r in result["families"]]
     gens = {g["d"]: g for g in result["generation"]}
+    herm = [r for r in fam if r["family"] == "hermite"]
+    fam = [r for r in fam if r["family"] != "hermite"]
+    if herm:
+        lines += ["| d | L | packed flops/sample | executed/packed (before → after) "
+                  "| update samples/s (before → after) | speed-up | roofline ratio (before → after) "
+                  "| gen+update samples/s |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in herm:
+            if r["status"] != "ok":
+                lines.append(f"| {r['d']} | {r['options']['max_order']} | | {r['status']} | | | | |")
+                continue
+            b = r["before"]
+            lines.append(
+                f"| {r['d']} | {r['max_order']} | {r['flops_per_sample']:,.0f} "
+                f"| {b['executed_over_packed']:.2f} → {r['executed_over_packed']:.2f} "
+                f"| {b['samples_per_s']:,.0f} → {r['update']['samples_per_s']:,.0f} | {r['speedup_vs_before']:.1f}× "
+                f"| {b['roofline_ratio']:.2f} → {r['roofline_ratio']:.2f} "
+                f"| {r['generation_update']['samples_per_s']:,.0f} |")
+        lines.append("")
     if fam:
         lines += ["| family | d | flops/sample | update samples/s | GFlop/s | yardstick samples/s | ratio | ratio vs dgemm "
                   "| gen+update samples/s | accumulate_chunks samples/s |",
@@ -756,6 +847,11 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
             out[f"roofline_ratio_{r['family']}_d512"] = {"value": r["roofline_ratio"], "target": ">= 0.7",
                                                          "met": r["roofline_ratio"] >= 0.7,
                                                          "value_vs_dgemm": r["roofline_ratio_gemm"]}
+    for r in result["families"]:
+        if r["status"] == "ok" and r["family"] == "hermite":
+            v = r["executed_over_packed"]
+            out[f"hermite_executed_over_packed_d{r['d']}_L{r['max_order']}"] = {"value": v, "target": "<= 1.5",
+                                                                                "met": v <= 1.5}
     dk = result.get("dask")
     if dk:
         for suffix in ("", "_no_trim"):
@@ -774,10 +870,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a fast smoke run (small sizes, few repetitions)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
+    p.add_argument("--out", type=Path, help=f"JSON output (default {DEFAULT_OUT}; {HERMITE_OUT} when "
+                                           "--families is hermite alone)")
     p.add_argument("--dims", type=int, nargs="+", help="input dimensions (default 32 128 512)")
     p.add_argument("--families", nargs="+", default=["basic", "filtered", "contracted", "hermite"],
                    help="statistic families (default: basic filtered contracted hermite)")
+    p.add_argument("--hermite-dims", type=int, nargs="+",
+                   help=f"input dimensions of the hermite family (default {' '.join(map(str, HERMITE_DIMS))})")
+    p.add_argument("--hermite-orders", type=int, nargs="+",
+                   help=f"max orders L of the hermite family (default {' '.join(map(str, HERMITE_ORDERS))})")
     p.add_argument("--skip-families", action="store_true", help="skip the per-family throughput part")
     p.add_argument("--skip-dask", action="store_true", help="skip the Dask overhead part")
     p.add_argument("--skip-memory", action="store_true", help="skip the peak-memory part")
@@ -796,6 +897,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     q = args.quick
     dims = args.dims or ([32, 128] if q else [32, 128, 512])
+    if args.out is None:
+        args.out = HERMITE_OUT if args.families == ["hermite"] else DEFAULT_OUT
     t_start = time.perf_counter()
 
     def log(msg: str) -> None:
@@ -806,8 +909,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                               "flop_convention": (
                                   "1 flop = one float64 multiply or add (multiply-add = 2). Model counts exploit "
                                   "symmetry: a d×d second moment = d(d+1) flops/sample (syrk of n×d: n·d(d+1); "
-                                  "general GEMM XᵀX: 2·n·d²); a packed order-l Hermite tensor = 2·C(d+l-1,l). "
-                                  "Lower-order (BLAS-1/2) terms not counted. Yardsticks count the same way."),
+                                  "general GEMM XᵀX: 2·n·d²); a packed order-l Hermite tensor = 2·C(d+l-1,l), "
+                                  "orders 0..L together 2·C(d+L,L). Other lower-order (BLAS-1/2) terms not "
+                                  "counted. Yardsticks count the same way."),
                               "families": [], "generation": []}
     log(f"machine: {result['machine']['cores']} cores, BLAS kernel {result['machine']['blas_kernel']}, "
         f"load {result['machine']['load_average_at_start'][0]:.2f}")
@@ -817,7 +921,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         log("per-family throughput")
         result["families"], result["generation"] = run_families(
             dims, args.families, min_reps=3 if q else 7, max_reps=10 if q else 41, budget=0.5 if q else 6.0,
-            chunk_size=50_000, log=log)
+            chunk_size=50_000, log=log, hermite_dims=args.hermite_dims, hermite_orders=args.hermite_orders)
         sections["families"] = time.perf_counter() - t0
     if not args.skip_dask:
         t0 = time.perf_counter()

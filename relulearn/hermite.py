@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -20,7 +21,8 @@ __all__ = [
     "subtract_expansion",
     "hermite_e", "relu_hermite_coefficient", "activation_hermite_coefficients",
     "unique_indices", "packed_index", "pack", "unpack", "partial_matchings",
-    "raw_moment_sums", "raw_to_hermite", "hermite_tensor", "contracted_coefficients",
+    "raw_moment_sums", "raw_moment_sums_upto", "raw_moment_flops", "raw_to_hermite", "hermite_tensor",
+    "contracted_coefficients",
     "contracted_matrix_sums", "contracted_vector_sums", "contracted_scalar_sums",
 ]
 
@@ -214,9 +216,11 @@ def _matching_terms(
         yield (-1) ** len(match), mask, [p for p in range(l) if p not in matched]
 
 
-def _row_batches(n: int, row_elements: int) -> Iterator[slice]:
-    """Row slices so that a temporary of ``rows * row_elements`` stays under budget."""
-    rows = max(1, _TEMP_ELEMENTS // max(1, row_elements))
+def _row_batches(n: int, row_elements: int, budget: int | None = None) -> Iterator[slice]:
+    """Row slices so that a temporary of ``rows * row_elements`` stays under budget
+    (``_TEMP_ELEMENTS`` unless ``budget`` is given)."""
+    budget = _TEMP_ELEMENTS if budget is None else budget
+    rows = max(1, budget // max(1, row_elements))
     for start in range(0, n, rows):
         yield slice(start, min(n, start + rows))
 
@@ -241,12 +245,262 @@ def _tuple_products(x: np.ndarray, a: int) -> np.ndarray:
     return prev
 
 
-def raw_moment_sums(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
-    """Packed unique entries of ``sum_s y_s x_s^{(x)m}``.
+# Raw moments Σ_s y_s x_s^{⊗m}, packed.  A sorted L-tuple splits into a sorted prefix of
+# length a and a sorted suffix of length b = L - a with last(prefix) <= first(suffix).  The
+# prefixes are built in *colex* order (grouped by last index: those over range(c) form a
+# head), the suffixes in lex order (grouped by first index: those over range(c, D) form a
+# tail).  For boundaries 0 = c_0 < ... < c_K = D, GEMM j multiplies the prefixes with last
+# index < c_{j+1} (a head) by the suffixes with first index in [c_j, c_{j+1}) (a contiguous
+# block): every valid pair is computed exactly once; the only waste is the pairs with
+# c_j <= first(suffix) < last(prefix) < c_{j+1}.  Boundaries: a small dynamic programme on a
+# cost model of GEMM time (below), with the waste capped at _WASTE_LIMIT.
 
-    Computed as one GEMM per row batch: with ``m = a + b`` (``a = ceil(m/2)``), the
-    ``y``-weighted products over sorted ``a``-tuples times the products over sorted
-    ``b``-tuples give every sorted ``m``-tuple as (sorted prefix, sorted suffix).
+#: Cost of one GEMM with an m x n output, in flop-equivalents per sample (= per row of the
+#: inner dimension): ``2 m n + _GEMM_EDGE (m + n) + _GEMM_CALL``.  The edge term is how a
+#: thin GEMM falls short of the peak rate, the call term the fixed cost of one call (about
+#: 1.5 µs, with the accumulation, at the 256-row batches below).  Fitted to single-threaded
+#: OpenBLAS 0.3.31 on this project's 2-core AMD EPYC: the rate is ≈ peak / (1 + 12/m + 12/n)
+#: (measured 20, 28, 38, 43 GFlop/s at m = n = 16, 32, 64, 128, ≈ 50 at large sizes).  Only
+#: the plan depends on these constants, never the result's correctness; they are constants
+#: so that every process plans (and rounds) alike.
+_GEMM_EDGE = 24.0
+_GEMM_CALL = 300.0
+#: Executed GEMM flops are kept within this factor of the packed count 2·C(D+L-1, L).
+_WASTE_LIMIT = 1.5
+#: Boundary candidates of the plan (all of range(D + 1) when D is at most this).
+_PLAN_CANDIDATES = 64
+#: Row batches of the GEMM operands: about this many float64 elements (1 MiB, an L2 cache;
+#: measured 1.1-1.7x faster than 4096-row batches at d = 8..50), but at least _MIN_ROWS
+#: rows (GEMMs with a shorter inner dimension lose efficiency to their fixed costs).
+_OPERAND_ELEMENTS = 2**17
+_MIN_ROWS = 256
+
+
+@dataclass(frozen=True)
+class _MomentPlan:
+    """GEMM blocks computing the packed sums over sorted ``order``-tuples of ``dim`` coordinates.
+
+    ``gemms[j] = (m, s0, s1)``: the first ``m`` (colex) prefix products times the (lex)
+    suffix products ``s0:s1``; ``offsets[j]`` is where its ``m x (s1 - s0)`` output starts
+    in the flat accumulator of ``size`` entries; ``flops`` = ``2 Σ_j m (s1 - s0)`` per sample.
+    """
+
+    dim: int
+    order: int
+    prefix: int
+    breaks: tuple[int, ...]
+    gemms: tuple[tuple[int, int, int], ...]
+    offsets: tuple[int, ...]
+    size: int
+    flops: int
+
+
+def _plan_breaks(dim: int, a: int, b: int, waste_weight: float) -> tuple[float, int, tuple[int, ...]]:
+    """Boundaries minimising the modelled time (waste flops weighted ``1 + waste_weight``).
+
+    Returns ``(cost, flops, breaks)``; ``O(C^2)`` in the number ``C`` of candidate boundaries.
+    """
+    heads = [math.comb(c + a - 1, a) for c in range(dim + 1)]  # prefixes with last index < c
+    tails = [math.comb(dim - c + b - 1, b) for c in range(dim + 1)]  # suffixes with first index >= c
+    if dim <= _PLAN_CANDIDATES:
+        cand = list(range(dim + 1))
+    else:
+        cand = sorted({round(dim * k / _PLAN_CANDIDATES) for k in range(_PLAN_CANDIDATES + 1)})
+    # best[j] = (cost, flops, previous boundary) of the cheapest cover of suffix first indices < cand[j]
+    best: list[tuple[float, int, int]] = [(0.0, 0, -1)]
+    for j in range(1, len(cand)):
+        hi = cand[j]
+        opts = []
+        for i in range(j):
+            m, n = heads[hi], tails[cand[i]] - tails[hi]
+            cost = (1.0 + waste_weight) * 2 * m * n + _GEMM_EDGE * (m + n) + _GEMM_CALL
+            opts.append((best[i][0] + cost, best[i][1] + 2 * m * n, i))
+        best.append(min(opts))
+    breaks, j = [], len(cand) - 1
+    while j >= 0:
+        breaks.append(cand[j])
+        j = best[j][2]
+    return best[-1][0], best[-1][1], tuple(reversed(breaks))
+
+
+@lru_cache(maxsize=None)
+def _moment_plan(dim: int, order: int) -> _MomentPlan:
+    """The GEMM plan for sorted ``order``-tuples (``order >= 2``) over ``dim`` coordinates.
+
+    Tries both prefix lengths ``floor(L/2)``, ``ceil(L/2)``; raises the weight of wasted
+    flops until the plan executes at most ``_WASTE_LIMIT`` times the packed count (always
+    reachable when every boundary is a candidate: one block per boundary value wastes
+    nothing).  Pure: a function of ``(dim, order)`` only.
+    """
+    if order < 2 or dim < 1:
+        raise ValueError(f"a GEMM plan needs order >= 2 and dim >= 1, got {order}, {dim}")
+    packed = 2 * math.comb(dim + order - 1, order)
+    prefixes = sorted({order // 2, order - order // 2})
+    for weight in (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1e6):
+        cost, flops, breaks, a = min(_plan_breaks(dim, a, order - a, weight) + (a,) for a in prefixes)
+        if flops <= _WASTE_LIMIT * packed:
+            break
+    b = order - a
+    tails = [math.comb(dim - c + b - 1, b) for c in breaks]
+    gemms = tuple((math.comb(hi + a - 1, a), tails[0] - tails[j], tails[0] - tails[j + 1])
+                  for j, hi in enumerate(breaks[1:]))
+    sizes = [m * (s1 - s0) for m, s0, s1 in gemms]
+    offsets = tuple(int(o) for o in np.cumsum([0] + sizes[:-1]))
+    return _MomentPlan(dim, order, a, breaks, gemms, offsets, sum(sizes), 2 * sum(sizes))
+
+
+@lru_cache(maxsize=8)
+def _plan_gather(dim: int, order: int) -> np.ndarray:
+    """Positions in the plan's flat accumulator of the packed entries, in packed order."""
+    plan = _moment_plan(dim, order)
+    a, b = plan.prefix, order - plan.prefix
+    pre = unique_indices(dim, a)
+    pre = pre[np.lexsort(pre.T)]  # colex: last index first
+    suf = unique_indices(dim, b)
+    # packed_index is a sum of one-index terms, so rank(p ++ s) = rank(p ++ top) + rank(0 ++ s) - rank(0 ++ top)
+    top, zero = np.full(b, dim - 1), np.zeros(a, dtype=np.int64)
+    rank_pre = packed_index(np.hstack([pre, np.broadcast_to(top, (len(pre), b))]), dim)
+    rank_suf = packed_index(np.hstack([np.broadcast_to(zero, (len(suf), a)), suf]), dim)
+    rank_suf -= packed_index(np.concatenate([zero, top]), dim)
+    gather = np.full(math.comb(dim + order - 1, order), -1, dtype=np.int64)
+    for (m, s0, s1), off in zip(plan.gemms, plan.offsets):
+        valid = pre[:m, -1, None] <= suf[None, s0:s1, 0]
+        rank = rank_pre[:m, None] + rank_suf[None, s0:s1]
+        gather[rank[valid]] = off + np.flatnonzero(valid)
+    if (gather < 0).any():  # every sorted tuple must be covered by exactly one block
+        raise AssertionError(f"GEMM plan for dim={dim}, order={order} misses entries")
+    gather.flags.writeable = False
+    return gather
+
+
+def _colex_products(xt: np.ndarray, w: np.ndarray, a: int) -> np.ndarray:
+    """``(C(D+a-1, a), n)``: ``w`` times the products of the rows of ``xt`` (``(D, n)``) over
+    sorted ``a``-tuples, in colex order (by last index, then the rest in colex order).
+
+    The tuples ending in ``j`` are the previous level's tuples over ``range(j + 1)`` (a
+    head of it) followed by ``j``: contiguous slices only.
+    """
+    D, n = xt.shape
+    prev = xt * w  # level 1
+    for r in range(2, a + 1):
+        out = np.empty((math.comb(D + r - 1, r), n))
+        col = 0
+        for j in range(D):
+            h = math.comb(j + r - 1, r - 1)
+            np.multiply(prev[:h], xt[j], out=out[col:col + h])
+            col += h
+        prev = out
+    return prev
+
+
+def _lex_products(xt: np.ndarray, b: int) -> np.ndarray:
+    """``(C(D+b-1, b), n)`` products of the rows of ``xt`` over sorted ``b``-tuples, in
+    ``combinations_with_replacement`` order (as :func:`_tuple_products`, rows for columns)."""
+    D, n = xt.shape
+    prev = xt  # level 1
+    for r in range(2, b + 1):
+        out = np.empty((math.comb(D + r - 1, r), n))
+        col = 0
+        for i in range(D):
+            t = math.comb(D - i + r - 2, r - 1)
+            np.multiply(xt[i], prev[prev.shape[0] - t:], out=out[col:col + t])
+            col += t
+        prev = out
+    return prev
+
+
+def _sorted_tuple_sums(x: np.ndarray, y: np.ndarray, order: int, constant: bool,
+                       budget: int | None) -> np.ndarray:
+    """Packed ``Σ_s y_s Π_k z_s[i_k]`` over sorted ``order``-tuples (``order >= 2``) of the
+    coordinates ``z = [1, x]`` (``constant``) or ``z = x``: one GEMM per plan block and row batch."""
+    n, d = x.shape
+    dim = d + int(constant)
+    plan = _moment_plan(dim, order)
+    a, b = plan.prefix, order - plan.prefix
+    row_elements = dim + math.comb(dim + a - 1, a) + math.comb(dim + b - 1, b)
+    budget = min(_TEMP_ELEMENTS if budget is None else budget,
+                 max(_OPERAND_ELEMENTS, _MIN_ROWS * row_elements))
+    acc = np.zeros(plan.size)
+    views = [acc[off:off + m * (s1 - s0)].reshape(m, s1 - s0) for (m, s0, s1), off in zip(plan.gemms, plan.offsets)]
+    for sl in _row_batches(n, row_elements, budget):
+        # coordinates as rows: a block of tuples is then a contiguous row range for BLAS
+        zt = np.empty((dim, sl.stop - sl.start))
+        if constant:
+            zt[0] = 1.0
+        zt[int(constant):] = x[sl].T
+        left = _colex_products(zt, y[sl], a)
+        right = _lex_products(zt, b)
+        for view, (m, s0, s1) in zip(views, plan.gemms):
+            view += left[:m] @ right[s0:s1].T
+    return acc[_plan_gather(dim, order)]
+
+
+def _check_xy(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 ``x`` of shape ``(n, d)`` and ``y`` of shape ``(n,)``."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.shape != (x.shape[0],):
+        raise ValueError(f"x must have shape (n, d) and y shape (n,), got {x.shape}, {y.shape}")
+    return x, y
+
+
+def raw_moment_sums_upto(x: np.ndarray, y: np.ndarray, max_order: int, *,
+                         _temp_elements: int | None = None) -> list[np.ndarray]:
+    """Packed ``Σ_s y_s x_s^{(x)m}`` for every ``m = 0..max_order``, in one pass.
+
+    With the constant coordinate ``z = [1, x]``, the sorted ``L``-tuples over ``d + 1``
+    coordinates hold every product of order ``m <= L`` exactly once, and in packed order
+    over ``z`` they are orders ``0, 1, ..., L`` one after the other (the tuples starting
+    with the constant come first).  They are computed by blocked GEMMs that skip nearly all
+    unsorted (prefix, suffix) pairs: :func:`raw_moment_flops` gives the flops executed.
+
+    Parameters
+    ----------
+    x : np.ndarray
+        Shape ``(n, d)``.
+    y : np.ndarray
+        Shape ``(n,)``.
+    max_order : int
+        Highest order ``L >= 0``.
+    _temp_elements : int, optional
+        Private: the temporaries' budget in float64 elements (default ``_TEMP_ELEMENTS``).
+
+    Returns
+    -------
+    list of np.ndarray
+        Entry ``m`` has shape ``(C(d+m-1, m),)``.
+    """
+    x, y = _check_xy(x, y)
+    if max_order < 0:
+        raise ValueError(f"max_order must be >= 0, got {max_order}")
+    d = x.shape[1]
+    if max_order == 0:
+        return [np.array([y.sum()])]
+    if max_order == 1:
+        return [np.array([y.sum()]), x.T @ y]
+    flat = _sorted_tuple_sums(x, y, max_order, True, _temp_elements)
+    ends = [math.comb(d + m, m) for m in range(max_order + 1)]  # Σ_{m' <= m} C(d+m'-1, m')
+    return [flat[e - math.comb(d + m - 1, m):e] for m, e in enumerate(ends)]
+
+
+def raw_moment_flops(d: int, max_order: int) -> int:
+    """Flops per sample executed by :func:`raw_moment_sums_upto` (pure; no data needed).
+
+    Counts the multiply-adds of its GEMMs (2 flops each), as the packed model count
+    ``2 Σ_m C(d+m-1, m) = 2 C(d+L, L)`` does; not counted: the ``C(d+a, a) + C(d+b, b)``
+    elementwise products per sample that build the GEMM operands (``a + b = L``).
+    Orders 0 and 1 are a sum and a matrix-vector product, exactly the packed count.
+    """
+    if max_order <= 1:
+        return 2 * math.comb(d + max_order, max_order)
+    return _moment_plan(d + 1, max_order).flops
+
+
+def raw_moment_sums(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
+    """Packed unique entries of ``sum_s y_s x_s^{(x)m}`` (one order).
+
+    The blocked GEMMs of :func:`raw_moment_sums_upto` over the coordinates of ``x`` alone
+    (no constant coordinate).  For several orders, one call of
+    :func:`raw_moment_sums_upto` is cheaper than one call per order.
 
     Parameters
     ----------
@@ -262,10 +516,23 @@ def raw_moment_sums(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
     np.ndarray
         Shape ``(C(d+m-1, m),)``.
     """
-    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    x, y = _check_xy(x, y)
+    if m < 0:
+        raise ValueError(f"order must be >= 0, got {m}")
+    if m == 0:
+        return np.array([y.sum()])
+    if m == 1:
+        return x.T @ y
+    return _sorted_tuple_sums(x, y, m, False, None)
+
+
+def _raw_moment_sums_pairs(x: np.ndarray, y: np.ndarray, m: int) -> np.ndarray:
+    """The former :func:`raw_moment_sums`, kept as a reference and for the benchmark's
+    before/after comparison: one GEMM of all (sorted ``a``-tuple, sorted ``b``-tuple)
+    pairs, ``a = ceil(m/2)``, ``b = floor(m/2)``, unsorted pairs included
+    (``2 C(d+a-1, a) C(d+b-1, b)`` flops per sample)."""
+    x, y = _check_xy(x, y)
     n, d = x.shape
-    if y.shape != (n,):
-        raise ValueError(f"y must have shape ({n},), got {y.shape}")
     b = m // 2
     a = m - b  # the (a, b)-products matrix is dense: C(d+a-1,a) * C(d+b-1,b) floats
     pa, pb = math.comb(d + a - 1, a), math.comb(d + b - 1, b)
@@ -458,3 +725,108 @@ def subtract_expansion(x: np.ndarray, y: np.ndarray, t0: float, t1: np.ndarray, 
     x = np.asarray(x, dtype=np.float64)
     quad = np.einsum("ij,ij->i", x @ t2, x) - np.trace(t2)  # <t2, xxᵀ − I>, one d × d GEMM over the batch
     return np.asarray(y, dtype=np.float64) - (t0 + x @ t1 + 0.5 * quad)
+
+
+# ------------------------------------------------------------- Hermite expansions
+
+
+def multiplicities(d: int, l: int) -> np.ndarray:
+    """How many positions of a full ``(d,)*l`` tensor each packed entry stands for:
+    ``l! / Π_i c_i!`` for an index with value counts ``c_i`` (``‖T‖_F² = Σ mult · T_packed²``)."""
+    idx = unique_indices(d, l)
+    out = np.full(idx.shape[0], float(math.factorial(l)))
+    if l == 0:
+        return out
+    # sorted rows: runs of equal values are the counts
+    run = np.ones(idx.shape[0])
+    for k in range(1, l):
+        same = idx[:, k] == idx[:, k - 1]
+        run = np.where(same, run + 1, 1.0)
+        out /= np.where(same, run, 1.0)
+    return out
+
+
+def packed_trace(t: np.ndarray, d: int, l: int) -> np.ndarray:
+    """Packed ``tr T = Σ_j T[…, j, j]`` (order ``l − 2``) of a packed symmetric tensor of order ``l``."""
+    if l < 2:
+        raise ValueError(f"a trace needs order >= 2, got {l}")
+    t = np.asarray(t, dtype=np.float64)
+    idx = unique_indices(d, l - 2)
+    out = np.zeros(idx.shape[0])
+    for j in range(d):
+        full = np.concatenate([idx, np.full((idx.shape[0], 2), j)], axis=1)
+        out += t[packed_index(full, d)]
+    return out
+
+
+def expansion_coefficients(tensors: Sequence[np.ndarray], d: int) -> list[np.ndarray]:
+    """Monomial coefficients of the Hermite expansion ``Σ_l <T_l, He_l(x)> / l!``, per degree.
+
+    ``<T_l, He_l(x)> / l! = Σ_p (−1)^p / (2^p p! (l−2p)!) <tr^p T_l, x^{⊗(l−2p)}>`` (the
+    matchings of ``p`` pairs, DESIGN.md §3). Entry ``m`` of the result has shape
+    ``(C(d+m−1, m), L+1)``: column ``l`` holds, for each sorted monomial of order ``m``, its
+    coefficient in degree ``l``'s term, multiplicity included, so that
+    ``Σ_m products_m(x) @ coef[m]`` gives every degree's term of every sample in one GEMM per order.
+
+    Parameters
+    ----------
+    tensors
+        Packed ``T_0 .. T_L`` (``T_l = E[y He_l(x)]``).
+    d
+        Dimension.
+    """
+    top = len(tensors) - 1
+    coef = [np.zeros((math.comb(d + m - 1, m), top + 1)) for m in range(top + 1)]
+    for l, t in enumerate(tensors):
+        t = np.asarray(t, dtype=np.float64)
+        for p in range(l // 2 + 1):
+            m = l - 2 * p
+            scale = (-1) ** p / (2**p * math.factorial(p) * math.factorial(m))
+            coef[m][:, l] = scale * multiplicities(d, m) * t
+            if m >= 2:
+                t = packed_trace(t, d, m)
+    return coef
+
+
+def expansion_terms(x: np.ndarray, coef: Sequence[np.ndarray]) -> np.ndarray:
+    """Every degree's term of a Hermite expansion at the rows of ``x``: shape ``(n, L+1)``.
+
+    ``coef`` comes from :func:`expansion_coefficients`; the prediction of the expansion
+    truncated at degree ``L'`` is the sum of the first ``L' + 1`` columns. Monomials of order
+    ``m`` are summed with the blocked GEMM plan of the raw moments (prefix products times the
+    coefficients times suffix products, within 1.5× of the packed count): order ``m`` feeds the
+    degrees ``m, m+2, …`` only, so the widest order costs one column.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n, d = x.shape
+    top = coef[0].shape[1] - 1
+    out = np.zeros((n, top + 1))
+    out += coef[0][0]
+    if len(coef) > 1:
+        out += x @ coef[1]
+    for m in range(2, len(coef)):
+        cols = list(range(m, top + 1, 2))
+        _add_order_terms(x, coef[m][:, cols], m, out, cols)
+    return out
+
+
+def _add_order_terms(x: np.ndarray, c: np.ndarray, m: int, out: np.ndarray, cols: list[int]) -> None:
+    """``out[:, cols] += Σ_t c[t] Π x_t`` over the sorted ``m``-tuples t, by the raw moments' GEMM plan."""
+    n, d = x.shape
+    k = c.shape[1]
+    plan = _moment_plan(d, m)
+    flat = np.zeros((plan.size, k))
+    flat[_plan_gather(d, m)] = c  # pairs the plan computes twice (diagonal blocks) keep a zero coefficient
+    blocks = [flat[off:off + mb * (s1 - s0)].reshape(mb, s1 - s0, k).transpose(2, 0, 1).reshape(k * mb, s1 - s0)
+              for (mb, s0, s1), off in zip(plan.gemms, plan.offsets)]
+    a, b = plan.prefix, m - plan.prefix
+    row_elements = d + math.comb(d + a - 1, a) + math.comb(d + b - 1, b) * (1 + k)
+    for sl in _row_batches(n, row_elements, max(_OPERAND_ELEMENTS, _MIN_ROWS * row_elements)):
+        xt = np.ascontiguousarray(x[sl].T)
+        rows = xt.shape[1]
+        left = _colex_products(xt, np.ones(rows), a)
+        right = _lex_products(xt, b)
+        acc = np.zeros((k, rows))
+        for blk, (mb, s0, s1) in zip(blocks, plan.gemms):
+            acc += np.einsum("kmr,mr->kr", (blk @ right[s0:s1]).reshape(k, mb, rows), left[:mb])
+        out[sl, cols] += acc.T

@@ -1,6 +1,7 @@
 """Tests for relulearn.hermite."""
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -20,7 +21,9 @@ from relulearn.hermite import (
     pack,
     packed_index,
     partial_matchings,
+    raw_moment_flops,
     raw_moment_sums,
+    raw_moment_sums_upto,
     raw_to_hermite,
     relu_hermite_coefficient,
     unique_indices,
@@ -205,6 +208,82 @@ def test_raw_moment_sums_row_batches(monkeypatch):
     ref = raw_moment_sums(x, y, 4)
     monkeypatch.setattr(H, "_TEMP_ELEMENTS", 100)  # forces many small row batches
     np.testing.assert_allclose(raw_moment_sums(x, y, 4), ref, rtol=1e-12)
+
+
+@functools.lru_cache(maxsize=None)
+def _direct_raw_moments(d, lmax, n, seed):
+    """A sample (x, y) and its packed Σ y x^{⊗m}, m ≤ lmax, as y-weighted products of the
+    gathered columns, entry by entry (no GEMM, no splitting of tuples)."""
+    rng = np.random.default_rng(seed)
+    x, y = rng.standard_normal((n, d)), rng.standard_normal(n)
+    ref = []
+    for m in range(lmax + 1):
+        idx = unique_indices(d, m)
+        out = np.empty(len(idx))
+        for s in range(0, len(idx), 8192):
+            out[s:s + 8192] = y @ np.prod(x[:, idx[s:s + 8192]], axis=-1)
+        ref.append(out)
+    return x, y, ref
+
+
+def _assert_raw_close(got, ref, rtol=1e-12):
+    assert len(got) == len(ref)
+    for m, (g, r) in enumerate(zip(got, ref)):
+        assert g.shape == r.shape, m
+        err = np.abs(g - r).max() / np.abs(r).max()
+        assert err <= rtol, (m, err)
+
+
+@pytest.mark.parametrize("d,lmax", [(1, 8), (2, 8), (7, 6), (20, 6), (100, 3)])
+def test_raw_moment_sums_upto_against_direct_products(d, lmax):
+    # every L <= lmax on one sample; y of both signs; d = 100 plans on a grid of boundaries (D > 64)
+    x, y, ref = _direct_raw_moments(d, lmax, 40, 21 + d)
+    assert (y > 0).any() and (y < 0).any()
+    for L in range(lmax + 1):
+        _assert_raw_close(raw_moment_sums_upto(x, y, L), ref[:L + 1])
+
+
+def test_raw_moment_sums_upto_row_batches():
+    # several row batches, uneven last one: by the default operand budget (d = 20, L = 4:
+    # 271 rows per batch) and by a small private budget (d = 7, L = 6: 37 rows per batch)
+    for d, L, n, budget in [(20, 4, 600, None), (7, 6, 300, 37 * (8 + 2 * 120))]:
+        x, y, ref = _direct_raw_moments(d, L, n, 3)
+        got = raw_moment_sums_upto(x, y, L, _temp_elements=budget)
+        _assert_raw_close(got, ref)
+        one_batch = raw_moment_sums_upto(x, y, L, _temp_elements=10**9)
+        _assert_raw_close(got, one_batch)
+
+
+def test_raw_moment_sums_upto_matches_single_orders_and_is_deterministic():
+    import relulearn.hermite as H
+
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((500, 5)), rng.standard_normal(500)
+    got = raw_moment_sums_upto(x, y, 5)
+    _assert_raw_close(got, [raw_moment_sums(x, y, m) for m in range(6)])
+    _assert_raw_close(got, [H._raw_moment_sums_pairs(x, y, m) for m in range(6)])
+    again = raw_moment_sums_upto(x.copy(order="F"), y.copy(), 5)
+    assert all(np.array_equal(a, b) for a, b in zip(got, again))  # same bits
+
+
+def test_raw_moment_sums_upto_edge_cases():
+    x, y = np.zeros((0, 3)), np.zeros(0)
+    assert [r.tolist() for r in raw_moment_sums_upto(x, y, 2)] == [[0.0], [0.0] * 3, [0.0] * 6]
+    with pytest.raises(ValueError):
+        raw_moment_sums_upto(np.zeros((4, 3)), np.zeros(5), 2)
+    with pytest.raises(ValueError):
+        raw_moment_sums_upto(np.zeros((4, 3)), np.zeros(4), -1)
+
+
+@pytest.mark.parametrize("d", [8, 20, 50])
+def test_raw_moment_flops_within_packed_bound(d):
+    # the plan's executed GEMM flops per sample, against the packed count 2 Σ_m C(d+m-1, m)
+    for L in range(7):
+        if math.comb(d + L, L) > 2_000_000:  # HermiteConfig.max_entries refuses these
+            continue
+        packed = 2 * sum(math.comb(d + m - 1, m) for m in range(L + 1))
+        assert packed == 2 * math.comb(d + L, L)
+        assert packed <= raw_moment_flops(d, L) <= 1.5 * packed, (L, raw_moment_flops(d, L) / packed)
 
 
 @pytest.mark.parametrize("l", range(0, 6))
