@@ -4,12 +4,14 @@ The public API: :func:`estimate` streams samples through Dask into a zarr store 
 sufficient statistics; :func:`open_store` reads them back with standard errors.
 """
 
-from .api import estimate, merge, open_store, status
+from .api import estimate, evaluate, fit, learn, merge, open_store, predict, status
 from .config import ConfigError, RunConfig, load_config
 from .network import Network
+from .polynomial import PolynomialModel, load_model
 from .storage import StoreError, StoredRun
 
 __version__ = "0.1.0"
 
-__all__ = ["estimate", "merge", "open_store", "status", "load_config", "RunConfig", "ConfigError",
-           "Network", "StoreError", "StoredRun", "__version__"]
+__all__ = ["estimate", "merge", "open_store", "status", "learn", "fit", "evaluate", "predict", "load_config",
+           "RunConfig", "ConfigError", "Network", "PolynomialModel", "load_model", "StoreError", "StoredRun",
+           "__version__"]

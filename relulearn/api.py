@@ -23,7 +23,7 @@ from .pipeline.run import RunSummary, merge_stores
 from .pipeline.run import estimate as _estimate
 from .storage import open_store
 
-__all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate", "exact_arbitrary"]
+__all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate", "predict", "exact_arbitrary"]
 
 
 def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
@@ -73,7 +73,7 @@ def merge(a: str, b: str, out: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ learning
 
-METHODS = ("moments", "filtered-pca", "exact", "landscape")
+METHODS = ("moments", "filtered-pca", "exact", "landscape", "polynomial")
 
 
 def _method(name: str):
@@ -93,6 +93,10 @@ def _method(name: str):
         from .estimators import landscape
 
         return landscape
+    if name == "polynomial":
+        from .estimators import polynomial
+
+        return polynomial
     raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
 
 
@@ -114,6 +118,14 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
         )
     if method == "landscape":
         _check_landscape_teacher(getattr(source, "network", None))
+    if method == "polynomial" and options.get("degree") is not None:
+        from .estimators import polynomial
+
+        if options.get("subspace"):
+            polynomial.check_degree(1, options["degree"], limit=polynomial.SUBSPACE_ORDER_LIMIT,
+                                    what="statistics.projected_hermite")
+        else:
+            polynomial.check_degree(source.d, options["degree"])
     if method != "exact":
         return options
     from .estimators import exact
@@ -273,9 +285,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
         "method": method,
         "store": store,
         "out": out,
-        "width": int(net.weights[0].shape[0]),
-        "depth": int(net.depth),
-        "input_dim": net.input_dim,
+        **_model_shape(net),
         "samples": run.samples,
         "passes": pass_info,
         "seconds": time.perf_counter() - t0,
@@ -283,10 +293,23 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     }
 
 
+def _model_shape(model: Any) -> dict[str, Any]:
+    """What kind of model a method returned, and its size: width and depth of a network, degree
+    (and subspace rank) of a polynomial."""
+    from .polynomial import PolynomialModel
+
+    if isinstance(model, PolynomialModel):
+        return {"kind": "polynomial", "degree": model.degree, "input_dim": model.input_dim,
+                "subspace_rank": None if model.basis is None else model.dim}
+    return {"kind": "network", "width": int(model.weights[0].shape[0]), "depth": int(model.depth),
+            "input_dim": model.input_dim}
+
+
 def learn(store: str, method: str = "moments", *, width: Optional[int] = None, depth: Optional[int] = None,
           budget: Optional[int] = None, activation: Optional[str] = None, exact_samples: Optional[int] = None,
           refine_samples: Optional[int] = None, starts: Optional[int] = None, route: Optional[str] = None,
-          out: Optional[str] = None, workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+          degree: Optional[int] = None, shrink: Optional[str] = None, subspace: Optional[bool] = None,
+          residual: Optional[bool] = None, out: Optional[str] = None, workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
           progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
@@ -298,7 +321,10 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
     (samples streamed through the refinement; default all the store holds) of ``exact``;
     ``starts`` (random starts of G, default 8) and ``route`` (``moments`` or ``stream``; default by
-    width) of ``landscape``.
+    width) of ``landscape``; ``degree`` (default: chosen on held-out samples), ``shrink`` (``none``,
+    ``order``, ``entry``), ``subspace`` (expand the inputs projected on the relevant subspace) and
+    ``residual`` (re-estimate orders ≥ 3 on residual labels, default True) of ``polynomial``, whose
+    model is a :class:`~relulearn.polynomial.PolynomialModel`.
 
     Returns
     -------
@@ -306,7 +332,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route)
+                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
+                       degree=degree, shrink=shrink, subspace=subspace, residual=residual)
     if client == "local":
         return _learn_with(None, store, method, options, out, progress)
     if client is not None:
@@ -319,7 +346,9 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
 def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
         depth: Optional[int] = None, budget: Optional[int] = None, activation: Optional[str] = None,
         exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, starts: Optional[int] = None,
-        route: Optional[str] = None, out: Optional[str] = None, samples: Optional[int] = None,
+        route: Optional[str] = None, degree: Optional[int] = None, shrink: Optional[str] = None,
+        subspace: Optional[bool] = None, residual: Optional[bool] = None, out: Optional[str] = None,
+        samples: Optional[int] = None,
         workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
         progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
@@ -328,7 +357,8 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     options are those of :func:`learn`.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route)
+                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
+                       degree=degree, shrink=shrink, subspace=subspace, residual=residual)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     from .pipeline.sources import make_source
 
@@ -336,7 +366,9 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
 
-        stats = _method(method).required_statistics(cfg.source.d, width)
+        mod = _method(method)
+        stats = mod.required_statistics(cfg.source.d, width,
+                                        **{k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())})
         cfg = config_from_dict(dict(cfg.to_dict(), statistics=stats), base_dir=cfg.base_dir)
 
     def run(c: Any) -> dict[str, Any]:
@@ -369,8 +401,9 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     """
     from .network import compare, compare_two_layer, subspace_angle
     from .pipeline.sources import Stream, TeacherSource, draw, make_source
+    from .polynomial import PolynomialModel, load_model
 
-    net = model if isinstance(model, Network) else Network.load(model)
+    net = model if isinstance(model, (Network, PolynomialModel)) else load_model(model)
     teacher = Path(teacher)
     if teacher.suffix == ".npz":
         source, seed = TeacherSource(Network.load(teacher)), 0
@@ -391,13 +424,18 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         "relative_test_error": float(err2.sum() / ey2.sum()),
         "noise_floor": float(y2.shape[1] * source.noise_std**2 / ey2.sum()),
         "teacher_width": int(source.network.weights[0].shape[0]),
-        "model_width": int(net.weights[0].shape[0]),
         "teacher_depth": int(source.network.depth),
-        "model_depth": int(net.depth),
     }
     if y2.shape[1] > 1:
         out["outputs"] = int(y2.shape[1])
         out["relative_test_error_per_output"] = [float(e) for e in err2 / ey2]
+    if isinstance(net, PolynomialModel):
+        # an improper model: no weights to compare, no first layer whose span could be measured
+        out.update({"model_kind": "polynomial", "model_degree": net.degree,
+                    "model_subspace_rank": None if net.basis is None else net.dim, "parameter_error": None,
+                    "parameter_error_note": "the model is a polynomial (improper learner): compare by test error"})
+        return out
+    out.update({"model_kind": "network", "model_width": int(net.weights[0].shape[0]), "model_depth": int(net.depth)})
     t_net = source.network
     scalar_relu = (t_net.activation == "relu" and net.activation == "relu" and y2.shape[1] == 1
                    and getattr(source, "output", None) is None)
@@ -427,6 +465,29 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         out["parameter_error"] = None
         out["parameter_error_note"] = str(err)
     return out
+
+
+def predict(model: str | Path, inputs: str | Path, out: Optional[str | Path] = None) -> dict[str, Any]:
+    """Evaluate a model file of any kind (network or polynomial) on the rows of ``inputs`` (``.npy``,
+    n × d) and write the predictions to ``out`` (``.npy``: shape (n,) for one output, (n, m) for m).
+
+    Returns the model kind, the shapes and the path written.
+    """
+    from .polynomial import load_model
+
+    t0 = time.perf_counter()
+    net = load_model(model)
+    x = _load_matrix(inputs, "inputs")
+    if x.shape[1] != net.input_dim:
+        raise ValueError(f"inputs {inputs} have {x.shape[1]} columns but the model {model} takes d = {net.input_dim} "
+                         f"inputs; give an n × {net.input_dim} array (one sample per row)")
+    y = net.forward(x)
+    y = y[:, 0] if y.shape[1] == 1 else y
+    if out is not None:
+        np.save(Path(out), y)
+    return {"model": str(model), "kind": _model_shape(net)["kind"], "samples": int(x.shape[0]),
+            "input_dim": int(x.shape[1]), "outputs": int(net.output_dim), "out": None if out is None else str(out),
+            "seconds": time.perf_counter() - t0}
 
 
 def _load_matrix(path: str | Path, what: str) -> np.ndarray:
@@ -525,3 +586,47 @@ def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0
         "estimate_seconds": fitted["estimate"]["seconds"], "learn_seconds": fitted["seconds"],
         "passes": fitted["passes"], "merged_units": fitted["report"].get("merged_units", []),
     }
+
+
+# ------------------------------------------------------------------ shadow networks
+
+
+def shadow(teacher: str | Path | Network, degree: int, *, samples: int = 200_000, seed: int = 0) -> dict[str, Any]:
+    """How far a network is from its shadow ``Ψ_n`` (Daniely–Srebro–Vardi 2023), next to the bound.
+
+    ``teacher`` is a network ``.npz`` or a run configuration (YAML; its teacher, e.g. a
+    ``random_xavier`` one, and its ``source.output`` for a vector-output teacher). Returns
+    :func:`relulearn.shadow.shadow_report` (``samples`` fresh Gaussian inputs of stream ``TEST``,
+    seed ``seed``) plus ``teacher``.
+
+    Raises
+    ------
+    ValueError
+        A missing or unreadable file, a degree outside ``0..MAX_DEGREE``, or a network the shadow
+        does not apply to (biases, another activation), with the cause and the fix.
+    """
+    from .pipeline.sources import make_source
+    from .shadow import shadow_report
+
+    if isinstance(teacher, Network):
+        net, name = teacher, "network"
+    else:
+        path = Path(teacher)
+        if not path.is_file():
+            raise ValueError(f"{path} does not exist (or is not a file); give a network file (.npz) or a run "
+                             "configuration (.yaml) whose source.teacher to compare with its shadow")
+        if path.suffix == ".npz":
+            net = Network.load(path)
+        else:
+            cfg = load_config(path)
+            net = make_source(cfg).network
+            if cfg.source.output is not None:  # the scalar label the configuration learns
+                net = Network(net.weights[:-1] + (net.weights[-1][cfg.source.output:cfg.source.output + 1],),
+                              None if net.biases is None else
+                              net.biases[:-1] + (net.biases[-1][cfg.source.output:cfg.source.output + 1],),
+                              net.activation)
+        name = str(path)
+    return {"teacher": name, **shadow_report(net, degree, samples=samples, seed=seed)}
+
+
+__all__ += ["shadow"]

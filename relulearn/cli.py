@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from typing import Any, Optional, Sequence
@@ -25,6 +26,16 @@ examples:
   relulearn status run.zarr --json
   relulearn merge a.zarr b.zarr --out ab.zarr
 """
+
+
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -109,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
                        "(tensor step, signs, null vectors of the row span, refinement); landscape = one-hidden-layer ReLU nets "
                        "with non-negative output weights and B of full row rank, up to width d, by minimizing Ge–Lee–Ma's "
-                       "designed objective G (no spurious local minima) on the whitened 4th moment")
+                       "designed objective G (no spurious local minima) on the whitened 4th moment; polynomial = any "
+                       "network (e.g. random Xavier nets) by its Hermite expansion truncated at a degree L, read off "
+                       "the stored T_0..T_L (Daniely–Srebro–Vardi; the model is a polynomial, not a network)")
         q.add_argument("--width", type=_positive,
                        help="moments: hidden units wanted (default: the rank the noise floor supports); "
                        "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
@@ -136,7 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="landscape: moments = G from the 4th moment on the subspace (one extra pass, C(m+3,4) "
                        "entries per sample); stream = the paper's stochastic gradient of G on fresh samples, O(m·d) per "
                        "sample (default: stream above 32 units)")
-        q.add_argument("--out", required=True, help="where to write the learned network (.npz)")
+        q.add_argument("--degree", type=_nonnegative,
+                       help="polynomial: degree L of the expansion (default: the degree of least error on held-out "
+                       "samples, up to the stored order; fit estimates up to 4, or 6 with --subspace); a degree whose "
+                       "tensors exceed the entry budget is refused with the largest that fits")
+        q.add_argument("--shrink", choices=["none", "order", "entry"],
+                       help="polynomial: shrink coefficients by their standard errors: order = James–Stein factor "
+                       "max(0, 1 − V_l/‖T_l‖²) per order, entry = max(0, 1 − se²/T²) per coefficient (default none); "
+                       "helps where an order's signal is comparable with its noise")
+        q.add_argument("--subspace", action="store_true", default=None,
+                       help="polynomial: find the relevant subspace first (T_2, filtered matrices, T_1) and expand the "
+                       "projected inputs to a higher degree (one projected_hermite pass); for teachers whose first "
+                       "layer has few rows")
+        q.add_argument("--no-residual", dest="residual", action="store_false", default=None,
+                       help="polynomial: use the stored T_3..T_L as they are instead of re-estimating them on "
+                       "residual labels in one more pass (half the estimation work, more variance)")
+        q.add_argument("--out", required=True, help="where to write the learned model (.npz: a network, or a "
+                       "polynomial model for --method polynomial)")
         add_cluster_options(q)
         q.add_argument("--quiet", action="store_true", help="no progress output")
         q.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -172,14 +201,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="where to write the recovered network (.npz)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    p = sub.add_parser("predict", help="evaluate a model file on inputs from a .npy file",
+                       description="Predictions of a model file of any kind (a network, or a polynomial model from "
+                       "--method polynomial) at the rows of an n × d .npy array; written as .npy: shape (n,) for one "
+                       "output, (n, m) for m outputs.")
+    p.add_argument("model", help="model file (.npz)")
+    p.add_argument("--input", required=True, help="inputs X (.npy, n rows × d columns)")
+    p.add_argument("--out", required=True, help="where to write the predictions (.npy)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
     p = sub.add_parser("evaluate", help="test error of a network against a teacher",
                        description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "
                        "used for estimation), the angle between the subspace the teacher depends on and the one the "
                        "model depends on, and for one-hidden-layer ReLU networks the parameter error up to "
                        "permutation and positive rescaling of hidden units.")
-    p.add_argument("model", help="network file (.npz)")
+    p.add_argument("model", help="model file (.npz): a network or a polynomial model")
     p.add_argument("--teacher", required=True, help="a run configuration (its source, noise included) or a network .npz")
     p.add_argument("--samples", type=_positive, default=200_000, help="test samples (default 200000)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    p = sub.add_parser("shadow", help="distance of a network from its Hermite-truncated shadow, next to the bound",
+                       description="Replace each hidden activation of a network (relu, erf, erf_relu, tanh; no biases) "
+                       "by its degree-n Hermite truncation — the shadow network of Daniely–Srebro–Vardi (2023), a "
+                       "polynomial of degree n^(depth-1) — and measure E(N − Ψ_n)² on fresh Gaussian inputs, next to "
+                       "ε_σ(n) and the bound Σ_j Lip^(i−1−j) sqrt(ε̄_j(n)) for random Xavier networks of depth i (see "
+                       "relulearn.shadow; a random_xavier teacher is such a network).")
+    p.add_argument("teacher", help="a network file (.npz) or a run configuration (YAML) whose teacher to use")
+    p.add_argument("--degree", type=int, required=True, help="degree n of the Hermite truncation (0..100)")
+    p.add_argument("--samples", type=_positive, default=200_000, help="Gaussian inputs (default 200000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("demo", help="plant a network, estimate, learn, polish, evaluate",
@@ -204,7 +254,8 @@ def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"width": args.width, "depth": args.depth, "budget": args.budget, "activation": args.activation,
             "exact_samples": args.exact_samples, "refine_samples": args.refine_samples, "starts": args.starts,
-            "route": args.route}
+            "route": args.route, "degree": args.degree, "shrink": args.shrink, "subspace": args.subspace,
+            "residual": args.residual}
 
 
 def _print_demo(result: dict[str, Any]) -> None:
@@ -222,6 +273,38 @@ def _print_demo(result: dict[str, Any]) -> None:
               + ", ".join(f"into unit {m['into']} ({m['reason']})" for m in result["merged_units"]))
     print(f"time: estimate {result['estimate_seconds']:.1f} s, learn {result['learn_seconds']:.1f} s, "
           f"total {result['seconds']:.1f} s")
+
+
+def _print_shadow(r: dict[str, Any]) -> None:
+    def pm(value: float, se: float) -> str:
+        return f"{value:.4g} ± {se:.2g}"
+
+    rows = [
+        ("teacher", r["teacher"]),
+        ("activation", f"{r['activation']} (normalised σ, Lipschitz {r['lipschitz']:.4g})"),
+        ("depth", f"{r['depth']} weight matrices, hidden widths {r['widths']}, input dimension {r['input_dim']}"),
+        ("degree n", f"{r['degree']} (the shadow is a polynomial of degree {r['polynomial_degree']:,})"),
+        ("ε_σ(n)", f"{r['epsilon_sigma']:.4g}"),
+        ("bound", f"{r['bound']:.4g} (Gaussian inputs; {r['bound_sphere']:.4g} on the paper's sphere)"),
+        ("distance", f"{pm(r['distance'], r['distance_se'])}  (relative to ‖N‖: "
+                     f"{pm(r['relative_distance'], r['relative_distance_se'])}; scaled: "
+                     f"{pm(r['scaled_distance'], r['scaled_distance_se'])})"),
+    ]
+    if "exact_distance_squared" in r:
+        agree = abs(r["distance_squared"] - r["exact_distance_squared"]) <= 4 * r["distance_squared_se"]
+        rows.append(("exact", f"{math.sqrt(r['exact_distance_squared']):.4g} for these weights "
+                              f"(measured agrees within 4 SE: {'yes' if agree else 'no'})"))
+    ratio = "—" if r["ratio_to_bound"] is None else f"{r['ratio_to_bound']:.3f}"
+    if r["within_bound"] is None:
+        rows.append(("within bound", f"— (depth 2: the bound is the mean over random weights, not an upper bound; "
+                                     f"scaled distance / bound = {ratio})"))
+    else:
+        rows.append(("within bound", f"{'yes' if r['within_bound'] else 'no'} (scaled distance / bound = {ratio})"))
+    rows.append(("samples", f"{r['samples']:,} (seed {r['seed']}); pre-activation scales "
+                            + ", ".join(f"{s:.3f}" for s in r["preactivation_scales"])))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
 
 
 def _print_status(st: dict[str, Any]) -> None:
@@ -313,8 +396,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "exact-arbitrary":
             result = api.exact_arbitrary(args.inputs, args.labels, args.width, activation=args.activation,
                                          out=args.out)
+        elif args.command == "predict":
+            result = api.predict(args.model, args.input, args.out)
         elif args.command == "evaluate":
             result = api.evaluate(args.model, args.teacher, samples=args.samples)
+        elif args.command == "shadow":
+            result = api.shadow(args.teacher, args.degree, samples=args.samples, seed=args.seed)
+            if not args.json:
+                _print_shadow(result)
+                return 0
         elif args.command == "demo":
             result = api.demo(d=args.d, width=args.width, samples=args.samples, seed=args.seed,
                               **_cluster_kwargs(args))

@@ -135,13 +135,37 @@ class TwoLayerTeacher(_Section):
         return self
 
 
+class RandomXavierTeacher(_Section):
+    """A random "Xavier" network of Daniely, Srebro, Vardi (2023), without biases:
+    ``y = W_L σ(… σ(W_0 x))`` with entries of every ``W_j`` (the scalar output layer included)
+    i.i.d. ``N(0, 1/fan_in)`` and ``σ`` the activation normalised to ``E σ(z)² = 1``, ``z ~ N(0, 1)``
+    (relu: ``√2 relu``; erf: ``√3 erf(z/√2)``; erf_relu and tanh divided by their norms). The
+    normalisation is folded into the weights of the planted network file (``relulearn shadow``).
+    """
+
+    kind: Literal["random_xavier"]
+    widths: list[int] = Field(..., min_length=1, description="hidden widths, first to last")
+    activation: Literal["relu", "erf", "erf_relu", "tanh"] = Field(
+        "relu", description="hidden activation σ before normalisation: relu, erf, erf_relu or tanh"
+    )
+    seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+
+    @field_validator("widths")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(w < 1 for w in value):
+            raise ValueError(f"every hidden width must be at least 1, got {value}; give one positive width per "
+                             "hidden layer, e.g. [512] or [256, 256]")
+        return value
+
+
 class FileTeacher(_Section):
     """Any network file in the format of DESIGN.md §5 (``W0..WL``, ``activation``)."""
 
     file: str = Field(..., description="path of a .npz network file, relative to the config file")
 
 
-TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, FileTeacher]
+TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, RandomXavierTeacher, FileTeacher]
 
 
 class SourceConfig(_Section):
@@ -162,6 +186,8 @@ class SourceConfig(_Section):
             return DeepReluTeacher(**value)
         if isinstance(value, dict) and value.get("kind") == "two_layer":
             return TwoLayerTeacher(**value)
+        if isinstance(value, dict) and value.get("kind") == "random_xavier":
+            return RandomXavierTeacher(**value)
         if isinstance(value, dict):
             return OneHiddenReluTeacher(**value)
         return value
@@ -180,10 +206,23 @@ class OutputMomentsConfig(_Section):
     for all outputs."""
 
 
+class ExpansionConfig(_Section):
+    """A polynomial expansion of degree ≤ 2 in Hermite form, ``t0 + <t1, x> + ½<t2, xxᵀ − I>``
+    (DESIGN.md §3): the ``P_{≤2} y`` that residual labels subtract."""
+
+    t0: float = Field(0.0, description="constant term (E[y])")
+    t1: Optional[list[float]] = Field(None, description="linear term T_1 (d entries); omitted: zero")
+    t2: Optional[list[list[float]]] = Field(None, description="second-order term T_2 (d × d, symmetric); omitted: zero")
+
+
 class HermiteConfig(_Section):
     max_order: int = Field(4, ge=0, le=8, description="largest order l of T_l = E[y He_l(x)]")
     max_entries: int = Field(
         2_000_000, ge=1, description="refuse when the packed tensors would have more entries than this (large d)"
+    )
+    expansion: Optional[ExpansionConfig] = Field(
+        None, description="degree-≤2 expansion subtracted from the labels (residual labels: orders ≥ 3 unchanged, "
+        "lower variance); omitted: raw labels"
     )
 
 
@@ -269,15 +308,6 @@ class ResidualConfig(_Section):
     def _one_grid(self) -> "ResidualConfig":
         _check_grid(self.quantiles, self.thresholds)
         return self
-
-
-class ExpansionConfig(_Section):
-    """A polynomial expansion of degree ≤ 2 in Hermite form, ``t0 + <t1, x> + ½<t2, xxᵀ − I>``
-    (DESIGN.md §3): the ``P_{≤2} y`` that residual labels subtract."""
-
-    t0: float = Field(0.0, description="constant term (E[y])")
-    t1: Optional[list[float]] = Field(None, description="linear term T_1 (d entries); omitted: zero")
-    t2: Optional[list[list[float]]] = Field(None, description="second-order term T_2 (d × d, symmetric); omitted: zero")
 
 
 class ProjectedHermiteConfig(_Section):

@@ -46,11 +46,21 @@ def _softplus(h: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, h)
 
 
+def _erf_relu(h: np.ndarray) -> np.ndarray:
+    """``∫_0^z (erf(t) + 1) dt = z erf(z) + (exp(−z²) − 1)/√π + z``: a smooth ReLU-like activation
+    (derivative ``erf + 1`` in (0, 2); ``≈ 2z`` for large z, ``→ −1/√π`` for z → −∞)."""
+    from scipy.special import erfc
+
+    # z (erf(z) + 1) = z erfc(−z): no cancellation for z → −∞
+    return h * erfc(-h) + np.expm1(-(h * h)) / np.sqrt(np.pi)
+
+
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": _relu,
     "relu2": _relu_power(2),
     "relu3": _relu_power(3),
     "erf": _erf,
+    "erf_relu": _erf_relu,
     "tanh": np.tanh,
     "softplus": _softplus,
     "sigmoid": _sigmoid,
@@ -176,6 +186,9 @@ class Network:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "network") -> "Network":
         names = set(arrays)
+        if "kind" in names and str(arrays["kind"]) != "network":
+            raise NetworkFileError(f"{origin} is a {arrays['kind']} model, not a network; read it with "
+                                   "relulearn.load_model (predict and evaluate take either kind)")
         w_idx = sorted(int(m.group(1)) for k in names if (m := re.fullmatch(r"W(\d+)", k)))
         b_idx = sorted(int(m.group(1)) for k in names if (m := re.fullmatch(r"b(\d+)", k)))
         unknown = names - {f"W{j}" for j in w_idx} - {f"b{j}" for j in b_idx} - {"activation"}

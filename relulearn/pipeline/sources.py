@@ -14,7 +14,8 @@ from typing import Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..config import DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RunConfig, SourceConfig, TwoLayerTeacher
+from ..config import (DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RandomXavierTeacher, RunConfig, SourceConfig,
+                      TwoLayerTeacher)
 from ..network import Network, NetworkFileError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "planted_one_hidden",
     "planted_deep",
     "planted_two_layer",
+    "planted_xavier",
     "OutputColumn",
     "label_outputs",
     "Stream",
@@ -163,6 +165,32 @@ def planted_two_layer(cfg: TwoLayerTeacher, d: int) -> Network:
     return Network((v, u), activation=cfg.activation, _origin="planted two_layer teacher")
 
 
+def planted_xavier(cfg: RandomXavierTeacher, d: int) -> Network:
+    """A random Xavier network of Daniely, Srebro, Vardi (2023): ``N(x) = W_i σ(… σ(W_1 x))``.
+
+    Entries of ``W_j`` are i.i.d. ``N(0, 1/fan_in)``, the scalar output layer (1 × last width)
+    included, drawn in layer order from ``generator(cfg.seed, Stream.TEACHER)``; no biases. The
+    paper's normalised activation ``σ(z) = f(s z) / ‖f(s·)‖`` (``f`` = ``cfg.activation``; ``s = 1/√2``
+    for erf, else 1; :func:`relulearn.shadow.paper_activation`) is folded into the weights: the file's
+    layer j is ``s · W_j`` (rows; all but the output layer) ``/ ‖f(s·)‖`` (columns; all but the first
+    layer), so ``Network.forward`` computes the paper's ``N`` exactly with the plain activation ``f``.
+    """
+    from ..shadow import paper_activation
+
+    act = paper_activation(cfg.activation)
+    rng = generator(cfg.seed, Stream.TEACHER)
+    dims = [d, *cfg.widths, 1]
+    layers = []
+    for j, (fan_in, fan_out) in enumerate(zip(dims[:-1], dims[1:])):
+        w = rng.standard_normal((fan_out, fan_in)) / np.sqrt(fan_in)
+        if j < len(dims) - 2:
+            w *= act.scale
+        if j > 0:
+            w /= act.norm
+        layers.append(w)
+    return Network(tuple(layers), activation=cfg.activation, _origin="planted random_xavier teacher")
+
+
 @dataclass(frozen=True)
 class TeacherSource:
     """``y = F(x) + σ ε`` with ``x ~ N(0, I_d)`` and a network ``F``.
@@ -282,6 +310,8 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
         net = planted_deep(teacher, src.d)
     elif isinstance(teacher, TwoLayerTeacher):
         net = planted_two_layer(teacher, src.d)
+    elif isinstance(teacher, RandomXavierTeacher):
+        net = planted_xavier(teacher, src.d)
     else:
         net = planted_one_hidden(teacher, src.d)
     # a teacher with several outputs and no source.output gives vector labels

@@ -20,7 +20,8 @@ from typing import Callable, Iterable, Mapping, Optional
 import numpy as np
 
 from .. import hermite
-from ..config import ContractedConfig, FilteredConfig, HermiteConfig, ProjectedHermiteConfig, ResidualConfig, RunConfig
+from ..config import (ContractedConfig, ExpansionConfig, FilteredConfig, HermiteConfig, ProjectedHermiteConfig,
+                      ResidualConfig, RunConfig)
 from ..network import Network
 from .sources import Source, Stream, check_finite, chunk_batches, generator, label_outputs, pilot_batches
 
@@ -309,6 +310,7 @@ class HermiteTensors(Statistic):
                 f"max_entries={cfg.max_entries:,}; lower max_order, raise max_entries, or use the "
                 "`contracted` statistic, which never forms the full tensor"
             )
+        self.expansion = expansion_setup(cfg.expansion, d, "statistics.hermite")
 
     def sums_schema(self):
         return {f"raw{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
@@ -317,21 +319,35 @@ class HermiteTensors(Statistic):
         return {f"T{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
 
     def coords(self):
-        return {
+        out = {
             f"index{m}": ((f"entry{m}", f"axis{m}"), hermite.unique_indices(self.d, m))
             for m in range(1, self.max_order + 1)
         }
+        if self.expansion is not None:
+            t0, t1, t2 = self.expansion
+            out.update({"expansion_t0": (("scalar",), np.array([t0])), "expansion_t1": (("i",), t1),
+                        "expansion_t2": (("i", "j"), t2)})
+        return out
+
+    def labels(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """The labels the tensors are taken of: ``y``, or ``y`` less the expansion (residual labels)."""
+        return y if self.expansion is None else hermite.subtract_expansion(x, y, *self.expansion)
 
     def update(self, acc, x, y):
-        for m in range(self.max_order + 1):
-            acc[f"raw{m}"] += hermite.raw_moment_sums(x, y, m)
+        self._accumulate(acc, x, self.labels(x, y))
+
+    def _accumulate(self, acc: dict[str, np.ndarray], z: np.ndarray, y: np.ndarray) -> None:
+        """Add the packed raw sums ``Σ y z^{⊗m}``, ``m ≤ max_order``, of inputs ``z``."""
+        for m, s in enumerate(hermite.raw_moment_sums_upto(z, y, self.max_order)):
+            acc[f"raw{m}"] += s
 
     def terms(self, acc):
         raw = {m: np.asarray(acc[f"raw{m}"]) for m in range(self.max_order + 1)}
         return {f"T{l}": hermite.raw_to_hermite(raw, self.d, l) for l in range(self.max_order + 1)}
 
     def config(self):
-        return {"max_order": self.max_order}
+        # the residual flag only when set: stores made before the option keep their fingerprint
+        return {"max_order": self.max_order, **({"residual_labels": True} if self.expansion is not None else {})}
 
 
 def _n_unique(d: int, m: int) -> int:
@@ -608,6 +624,25 @@ class ResidualFilteredMoments(Statistic):
 # ------------------------------------------------------------ projected hermite
 
 
+def expansion_setup(cfg: Optional[ExpansionConfig], d: int, where: str) -> Optional[tuple]:
+    """The expansion ``(t0, t1, t2)`` of a section's ``expansion`` key, checked (``None``: raw labels).
+
+    Raises
+    ------
+    ValueError
+        Naming the key at fault: a term of the wrong shape, or ``t2`` not symmetric.
+    """
+    if cfg is None:
+        return None
+    t1 = np.zeros(d) if cfg.t1 is None else np.asarray(cfg.t1, dtype=np.float64)
+    t2 = np.zeros((d, d)) if cfg.t2 is None else np.asarray(cfg.t2, dtype=np.float64)
+    if t1.shape != (d,):
+        raise ValueError(f"{where}.expansion.t1 has shape {t1.shape}; it needs d={d} entries")
+    if t2.shape != (d, d) or not np.allclose(t2, t2.T, rtol=0, atol=1e-12 * (1 + np.abs(t2).max())):
+        raise ValueError(f"{where}.expansion.t2 must be a symmetric d × d matrix (d={d}), got shape {t2.shape}")
+    return float(cfg.t0), t1, 0.5 * (t2 + t2.T)
+
+
 def projected_setup(cfg: ProjectedHermiteConfig, d: int) -> tuple[np.ndarray, Optional[tuple]]:
     """The basis ``P`` (r, d) and the expansion ``(t0, t1, t2)`` of a ``projected_hermite``
     section, checked (``None``: raw labels).
@@ -625,16 +660,7 @@ def projected_setup(cfg: ProjectedHermiteConfig, d: int) -> tuple[np.ndarray, Op
     r = basis.shape[0]
     if r > d or not np.allclose(basis @ basis.T, np.eye(r), atol=1e-8):
         raise ValueError(f"{where}.basis rows must be orthonormal (P Pᵀ = I), at most d={d} of them")
-    if cfg.expansion is None:
-        return basis, None
-    e = cfg.expansion
-    t1 = np.zeros(d) if e.t1 is None else np.asarray(e.t1, dtype=np.float64)
-    t2 = np.zeros((d, d)) if e.t2 is None else np.asarray(e.t2, dtype=np.float64)
-    if t1.shape != (d,):
-        raise ValueError(f"{where}.expansion.t1 has shape {t1.shape}; it needs d={d} entries")
-    if t2.shape != (d, d) or not np.allclose(t2, t2.T, rtol=0, atol=1e-12 * (1 + np.abs(t2).max())):
-        raise ValueError(f"{where}.expansion.t2 must be a symmetric d × d matrix (d={d}), got shape {t2.shape}")
-    return basis, (float(e.t0), t1, 0.5 * (t2 + t2.T))
+    return basis, expansion_setup(cfg.expansion, d, where)
 
 
 class ProjectedHermite(HermiteTensors):
@@ -659,16 +685,10 @@ class ProjectedHermite(HermiteTensors):
         self.sizes = [_n_unique(self.d, m) for m in range(max_order + 1)]
 
     def coords(self):
-        out = {"basis": (("rank", "i"), self.basis), **super().coords()}
-        if self.expansion is not None:
-            t0, t1, t2 = self.expansion
-            out.update({"expansion_t0": (("scalar",), np.array([t0])), "expansion_t1": (("i",), t1),
-                        "expansion_t2": (("i", "j"), t2)})
-        return out
+        return {"basis": (("rank", "i"), self.basis), **super().coords()}
 
     def update(self, acc, x, y):
-        yt = y if self.expansion is None else hermite.subtract_expansion(x, y, *self.expansion)
-        super().update(acc, x @ self.basis.T, yt)
+        self._accumulate(acc, x @ self.basis.T, self.labels(x, y))
 
     def config(self):
         return {"max_order": self.max_order, "rank": self.d, "residual_labels": self.expansion is not None}
