@@ -46,7 +46,7 @@ from learn_one_hidden import machine_info  # noqa: E402
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import spectral, tensor  # noqa: E402
-from relulearn.network import RELU_POWERS, Network, compare_two_layer  # noqa: E402
+from relulearn.network import Network, compare_two_layer  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
 

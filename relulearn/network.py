@@ -75,6 +75,21 @@ class NetworkFileError(ValueError):
     """A network file or weight list that does not describe a network."""
 
 
+def read_arrays(path: str | Path, kind: str, holds: str) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` model file (no pickle), or an error naming the file and what is wrong
+    (``kind`` and ``holds`` describe the file expected, e.g. ``"network"``, ``"W0..WL"``)."""
+    path = Path(path)
+    if path.is_file() and not zipfile.is_zipfile(path):  # np.load would call it "pickled data"
+        raise NetworkFileError(f"{path} is not an .npz {kind} file (not a zip archive of arrays {holds})")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise NetworkFileError(f"{kind} file {path} does not exist") from None
+    except (OSError, ValueError) as err:
+        raise NetworkFileError(f"{path} is not a readable .npz {kind} file: {err}") from None
+
+
 @dataclass(frozen=True)
 class Network:
     """A feed-forward network ``W_L act(... act(W_0 x + b_0) ...) + b_L``.
@@ -171,17 +186,7 @@ class Network:
     @classmethod
     def load(cls, path: str | Path) -> "Network":
         """Read a network file, checking that its shapes chain and its values are finite."""
-        path = Path(path)
-        if path.is_file() and not zipfile.is_zipfile(path):  # np.load would call it "pickled data"
-            raise NetworkFileError(f"{path} is not an .npz network file (not a zip archive of arrays W0..WL)")
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}
-        except FileNotFoundError:
-            raise NetworkFileError(f"network file {path} does not exist") from None
-        except (OSError, ValueError) as err:
-            raise NetworkFileError(f"{path} is not a readable .npz network file: {err}") from None
-        return cls.from_arrays(arrays, origin=str(path))
+        return cls.from_arrays(read_arrays(path, "network", "W0..WL"), origin=str(path))
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "network") -> "Network":

@@ -10,7 +10,6 @@ subspace, ``basis``. :func:`load_model` reads either kind of model file.
 from __future__ import annotations
 
 import math
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Union
@@ -18,7 +17,7 @@ from typing import Optional, Union
 import numpy as np
 
 from . import hermite
-from .network import Network, NetworkFileError
+from .network import Network, NetworkFileError, read_arrays
 
 __all__ = ["PolynomialModel", "load_model", "Model"]
 
@@ -133,16 +132,7 @@ Model = Union[Network, PolynomialModel]
 
 def load_model(path: str | Path) -> Model:
     """Read a model file of either kind: a network (``W0..WL``) or a polynomial (``kind = "polynomial"``)."""
-    path = Path(path)
-    if path.is_file() and not zipfile.is_zipfile(path):
-        raise NetworkFileError(f"{path} is not an .npz model file (not a zip archive of arrays)")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise NetworkFileError(f"model file {path} does not exist") from None
-    except (OSError, ValueError) as err:
-        raise NetworkFileError(f"{path} is not a readable .npz model file: {err}") from None
+    arrays = read_arrays(path, "model", "W0..WL, or T0..TL of a polynomial")
     if "kind" in arrays and str(arrays["kind"]) == "polynomial":
         return PolynomialModel.from_arrays(arrays, origin=str(path))
     return Network.from_arrays(arrays, origin=str(path))

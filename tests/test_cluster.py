@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from relulearn import open_store
 from relulearn.api import estimate
@@ -336,7 +335,7 @@ def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"worker {bad}" in done.stderr, done.stderr
     if case == "other-version":
-        assert f"has relulearn 0.0.7" in done.stderr and f"this driver has relulearn {relulearn.__version__}" in done.stderr
+        assert "has relulearn 0.0.7" in done.stderr and f"this driver has relulearn {relulearn.__version__}" in done.stderr
     else:
         assert "cannot import relulearn" in done.stderr
     assert "no block was run" in done.stderr
