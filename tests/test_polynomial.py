@@ -77,6 +77,8 @@ def test_test_error_is_the_closed_form_tail_plus_the_predicted_variance(tmp_path
     rep = res["report"]
     assert res["kind"] == "polynomial" and res["degree"] == 4 and rep["residual"]
     assert [p["name"] for p in res["passes"]] == ["residual-hermite"]
+    assert open_store(str(tmp_path / "s")).arrays("hermite").keys() >= {"T0", "T1", "T2"}
+    assert "T3" not in open_store(str(tmp_path / "s")).arrays("hermite")  # the pass estimates T_3, T_4 once
     model = load_model(out)
     source = make_source(cfg)
     x, y = draw(source, cfg.seed, Stream.TEST, 400_000)
@@ -93,7 +95,8 @@ def test_test_error_is_the_closed_form_tail_plus_the_predicted_variance(tmp_path
 
 
 def test_residual_pass_keeps_the_means_and_cuts_the_errors(tmp_path):
-    cfg = config_from_dict(one_hidden(8, 4, 400_000))
+    # raw T_3, T_4 stored too (fit itself would store T_0..T_2 only: the pass estimates the rest)
+    cfg = config_from_dict(dict(one_hidden(8, 4, 400_000), statistics={"basic": {}, "hermite": {"max_order": 4}}))
     res = api.fit(cfg, str(tmp_path / "s"), "polynomial", degree=4, out=str(tmp_path / "m.npz"), client="local",
                   progress=None)
     main = open_store(str(tmp_path / "s")).arrays("hermite")
@@ -206,7 +209,7 @@ def test_bad_degrees_are_refused_with_what_to_do(tmp_path):
     data = dict(one_hidden(6, 2, 100_000), statistics={"basic": {}, "hermite": {"max_order": 3}})
     api.estimate(config_from_dict(data), store, client="local", progress=None)
     with pytest.raises(ValueError, match=r"has T_0..T_3(.|\n)*hermite: \{max_order: 5\}"):
-        api.learn(store, "polynomial", degree=5, client="local", progress=None)
+        api.learn(store, "polynomial", degree=5, residual=False, client="local", progress=None)
     # too large for d: the entry count, the limit and the largest degree that fits
     big = dict(one_hidden(50, 2, 100_000))
     with pytest.raises(polynomial.DegreeError, match=r"32,468,436 packed entries.*2,000,000.*largest degree that fits "
@@ -218,6 +221,6 @@ def test_bad_degrees_are_refused_with_what_to_do(tmp_path):
     polynomial.check_degree(8, 8)  # at d = 8, degree 8 fits (12,870 entries)
     with pytest.raises(ValueError, match="--width does not apply"):
         api.learn(store, "polynomial", width=3, client="local", progress=None)
-    r = _cli("learn", store, "--method", "polynomial", "--degree", "5", "--out", str(tmp_path / "m.npz"),
-             "--in-process")
+    r = _cli("learn", store, "--method", "polynomial", "--degree", "5", "--no-residual", "--out",
+             str(tmp_path / "m.npz"), "--in-process")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "max_order: 5" in r.stderr

@@ -10,11 +10,12 @@ error over the population truncation is ``Σ_{l ≤ L} ‖T̂_l − T_l‖_F² /
 
 Steps:
 
-1. ``T_0 .. T_L`` from the stored ``hermite`` statistic (``fit`` asks for ``max_order = L``).
-2. **Residual pass** (default for L ≥ 3): one more pass of the same tensors on labels less
-   the degree-≤2 expansion ``P_{≤2} y`` of step 1. He_l is orthogonal to every polynomial of
-   lower degree, so orders ≥ 3 keep their mean while their variance falls with
-   ``E[(y − P_{≤2} y)²]`` (for ReLU nets about 2 % of ``E[y²]``).
+1. ``T_0 .. T_2`` from the stored ``hermite`` statistic (``fit`` asks for ``max_order = 2``, or
+   ``max_order = L`` with ``residual=False``, when the stored orders ≥ 3 are used as they are).
+2. **Residual pass** (default for L ≥ 3): ``T_0 .. T_L`` in one more pass, on labels less the
+   degree-≤2 expansion ``P_{≤2} y`` of step 1. He_l is orthogonal to every polynomial of lower
+   degree, so orders ≥ 3 keep their mean while their variance falls with ``E[(y − P_{≤2} y)²]``
+   (for ReLU nets about 2 % of ``E[y²]``).
 3. **Shrinkage** (optional, ``shrink``): ``order`` scales each ``T̂_l`` by the positive-part
    James–Stein factor ``max(0, 1 − V_l / ‖T̂_l‖²)``, the factor that minimises the estimated
    error ``‖s T̂_l − T_l‖²``; ``entry`` scales each packed entry by ``max(0, 1 − se² / T̂²)``
@@ -52,7 +53,7 @@ Arrays = Mapping[str, np.ndarray]
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width", "degree", "shrink", "subspace", "residual")
 #: options ``fit`` hands to :func:`required_statistics`
-FIT_OPTIONS = ("degree", "subspace")
+FIT_OPTIONS = ("degree", "subspace", "residual")
 #: one pass: the residual tensors, or the projected tensors on the found subspace
 MAX_PASSES = 1
 #: the largest degree ``fit`` estimates when none is given (the degree is then chosen on held-out samples)
@@ -103,16 +104,24 @@ def check_degree(d: int, degree: int, max_entries: int = MAX_ENTRIES, *, limit: 
 
 
 def required_statistics(d: int, width: Optional[int] = None, degree: Optional[int] = None,
-                        subspace: Optional[bool] = None) -> dict:
-    """The ``statistics`` section the first pass needs: ``T_0..T_L`` (``L`` = ``degree`` or
-    :data:`DEFAULT_DEGREE`, within the entry budget); with ``subspace``, ``T_0..T_2`` and the
-    filtered matrices that find the subspace."""
+                        subspace: Optional[bool] = None, residual: Optional[bool] = None) -> dict:
+    """The ``statistics`` section the first pass needs.
+
+    ``T_0..T_L`` (``L`` = ``degree`` or :data:`DEFAULT_DEGREE`, within the entry budget) when the
+    orders ≥ 3 are used as stored (``residual=False``); otherwise only ``T_0..T_2``, since the
+    residual pass estimates ``T_0..T_L`` anyway (half the work of estimating them twice); with
+    ``subspace``, ``T_0..T_2`` and the filtered matrices that find the subspace.
+    """
     if subspace:
         return {"basic": {}, "hermite": {"max_order": 2}, "filtered": {"quantiles": list(QUANTILES)}}
-    if degree is None:
-        degree = min(DEFAULT_DEGREE, max_degree(d))
+    degree = _default_degree(d) if degree is None else degree
     check_degree(d, degree)
-    return {"basic": {}, "hermite": {"max_order": degree}}
+    use_residual = (residual is None or residual) and degree >= 3
+    return {"basic": {}, "hermite": {"max_order": 2 if use_residual else degree}}
+
+
+def _default_degree(d: int) -> int:
+    return min(DEFAULT_DEGREE, max_degree(d))
 
 
 # ------------------------------------------------------------------ the tensors
@@ -310,15 +319,18 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], s
         return _learn_subspace(stats, passes, samples, d, (t0, t1, t2), degree, shrink, ey2, report)
 
     stored = _stored_orders(h)
+    wants_residual = residual is None or residual
     if degree is not None:
         check_degree(d, degree)
-        if degree > stored:
-            raise MissingStatisticError(
-                f"--degree {degree} needs T_0..T_{degree}, but this store has T_0..T_{stored}; add to the "
-                f"configuration\n  statistics:\n    hermite: {{max_order: {degree}}}\nand estimate into a new store "
-                "(or use `relulearn fit --method polynomial --degree L`, which chooses the statistics itself)")
-    top = stored if degree is None else degree
-    use_residual = (residual is None or residual) and top >= 3
+    # the degree to expand to: given; else what the store holds, or fit's default when only T_0..T_2
+    # are stored (the residual pass estimates the rest)
+    top = degree if degree is not None else stored if stored >= 3 or not wants_residual else _default_degree(d)
+    use_residual = wants_residual and top >= 3
+    if top > stored and not use_residual:
+        raise MissingStatisticError(
+            f"--degree {top} needs T_0..T_{top}, but this store has T_0..T_{stored}; add to the "
+            f"configuration\n  statistics:\n    hermite: {{max_order: {top}}}\nand estimate into a new store, "
+            "or learn without --no-residual (one more pass then estimates T_3..T_L on residual labels)")
     if use_residual and not passes:
         return PassRequest(
             name="residual-hermite",
