@@ -60,7 +60,6 @@ import tempfile
 import time
 import traceback
 import warnings
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +75,7 @@ from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.network import ACTIVATIONS, Network  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
 from relulearn.polynomial import load_model  # noqa: E402
+from relulearn.shadow import normal_rule, orthonormal_hermite  # noqa: E402
 from relulearn.storage import open_store  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "learn_polynomial.json"
@@ -128,36 +128,13 @@ def relative_error(y: np.ndarray, pred: np.ndarray, ey2: float) -> tuple[float, 
 # ----------------------------------------------------------------------------- depth-2 truth (closed form)
 
 
-@cache
-def _normal_rule(points: int = 1000, edge: float = 40.0) -> tuple[np.ndarray, np.ndarray]:
-    """Gauss–Legendre on [−edge, 0] and [0, edge] (split at the kink of relu), weighted by the N(0, 1) density."""
-    from scipy.special import roots_legendre
-
-    t, w = roots_legendre(points)
-    half = edge / 2
-    nodes = np.concatenate([-half + half * t, half + half * t])
-    weights = np.concatenate([half * w, half * w]) * np.exp(-nodes**2 / 2) / math.sqrt(2 * math.pi)
-    return nodes, weights
-
-
-def _orthonormal_hermite(z: np.ndarray, lmax: int) -> np.ndarray:
-    """``h_0..h_lmax`` at z (rows), by the normalised recurrence (no factorials)."""
-    out = np.empty((lmax + 1, z.size))
-    out[0] = 1.0
-    if lmax >= 1:
-        out[1] = z
-    for l in range(1, lmax):
-        out[l + 1] = (z * out[l] - math.sqrt(l) * out[l - 1]) / math.sqrt(l + 1)
-    return out
-
-
 def unit_coefficients(activation: str, scales: np.ndarray, lmax: int) -> tuple[np.ndarray, np.ndarray]:
     """``b_l(s_i) = E[f(s_i z) h_l(z)]`` (shape (units, lmax+1)) and ``E f(s_i z)²`` for the activation f the
     network file computes (the paper's normalisation is folded into the weights)."""
     f = ACTIVATIONS[activation]
-    nodes, weights = _normal_rule()
+    nodes, weights = normal_rule(lmax)
     vals = f(np.outer(scales, nodes).copy())  # (units, nodes); relu works in place: a copy
-    return (vals * weights) @ _orthonormal_hermite(nodes, lmax).T, (vals**2) @ weights
+    return (vals * weights) @ orthonormal_hermite(nodes, lmax).T, (vals**2) @ weights
 
 
 def depth2_truth(net: Network, lmax: int) -> dict[str, Any]:

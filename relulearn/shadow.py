@@ -180,7 +180,7 @@ def _legendre() -> tuple[np.ndarray, np.ndarray]:
 
 
 @lru_cache(maxsize=None)
-def _normal_rule(lmax: int) -> tuple[np.ndarray, np.ndarray]:
+def normal_rule(lmax: int) -> tuple[np.ndarray, np.ndarray]:
     """Nodes and weights integrating against the N(0, 1) density: Gauss–Legendre (800 nodes each) on
     ``[−L, 0]`` and ``[0, L]`` (every supported activation is smooth except at 0), ``L = 14 + 2√(lmax+1)``
     far in the Gaussian tail for ``h_lmax`` (as :func:`relulearn.hermite.activation_hermite_coefficients`)."""
@@ -193,7 +193,7 @@ def _normal_rule(lmax: int) -> tuple[np.ndarray, np.ndarray]:
     return nodes, weights
 
 
-def _orthonormal_hermite(z: np.ndarray, lmax: int) -> np.ndarray:
+def orthonormal_hermite(z: np.ndarray, lmax: int) -> np.ndarray:
     """``h_0 .. h_lmax`` at ``z`` by the normalised recurrence ``h_{l+1} = (z h_l − √l h_{l−1}) / √(l+1)``
     (no factorials: no overflow for large orders). Shape ``(lmax + 1, *z.shape)``."""
     out = np.empty((lmax + 1,) + z.shape)
@@ -224,8 +224,8 @@ def _all_coefficients(activation: str) -> np.ndarray:
     """``a_0 .. a_MAX_DEGREE``: the rule of :func:`relulearn.hermite.activation_hermite_coefficients` with
     ``breakpoints=(0,)``, evaluated with orthonormal ``h_l`` (no ``He_l / √(l!)`` overflow)."""
     act = paper_activation(activation)
-    nodes, weights = _normal_rule(MAX_DEGREE)
-    a = _orthonormal_hermite(nodes, MAX_DEGREE) @ (weights * act(nodes))
+    nodes, weights = normal_rule(MAX_DEGREE)
+    a = orthonormal_hermite(nodes, MAX_DEGREE) @ (weights * act(nodes))
     a.flags.writeable = False
     return a
 
@@ -370,7 +370,7 @@ def truncation_error_at_scale(activation: str, n: int, tau: np.ndarray | float) 
     act = paper_activation(activation)
     n = _check_degree(n)
     tau = np.asarray(tau, dtype=np.float64)
-    nodes, weights = _normal_rule(n)
+    nodes, weights = normal_rule(n)
     r = _residual_on_grid(act, n, tau.reshape(-1, 1) * nodes)
     return (r**2 @ weights).reshape(tau.shape)
 
@@ -380,7 +380,7 @@ def length_map(activation: str, tau: np.ndarray | float) -> np.ndarray:
     (infinite width) when this layer's are ``N(0, τ²)``. ``τ' = τ`` for relu; 1 at ``τ = 1`` for all."""
     act = paper_activation(activation)
     tau = np.asarray(tau, dtype=np.float64)
-    nodes, weights = _normal_rule(0)
+    nodes, weights = normal_rule(0)
     return np.sqrt(act(tau.reshape(-1, 1) * nodes) ** 2 @ weights).reshape(tau.shape)
 
 
@@ -457,10 +457,10 @@ def depth2_exact_distance(net: Network, degree: int, *, terms: int = 200) -> tup
     norms = np.linalg.norm(w, axis=1)
     r = norms / act.scale
     unit = w / np.where(norms > 0, norms, 1.0)[:, None]
-    nodes, weights = _normal_rule(terms)
+    nodes, weights = normal_rule(terms)
     delta = _residual_on_grid(act, n, r[:, None] * nodes)  # (k, nodes)
     diag = delta**2 @ weights  # E δ(r_k z)²
-    b = (delta * weights) @ _orthonormal_hermite(nodes, terms).T  # (k, terms + 1)
+    b = (delta * weights) @ orthonormal_hermite(nodes, terms).T  # (k, terms + 1)
     g = unit @ unit.T
     np.fill_diagonal(g, 0.0)
     power = np.ones_like(g)

@@ -86,7 +86,7 @@ def test_erf_relu_is_the_integral_of_erf_plus_one():
 def test_normalised_activation_has_unit_second_moment(act):
     sigma = S.paper_activation(act)
     assert _gauss_mean(lambda z: float(sigma(np.array([z]))[0]) ** 2) == pytest.approx(1.0, abs=1e-12)
-    nodes, weights = S._normal_rule(S.MAX_DEGREE)  # the module's own rule agrees with its stored norm
+    nodes, weights = S.normal_rule(S.MAX_DEGREE)  # the module's own rule agrees with its stored norm
     assert float(weights @ sigma(nodes) ** 2) == pytest.approx(1.0, abs=1e-12)
     # and it is the paper's σ
     z = np.linspace(-5, 5, 101)
