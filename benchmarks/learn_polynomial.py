@@ -323,7 +323,8 @@ def run_net(d: int, depth: int, act: str, n: int, lmax: int, n_test: int, mc_sam
 
     # the method's own choice of degree, from the same store (statistics and residual pass reused)
     t0 = time.perf_counter()
-    chosen = api.learn(store, "polynomial", out=str(workdir / f"{tag}-chosen.npz"), client=client, progress=None)
+    chosen = api.learn(store, "polynomial", shrink="none", out=str(workdir / f"{tag}-chosen.npz"), client=client,
+                       progress=None)
     deg = chosen["report"]["degree"]
     rec["held_out_choice"] = {"degree": deg, "seconds": time.perf_counter() - t0,
                               "passes_run": len(chosen["passes"]),
@@ -454,7 +455,7 @@ def _fit_baseline(method: str, spec: dict[str, Any], source: Any, x: np.ndarray 
     if method == "relulearn":
         with tempfile.TemporaryDirectory(dir=spec["tmp"]) as tmp:
             cfg = config_from_dict(run_cfg(d, spec["widths"], spec["activation"], spec["n"]))
-            res = api.fit(cfg, f"{tmp}/s.zarr", "polynomial", degree=L, residual=True, out=f"{tmp}/m.npz",
+            res = api.fit(cfg, f"{tmp}/s.zarr", "polynomial", degree=L, residual=True, shrink="none", out=f"{tmp}/m.npz",
                           client="local", progress=None)
             model = load_model(f"{tmp}/m.npz")
         extra = {"samples_per_second": res["estimate"]["samples_per_second"],

@@ -321,8 +321,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
     (samples streamed through the refinement; default all the store holds) of ``exact``;
     ``starts`` (random starts of G, default 8) and ``route`` (``moments`` or ``stream``; default by
-    width) of ``landscape``; ``degree`` (default: chosen on held-out samples), ``shrink`` (``none``,
-    ``order``, ``entry``), ``subspace`` (expand the inputs projected on the relevant subspace) and
+    width) of ``landscape``; ``degree`` (default: chosen on held-out samples), ``shrink`` (``order``, the
+    default, ``none``, ``entry``), ``subspace`` (expand the inputs projected on the relevant subspace) and
     ``residual`` (re-estimate orders ≥ 3 on residual labels, default True) of ``polynomial``, whose
     model is a :class:`~relulearn.polynomial.PolynomialModel`.
 

@@ -153,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "tensors exceed the entry budget is refused with the largest that fits")
         q.add_argument("--shrink", choices=["none", "order", "entry"],
                        help="polynomial: shrink coefficients by their standard errors: order = James–Stein factor "
-                       "max(0, 1 − V_l/‖T_l‖²) per order, entry = max(0, 1 − se²/T²) per coefficient (default none); "
-                       "helps where an order's signal is comparable with its noise")
+                       "max(0, 1 − V_l/‖T_l‖²) per order (default), entry = max(0, 1 − se²/T²) per coefficient, "
+                       "none = plain projection; shrinking helps where an order's signal is comparable with its noise")
         q.add_argument("--subspace", action="store_true", default=None,
                        help="polynomial: find the relevant subspace first (T_2, filtered matrices, T_1) and expand the "
                        "projected inputs to a higher degree (one projected_hermite pass); for teachers whose first "

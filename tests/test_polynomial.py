@@ -73,7 +73,8 @@ def test_expansion_terms_match_the_hermite_tensor_definition_on_a_subspace():
 def test_test_error_is_the_closed_form_tail_plus_the_predicted_variance(tmp_path):
     cfg = config_from_dict(one_hidden(8, 4, 400_000))
     out = str(tmp_path / "m.npz")
-    res = api.fit(cfg, str(tmp_path / "s"), "polynomial", degree=4, out=out, client="local", progress=None)
+    res = api.fit(cfg, str(tmp_path / "s"), "polynomial", degree=4, shrink="none", out=out, client="local",
+                  progress=None)
     rep = res["report"]
     assert res["kind"] == "polynomial" and res["degree"] == 4 and rep["residual"]
     assert [p["name"] for p in res["passes"]] == ["residual-hermite"]

@@ -16,7 +16,7 @@ Steps:
    degree-≤2 expansion ``P_{≤2} y`` of step 1. He_l is orthogonal to every polynomial of lower
    degree, so orders ≥ 3 keep their mean while their variance falls with ``E[(y − P_{≤2} y)²]``
    (for ReLU nets about 2 % of ``E[y²]``).
-3. **Shrinkage** (optional, ``shrink``): ``order`` scales each ``T̂_l`` by the positive-part
+3. **Shrinkage** (``shrink``; default ``order``, ``none`` for plain projection): ``order`` scales each ``T̂_l`` by the positive-part
    James–Stein factor ``max(0, 1 − V_l / ‖T̂_l‖²)``, the factor that minimises the estimated
    error ``‖s T̂_l − T_l‖²``; ``entry`` scales each packed entry by ``max(0, 1 − se² / T̂²)``
    (a Wiener filter per coefficient). Shrinking wins where an order's signal is comparable
@@ -286,7 +286,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], s
         The degree L; default: the one of least held-out error up to the stored order (up to
         :data:`DEFAULT_SUBSPACE_DEGREE` with ``subspace``).
     shrink
-        ``none`` (default), ``order`` or ``entry`` (module docstring, step 3).
+        ``order`` (default), ``none`` or ``entry`` (module docstring, step 3).
     subspace
         Expand the inputs projected on the relevant subspace (module docstring).
     residual
@@ -301,7 +301,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], s
     if width is not None:
         raise ValueError("--width does not apply to --method polynomial (an improper learner: the model is a "
                          "polynomial of --degree, not a network of some width)")
-    shrink = shrink or "none"
+    shrink = shrink or "order"
     if shrink not in SHRINK:
         raise ValueError(f"--shrink must be one of {', '.join(SHRINK)}, got {shrink!r}")
     h = stats.get("hermite")
