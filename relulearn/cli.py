@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--quiet", action="store_true", help="no progress output")
         q.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("learn", help="learn a network from a store's statistics",
+    p = sub.add_parser("learn", help="learn a model (a network, or a polynomial) from a store's statistics",
                        description="Learn a network from the statistics in a store with a learning method. "
                        "Extra passes the method asks for (moments: contracted moments along directions inside the "
                        "found subspace; filtered-pca: residual-filtered matrices of its candidate networks; landscape: the fourth "
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="where to write the predictions (.npy)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("evaluate", help="test error of a network against a teacher",
+    p = sub.add_parser("evaluate", help="test error of a model against a teacher",
                        description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "
                        "used for estimation), the angle between the subspace the teacher depends on and the one the "
                        "model depends on, and for one-hidden-layer ReLU networks the parameter error up to "
