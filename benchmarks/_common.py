@@ -30,3 +30,16 @@ def save_json(result: dict[str, Any], path: Path) -> None:
     result.setdefault("machine", {})["load_average_at_end"] = list(os.getloadavg())
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=json_default) + "\n")
+
+
+def run_samples(source: Any, seed: int, n: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``n`` samples a run of ``source`` with ``seed`` and chunk size ``chunk`` estimated on
+    (its own chunk stream, in order): what a baseline fits on to see the same samples."""
+    from relulearn.pipeline.sources import chunk_batches
+
+    xs, ys = [], []
+    for c in range(-(-n // chunk)):
+        for x, y in chunk_batches(source, seed, c, chunk):
+            xs.append(x)
+            ys.append(y)
+    return np.concatenate(xs)[:n], np.concatenate(ys)[:n]

@@ -40,7 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import save_json, utc_now  # noqa: E402
+from _common import run_samples, save_json, utc_now  # noqa: E402
 from learn_one_hidden import machine_info  # noqa: E402
 
 from relulearn import api, open_store  # noqa: E402
@@ -67,16 +67,6 @@ def two_layer_config(d: int, k: int, m: int, activation: str, n: int, sigma: flo
     return {"seed": run_seed, "samples": n, "chunk_size": CHUNK,
             "source": {"d": d, "teacher": teacher, "noise_std": sigma},
             "statistics": {"basic": {}, "output_moments": {}}, "run": {"commit_interval": 60}}
-
-
-def run_samples(source: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``n`` samples the run's estimation saw (its own chunk stream)."""
-    xs, ys = [], []
-    for c in range(-(-n // CHUNK)):
-        for x, y in chunk_batches(source, RUN_SEED, c, CHUNK):
-            xs.append(x)
-            ys.append(y)
-    return np.concatenate(xs)[:n], np.concatenate(ys)[:n]
 
 
 def direction_angle(truth: np.ndarray, found: np.ndarray) -> float:
@@ -258,7 +248,7 @@ def part_ica(client: Any, workdir: Path, quick: bool) -> dict[str, Any]:
     rec: dict[str, Any] = {"d": d, "k": k, "m": m, "n": n}
     rec["relulearn"] = run_fit(cfg, workdir, client, "ica_exact")
     source = make_source(config_from_dict(cfg))
-    x, a = run_samples(source, n_ica)
+    x, a = run_samples(source, RUN_SEED, n_ica, CHUNK)
     rec["fastica"] = fastica_route(x, a, k, 1, "relu", teacher, RUN_SEED)
     return rec
 

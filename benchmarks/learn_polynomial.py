@@ -68,12 +68,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import save_json, utc_now  # noqa: E402
+from _common import run_samples, save_json, utc_now  # noqa: E402
 
 from relulearn import api, hermite  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.network import ACTIVATIONS, Network  # noqa: E402
-from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
+from relulearn.pipeline.sources import Stream, draw, make_source  # noqa: E402
 from relulearn.polynomial import load_model  # noqa: E402
 from relulearn.shadow import normal_rule, orthonormal_hermite  # noqa: E402
 from relulearn.storage import open_store  # noqa: E402
@@ -103,16 +103,6 @@ def run_cfg(d: int, widths: list[int], act: str, n: int, seed: int = RUN_SEED,
 
 def source_of(d: int, widths: list[int], act: str) -> Any:
     return make_source(config_from_dict(run_cfg(d, widths, act, CHUNK)))
-
-
-def run_samples(source: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first n samples of the run (its chunks in order: the samples relulearn's estimation saw)."""
-    xs, ys = [], []
-    for c in range(-(-n // CHUNK)):
-        for x, y in chunk_batches(source, RUN_SEED, c, CHUNK):
-            xs.append(x)
-            ys.append(y)
-    return np.concatenate(xs)[:n], np.concatenate(ys)[:n]
 
 
 def test_samples(source: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -382,7 +372,7 @@ def baseline_worker(spec: dict[str, Any]) -> dict[str, Any]:
     source = source_of(d, spec["widths"], spec["activation"])
     out: dict[str, Any] = {"method": method, "n": n, "L": L, "activation": spec["activation"]}
     if method != "relulearn":
-        x, y = run_samples(source, n)
+        x, y = run_samples(source, RUN_SEED, n, CHUNK)
     out["rss_before_fit_mib"] = hwm_mib()
 
     def on_alarm(signum: int, frame: Any) -> None:

@@ -34,6 +34,7 @@ from ..network import Network, gradient_subspace
 from . import deepfit, enumeration, spectral
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
+from .spectral import FilterGridError
 
 __all__ = ["OPTIONS", "MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",
            "required_statistics", "learn", "MAX_PASSES", "QUANTILES"]
@@ -50,10 +51,6 @@ MAX_PASSES = 4
 PASS_CANDIDATES = 2
 
 
-class FilterGridError(ValueError):
-    """No sample passed the filter at any τ of the stored grid."""
-
-
 def required_statistics(d: int, width: Optional[int] = None) -> dict:
     """The ``statistics`` config section the first pass needs."""
     return {"basic": {}, "filtered": {"quantiles": list(QUANTILES)}}
@@ -65,31 +62,6 @@ def sample_sizes(d: int, depth: int, width: int) -> tuple[int, int]:
     if depth == 1:
         return max(50_000, 40 * width * d), max(20_000, 10 * width * d)
     return 50_000, 20_000
-
-
-def _filtered_matrices(arrays: Arrays, what: str, config_hint: str) -> tuple[list, list, list, list[dict]]:
-    """Matrices with at least one sample past their threshold, their SEs, names, and the grid."""
-    m, se, prob = (np.asarray(arrays[k], dtype=np.float64) for k in ("M", "M_se", "prob"))
-    tau = np.asarray(arrays["tau"], dtype=np.float64)
-    lead = m.shape[:-2]
-    tau = np.broadcast_to(tau, lead)
-    count = float(np.asarray(arrays["count"]))
-    mats, ses, names, grid = [], [], [], []
-    for idx in np.ndindex(*lead):
-        label = "".join(f"[{i}]" for i in idx)
-        grid.append({"matrix": f"{what}{label}", "tau": float(tau[idx]), "prob": float(prob[idx])})
-        if prob[idx] * count < 1:
-            continue
-        mats.append(m[idx])
-        ses.append(se[idx])
-        names.append(f"{what}{label} (tau={tau[idx]:.4g})")
-    if not mats:
-        taus = ", ".join(f"{t:.4g}" for t in np.unique(tau))
-        raise FilterGridError(
-            f"no sample passed the filter at any threshold of the '{what}' statistic (τ = {taus}, "
-            f"{int(count):,} samples): every |y| is at or below the smallest τ. {config_hint}"
-        )
-    return mats, ses, names, grid
 
 
 def _check(stats: Mapping[str, Arrays]) -> None:
@@ -119,7 +91,7 @@ def _subspace_state(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, A
                     ) -> tuple[np.ndarray, list[dict], bool]:
     """The basis (d, r) after the first pass and every residual pass; per-step records;
     whether the last pass added nothing."""
-    mats, ses, names, grid = _filtered_matrices(stats["filtered"], "M_tau", _grid_hint(stats))
+    mats, ses, names, grid = spectral.filtered_matrices(stats["filtered"], "M_tau", _grid_hint(stats))
     sub = spectral.relevant_subspace(mats, ses, names=names)
     steps = [{"pass": "filtered", "grid": grid, "added": int(sub.rank), "subspace": sub.to_dict(include_basis=False)}]
     if sub.rank == 0:
@@ -134,7 +106,7 @@ def _subspace_state(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, A
         stored_basis = np.asarray(arrays["basis"]).T
         if stored_basis.shape != basis.shape or not np.allclose(stored_basis, basis, atol=1e-12):
             raise ValueError(f"residual pass {i + 1} was computed on another subspace; this is a bug, please report it")
-        m, s, n, grid = _filtered_matrices(arrays, f"residual{i + 1}", "The candidates fit every sample exactly.")
+        m, s, n, grid = spectral.filtered_matrices(arrays, f"residual{i + 1}", "The candidates fit every sample exactly.")
         step = spectral.relevant_subspace(m, s, names=n)
         # the pass's matrices live off the basis; keep what is off it (noise may leak a little in)
         added = min(step.rank, basis.shape[0] - basis.shape[1])

@@ -208,15 +208,12 @@ def _find_subspace(stats: Mapping[str, Arrays], d: int, report: dict) -> np.ndar
     mats = [hermite.unpack(np.asarray(h["T2"]), d, 2)]
     ses = [hermite.unpack(np.asarray(h["T2_se"]), d, 2)]
     names = ["T_2"]
-    f = stats.get("filtered")
-    if f is not None:
-        m, s, prob = (np.asarray(f[k], dtype=np.float64) for k in ("M", "M_se", "prob"))
-        count = float(np.asarray(f["count"]).reshape(-1)[0])
-        for i in range(m.shape[0]):
-            if prob[i] * count >= 1:
-                mats.append(m[i])
-                ses.append(s[i])
-                names.append(f"M_tau[{i}]")
+    if "filtered" in stats:
+        try:
+            m, s, n, _ = spectral.filtered_matrices(stats["filtered"], "M_tau", "")
+        except spectral.FilterGridError:  # no sample above any τ: T_2 and T_1 alone
+            m, s, n = [], [], []
+        mats, ses, names = mats + m, ses + s, names + n
     sub = spectral.relevant_subspace(mats, ses, names=names)
     basis = sub.basis
     t1, se1 = np.asarray(h["T1"], dtype=np.float64), np.asarray(h["T1_se"], dtype=np.float64)
@@ -235,12 +232,13 @@ def _find_subspace(stats: Mapping[str, Arrays], d: int, report: dict) -> np.ndar
 
 def _projected_low_orders(t0: float, t1: np.ndarray, t2: np.ndarray, se: Sequence[np.ndarray], p: np.ndarray
                           ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """``T_0, P T_1, P T_2 Pᵀ`` packed, with standard errors propagated as if entries were independent."""
-    se1, se2 = se
+    """``T_0, P T_1, P T_2 Pᵀ`` packed, with standard errors (``se`` of T_0, T_1, T_2 unpacked) propagated as
+    if entries were independent."""
+    se0, se1, se2 = se
     t = [np.array([t0]), p @ t1, hermite.pack(p @ t2 @ p.T)]
     s1 = np.sqrt((p**2) @ se1**2)
     s2 = np.sqrt(np.einsum("ai,bj,ij->ab", p**2, p**2, se2**2))
-    return t, [np.zeros(1), s1, hermite.pack(s2)]
+    return t, [np.asarray(se0, dtype=np.float64).reshape(1), s1, hermite.pack(s2)]
 
 
 # ------------------------------------------------------------------ learning
@@ -368,9 +366,8 @@ def _learn_subspace(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, A
     if not np.allclose(np.asarray(arrays["basis"]), p, atol=1e-12):
         raise ValueError("the projected pass was computed on another subspace; this is a bug, please report it")
     h = stats["hermite"]
-    low, low_se = _projected_low_orders(t0, t1, t2, [hermite.unpack(np.asarray(h[f"T{l}_se"]), d, l) if l == 2
-                                                       else np.asarray(h["T1_se"], dtype=np.float64)
-                                                       for l in (1, 2)], p)
+    se = [np.asarray(h["T0_se"]), np.asarray(h["T1_se"], dtype=np.float64), hermite.unpack(np.asarray(h["T2_se"]), d, 2)]
+    low, low_se = _projected_low_orders(t0, t1, t2, se, p)
     res, res_se = _tensors(arrays, range(top + 1))
     tensors = [res[l] + low[l] if l < 3 else res[l] for l in range(top + 1)]
     ses = [np.sqrt(res_se[l] ** 2 + low_se[l] ** 2) if l < 3 else res_se[l] for l in range(top + 1)]

@@ -60,12 +60,14 @@ import scipy.linalg
 
 __all__ = [
     "DEFAULT_LEVEL",
+    "FilterGridError",
     "KAPPA",
     "JointRange",
     "joint_range",
     "Spectrum",
     "Subspace",
     "directions_in_subspace",
+    "filtered_matrices",
     "matrices_from_store",
     "noise_floor",
     "principal_angles",
@@ -626,6 +628,38 @@ def directions_in_subspace(basis: np.ndarray, count: int, seed: int) -> np.ndarr
 
 
 # ---------------------------------------------------------------------------- store
+
+
+class FilterGridError(ValueError):
+    """No sample passed the filter at any τ of the stored grid."""
+
+
+def filtered_matrices(arrays: Mapping[str, np.ndarray], what: str, config_hint: str
+                      ) -> tuple[list, list, list, list[dict]]:
+    """The filtered matrices ``M_τ`` of a stored ``filtered`` (or ``residual``) statistic with at least one
+    sample past their threshold, their SEs, names (``what[i] (tau=…)``) and the grid; raises
+    :class:`FilterGridError`, ending with ``config_hint``, when no sample passed any threshold."""
+    m, se, prob = (np.asarray(arrays[k], dtype=np.float64) for k in ("M", "M_se", "prob"))
+    tau = np.asarray(arrays["tau"], dtype=np.float64)
+    lead = m.shape[:-2]
+    tau = np.broadcast_to(tau, lead)
+    count = float(np.asarray(arrays["count"]))
+    mats, ses, names, grid = [], [], [], []
+    for idx in np.ndindex(*lead):
+        label = "".join(f"[{i}]" for i in idx)
+        grid.append({"matrix": f"{what}{label}", "tau": float(tau[idx]), "prob": float(prob[idx])})
+        if prob[idx] * count < 1:
+            continue
+        mats.append(m[idx])
+        ses.append(se[idx])
+        names.append(f"{what}{label} (tau={tau[idx]:.4g})")
+    if not mats:
+        taus = ", ".join(f"{t:.4g}" for t in np.unique(tau))
+        raise FilterGridError(
+            f"no sample passed the filter at any threshold of the '{what}' statistic (τ = {taus}, "
+            f"{int(count):,} samples): every |y| is at or below the smallest τ. {config_hint}"
+        )
+    return mats, ses, names, grid
 
 
 def matrices_from_store(
