@@ -32,6 +32,12 @@ pass a method may request is removed before each step so it is recomputed for th
 count). A point whose predicted time would overrun ``--budget`` is skipped and recorded as
 such; a point whose method raises is recorded with the error.
 
+``--refinement`` runs only the noisy curve d = 50, k = 3, σ = 0.1, n = 10⁵ … 10⁷ of the streamed
+refinement beside the bounded-sample polish alone (``refine_samples=0``, the curve before the
+refinement existed) and MLPRegressor at the true width and at 8× it, each trained for the wall time of
+relulearn's fit at that n; errors are excess errors E[(f̂ − F)²]/E[y²] against the noiseless teacher on
+10⁶ test inputs (``learn_one_hidden_refinement.json`` and ``.png``, about 20 minutes).
+
 Run ``python benchmarks/learn_one_hidden.py`` (about an hour on 2 cores) or
 ``--quick`` for a smoke run. Writes ``benchmarks/results/learn_one_hidden.json`` and a PNG
 next to it.
@@ -230,6 +236,122 @@ def make_source_network(source: Any) -> Network:
     return source.network
 
 
+def excess_error(predict: Any, source: Any, x: np.ndarray, y2: float) -> float:
+    """``E[(f̂(x) − F(x))²] / E[y²]`` on the test inputs, against the noiseless teacher F: the test
+    error above the noise floor, measured without the noise's own sampling error."""
+    f = source.network.forward(x)[:, 0]
+    return float(np.mean((predict(x) - f) ** 2) / y2)
+
+
+def _mlp_same_time(source: Any, width: int, n: int, seconds: float, x_test: np.ndarray, y2: float,
+                   max_samples: Optional[int]) -> dict[str, Any]:
+    """MLPRegressor of ``width`` hidden units on the first n samples for ``seconds`` (at least one
+    epoch): the excess test error and, at the true width, the parameter error."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    n_used = n if max_samples is None else min(n, max_samples)
+    rec: dict[str, Any] = {"width": width, "samples_used": n_used, "seconds_cap": seconds}
+    x, y = training_samples(source, n_used)
+    m = MLPRegressor(hidden_layer_sizes=(width,), activation="relu", solver="adam", random_state=MLP_SEED,
+                     batch_size=200, learning_rate_init=1e-3)
+    t0, epochs = time.perf_counter(), 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        while epochs == 0 or time.perf_counter() - t0 < seconds:
+            m.partial_fit(x, y)
+            epochs += 1
+    del x, y
+    rec.update(train_seconds=time.perf_counter() - t0, epochs=epochs,
+               excess_error=excess_error(m.predict, source, x_test, y2))
+    if width == source.network.weights[0].shape[0]:
+        net = Network((m.coefs_[0].T.copy(), m.coefs_[1].T.copy()), activation="relu")
+        rec["parameter_error"] = compare(source.network, net).relative_error
+    return rec
+
+
+def refinement_curve(client: Any, workdir: Path, log: Any, *, ladder: list[int], mlp_max_samples: Optional[int],
+                     d: int = 50, k: int = 3, noise: float = 0.1, test_samples: int = 1_000_000) -> dict[str, Any]:
+    """The noisy curve with and without the streamed refinement, and the MLP at the true width and at 8×
+    the width, each trained for the wall time of relulearn's fit at that n (one nested store)."""
+    from numpy.polynomial import polynomial as P
+
+    source = make_source(config_from_dict(make_config(d, k, noise, ladder[0])))
+    x_test, _ = draw(source, RUN_SEED, Stream.TEST, test_samples)
+    y2 = float(np.mean(source.network.forward(x_test)[:, 0] ** 2)) + noise ** 2
+    store = str(workdir / f"refine_d{d}_k{k}.zarr")
+    points = []
+    for n in ladder:
+        cfg = make_config(d, k, noise, n)
+        shutil.rmtree(os.path.join(store, "passes"), ignore_errors=True)
+        pt: dict[str, Any] = {"samples": n}
+        t0 = time.perf_counter()
+        res = api.fit(config_from_dict(cfg), store, "moments", width=k, out=str(workdir / "r.npz"), client=client,
+                      progress=None)
+        fit_seconds = time.perf_counter() - t0
+        ref = res["report"].get("refinement", {})
+        net = Network.load(workdir / "r.npz")
+        pt["refined"] = {"fit_seconds": fit_seconds, "estimate_seconds": res["estimate"]["seconds"],
+                         "passes": ref.get("passes"), "stop": ref.get("stop"), "kept": ref.get("kept"),
+                         "refine_samples": ref.get("samples"),
+                         "excess_error": excess_error(lambda x: net.forward(x)[:, 0], source, x_test, y2),
+                         "parameter_error": compare(source.network, net).relative_error}
+        t0 = time.perf_counter()
+        api.learn(store, "moments", width=k, refine_samples=0, out=str(workdir / "b.npz"), client=client,
+                  progress=None)
+        base = Network.load(workdir / "b.npz")
+        pt["bounded_sample"] = {"learn_seconds": time.perf_counter() - t0,
+                                "excess_error": excess_error(lambda x: base.forward(x)[:, 0], source, x_test, y2),
+                                "parameter_error": compare(source.network, base).relative_error}
+        pt["mlp"] = [_mlp_same_time(source, w, n, fit_seconds, x_test, y2, mlp_max_samples) for w in (k, 8 * k)]
+        log(f"refinement d={d} k={k} σ={noise} n={n:.0e}: refined excess {pt['refined']['excess_error']:.2e} param "
+            f"{pt['refined']['parameter_error']:.2e} ({pt['refined']['passes']} passes, {fit_seconds:.0f} s); "
+            f"bounded-sample excess {pt['bounded_sample']['excess_error']:.2e}; MLP excess "
+            + ", ".join(f"{m['width']} units {m['excess_error']:.2e}" for m in pt["mlp"]))
+        points.append(pt)
+    ns = np.log([p["samples"] for p in points])
+    slopes = {key: float(P.polyfit(ns, np.log([p["refined"][key] for p in points]), 1)[1])
+              for key in ("excess_error", "parameter_error")}
+    return {"d": d, "k": k, "noise_std": noise, "test_samples": test_samples, "points": points,
+            "log_log_slopes": slopes,
+            "excess_error": "E[(f̂ − F)²]/E[y²] on the test inputs against the noiseless teacher F",
+            "mlp": "MLPRegressor(activation='relu', solver='adam', batch_size=200, learning_rate_init=1e-3) at the true "
+                   "width and at 8× it, on the first n training samples (capped as noted), trained by epochs for the "
+                   "wall time of relulearn's fit (estimate + learn + refinement) at the same n"}
+
+
+def plot_refinement(curve: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = curve["points"]
+    n = [p["samples"] for p in pts]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    ax = axes[0]
+    ax.loglog(n, [p["refined"]["excess_error"] for p in pts], "o-", label="relulearn moments (streamed refinement)")
+    ax.loglog(n, [p["bounded_sample"]["excess_error"] for p in pts], "s--", label="moments, bounded-sample polish only")
+    for i, style in enumerate(("x:", "d:")):
+        ax.loglog(n, [p["mlp"][i]["excess_error"] for p in pts], style,
+                  label=f"MLPRegressor, {pts[0]['mlp'][i]['width']} units, same wall time")
+    ax.set_title(f"excess test error over the noise floor (slope {curve['log_log_slopes']['excess_error']:.2f})",
+                 fontsize=10)
+    ax = axes[1]
+    ax.loglog(n, [p["refined"]["parameter_error"] for p in pts], "o-", label="streamed refinement")
+    ax.loglog(n, [p["bounded_sample"]["parameter_error"] for p in pts], "s--", label="bounded-sample polish only")
+    ax.loglog(n, [p["mlp"][0]["parameter_error"] for p in pts], "x:", label="MLPRegressor, true width")
+    ax.set_title(f"parameter error (slope {curve['log_log_slopes']['parameter_error']:.2f})", fontsize=10)
+    for ax in axes:
+        ax.set_xlabel("samples n")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"d = {curve['d']}, k = {curve['k']}, σ = {curve['noise_std']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -326,7 +448,13 @@ def main(argv: Optional[list[str]] = None) -> int:
                    help="samples cap of one MLP fit (default: none, the MLP gets all n samples)")
     p.add_argument("--grid-samples", type=int, default=200_000,
                    help="sample count of the noiseless exactness grid d in {10,50,200} x k in {1..5}")
+    p.add_argument("--refinement", action="store_true",
+                   help="only the noisy curve d=50, k=3, σ=0.1, n = 1e5..1e7 with and without the streamed "
+                   "refinement, beside MLPs at the true width and at 8× it for the same wall time; writes "
+                   "learn_one_hidden_refinement.json and .png next to --out")
     args = p.parse_args(argv)
+    if args.refinement:
+        return main_refinement(args)
 
     q = args.quick
     if q:
@@ -448,6 +576,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     print()
     print(table(result))
     print(f"\ntotal {result['total_seconds']:.0f} s; results in {args.out} and {png}")
+    return 0
+
+
+def main_refinement(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
+
+    ladder = [100_000, 300_000] if args.quick else [100_000, 300_000, 1_000_000, 3_000_000, 10_000_000]
+    workdir = Path(tempfile.mkdtemp(prefix="relulearn-refinebench-"))
+    try:
+        with connect(workers=2) as client:
+            curve = refinement_curve(client, workdir, log, ladder=ladder, mlp_max_samples=args.mlp_max_samples)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    result = {"benchmark": "learn_one_hidden_refinement", "started": utc_now(), "quick": args.quick,
+              "machine": machine_info(), "curve": curve, "total_seconds": time.perf_counter() - t_start}
+    out = args.out.with_name(args.out.stem + "_refinement.json")
+    save_json(result, out)
+    plot_refinement(curve, out.with_suffix(".png"))
+    print(f"log-log slopes: {curve['log_log_slopes']}; results in {out}")
     return 0
 
 

@@ -137,10 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--exact-samples", type=_positive,
                        help="exact: samples of the bounded exact step (default: chosen from d and the width; too few is "
                        "refused with the number needed)")
-        q.add_argument("--refine-samples", type=_positive,
-                       help="exact: samples streamed through the noisy-case refinement, each pass regenerating them "
-                       "on the workers (default: as many as the store holds, at most 10^7 and at most 2e13/(k·d)^2, "
-                       "as each pass costs (k·d)^2 flops per sample)")
+        q.add_argument("--refine-samples", type=_nonnegative,
+                       help="moments, exact: samples streamed through the refinement, each pass regenerating them on "
+                       "the workers; 0 turns it off. moments: preconditioned Gauss-Newton, 3·k·d flops per sample and "
+                       "pass (default: as many as the store holds). exact: Levenberg-Marquardt, (k·d)^2 flops per "
+                       "sample and pass (default: as many as the store holds, at most 10^7 and at most 2e13/(k·d)^2)")
         q.add_argument("--starts", type=_positive,
                        help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept")
         q.add_argument("--route", choices=["moments", "stream"],

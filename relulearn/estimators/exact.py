@@ -190,6 +190,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     losses = _validation(cands, smp)
     if report.get("check", {}).get("exact"):
         report["refinement"] = {"skipped": "the exact step is exact on the validation samples"}
+    elif refine_samples == 0:
+        report["refinement"] = {"skipped": "refine_samples is 0"}
     elif not hasattr(samples, "part"):
         report["refinement"] = {"skipped": "the sample draw has no independent parts to stream"}
     else:

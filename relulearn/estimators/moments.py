@@ -8,6 +8,8 @@
 3. Enumeration over a net of the sphere of V on a bounded sample projected on V,
    multi-stage with residual recursion, best by held-out loss (:mod:`.enumeration`).
 4. Lift to the input space and :func:`~.polish.polish` (exact on noiseless labels).
+5. Unless polish is exact on the validation samples: the streamed refinement on as many samples
+   as the store holds (:mod:`.streamed`), so that with label noise the error keeps falling with n.
 
 The method is a pure function of stored statistics and bounded samples; it never
 touches Dask or the pipeline. ``api`` runs the passes it requests.
@@ -23,11 +25,15 @@ from ..network import Network
 from . import enumeration, spectral
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
+from .streamed import refine_streamed
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width",)
+OPTIONS = ("width", "refine_samples")
+
+#: a validation relative loss below this is exact up to rounding: nothing left to refine
+EXACT_LOSS = 1e-20
 
 
 def required_statistics(d: int, width: Optional[int] = None) -> dict:
@@ -54,8 +60,8 @@ def _check(stats: Mapping[str, Arrays]) -> None:
 
 def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
           samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
-          mapper: Callable = map, seed: int = 0, budget: int = 200_000,
-          ) -> LearnResult | PassRequest:
+          refine_samples: Optional[int] = None, mapper: Callable = map, seed: int = 0,
+          budget: int = 200_000) -> LearnResult | PassRequest:
     """Learn ``y = Σ λ_i relu(<u_i, x>)`` from stored moments.
 
     Parameters
@@ -68,6 +74,9 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         ``samples(n_train, n_val)`` draws bounded held-out samples from the source.
     width
         Number of hidden units wanted (default: the rank the noise floor supports).
+    refine_samples
+        Samples the streamed refinement regenerates in every pass (default: as many as the store
+        holds; 0: no refinement).
     mapper
         ``map``-like callable used to evaluate candidate batches (a cluster's map in a run).
 
@@ -107,6 +116,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
     start = Network((a @ basis.T, lam[None, :]), activation="relu")
     best, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
+    total = int(np.asarray(stats["contracted"]["count"])) if refine_samples is None else int(refine_samples)
+    net = _refined(net, samples, total, smp, mapper, report)
     # units that could not be told apart at this sample count, each with the final unit it went into
     report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],
                                "angle_to_into": float(g["angle_to_into"])} for g in enum.merged]
@@ -118,3 +129,25 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
             "the resolution at this sample count were merged into one (more samples separate them)"
         )
     return LearnResult(net, report)
+
+
+def _refined(net: Network, samples: Any, total: int, smp: Samples, mapper: Callable, report: dict) -> Network:
+    """The streamed refinement of ``net`` on ``total`` samples, kept unless the validation samples say
+    it is worse (its paired loss difference more than two standard errors above zero)."""
+    if report["validation_relative_loss"][report["chosen"]] < EXACT_LOSS:
+        report["refinement"] = {"skipped": "polish is exact on the validation samples"}
+        return net
+    if total <= 0 or not hasattr(samples, "part"):
+        report["refinement"] = {"skipped": "no samples to stream" if total <= 0 else
+                                "the sample draw has no independent parts to stream"}
+        return net
+    refined, rep = refine_streamed(net, samples, total, mapper=mapper)
+    diff = (smp.y_val - refined.forward(smp.x_val)[:, 0]) ** 2 - (smp.y_val - net.forward(smp.x_val)[:, 0]) ** 2
+    y2 = float(np.mean(smp.y_val ** 2)) or 1.0
+    rep["validation_relative_loss_change"] = float(np.mean(diff)) / y2
+    rep["kept"] = bool(np.mean(diff) <= 2 * np.std(diff) / np.sqrt(len(diff)))
+    report["refinement"] = rep
+    if rep["kept"]:
+        report["chosen"] = "refined"
+        return refined
+    return net

@@ -1,0 +1,92 @@
+"""The streamed refinement of one-hidden-layer ReLU networks: closed-form Gram, exactness, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relulearn.api import _mapper
+from relulearn.estimators.streamed import PopulationGram, gradient_sums, pair_second_moment, refine_streamed
+from relulearn.network import Network, compare
+
+
+class Draw:
+    """Parts of a planted teacher's samples, keyed by part id (what ``SampleDraw.part`` promises)."""
+
+    def __init__(self, teacher: Network, d: int, noise: float = 0.0):
+        self.teacher, self.d, self.noise = teacher, d, noise
+
+    def part(self, p: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng([7, p])
+        x = rng.standard_normal((n, self.d))
+        return x, self.teacher.forward(x)[:, 0] + self.noise * rng.standard_normal(n)
+
+
+def _teacher_and_start(d: int, k: int, angle: float, seed: int = 0) -> tuple[Network, Network]:
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((k, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    lam = rng.choice([-1.0, 1.0], k) * rng.uniform(0.5, 1.5, k)
+    e = rng.standard_normal((k, d))
+    e -= np.sum(e * u, axis=1, keepdims=True) * u
+    e /= np.linalg.norm(e, axis=1, keepdims=True)
+    start = Network((np.cos(angle) * u + np.sin(angle) * e, 1.1 * lam[None, :]), activation="relu")
+    return Network((u, lam[None, :]), activation="relu"), start
+
+
+def test_pair_second_moment_matches_monte_carlo_within_its_standard_error():
+    rng = np.random.default_rng(1)
+    q, n = 4, 400_000
+    z = rng.standard_normal((n, q))
+    for c in (0.9, 0.0, -0.7):
+        a = np.eye(q)[0]
+        b = c * a + np.sqrt(1 - c * c) * np.eye(q)[1]
+        keep = ((z @ a > 0) & (z @ b > 0)).astype(float)
+        terms = keep[:, None, None] * z[:, :, None] * z[:, None, :]
+        mean, se = terms.mean(axis=0), terms.std(axis=0) / np.sqrt(n)
+        assert np.all(np.abs(mean - pair_second_moment(a, b)) <= 5 * se + 1e-12)
+    e = np.eye(q)[2]
+    assert np.allclose(pair_second_moment(e, e), np.eye(q) / 2, atol=1e-15)
+    assert np.allclose(pair_second_moment(e, -e), 0, atol=1e-15)
+
+
+def test_population_gram_solve_inverts_the_dense_gram():
+    """H assembled densely from the pair formula in R^d (d = 20): H · solve(G) = G to rounding."""
+    rng = np.random.default_rng(2)
+    k, d = 4, 20
+    w = rng.standard_normal((k, d)) * rng.uniform(0.5, 2, (k, 1))
+    s = np.array([1.0, -1.0, 1.0, -1.0])
+    unit = w / np.linalg.norm(w, axis=1, keepdims=True)
+    h = np.block([[s[i] * s[j] * pair_second_moment(unit[i], unit[j]) for j in range(k)] for i in range(k)])
+    g = rng.standard_normal((k, d))
+    step = PopulationGram(w, s).solve(g)
+    assert np.abs(h @ step.ravel() - g.ravel()).max() <= 1e-12 * np.abs(g).max()
+
+
+def test_gradient_sums_is_the_half_gradient_of_the_squared_loss():
+    rng = np.random.default_rng(3)
+    x, w, s = rng.standard_normal((500, 20)), rng.standard_normal((3, 20)), np.array([1.0, -1.0, 1.0])
+    y = rng.standard_normal(500)
+    sums = gradient_sums(x, y, w, s)
+    loss = lambda v: float(np.sum((y - np.maximum(x @ v.T, 0) @ s) ** 2))  # noqa: E731
+    e = np.zeros_like(w)
+    e[1, 4] = 1e-6
+    assert sums.loss == pytest.approx(loss(w), rel=1e-14)
+    assert (loss(w + e) - loss(w - e)) / 2e-6 == pytest.approx(-2 * sums.g[1, 4], rel=1e-6)
+
+
+def test_noiseless_refinement_reaches_machine_precision_from_a_start_02_rad_off():
+    teacher, start = _teacher_and_start(50, 3, 0.2)
+    net, rep = refine_streamed(start, Draw(teacher, 50), 200_000, mapper=_mapper(None))
+    assert compare(teacher, start).relative_error > 0.1
+    assert compare(teacher, net).relative_error <= 1e-12, rep
+    assert rep["passes"] <= 20 and rep["relative_loss"] <= 1e-26
+
+
+def test_refinement_is_bitwise_equal_in_process_and_on_two_workers(client):
+    teacher, start = _teacher_and_start(24, 3, 0.05, seed=4)
+    draw = Draw(teacher, 24, noise=0.1)
+    here, rep_here = refine_streamed(start, draw, 90_000, part_rows=30_000, max_passes=3, mapper=_mapper(None))
+    there, rep_there = refine_streamed(start, draw, 90_000, part_rows=30_000, max_passes=3, mapper=_mapper(client))
+    assert rep_here["passes"] == 3 and rep_here == rep_there
+    assert all(np.array_equal(a, b) for a, b in zip(here.weights, there.weights))
