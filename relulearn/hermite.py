@@ -17,6 +17,12 @@ from functools import lru_cache
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
 
+# scipy's BLAS (the contracted matrices' syrk) is imported with this module, not on first use, so that
+# it is loaded before any ``threadpool_limits(1)`` of a worker or of the in-process loop, which then
+# covers it too (and ``worker.platform_id`` lists it).
+from scipy.linalg.blas import dsyr2k as _dsyr2k
+from scipy.linalg.blas import dsyrk as _dsyrk
+
 __all__ = [
     "subtract_expansion",
     "hermite_e", "relu_hermite_coefficient", "activation_hermite_coefficients",
@@ -619,6 +625,51 @@ def _prepare(
     return x, y, G, orders
 
 
+# Rows gathered per rank-k update of the contracted matrices, times d (float64 elements): a
+# block of 2 MiB stays in cache between its gathering and the syrk that reads it.
+_GRAM_BLOCK = 2**18
+
+
+def _add_signed_grams(quad: np.ndarray, x: np.ndarray, w: np.ndarray, buf: np.ndarray) -> None:
+    """Add ``sum_s w[s, p] x_s x_s^T`` to the upper triangle of ``quad[p]`` for every column p of w.
+
+    Per pair, two symmetric rank-k updates (``dsyrk``, ``d(d+1)`` flops per row, all rows together):
+    ``+ Z^T Z`` over the rows with ``w > 0`` and ``- Z^T Z`` over those with ``w < 0``, where
+    ``Z = sqrt(|w|) ⊙ X`` restricted to those rows, gathered in row order in blocks of ``len(buf)``
+    rows into ``buf``. Rows with ``w == 0`` add nothing; a NaN weight goes with the positive rows (it
+    propagates). ``quad[p].T`` is Fortran-ordered, so its lower triangle, which dsyrk updates in
+    place, is the upper triangle of ``quad[p]``.
+    """
+    block = buf.shape[0]
+    neg = w < 0
+    pos = ~(neg | (w == 0))
+    for p in range(w.shape[1]):
+        c = quad[p].T
+        for rows, alpha in ((pos[:, p], 1.0), (neg[:, p], -1.0)):
+            idx = np.flatnonzero(rows)
+            scale = np.sqrt(alpha * w[idx, p])
+            for start in range(0, idx.size, block):
+                part = idx[start:start + block]
+                z = buf[:part.size]
+                np.take(x, part, axis=0, out=z, mode="clip")  # indices are valid: clip only avoids a copy
+                z *= scale[start:start + block, None]
+                out = _dsyrk(alpha, z.T, beta=1.0, c=c, trans=0, lower=1, overwrite_c=1)
+                if out is not c:  # pragma: no cover - f2py updates a Fortran-ordered float64 c in place
+                    c[...] = out
+
+
+def _mirror_upper(m: np.ndarray, block: int = 32) -> None:
+    """Copy the strict upper triangles of the square matrices ``m[..., :, :]`` onto their lower ones,
+    in place (by column blocks, which keeps the transposed reads in cache)."""
+    d = m.shape[-1]
+    for i in range(0, d, block):
+        j = min(d, i + block)
+        m[..., j:, i:j] = m[..., i:j, j:].swapaxes(-1, -2)
+        lo_i, lo_j = np.tril_indices(j - i, -1)
+        diag = m[..., i:j, i:j]
+        diag[..., lo_i, lo_j] = diag[..., lo_j, lo_i]
+
+
 def contracted_matrix_sums(
     x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: Sequence[int]
 ) -> np.ndarray:
@@ -639,30 +690,45 @@ def contracted_matrix_sums(
     -------
     np.ndarray
         Shape ``(P, d, d)``, ``P = len(orders) * k``, order-major
-        (pair ``i * k + j`` is ``orders[i]``, ``G[j]``).
+        (pair ``i * k + j`` is ``orders[i]``, ``G[j]``); exactly symmetric.
+
+    Notes
+    -----
+    With ``w_p = y He_n(z)``, ``n = l - 2`` (DESIGN.md section 3), pair p is
+    ``X^T diag(w_p) X - sum(w_p) I - (g v^T + v g^T) + sum(c_p) g g^T``. The first term is two
+    symmetric rank-k updates per pair (:func:`_add_signed_grams`: ``d(d+1)`` flops per sample and
+    pair, half of a general GEMM), the rank-two rest one ``dsyr2k``, all into the upper triangle,
+    which is mirrored once, at the end.
     """
     x, y, G, orders = _prepare(x, y, G, orders, 2)
+    x = np.require(x, requirements="CA")  # BLAS throughout, whatever the caller's memory layout
     n, d = x.shape
-    P = len(orders) * G.shape[0]
-    quad = np.zeros((d, P * d))
+    k = G.shape[0]
+    P = len(orders) * k
+    quad = np.zeros((P, d, d))  # upper triangles accumulate
     wa_sum, wc_sum, v = np.zeros(P), np.zeros(P), np.zeros((d, P))
-    for sl in _row_batches(n, P * d):
+    buf = np.empty((max(1, min(n, _GRAM_BLOCK // d)), d))
+    for sl in _row_batches(n, 3 * P + (max(orders) - 1) * k):
         xs = x[sl]
         h = hermite_e(xs @ G.T, max(orders) - 2)
         coef = [_contracted_from_h(h, l) for l in orders]
         wa, wb, wc = (np.concatenate([c[i] for c in coef], axis=1) * y[sl, None] for i in range(3))
-        # One GEMM gives X^T diag(w_p) X for all pairs p at once.
-        quad += xs.T @ (wa[:, :, None] * xs[:, None, :]).reshape(xs.shape[0], P * d)
+        _add_signed_grams(quad, xs, wa, buf)
         wa_sum += wa.sum(axis=0)
         wc_sum += wc.sum(axis=0)
         v += xs.T @ wb
-    out = quad.reshape(d, P, d).transpose(1, 0, 2).copy()
     gp = np.tile(G, (len(orders), 1))
-    vt = v.T
-    out -= wa_sum[:, None, None] * np.eye(d)
-    out -= gp[:, :, None] * vt[:, None, :] + vt[:, :, None] * gp[:, None, :]
-    out += wc_sum[:, None, None] * gp[:, :, None] * gp[:, None, :]
-    return out
+    for p in range(P):
+        m = quad[p]
+        # -(g v^T + v g^T) + c g g^T = g u^T + u g^T with u = c g / 2 - v
+        u = 0.5 * wc_sum[p] * gp[p] - v[:, p]
+        c = m.T
+        out = _dsyr2k(1.0, gp[p][:, None], u[:, None], beta=1.0, c=c, trans=0, lower=1, overwrite_c=1)
+        if out is not c:  # pragma: no cover - f2py updates a Fortran-ordered float64 c in place
+            c[...] = out
+        m.reshape(-1)[::d + 1] -= wa_sum[p]
+    _mirror_upper(quad)
+    return quad
 
 
 def contracted_vector_sums(

@@ -337,6 +337,37 @@ def test_contracted_matrix_sums_row_batches(small_sample, monkeypatch):
     np.testing.assert_allclose(contracted_matrix_sums(x, y, G, [2, 4, 6]), ref, rtol=1e-12)
 
 
+def test_contracted_matrix_sums_signed_rank_k_updates(monkeypatch):
+    """The syrk path (rows split by the sign of their weight, gathered in blocks) against plain
+    numpy at d >= 20: y > 0 makes every order-2 weight positive (no negative rows for those pairs),
+    zero labels give rows of zero weight; the result is exactly symmetric and does not depend on the
+    gather block or on the input's memory alignment."""
+    import relulearn.hermite as H
+
+    rng = np.random.default_rng(11)
+    n, d = 700, 24
+    x, y = rng.standard_normal((n, d)), np.abs(rng.standard_normal(n))
+    y[::7] = 0.0
+    G, orders = unit_rows(rng, 2, d), [2, 4, 5]
+    ref = []
+    for l in orders:
+        for g in G:
+            a, b, c = (t * y for t in contracted_coefficients(x @ g, l))
+            v = x.T @ b
+            ref.append((x * a[:, None]).T @ x - a.sum() * np.eye(d) - np.outer(g, v) - np.outer(v, g)
+                       + c.sum() * np.outer(g, g))
+    got = contracted_matrix_sums(x, y, G, orders)
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
+    assert np.array_equal(got, got.transpose(0, 2, 1))
+    raw = np.empty(x.nbytes + 64, dtype=np.uint8)
+    shifted = raw[8:8 + x.nbytes].view(np.float64).reshape(x.shape)  # 8 bytes off the copy's start
+    shifted[...] = x
+    assert np.array_equal(contracted_matrix_sums(shifted, y, G, orders), got)
+    monkeypatch.setattr(H, "_GRAM_BLOCK", 50 * d)  # several gather blocks per sign
+    np.testing.assert_allclose(contracted_matrix_sums(x, y, G, orders), got, rtol=1e-12,
+                               atol=1e-12 * np.abs(got).max())
+
+
 def test_contracted_coefficients_single_sample(small_sample):
     x, _, G, _ = small_sample
     g, xs, d = G[0], x[0], x.shape[1]
