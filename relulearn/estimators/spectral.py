@@ -610,8 +610,8 @@ def directions_in_subspace(basis: np.ndarray, count: int, seed: int) -> np.ndarr
     Returns
     -------
     np.ndarray
-        ``(count, d)`` unit rows. Gaussian combinations of an orthonormal basis; when
-        ``count <= r`` they are made orthonormal (maximally spread).
+        ``(count, d)`` unit rows: Gaussian vectors projected on the subspace (so they depend on its
+        span only); when ``count <= r`` they are made orthonormal (maximally spread).
     """
     q = scipy.linalg.orth(_as_basis(basis, "basis"))
     r = q.shape[1]
@@ -620,9 +620,12 @@ def directions_in_subspace(basis: np.ndarray, count: int, seed: int) -> np.ndarr
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
     rng = np.random.default_rng((int(seed), _DIRECTIONS_STREAM))
-    c = rng.standard_normal((count, r))
+    # Gaussian vectors of R^d projected on the subspace: they depend on span(basis) only, not on which
+    # orthonormal basis an eigensolver returned (eigenvector signs and rotations differ between CPUs)
+    c = rng.standard_normal((count, q.shape[0])) @ q
     if 0 < count <= r:
-        c = np.linalg.qr(c.T)[0].T
+        qr, rr = np.linalg.qr(c.T)
+        c = (qr * np.where(np.diag(rr) < 0, -1.0, 1.0)).T  # R with a positive diagonal: unique
     g = c @ q.T
     return g / np.linalg.norm(g, axis=1, keepdims=True)
 
