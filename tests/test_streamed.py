@@ -90,3 +90,25 @@ def test_refinement_is_bitwise_equal_in_process_and_on_two_workers(client):
     there, rep_there = refine_streamed(start, draw, 90_000, part_rows=30_000, max_passes=3, mapper=_mapper(client))
     assert rep_here["passes"] == 3 and rep_here == rep_there
     assert all(np.array_equal(a, b) for a, b in zip(here.weights, there.weights))
+
+
+def test_moments_at_large_d_enumerates_projected_parts_and_refines_on_the_stream(client, tmp_path, monkeypatch):
+    """The large-d path (no bounded d-dimensional sample, no polish), forced at d = 24: exact."""
+    import yaml
+
+    from relulearn import api
+    from relulearn.config import config_from_dict
+    from relulearn.estimators import moments
+
+    monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
+    data = {"seed": 3, "samples": 200_000, "chunk_size": 25_000,
+            "source": {"d": 24, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 5}},
+            "run": {"commit_interval": 1e9}}
+    out = str(tmp_path / "m.npz")
+    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=2, out=out, client=client,
+                  progress=None)
+    assert "skipped" in res["report"]["polish"] and res["report"]["chosen"] == "refined"
+    assert res["report"]["refinement"]["samples"] == 200_000
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
+    assert ev["parameter_error"] <= 1e-12, ev

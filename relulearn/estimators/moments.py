@@ -25,7 +25,8 @@ from ..network import Network
 from . import enumeration, spectral
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
-from .streamed import refine_streamed
+from .refine import parts
+from .streamed import ProjectedPart, part_rows_for, refine_streamed
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
@@ -34,6 +35,11 @@ OPTIONS = ("width", "refine_samples")
 
 #: a validation relative loss below this is exact up to rounding: nothing left to refine
 EXACT_LOSS = 1e-20
+
+#: bounded training and validation inputs (``40·k·d`` rows of d floats) above this many bytes are not
+#: drawn: the enumeration gets inputs projected on the subspace part by part, polish (a dense
+#: ``k d``-unknown solve) is skipped and the streamed refinement fits the network on all samples
+LARGE_INPUT_BYTES = 2 * 2**30
 
 
 def required_statistics(d: int, width: Optional[int] = None) -> dict:
@@ -106,21 +112,25 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
             "one pass with directions inside the found subspace",
         )
     d = sub.basis.shape[0]
-    n_train, n_val = sample_sizes(d, wanted)
-    smp = samples(n_train, n_val)
     basis = sub.basis
-    z, z_val = smp.x_train @ basis, smp.x_val @ basis
-    enum = enumeration.enumerate_network(z, smp.y_train, z_val, smp.y_val, k=wanted, budget=budget,
-                                         mapper=mapper, seed=seed)
-    report["enumeration"] = enum.to_dict()
-    a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
-    start = Network((a @ basis.T, lam[None, :]), activation="relu")
-    best, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
+    n_train, n_val = sample_sizes(d, wanted)
     total = int(np.asarray(stats["contracted"]["count"])) if refine_samples is None else int(refine_samples)
-    net = _refined(net, samples, total, smp, mapper, report)
+    if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part") and total > 0:
+        net, merged = _learn_large(basis, samples, wanted, total, mapper, seed, budget, report)
+    else:
+        smp = samples(n_train, n_val)
+        z, z_val = smp.x_train @ basis, smp.x_val @ basis
+        enum = enumeration.enumerate_network(z, smp.y_train, z_val, smp.y_val, k=wanted, budget=budget,
+                                             mapper=mapper, seed=seed)
+        report["enumeration"] = enum.to_dict()
+        a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
+        start = Network((a @ basis.T, lam[None, :]), activation="relu")
+        best, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
+        net = _refined(net, samples, total, smp, mapper, report)
+        merged = enum.merged
     # units that could not be told apart at this sample count, each with the final unit it went into
     report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],
-                               "angle_to_into": float(g["angle_to_into"])} for g in enum.merged]
+                               "angle_to_into": float(g["angle_to_into"])} for g in merged]
     found = int(np.count_nonzero(net.weights[1]))
     report["width_requested"], report["width_found"] = wanted, found
     if found < wanted:
@@ -151,3 +161,34 @@ def _refined(net: Network, samples: Any, total: int, smp: Samples, mapper: Calla
         report["chosen"] = "refined"
         return refined
     return net
+
+
+def _projected(samples: Any, basis: np.ndarray, n: int, first: int, mapper: Callable
+               ) -> tuple[np.ndarray, np.ndarray, int]:
+    """``n`` held-out samples projected on ``basis`` (``z = x B``), drawn in parts on the workers from
+    part ``first`` on; returns ``(z, y, next part id)``."""
+    items = parts(n, part_rows_for(basis.shape[0]), first=first)
+    got = list(mapper(ProjectedPart(samples, basis), items))
+    return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), first + len(items)
+
+
+def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mapper: Callable, seed: int,
+                 budget: int, report: dict) -> tuple[Network, list]:
+    """Large d: enumeration on projected samples of the subspace's dimension, then the streamed
+    refinement from its lift (no bounded sample of the input dimension is ever formed); returns the
+    network and the enumeration's merged units."""
+    r = basis.shape[1]
+    n_train, n_val = sample_sizes(r, wanted)
+    z, y, nxt = _projected(samples, basis, n_train, 2, mapper)
+    z_val, y_val, nxt = _projected(samples, basis, n_val, nxt, mapper)
+    enum = enumeration.enumerate_network(z, y, z_val, y_val, k=wanted, budget=budget, mapper=mapper, seed=seed)
+    report["enumeration"] = enum.to_dict()
+    a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
+    start = Network((a @ basis.T, lam[None, :]), activation="relu")
+    report["polish"] = {"skipped": f"d = {basis.shape[0]}: a bounded sample of k·d unknowns does not fit; the "
+                                   "streamed refinement fits the network on all samples instead"}
+    net, rep = refine_streamed(start, samples, total, mapper=mapper, first_part=nxt)
+    rep["kept"] = True
+    report["refinement"] = rep
+    report["chosen"] = "refined"
+    return net, enum.merged

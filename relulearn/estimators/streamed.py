@@ -32,8 +32,8 @@ import numpy as np
 from ..network import Network
 from .refine import PART_ROWS, parts
 
-__all__ = ["GradientSums", "gradient_sums", "PartGradient", "pair_second_moment", "PopulationGram",
-           "refine_streamed", "MAX_PASSES"]
+__all__ = ["GradientSums", "gradient_sums", "PartGradient", "ProjectedPart", "pair_second_moment", "PopulationGram",
+           "refine_streamed", "part_rows_for", "MAX_PASSES"]
 
 #: passes at most (each streams the ``total`` samples once); from 0.2 rad off, 10–20 at kd/n ≤ 1e-2
 MAX_PASSES = 40
@@ -49,6 +49,16 @@ RELATIVE_STEP = 1e-15
 
 #: halvings of a step that increased the loss, before stopping
 MAX_BACKTRACKS = 4
+
+#: bytes of one part's inputs (rows × d floats) at most: parts shrink at large d to stay well inside a
+#: worker's memory
+PART_BYTES = 256 * 2**20
+
+
+def part_rows_for(d: int) -> int:
+    """Rows per streamed part at input dimension ``d``: ``PART_ROWS``, fewer when they would exceed
+    ``PART_BYTES``."""
+    return int(max(1_000, min(PART_ROWS, PART_BYTES // (8 * d))))
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,20 @@ class PartGradient:
         p, n = item
         x, y = self.draw.part(int(p), int(n))
         return gradient_sums(x, y, self.w, self.s)
+
+
+@dataclass(frozen=True)
+class ProjectedPart:
+    """Picklable function of a part ``(p, n)``: the part's inputs projected on ``basis`` (``x B``) and its
+    labels, so that only ``n × r`` floats travel back from a worker."""
+
+    draw: Any
+    basis: np.ndarray
+
+    def __call__(self, item: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        p, n = item
+        x, y = self.draw.part(int(p), int(n))
+        return x @ self.basis, np.asarray(y, dtype=np.float64).reshape(len(x))
 
 
 def pair_second_moment(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -193,7 +217,7 @@ def _accumulate(draw: Any, items: list[tuple[int, int]], w: np.ndarray, s: np.nd
 
 
 def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = map,
-                    max_passes: int = MAX_PASSES, part_rows: int = PART_ROWS,
+                    max_passes: int = MAX_PASSES, part_rows: Optional[int] = None,
                     first_part: int = 2) -> tuple[Network, dict[str, Any]]:
     """Preconditioned Gauss–Newton on ``total`` streamed samples, from ``net``.
 
@@ -211,7 +235,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
     max_passes
         Passes at most (each streams ``total`` samples once).
     part_rows
-        Rows per part.
+        Rows per part (default :func:`part_rows_for` d).
 
     Returns
     -------
@@ -220,7 +244,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         stopped), ``relative_loss`` and per pass ``relative_loss``, ``relative_step``, ``accepted``.
     """
     w, s = _split(net)
-    items = parts(total, part_rows, first=first_part)
+    items = parts(total, part_rows or part_rows_for(w.shape[1]), first=first_part)
     cur = _accumulate(draw, items, w, s, mapper)
     y2 = cur.y2 or 1.0
     history: list[dict[str, Any]] = [{"relative_loss": cur.loss / y2}]
