@@ -19,6 +19,10 @@ __all__ = [
     "RunConfig",
     "SourceConfig",
     "StatisticsConfig",
+    "SketchConfig",
+    "SKETCH_OVERSAMPLING",
+    "check_sketch_rank",
+    "required_sketch_rank",
     "load_config",
     "config_from_dict",
 ]
@@ -324,6 +328,95 @@ class ProjectedHermiteConfig(_Section):
     )
 
 
+#: extra columns a sketch needs beyond the k directions wanted (randomized range finder; Halko et al. 2011)
+SKETCH_OVERSAMPLING = 8
+
+#: columns of the Gaussian test matrix when a sketch section gives neither ``rank`` nor ``basis``
+SKETCH_DEFAULT_RANK = 32
+
+
+def required_sketch_rank(d: int, k: int, oversampling: int = SKETCH_OVERSAMPLING) -> int:
+    """The smallest sketch rank ``r`` that holds ``k`` directions: ``k + oversampling``, at most ``d``
+    (a rank-d sketch holds every direction)."""
+    return min(int(d), int(k) + int(oversampling))
+
+
+def check_sketch_rank(d: int, rank: int, k: Optional[int] = None, *, where: str = "statistics.sketch.rank",
+                      oversampling: int = SKETCH_OVERSAMPLING) -> None:
+    """Refuse a sketch rank ``r`` that cannot hold what is asked of it.
+
+    Raises
+    ------
+    ConfigError
+        When ``r > d`` (a d × r test matrix has at most d independent columns), or when ``k``
+        directions are wanted and ``r < min(d, k + oversampling)``; the message names the r to use.
+    """
+    if rank < 1:
+        raise ConfigError(f"{where} is {rank}; a sketch needs at least one column (use r >= 1)")
+    if rank > d:
+        raise ConfigError(
+            f"{where} is {rank} but d = {d}: a d × r sketch holds at most d independent columns; use r <= {d} "
+            f"(at d = {d} the dense matrix is as small as the sketch, so consider the dense family)"
+        )
+    if k is not None:
+        need = required_sketch_rank(d, k, oversampling)
+        if rank < need:
+            raise ConfigError(
+                f"{where} is {rank}, too small to hold k = {k} directions with the oversampling of {oversampling} "
+                f"columns a randomized range finder needs; use r >= {need}"
+            )
+
+
+class SketchSecondConfig(_Section):
+    """``M_2 = E[y (x xᵀ − I)]`` in sketch form."""
+
+
+class SketchConfig(_Section):
+    """Second-moment families in sketch form (DESIGN.md §6, §7): for each chosen d × d matrix M,
+    ``Y = M Ω`` (d × r) with Ω a seeded Gaussian test matrix, or, for a subspace pass with an
+    orthonormal ``basis`` B (rows, r × d), ``M Bᵀ`` and ``B M Bᵀ`` (r × r). O(d r) per sample and
+    matrix instead of O(d²)."""
+
+    rank: Optional[int] = Field(
+        None, ge=1, description=f"columns r of the Gaussian test matrix Ω (d × r); default {SKETCH_DEFAULT_RANK}, "
+        "or the number of basis rows"
+    )
+    seed: Optional[int] = Field(None, ge=0, description="seed of Ω (default: the run's seed)")
+    basis: Optional[list[list[float]]] = Field(
+        None, min_length=1,
+        description="orthonormal rows B (r × d): a subspace pass (Ω = Bᵀ, and B M Bᵀ is stored)"
+    )
+    second: Optional[SketchSecondConfig] = Field(None, description="M_2 = E[y (xxᵀ − I)]")
+    contracted: Optional[ContractedConfig] = Field(None, description="M_l^g for orders × directions")
+    filtered: Optional[FilteredConfig] = Field(None, description="M_τ = E[1{|y| > τ}(xxᵀ − I)] for a τ grid")
+    refines: Optional[dict[str, Any]] = Field(
+        None, description="for a subspace pass: the record of the store it refines (its fingerprint but the "
+        "statistics, and its sample count); the run is refused unless it draws the same chunks"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SketchConfig":
+        if self.second is None and self.contracted is None and self.filtered is None:
+            raise ValueError("give at least one family to sketch: `second: {}`, `contracted: {orders: [...], "
+                             "directions: ...}` or `filtered: {quantiles: [...]}`")
+        if self.basis is not None:
+            if self.rank is not None and self.rank != len(self.basis):
+                raise ValueError(f"rank is {self.rank} but basis has {len(self.basis)} rows; omit rank with a basis")
+            if self.seed is not None:
+                raise ValueError("seed draws the Gaussian test matrix; a subspace pass with a basis has none "
+                                 "(omit seed)")
+        elif self.refines is not None:
+            raise ValueError("refines names the store a subspace pass refines; give it together with a basis")
+        return self
+
+    @property
+    def columns(self) -> int:
+        """r: the basis rows, or the rank (default :data:`SKETCH_DEFAULT_RANK`)."""
+        if self.basis is not None:
+            return len(self.basis)
+        return SKETCH_DEFAULT_RANK if self.rank is None else self.rank
+
+
 class StatisticsConfig(_Section):
     basic: Optional[BasicConfig] = Field(default_factory=BasicConfig)
     output_moments: Optional[OutputMomentsConfig] = None
@@ -332,11 +425,13 @@ class StatisticsConfig(_Section):
     filtered: Optional[FilteredConfig] = None
     residual: Optional[ResidualConfig] = None
     projected_hermite: Optional[ProjectedHermiteConfig] = None
+    sketch: Optional[SketchConfig] = None
 
     def enabled(self) -> dict[str, _Section]:
         """The statistics to accumulate, by name, in a fixed order."""
         out = {}
-        for name in ("basic", "output_moments", "hermite", "contracted", "filtered", "residual", "projected_hermite"):
+        for name in ("basic", "output_moments", "hermite", "contracted", "filtered", "residual", "projected_hermite",
+                     "sketch"):
             section = getattr(self, name)
             if section is not None:
                 out[name] = section
@@ -382,6 +477,8 @@ class RunConfig(_Section):
         wherever it is read (it is stored with the run).
         """
         data = self.model_dump(mode="json", exclude_none=True)
+        if self.statistics.basic is None:  # off must stay off: an absent `basic` reads back as its default (on)
+            data.setdefault("statistics", {})["basic"] = None
         teacher = data["source"].get("teacher", {})
         if "file" in teacher:
             teacher["file"] = str(self.resolve_path(teacher["file"]).resolve())

@@ -26,6 +26,7 @@ from ..storage import FORMAT_VERSION, LEDGER_COLUMNS, RunStore, StoreError, diff
 from .sources import Source, SourceDataError, make_source
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .worker import platform_id, tune_malloc
+from .sketch import check_refines
 from .statistics import (
     Partial,
     Statistic,
@@ -290,13 +291,19 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     Raises
     ------
     StoreError
-        For a store with another fingerprint, a newer format, or an unwritable path.
+        For a store with another fingerprint, a newer format, or an unwritable path; for a subspace
+        pass (``statistics.sketch.refines``) that would not draw the chunks of the store it refines.
     SourceDataError
         When the source produces NaN or inf; blocks merged before the failing one are
         committed first.
     """
     t0 = time.perf_counter()
     source = make_source(cfg)
+    sketch = cfg.statistics.sketch
+    if sketch is not None and sketch.refines is not None:  # a subspace pass: the chunks of the store it refines
+        wanted = samples if samples is not None else cfg.samples
+        check_refines(sketch.refines, fingerprint(cfg, source), -(-wanted // cfg.chunk_size) * cfg.chunk_size,
+                      where=store_url)
     store = RunStore(store_url)
     stats, state, ledger, fp = _open(cfg, store, source)
     if store.meta() is not None:
@@ -507,7 +514,8 @@ def merge_stores(a_url: str, b_url: str, out_url: str) -> dict[str, Any]:
             if va.shape != vb.shape or not np.array_equal(va, vb):
                 hint = {"direction": "give the same statistics.contracted.directions_seed (or directions) to both runs",
                         "tau": "give statistics.filtered.thresholds explicitly (same values) to both runs",
-                        "quantile": "give statistics.filtered.thresholds explicitly to both runs"}.get(k, "")
+                        "quantile": "give statistics.filtered.thresholds explicitly to both runs",
+                        "omega": "give statistics.sketch.seed explicitly (same value) to both runs"}.get(k, "")
                 raise StoreError(f"cannot merge: the '{sa.name}' statistic's {k} differs between the stores; {hint}")
     out.check_writable()
     pa, la = load_partial(a, stats_a)

@@ -52,6 +52,7 @@ class Stream:
     TEACHER = 4
     HELD_OUT = 5  # bounded samples a learning method fits on (train / validation)
     TEST = 6  # fresh samples for evaluation, never used by estimation or learning
+    SKETCH = 7  # Gaussian test matrices Ω of sketched second-moment families
 
 
 def generator(seed: int, stream: int, counter: int = 0) -> np.random.Generator:

@@ -776,6 +776,11 @@ def build_statistics(cfg: RunConfig, source: Optional[Source],
         elif name == "projected_hermite":
             basis, expansion = projected_setup(section, d)
             out.append(family(lambda j: ProjectedHermite(d, basis, section.max_order, expansion)))
+        elif name == "sketch":
+            from .sketch import sketch_setup  # the sketch module builds on this one
+
+            setup = sketch_setup(section, cfg, source, stored(name) if stored else None)
+            out.append(family(setup.statistic))
     return out
 
 

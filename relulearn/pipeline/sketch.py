@@ -1,0 +1,364 @@
+"""Sketched second-moment families and subspace passes (DESIGN.md §3, §6, §7).
+
+At large d a d × d moment matrix per τ or direction does not fit a block partial (800 MB at
+d = 10⁴, twice with its error terms). The ``sketch`` statistic keeps, for each chosen matrix
+``M = E[w(x, y) (x xᵀ − I) + rank-two terms]``, only ``Y = M Ω`` (d × r):
+
+- Ω a Gaussian test matrix drawn from the run's seed (``Stream.SKETCH``): ``range(Y)``
+  captures the dominant eigenvectors of M (randomized range finder), or
+- Ω = Bᵀ for an orthonormal basis B given in the configuration (a *subspace pass*): then
+  ``Y = M Bᵀ`` and ``B M Bᵀ = B Y`` (r × r) — one step of subspace iteration and the
+  Rayleigh–Ritz matrix (:mod:`relulearn.estimators.subspace`).
+
+Per batch ``Z = X Ω`` is one (n × d × r) product shared by all families, and each family adds
+``Xᵀ (W ⊙ Z)``: O(d r) per sample and matrix, BLAS-3, memory independent of n. The estimands are
+linear in the sums, so standard errors, merging and resuming follow the :class:`Statistic`
+protocol like every other family. Families:
+
+- ``second``: ``M_2 = E[y (xxᵀ − I)]``: ``Y = Xᵀ diag(y) Z − (Σy) Ω``;
+- ``contracted``: ``M_l^g`` (DESIGN.md §3) for orders × directions, all pairs in one GEMM:
+  ``Y_p = Xᵀ diag(a_p) Z − (Σa_p) Ω − g (v_pᵀ Ω) − v_p (gᵀ Ω) + (Σc_p) g (gᵀ Ω)`` with
+  ``v_p = Xᵀ b_p`` and per-sample weights ``(a, b, c) = y · contracted_coefficients``;
+- ``filtered``: ``M_τ = E[1{|y|>τ}(xxᵀ − I)]``: per-bin ``X_bᵀ Z_b`` and suffix sums over bins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .. import hermite
+from ..config import RunConfig, SketchConfig, check_sketch_rank
+from ..storage import StoreError, diff_fields
+from .sources import Source, Stream, generator
+from .statistics import Statistic, Var, _of_output, _suffix, direction_bank, threshold_grid
+
+__all__ = [
+    "SketchMoments",
+    "SketchSetup",
+    "sketch_setup",
+    "gaussian_test_matrix",
+    "refine_record",
+    "check_refines",
+    "check_pass_store",
+]
+
+#: bytes of the weighted copy ``W ⊙ Z`` of a row batch in the contracted family (rows are cut to fit)
+_WZ_BYTES = 32 * 2**20
+
+
+def gaussian_test_matrix(d: int, rank: int, seed: int) -> np.ndarray:
+    """The Gaussian test matrix Ω (d × r) of a sketch, i.i.d. N(0, 1) from ``(seed, Stream.SKETCH)``."""
+    return generator(seed, Stream.SKETCH).standard_normal((d, rank))
+
+
+class SketchMoments(Statistic):
+    """``Y = M Ω`` for the chosen second-moment families; ``Ωᵀ M Ω`` too for a subspace pass.
+
+    Parameters
+    ----------
+    omega
+        Ω (d × r): a Gaussian test matrix, or Bᵀ for orthonormal basis rows B (``is_basis``).
+    is_basis
+        Whether Ω has orthonormal columns given as a basis: then the r × r ``BMB_*`` are stored.
+    second
+        Whether to sketch ``M_2``.
+    contracted
+        ``(directions (G, d), orders)`` of the contracted family, or None.
+    filtered
+        ``(tau (T,), quantiles or None)`` of the filtered family, or None.
+
+    Estimands (each with ``_se``): ``Y_second`` (i, rank); ``Y_contracted`` (pair, i, rank);
+    ``Y_filtered`` (tau, i, rank) and ``prob_filtered`` (tau); with a basis also ``BMB_second``
+    (rank, rank2), ``BMB_contracted`` (pair, rank, rank2), ``BMB_filtered`` (tau, rank, rank2).
+    """
+
+    name = "sketch"
+
+    def __init__(self, omega: np.ndarray, *, is_basis: bool = False, second: bool = False,
+                 contracted: Optional[tuple[np.ndarray, Sequence[int]]] = None,
+                 filtered: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None):
+        self.omega = np.ascontiguousarray(omega, dtype=np.float64)
+        self.d, self.rank = self.omega.shape
+        self.is_basis, self.second = bool(is_basis), bool(second)
+        self.directions = self.orders = self.tau = self.quantiles = None
+        if contracted is not None:
+            self.directions = np.asarray(contracted[0], dtype=np.float64)
+            self.orders = [int(o) for o in contracted[1]]
+        if filtered is not None:
+            self.tau = np.asarray(filtered[0], dtype=np.float64)
+            self.quantiles = None if filtered[1] is None else np.asarray(filtered[1], dtype=np.float64)
+        if not (self.second or self.orders or self.tau is not None):
+            raise ValueError("a sketch needs at least one family (second, contracted or filtered)")
+
+    @property
+    def n_pairs(self) -> int:
+        return 0 if self.orders is None else len(self.orders) * len(self.directions)
+
+    # ------------------------------------------------------------------ schemas
+
+    def sums_schema(self) -> dict[str, Var]:
+        d, r = self.d, self.rank
+        out: dict[str, Var] = {}
+        if self.second:
+            out.update({"second_xz": Var(("i", "rank"), (d, r)), "second_y": Var((), ())})
+        if self.orders is not None:
+            p = self.n_pairs
+            out.update({"contracted_xz": Var(("pair", "i", "rank"), (p, d, r)), "contracted_a": Var(("pair",), (p,)),
+                        "contracted_bx": Var(("pair", "i"), (p, d)), "contracted_c": Var(("pair",), (p,))})
+        if self.tau is not None:
+            t = len(self.tau)
+            out.update({"filtered_xz": Var(("tau", "i", "rank"), (t, d, r)), "filtered_count": Var(("tau",), (t,))})
+        return out
+
+    def terms_schema(self) -> dict[str, Var]:
+        d, r = self.d, self.rank
+        out: dict[str, Var] = {}
+        for fam, lead, size in self._families():
+            out[f"Y_{fam}"] = Var(lead + ("i", "rank"), size + (d, r))
+            if self.is_basis:
+                out[f"BMB_{fam}"] = Var(lead + ("rank", "rank2"), size + (r, r))
+            if fam == "filtered":
+                out["prob_filtered"] = Var(lead, size)
+        return out
+
+    def _families(self) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
+        """(family, leading dims, leading shape) of each sketched family, in a fixed order."""
+        out = []
+        if self.second:
+            out.append(("second", (), ()))
+        if self.orders is not None:
+            out.append(("contracted", ("pair",), (self.n_pairs,)))
+        if self.tau is not None:
+            out.append(("filtered", ("tau",), (len(self.tau),)))
+        return out
+
+    def coords(self) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+        out = {"omega": (("i", "rank"), self.omega)}
+        if self.orders is not None:
+            g = len(self.directions)
+            out.update({
+                "direction": (("direction", "i"), self.directions),
+                "pair_order": (("pair",), np.repeat(np.asarray(self.orders, dtype=np.int64), g)),
+                "pair_direction": (("pair",), np.tile(np.arange(g, dtype=np.int64), len(self.orders))),
+            })
+        if self.tau is not None:
+            out["tau"] = (("tau",), self.tau)
+            if self.quantiles is not None:
+                out["quantile"] = (("tau",), self.quantiles)
+        return out
+
+    # ------------------------------------------------------------------- update
+
+    def update(self, acc, x, y):
+        z = x @ self.omega  # one n × d × r product shared by every family
+        if self.second:
+            acc["second_xz"] += x.T @ (y[:, None] * z)
+            acc["second_y"] += y.sum()
+        if self.orders is not None:
+            self._update_contracted(acc, x, z, y)
+        if self.tau is not None:
+            _binned_cross(acc["filtered_xz"], acc["filtered_count"], x, z, np.abs(y), self.tau)
+
+    def _update_contracted(self, acc, x, z, y):
+        n, r = z.shape
+        p = self.n_pairs
+        h = x @ self.directions.T  # z_g = <g, x> for every direction
+        coef = [hermite.contracted_coefficients(h, l) for l in self.orders]
+        # per-sample weights (n, P), pairs order-major as in the dense family
+        wa, wb, wc = (np.concatenate([c[i] for c in coef], axis=1) * y[:, None] for i in range(3))
+        acc["contracted_a"] += wa.sum(axis=0)
+        acc["contracted_c"] += wc.sum(axis=0)
+        acc["contracted_bx"] += (x.T @ wb).T
+        # one GEMM per row slice for all pairs: Xᵀ [a_1 ⊙ Z | a_2 ⊙ Z | ...] (d × P r)
+        step = max(1, _WZ_BYTES // (8 * p * r))
+        for start in range(0, n, step):
+            xs, zs, ws = x[start:start + step], z[start:start + step], wa[start:start + step]
+            wz = (ws[:, :, None] * zs[:, None, :]).reshape(len(xs), p * r)
+            acc["contracted_xz"] += (xs.T @ wz).reshape(self.d, p, r).transpose(1, 0, 2)
+
+    # -------------------------------------------------------------------- terms
+
+    def terms(self, acc):
+        om = self.omega
+        out: dict[str, np.ndarray] = {}
+        if self.second:
+            out["Y_second"] = acc["second_xz"] - acc["second_y"] * om
+        if self.orders is not None:
+            gp = np.tile(self.directions, (len(self.orders), 1))  # (P, d), pair order
+            v = acc["contracted_bx"]
+            g_om, v_om = gp @ om, v @ om  # (P, r)
+            out["Y_contracted"] = (acc["contracted_xz"] - acc["contracted_a"][:, None, None] * om
+                                   - gp[:, :, None] * v_om[:, None, :] - v[:, :, None] * g_om[:, None, :]
+                                   + acc["contracted_c"][:, None, None] * gp[:, :, None] * g_om[:, None, :])
+        if self.tau is not None:
+            count = _suffix(acc["filtered_count"], 0)
+            out["Y_filtered"] = _suffix(acc["filtered_xz"], 0) - count[:, None, None] * om
+            out["prob_filtered"] = count
+        if self.is_basis:
+            # B M Bᵀ = Ωᵀ Y: linear in the sums, so its standard error comes from the chunks like Y's
+            for fam, _, _ in self._families():
+                out[f"BMB_{fam}"] = np.matmul(om.T, out[f"Y_{fam}"])
+        return out
+
+    def config(self):
+        out: dict[str, Any] = {"rank": self.rank, "basis": self.is_basis, "second": self.second}
+        if self.orders is not None:
+            out.update(orders=self.orders, directions=self.directions.tolist())
+        if self.tau is not None:
+            out["tau"] = self.tau.tolist()
+        return out
+
+
+def _binned_cross(xz: np.ndarray, count: np.ndarray, x: np.ndarray, z: np.ndarray, score: np.ndarray,
+                  tau: np.ndarray) -> None:
+    """Add ``x_bᵀ z_b`` and the row count of each bin ``tau[b] < score <= tau[b+1]`` in place (rows at or
+    below ``tau[0]`` are dropped): one d × r product per row, as the dense filtered family's bins."""
+    b = np.searchsorted(tau, score, side="left") - 1
+    counts = np.bincount(b + 1, minlength=len(tau) + 1)[1:]
+    count += counts
+    for k in np.flatnonzero(counts):
+        rows = np.flatnonzero(b == k)  # rows in sample order: the bits do not depend on the binning
+        xz[k] += x.take(rows, axis=0).T @ z.take(rows, axis=0)
+
+
+# -------------------------------------------------------------------- building
+
+
+def _basis_rows(section: SketchConfig, d: int) -> np.ndarray:
+    """The basis rows B (r × d) of a subspace pass, checked."""
+    where = "statistics.sketch.basis"
+    basis = np.asarray(section.basis, dtype=np.float64)
+    if basis.ndim != 2 or basis.shape[1] != d:
+        raise ValueError(f"{where} has shape {basis.shape}; each row needs d={d} entries")
+    check_sketch_rank(d, basis.shape[0], where=f"{where} (rows)")
+    if not np.allclose(basis @ basis.T, np.eye(basis.shape[0]), rtol=0, atol=1e-8):
+        raise ValueError(f"{where} rows must be orthonormal (B Bᵀ = I); orthonormalize them (QR) first")
+    return basis
+
+
+@dataclass(frozen=True)
+class SketchSetup:
+    """What the sketch statistics of a run share, resolved once: Ω, the direction bank, the τ grid
+    (``tau``: (T,), or (m, T) per output of a vector source, with its quantiles)."""
+
+    omega: np.ndarray
+    is_basis: bool
+    second: bool
+    contracted: Optional[tuple[np.ndarray, list[int]]]
+    tau: Optional[np.ndarray]
+    quantiles: Optional[np.ndarray]
+
+    def statistic(self, output: Optional[int] = None) -> SketchMoments:
+        """The statistic of the scalar label (``output`` None) or of output ``output``."""
+        filtered = None
+        if self.tau is not None:
+            filtered = (_of_output(self.tau, output, 1), _of_output(self.quantiles, output, 1))
+        return SketchMoments(self.omega, is_basis=self.is_basis, second=self.second, contracted=self.contracted,
+                             filtered=filtered)
+
+
+def sketch_setup(section: SketchConfig, cfg: RunConfig, source: Optional[Source],
+                 stored: Optional[Mapping[str, np.ndarray]] = None) -> SketchSetup:
+    """Resolve a ``statistics.sketch`` section: the test matrix, direction bank and τ grid drawn from
+    the run's seed (the τ grid from one pilot pass), or read from ``stored`` (the committed group) on
+    resume; a basis is checked (shape, orthonormal rows, rank).
+
+    Raises
+    ------
+    ValueError
+        Naming the key at fault (ConfigError for a rank the sketch cannot hold, with the r to use).
+    """
+    d = cfg.source.d
+    if section.basis is not None:
+        omega, is_basis = np.ascontiguousarray(_basis_rows(section, d).T), True
+    else:
+        check_sketch_rank(d, section.columns)
+        seed = cfg.seed if section.seed is None else section.seed
+        omega = stored["omega"] if stored else gaussian_test_matrix(d, section.columns, seed)
+        is_basis = False
+    contracted = tau = q = None
+    if section.contracted is not None:
+        g = stored["direction"] if stored else direction_bank(section.contracted, d, cfg.seed)
+        contracted = (np.asarray(g, dtype=np.float64), list(section.contracted.orders))
+    if section.filtered is not None:
+        if stored:
+            tau, q = stored["tau"], stored.get("quantile")
+        else:
+            tau, q = threshold_grid(section.filtered, source, cfg.seed)
+    return SketchSetup(omega, is_basis, section.second is not None, contracted, tau, q)
+
+
+# ------------------------------------------------------------ refined stores
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def refine_record(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What a subspace pass records of the store it refines (``statistics.sketch.refines``).
+
+    The store's fingerprint without its statistics (format, seed, chunk size, blocks, source
+    and teacher digest: what fixes the bytes of every chunk and the order of the sums), its
+    sample count, and a digest of its whole fingerprint (which sketch was refined).
+    """
+    fp = dict(meta["fingerprint"])
+    return {"fingerprint": {k: v for k, v in fp.items() if k != "statistics"},
+            "samples": int(meta["samples"]), "digest": _digest(fp)}
+
+
+def check_refines(record: Mapping[str, Any], fingerprint: Mapping[str, Any], samples: int,
+                  where: str = "this run") -> None:
+    """Refuse a subspace pass that would not draw the chunks of the store it refines.
+
+    Parameters
+    ----------
+    record
+        The pass's ``statistics.sketch.refines`` (:func:`refine_record` of the refined store).
+    fingerprint
+        The pass run's own fingerprint (``run.fingerprint``).
+    samples
+        The samples the pass run is asked for (whole chunks).
+
+    Raises
+    ------
+    StoreError
+        Naming every differing field (``seed``, ``source.d``, ``chunk_size``, ``samples``, ...).
+    """
+    own = {"fingerprint": {k: v for k, v in fingerprint.items() if k != "statistics"}, "samples": int(samples)}
+    theirs = {"fingerprint": dict(record.get("fingerprint", {})), "samples": record.get("samples")}
+    differing = [f.removeprefix("fingerprint.") for f in diff_fields(theirs, own)]
+    if differing:
+        raise StoreError(
+            f"{where} is a subspace pass of a store with a different fingerprint (digest "
+            f"{record.get('digest', '?')}); differing fields: {', '.join(differing)}. A pass must draw the same "
+            "chunks as the store it refines: run it with that store's configuration (seed, source, chunk_size, "
+            "run.chunks_per_block) and sample count, or sketch this setup afresh."
+        )
+
+
+def check_pass_store(pass_meta: Mapping[str, Any], sketch_meta: Mapping[str, Any], where: str = "the pass") -> None:
+    """Refuse to combine a stored subspace pass with a sketch store it does not refine.
+
+    Compares the pass's recorded ``statistics.sketch.refines`` with :func:`refine_record` of the
+    sketch store (``meta`` of ``open_store``): fingerprint without statistics, samples and digest.
+
+    Raises
+    ------
+    StoreError
+        When the pass records no refined store, or another one (naming the differing fields).
+    """
+    section = pass_meta.get("config", {}).get("statistics", {}).get("sketch") or {}
+    record = section.get("refines")
+    if record is None:
+        raise StoreError(f"{where} records no refined store (statistics.sketch.refines); run passes with "
+                         "relulearn.estimators.subspace.subspace_iteration and refines=refine_record(meta)")
+    differing = [f.removeprefix("fingerprint.") for f in diff_fields(record, refine_record(sketch_meta))]
+    if differing:
+        raise StoreError(f"{where} refines another store (digest {record.get('digest', '?')}); differing fields: "
+                         f"{', '.join(differing)}. Use the passes stored for this sketch store, or run new ones.")
