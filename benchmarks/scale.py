@@ -505,7 +505,7 @@ def short_runs(cfg_path: Path, work: Path, samples: int, reps: int, log) -> dict
     # the workers get (worker_cores_used); this ratio is not.
     res["speedup_2_vs_1_cpu_normalized"] = 2 * (res["workers_2"]["samples_per_worker_cpu_second_median"]
                                                 / res["workers_1"]["samples_per_worker_cpu_second_median"])
-    c0, c = by["workers_2_commit_0"], by["workers_2"]
+    c0 = by["workers_2_commit_0"]
     commits_each = [x for r in c0 for x in r["commit_seconds_each"]]
     extra = res["workers_2_commit_0"]["commits_median"] - res["workers_2"]["commits_median"]
     res["commit"] = {

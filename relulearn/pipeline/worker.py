@@ -58,7 +58,9 @@ def platform_id() -> str:
 
     blas = [f"{i.get('internal_api', '?')} {i.get('version', '?')} {i.get('architecture') or ''}".strip()
             for i in threadpool_info() if i.get("user_api") == "blas"]
-    return f"numpy {np.__version__}; " + (", ".join(blas) if blas else "no BLAS found")
+    # sorted: threadpoolctl lists the loaded libraries (numpy's and scipy's OpenBLAS) in load order,
+    # which differs between processes; the id must not
+    return f"numpy {np.__version__}; " + (", ".join(sorted(blas)) if blas else "no BLAS found")
 
 
 def _single_blas_thread() -> None:
