@@ -145,3 +145,28 @@ def test_fit_cli_without_statistics_section(tmp_path):
     assert res["estimate"]["statistics"] == ["basic", "contracted"]  # the method's choice
     ev = api.evaluate(str(model), cfg, samples=50_000)
     assert ev["parameter_error"] <= 1e-8 and ev["relative_test_error"] <= 1e-12
+
+
+def test_moments_from_a_sketch_runs_subspace_passes_and_recovers_exactly(client, tmp_path):
+    """A store with only the sketch of M_2 (no d × d matrix): subspace passes on the same chunks, then exact."""
+    data = dict(planted_config(24, 2, seed=5, samples=200_000),
+                statistics={"basic": None, "sketch": {"rank": 16, "second": {}}})
+    out = str(tmp_path / "m.npz")
+    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=2, out=out, client=client,
+                     progress=None)
+    names = [p["name"] for p in result["passes"]]
+    assert names[:2] == ["subspace-1", "subspace-2"] and len(names) <= 5
+    sub = result["report"]["subspace"]
+    assert sub["kind"] == "sketch" and sub["rank"] == 2 and sub["converged"]
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
+    assert ev["subspace_angle"] <= sub["angle_bound"]
+    assert ev["parameter_error"] <= 1e-12, ev
+
+
+def test_fit_chooses_the_sketch_when_the_dense_families_exceed_a_worker_budget():
+    from relulearn.estimators import moments
+
+    assert "contracted" in moments.required_statistics(2048, 5)  # 16·d²·17 bytes = 1.1 GB: dense
+    assert moments.required_statistics(8192, 5) == {"basic": None, "sketch": {"rank": 32, "second": {}}}
+    assert moments.required_statistics(8192, 30)["sketch"]["rank"] == 38  # k + 8 columns

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from ..network import Network
-from . import enumeration, spectral
+from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
+from . import enumeration, spectral, subspace
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
 from .refine import parts
@@ -32,6 +33,16 @@ __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "re
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width", "refine_samples")
+
+#: passes a run may ask for: the adaptive contracted pass, or the subspace passes of a sketch
+MAX_PASSES = 6
+
+#: bytes of one block partial (sums and error terms) of the dense families at most, per worker; beyond
+#: it ``fit`` chooses the sketch of ``M_2`` (d = 4096 needs 4.6 GB dense)
+WORKER_BYTES = 4 * 2**30
+
+#: subspace passes on a sketch: at least 2 (the first pass's gap comes from the noisy sketch), at most 5
+SKETCH_PASSES = (2, 5)
 
 #: a validation relative loss below this is exact up to rounding: nothing left to refine
 EXACT_LOSS = 1e-20
@@ -43,8 +54,18 @@ LARGE_INPUT_BYTES = 2 * 2**30
 
 
 def required_statistics(d: int, width: Optional[int] = None) -> dict:
-    """The ``statistics`` config section the first pass needs."""
-    return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}
+    """The ``statistics`` config section the first pass needs: the dense ``basic`` and ``contracted``
+    families while a block partial of them fits :data:`WORKER_BYTES`, else the sketch of ``M_2``
+    (:func:`relulearn.pipeline.plan.plan_families` makes the same choice and reports it)."""
+    dense = 16 * d * d * (1 + 16)  # sums and error terms of Σxxᵀ and 2 orders × 8 directions
+    if dense <= WORKER_BYTES:
+        return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}
+    return {"basic": None, "sketch": {"rank": sketch_rank(d, width), "second": {}}}
+
+
+def sketch_rank(d: int, width: Optional[int]) -> int:
+    """Columns of the sketch: 32, or more when ``width`` needs them (``k + 8``), at most d."""
+    return int(min(d, max(32, (width or 0) + SKETCH_OVERSAMPLING)))
 
 
 def sample_sizes(d: int, width: int) -> tuple[int, int]:
@@ -53,6 +74,8 @@ def sample_sizes(d: int, width: int) -> tuple[int, int]:
 
 
 def _check(stats: Mapping[str, Arrays]) -> None:
+    if "contracted" not in stats and "Y_second" in stats.get("sketch", {}):
+        return
     if "contracted" not in stats:
         raise MissingStatisticError.lacking("moments", "contracted", "orders 2 and 4",
                                             "{orders: [2, 4], directions: 8}")
@@ -91,6 +114,14 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     LearnResult or PassRequest
     """
     _check(stats)
+    if "contracted" not in stats:
+        got = _sketch_subspace(stats["sketch"], passes, width)
+        if isinstance(got, PassRequest):
+            return got
+        basis, report = got
+        wanted = basis.shape[1]
+        total = int(np.asarray(stats["sketch"]["count"])) if refine_samples is None else int(refine_samples)
+        return _finish(basis, wanted, total, samples, mapper, seed, budget, report)
     mats, ses, names = spectral.matrices_from_store(stats["contracted"])
     for i, p in enumerate(passes):
         m, s, n = spectral.matrices_from_store(p["contracted"])
@@ -111,10 +142,15 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
             f"the noise floor supports {sub.rank} of {wanted} directions with random g; "
             "one pass with directions inside the found subspace",
         )
-    d = sub.basis.shape[0]
-    basis = sub.basis
-    n_train, n_val = sample_sizes(d, wanted)
     total = int(np.asarray(stats["contracted"]["count"])) if refine_samples is None else int(refine_samples)
+    return _finish(sub.basis, wanted, total, samples, mapper, seed, budget, report)
+
+
+def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Callable, seed: int, budget: int,
+            report: dict) -> LearnResult:
+    """Enumeration on the found subspace, polish (or, at large d, projected parts) and refinement."""
+    d = basis.shape[0]
+    n_train, n_val = sample_sizes(d, wanted)
     if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part") and total > 0:
         net, merged = _learn_large(basis, samples, wanted, total, mapper, seed, budget, report)
     else:
@@ -192,3 +228,46 @@ def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mappe
     report["refinement"] = rep
     report["chosen"] = "refined"
     return net, enum.merged
+
+
+def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], width: Optional[int]
+                     ) -> PassRequest | tuple[np.ndarray, dict]:
+    """Subspace iteration on the sketched ``M_2``, one requested pass per step, each on the chunks of the
+    main store (``api`` runs a pass with the run's configuration); the iteration is replayed from the
+    passes so far, so the method stays a pure function of the statistics.
+
+    Returns the next :class:`PassRequest`, or the basis (d × k) of the top-k estimate and the report.
+    """
+    done = [p["sketch"] for p in passes if "sketch" in p]
+    if not done:
+        init = subspace.sketch_basis(np.asarray(sketch["Y_second"]), np.asarray(sketch["Y_second_se"]))
+        if width is not None:
+            check_sketch_rank(init.basis.shape[0], init.basis.shape[1], width)
+        return PassRequest("subspace-1", subspace.pass_statistics(init.basis, "second", {}),
+                           "a single sketch of M_2 is swamped by noise at large d; subspace passes on the same "
+                           "chunks refine it (randomised subspace iteration)")
+    last = done[-1]
+    basis = np.asarray(last["omega"])
+    step = subspace.rayleigh_ritz(np.asarray(last["Y_second"]), np.asarray(last["Y_second_se"]),
+                                  np.asarray(last["BMB_second"]), basis, k=width,
+                                  bmb_se=np.asarray(last["BMB_second_se"]) if "BMB_second_se" in last else None)
+    k = step.k
+    change = float(spectral.principal_angles(step.vectors[:, :k], step.next_basis[:, :k]).max(initial=0.0))
+    lo, hi = SKETCH_PASSES
+    if len(done) < hi and (len(done) < lo or change > step.angle_bound):
+        return PassRequest(f"subspace-{len(done) + 1}", subspace.pass_statistics(step.next_basis, "second", {}),
+                           f"the next pass would move the top-{k} subspace by {change:.3g} rad, more than its "
+                           f"angle bound {step.angle_bound:.3g} rad (or fewer than {lo} passes so far)")
+    vectors = step.refined_vectors[:, :k]
+    report = {"subspace": {"kind": "sketch", "rank": k, "supported": step.significant >= k,
+                           "passes": len(done), "converged": bool(change <= step.angle_bound),
+                           "last_change": change, "angle_bound": step.angle_bound, "step": step.to_dict(),
+                           "basis": vectors.tolist()}}
+    if step.significant < k:
+        report["subspace"]["message"] = (f"the noise floor supports only {step.significant} of the {k} directions "
+                                         "asked for; more samples raise the signal above it")
+    if step.significant == 0:
+        raise ValueError(
+            "the sketched M_2 has no Ritz value above the noise floor: the statistics are pure noise at this sample "
+            "count; estimate with more samples (`relulearn estimate ... --samples N`)")
+    return vectors, report
