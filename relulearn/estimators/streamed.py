@@ -50,6 +50,10 @@ RELATIVE_STEP = 1e-15
 #: halvings of a step that increased the loss, before stopping
 MAX_BACKTRACKS = 4
 
+#: stop when the relative loss is below this × k·d (the rounding of ``x W^T``, d terms per unit, bounds
+#: the residual of an exact fit near ``eps² k d``): noiseless labels are then fitted to machine precision
+ROUNDING_LOSS = 100 * np.finfo(float).eps ** 2
+
 #: bytes of one part's inputs (rows × d floats) at most: parts shrink at large d to stay well inside a
 #: worker's memory
 PART_BYTES = 256 * 2**20
@@ -250,6 +254,9 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
     history: list[dict[str, Any]] = [{"relative_loss": cur.loss / y2}]
     passes, stop, scale = 1, "max_passes", 1.0
     while passes < max_passes:
+        if cur.loss / y2 < ROUNDING_LOSS * w.size:
+            stop = "loss at rounding level"
+            break
         step = PopulationGram(w, s).solve(cur.g / cur.n)
         predicted = float(np.sum(step * cur.g)) / cur.n  # first-order decrease of the mean loss (×½ of ∂)
         rel_step = float(np.linalg.norm(step) / np.linalg.norm(w))
