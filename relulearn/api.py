@@ -364,18 +364,27 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     from .pipeline.sources import make_source
 
     _check_setting(method, make_source(cfg), options)  # before anything is written
+    plan = None
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
 
         mod = _method(method)
-        stats = mod.required_statistics(cfg.source.d, width,
-                                        **{k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())})
+        extra = {k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())}
+        if hasattr(mod, "DENSE_FAMILIES"):  # dense or sketched families, from the per-worker budget
+            from .pipeline.plan import plan_families
+
+            plan = plan_families(cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width),
+                                 cfg.run.worker_memory, k=width)
+            extra["sketched"] = bool(plan["sketched"])
+        stats = mod.required_statistics(cfg.source.d, width, **extra)
         cfg = config_from_dict(dict(cfg.to_dict(), statistics=stats), base_dir=cfg.base_dir)
 
     def run(c: Any) -> dict[str, Any]:
         summary = _estimate(cfg, store, samples=samples, client=c, progress=progress)
         result = _learn_with(c, store, method, options, out, progress)
         result["estimate"] = summary.to_dict()
+        if plan is not None:
+            result["statistics_plan"] = plan
         return result
 
     if client == "local":

@@ -448,6 +448,11 @@ class RunOptions(_Section):
     max_blocks_in_flight: Optional[int] = Field(
         None, ge=1, description="bound on submitted, unmerged blocks (default: 2 × workers + 1)"
     )
+    worker_memory: int = Field(
+        4 * 2**30, ge=1, description="bytes one block partial (sums and error terms of every statistic) may take on "
+        "a worker; a run needing more is refused before any work, with the bytes needed, and `fit` sketches the "
+        "d × d families to fit it (default 4 GiB)"
+    )
 
 
 class RunConfig(_Section):

@@ -166,7 +166,24 @@ def test_moments_from_a_sketch_runs_subspace_passes_and_recovers_exactly(client,
 
 def test_fit_chooses_the_sketch_when_the_dense_families_exceed_a_worker_budget():
     from relulearn.estimators import moments
+    from relulearn.pipeline.plan import MemoryBudgetError, plan_families
 
-    assert "contracted" in moments.required_statistics(2048, 5)  # 16·d²·17 bytes = 1.1 GB: dense
-    assert moments.required_statistics(8192, 5) == {"basic": None, "sketch": {"rank": 32, "second": {}}}
-    assert moments.required_statistics(8192, 30)["sketch"]["rank"] == 38  # k + 8 columns
+    def plan(d, width, budget=4 * 2**30):
+        return plan_families(d, moments.DENSE_FAMILIES, moments.sketch_rank(d, width), budget, k=width)
+
+    assert not plan(2048, 5)["sketched"]  # 16·d²·17 bytes = 1.1 GB: dense
+    assert plan(8192, 5)["sketched"] == ["contracted"]
+    assert moments.required_statistics(8192, 5, sketched=True) == {"basic": None,
+                                                                     "sketch": {"rank": 32, "second": {}}}
+    assert moments.sketch_rank(8192, 30) == 38  # k + 8 columns
+    with pytest.raises(MemoryBudgetError, match="needs 71,303,168 bytes"):
+        plan(8192, 5, budget=10**6)
+
+
+def test_estimate_refuses_statistics_larger_than_the_worker_memory_before_writing(tmp_path):
+    data = dict(planted_config(64, 2, seed=1, samples=50_000), run={"worker_memory": 10**6},
+                statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}})
+    url = tmp_path / "s.zarr"
+    with pytest.raises(ValueError, match=r"needs 1,1\d\d,\d\d\d bytes \(contracted: 1,0.*run.worker_memory: 1"):
+        api.estimate(config_from_dict(data), str(url), client="local", progress=None)
+    assert not url.exists()

@@ -37,9 +37,9 @@ OPTIONS = ("width", "refine_samples")
 #: passes a run may ask for: the adaptive contracted pass, or the subspace passes of a sketch
 MAX_PASSES = 6
 
-#: bytes of one block partial (sums and error terms) of the dense families at most, per worker; beyond
-#: it ``fit`` chooses the sketch of ``M_2`` (d = 4096 needs 4.6 GB dense)
-WORKER_BYTES = 4 * 2**30
+#: the d × d matrices of the dense statistics :func:`required_statistics` asks for, by family: ``fit``
+#: plans dense or sketch from them (d = 4096 needs 4.6 GB dense, more than the default 4 GiB per worker)
+DENSE_FAMILIES = {"basic": 1, "contracted": 16}
 
 #: subspace passes on a sketch: at least 2 (the first pass's gap comes from the noisy sketch), at most 5
 SKETCH_PASSES = (2, 5)
@@ -53,12 +53,12 @@ EXACT_LOSS = 1e-20
 LARGE_INPUT_BYTES = 2 * 2**30
 
 
-def required_statistics(d: int, width: Optional[int] = None) -> dict:
+def required_statistics(d: int, width: Optional[int] = None, sketched: bool = False) -> dict:
     """The ``statistics`` config section the first pass needs: the dense ``basic`` and ``contracted``
-    families while a block partial of them fits :data:`WORKER_BYTES`, else the sketch of ``M_2``
-    (:func:`relulearn.pipeline.plan.plan_families` makes the same choice and reports it)."""
-    dense = 16 * d * d * (1 + 16)  # sums and error terms of Σxxᵀ and 2 orders × 8 directions
-    if dense <= WORKER_BYTES:
+    families, or, when ``api`` finds that their block partial does not fit a worker (``sketched``; the
+    plan of :data:`DENSE_FAMILIES` under ``run.worker_memory``), the sketch of ``M_2`` alone: the
+    subspace passes sharpen it, so no contracted direction is needed, and ``basic`` is dropped."""
+    if not sketched:
         return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}
     return {"basic": None, "sketch": {"rank": sketch_rank(d, width), "second": {}}}
 

@@ -18,7 +18,8 @@ from typing import Any, Mapping, Optional
 
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 
-__all__ = ["MemoryBudgetError", "FamilyPlan", "dense_bytes", "sketch_bytes", "plan_families"]
+__all__ = ["MemoryBudgetError", "FamilyPlan", "dense_bytes", "sketch_bytes", "plan_families", "partial_bytes",
+           "check_partial_bytes"]
 
 _FLOAT = 8
 
@@ -118,3 +119,34 @@ def plan_families(d: int, families: Mapping[str, int], rank: int, budget_bytes: 
         "families": {n: {"matrices": p.matrices, "dense_bytes": p.dense_bytes, "sketch_bytes": p.sketch_bytes,
                          "form": p.form} for n, p in plans.items()},
     }
+
+
+def partial_bytes(stats: Any) -> dict[str, int]:
+    """Bytes of one block partial of each built statistic: its sums and the sums of its squared
+    per-chunk terms (exact, from the statistics' schemas)."""
+    def size(schema: Mapping[str, Any]) -> int:
+        total = 0
+        for var in schema.values():
+            n = 1
+            for extent in var.shape:
+                n *= int(extent)
+            total += n
+        return total
+
+    return {s.name: _FLOAT * (size(s.sums_schema()) + size(s.terms_schema())) for s in stats}
+
+
+def check_partial_bytes(stats: Any, budget_bytes: int, where: str) -> dict[str, int]:
+    """Refuse statistics whose block partial exceeds ``budget_bytes`` (``run.worker_memory``), naming the
+    bytes needed and each statistic's share; returns the shares."""
+    shares = partial_bytes(stats)
+    total = sum(shares.values())
+    if total > budget_bytes:
+        parts = ", ".join(f"{k}: {v:,}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
+        raise MemoryBudgetError(
+            f"one block partial of the statistics of {where} needs {total:,} bytes ({parts}), more than "
+            f"run.worker_memory = {budget_bytes:,} bytes; give each worker more (run.worker_memory: {total}) or "
+            "replace the d × d families by their sketch (statistics.sketch, with basic: null; README 'Sketches and "
+            "subspace passes'). Nothing was written"
+        )
+    return shares

@@ -25,6 +25,7 @@ from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, LEDGER_COLUMNS, RunStore, StoreError, diff_fields, ledger_platforms
 from .sources import Source, SourceDataError, make_source
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
+from .plan import check_partial_bytes
 from .worker import platform_id, tune_malloc
 from .sketch import check_refines
 from .statistics import (
@@ -239,6 +240,7 @@ def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statist
     if meta is None:
         store.check_writable()
         stats = build_statistics(cfg, source)
+        check_partial_bytes(stats, cfg.run.worker_memory, store.url)
         fp = fingerprint(cfg, source)
         return stats, Partial.empty(stats), [], fp
     fp = fingerprint(cfg, source)
@@ -258,6 +260,7 @@ def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statist
     store.check_writable()
     stored_cfg = config_from_dict(meta["config"], where=f"stored in {store.url}", base_dir=cfg.base_dir)
     stats = statistics_from_store(stored_cfg, store)
+    check_partial_bytes(stats, cfg.run.worker_memory, store.url)
     state, ledger = load_partial(store, stats)
     return stats, state, ledger, fp
 
