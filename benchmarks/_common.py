@@ -43,3 +43,12 @@ def run_samples(source: Any, seed: int, n: int, chunk: int) -> tuple[np.ndarray,
             xs.append(x)
             ys.append(y)
     return np.concatenate(xs)[:n], np.concatenate(ys)[:n]
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("" where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
+    except OSError:
+        return ""

@@ -75,7 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a source tree without installing
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save_json, utc_now  # noqa: E402
+from _common import cpu_model, save_json, utc_now  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale.json"
 D = 32
@@ -142,12 +142,7 @@ def machine_info() -> dict[str, Any]:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count()
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), "")
-    except OSError:
-        pass
+    cpu = cpu_model()
     import dask
     import distributed
     import zarr

@@ -379,7 +379,8 @@ def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
 class ContractedMoments(Statistic):
     """``M_l^g = T_l(g,…,g,·,·)``, ``T_l(g,…,g,·)`` and ``T_l(g,…,g)`` for orders × directions.
 
-    All (l, g) pairs of a batch cost one GEMM (DESIGN.md §3, contracted moments).
+    Each pair costs two symmetric rank-k updates (rows of positive and of negative weight), d(d+1)
+    flops per sample; DESIGN.md §3 batches them into one GEMM, at twice the flops.
     Pairs are ordered order-major: pair ``p = a·G + b`` is (orders[a], directions[b]).
     """
 
