@@ -703,6 +703,8 @@ def contracted_matrix_sums(
     x, y, G, orders = _prepare(x, y, G, orders, 2)
     x = np.require(x, requirements="CA")  # BLAS throughout, whatever the caller's memory layout
     n, d = x.shape
+    if d < _SYRK_MIN_D:
+        return _contracted_matrix_sums_gemm(x, y, G, orders)
     k = G.shape[0]
     P = len(orders) * k
     quad = np.zeros((P, d, d))  # upper triangles accumulate
@@ -729,6 +731,35 @@ def contracted_matrix_sums(
         m.reshape(-1)[::d + 1] -= wa_sum[p]
     _mirror_upper(quad)
     return quad
+
+
+#: below this d the per-pair syrk calls and row gathers cost more than they save (measured 15–28 % slower
+#: at d = 10–32, 4 % faster at 64, 28 % at 128): one general GEMM for all pairs instead
+_SYRK_MIN_D = 64
+
+
+def _contracted_matrix_sums_gemm(x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: list[int]) -> np.ndarray:
+    """:func:`contracted_matrix_sums` at small d: ``X^T diag(w_p) X`` of all pairs in one GEMM
+    (2 P d² flops per sample), symmetrised at the end so the result is exactly symmetric."""
+    n, d = x.shape
+    P = len(orders) * G.shape[0]
+    quad = np.zeros((d, P * d))
+    wa_sum, wc_sum, v = np.zeros(P), np.zeros(P), np.zeros((d, P))
+    for sl in _row_batches(n, P * d):
+        xs = x[sl]
+        h = hermite_e(xs @ G.T, max(orders) - 2)
+        coef = [_contracted_from_h(h, l) for l in orders]
+        wa, wb, wc = (np.concatenate([c[i] for c in coef], axis=1) * y[sl, None] for i in range(3))
+        quad += xs.T @ (wa[:, :, None] * xs[:, None, :]).reshape(xs.shape[0], P * d)
+        wa_sum += wa.sum(axis=0)
+        wc_sum += wc.sum(axis=0)
+        v += xs.T @ wb
+    out = quad.reshape(d, P, d).transpose(1, 0, 2).copy()
+    gp, vt = np.tile(G, (len(orders), 1)), v.T
+    out -= wa_sum[:, None, None] * np.eye(d)
+    out -= gp[:, :, None] * vt[:, None, :] + vt[:, :, None] * gp[:, None, :]
+    out += wc_sum[:, None, None] * gp[:, :, None] * gp[:, None, :]
+    return 0.5 * (out + out.transpose(0, 2, 1))
 
 
 def contracted_vector_sums(

@@ -48,7 +48,7 @@ def all_families(d: int = 20, **over) -> dict:
 
 
 #: a longer run (no order-4 tensors) that lasts long enough to kill processes inside it
-LONG = all_families(samples=1_600_000, chunk_size=20_000, statistics={
+LONG = all_families(samples=960_000, chunk_size=20_000, statistics={
     "basic": {}, "contracted": {"orders": [2, 4], "directions": 4},
     "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000}, "residual": residual_section(20)})
 

@@ -346,6 +346,7 @@ def test_contracted_matrix_sums_signed_rank_k_updates(monkeypatch):
 
     rng = np.random.default_rng(11)
     n, d = 700, 24
+    monkeypatch.setattr(H, "_SYRK_MIN_D", 1)  # the syrk path at a small d (it serves d >= 64)
     x, y = rng.standard_normal((n, d)), np.abs(rng.standard_normal(n))
     y[::7] = 0.0
     G, orders = unit_rows(rng, 2, d), [2, 4, 5]
@@ -366,6 +367,10 @@ def test_contracted_matrix_sums_signed_rank_k_updates(monkeypatch):
     monkeypatch.setattr(H, "_GRAM_BLOCK", 50 * d)  # several gather blocks per sign
     np.testing.assert_allclose(contracted_matrix_sums(x, y, G, orders), got, rtol=1e-12,
                                atol=1e-12 * np.abs(got).max())
+    monkeypatch.setattr(H, "_SYRK_MIN_D", 10**6)  # and the one-GEMM path of small d: the same sums
+    small = contracted_matrix_sums(x, y, G, orders)
+    np.testing.assert_allclose(small, got, rtol=1e-12, atol=1e-12 * np.abs(got).max())
+    assert np.array_equal(small, small.transpose(0, 2, 1))
 
 
 def test_contracted_coefficients_single_sample(small_sample):

@@ -50,9 +50,9 @@ RELATIVE_STEP = 1e-15
 #: halvings of a step that increased the loss, before stopping
 MAX_BACKTRACKS = 4
 
-#: stop when the relative loss is below this × k·d (the rounding of ``x W^T``, d terms per unit, bounds
-#: the residual of an exact fit near ``eps² k d``): noiseless labels are then fitted to machine precision
-ROUNDING_LOSS = 100 * np.finfo(float).eps ** 2
+#: stop when the relative loss is below this × d (the rounding of ``<w_i, x>``, a sum of d terms, leaves
+#: an exact fit a relative loss of order ``eps² d``): noiseless labels are then fitted to machine precision
+ROUNDING_LOSS = np.finfo(float).eps ** 2
 
 #: bytes of one part's inputs (rows × d floats) at most: parts shrink at large d to stay well inside a
 #: worker's memory
@@ -254,7 +254,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
     history: list[dict[str, Any]] = [{"relative_loss": cur.loss / y2}]
     passes, stop, scale = 1, "max_passes", 1.0
     while passes < max_passes:
-        if cur.loss / y2 < ROUNDING_LOSS * w.size:
+        if cur.loss / y2 < ROUNDING_LOSS * w.shape[1]:
             stop = "loss at rounding level"
             break
         step = PopulationGram(w, s).solve(cur.g / cur.n)
