@@ -258,7 +258,7 @@ class ContractedConfig(_Section):
 
 
 def _check_grid(quantiles: Optional[list[float]], thresholds: Optional[list[float]]) -> None:
-    """Exactly one τ grid, increasing: quantiles in [0, 1) or non-negative thresholds."""
+    """Exactly one τ grid, increasing: quantiles in [0, 1) (strictly) or non-negative thresholds."""
     if (quantiles is None) == (thresholds is None):
         raise ValueError("give exactly one of `quantiles` (e.g. [0.5, 0.8, 0.95]) or `thresholds`")
     if quantiles is not None:
@@ -269,8 +269,10 @@ def _check_grid(quantiles: Optional[list[float]], thresholds: Optional[list[floa
     if thresholds is not None:
         if not thresholds or any(t < 0 for t in thresholds):
             raise ValueError(f"thresholds must be non-negative, got {thresholds}")
-        if sorted(set(thresholds)) != list(thresholds):
-            raise ValueError(f"thresholds must be strictly increasing, got {thresholds}")
+        # repeats are allowed: a quantile grid of labels with an atom (a ReLU net's zero) repeats τ too, and a
+        # pass given such a grid back as thresholds must compute the same matrices
+        if sorted(thresholds) != list(thresholds):
+            raise ValueError(f"thresholds must be increasing, got {thresholds}")
 
 
 class FilteredConfig(_Section):

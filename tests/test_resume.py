@@ -148,6 +148,33 @@ def test_extend_equals_one_long_run(client, tmp_path):
     assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before)
 
 
+def test_a_signal_inside_a_commit_is_raised_when_the_commit_ends():
+    """A SIGTERM or Ctrl-C that arrives while a commit writes is held: raised in the waiting thread, it
+    would leave zarr's writer thread filling a generation that the commit after the interrupt deletes."""
+    from relulearn.pipeline.run import _Interrupts
+
+    interrupts = _Interrupts()
+    old = signal.signal(signal.SIGTERM, interrupts.handler)
+    try:
+        steps = []
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):
+            with interrupts.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler runs here, in the main thread, and holds the signal
+                steps.append("commit ended")
+        assert steps == ["commit ended"]
+        with pytest.raises(KeyboardInterrupt, match="signal 15"):  # outside a commit: raised at once
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)
+        with pytest.raises(OSError, match="disk full"):  # a failing commit's own error is what propagates
+            with interrupts.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                raise OSError("disk full")
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 def test_sigterm_commits_merged_blocks(tmp_path):
     """SIGTERM (like Ctrl-C) stops the run cleanly after committing what was merged.
 

@@ -325,11 +325,14 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     committed_at = [time.perf_counter()]
     commit_no = int((store.meta() or {}).get("commits", -1)) + 1
 
+    interrupts = _Interrupts()
+
     def commit() -> None:
         nonlocal commit_no
-        store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger))
-        commit_no += 1
-        committed_at[0] = time.perf_counter()
+        with interrupts.held():
+            store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger))
+            commit_no += 1
+            committed_at[0] = time.perf_counter()
 
     def merge(part: Partial) -> None:
         state.add(part)
@@ -338,11 +341,13 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         if time.perf_counter() - committed_at[0] >= interval:
             commit()
 
-    # SIGTERM behaves like Ctrl-C: commit what is merged, then stop.
-    old_term = signal.getsignal(signal.SIGTERM)
+    # SIGTERM behaves like Ctrl-C: commit what is merged, then stop (never in the middle of a commit)
     in_main = _is_main_thread()
+    old_handlers = {}
     if in_main:
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            old_handlers[sig] = signal.getsignal(sig)
+            signal.signal(sig, interrupts.handler)
     try:
         if client is None:
             for a, b in blocks:
@@ -358,8 +363,8 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
                 f"{target * cfg.chunk_size:,} samples in {store_url}") from None
         raise
     finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
         bar.update(state.chunk_stop * cfg.chunk_size, force=True)
         bar.close()
     if state.chunk_stop > _committed_chunks(store):
@@ -380,8 +385,35 @@ def _is_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _raise_interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-    raise KeyboardInterrupt(f"received signal {signum}")
+class _Interrupts:
+    """SIGTERM and SIGINT as ``KeyboardInterrupt``, held while a commit runs.
+
+    A commit waits on zarr's writer thread; an exception raised in the waiting thread does not stop
+    the writes, and the commit that follows the interrupt (same generation number) would delete a
+    directory the writer is still filling (``Directory not empty``). So a signal that arrives inside
+    :meth:`held` is raised when the commit has ended.
+    """
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.pending: Optional[int] = None
+
+    def handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal handler signature
+        if self.holding:
+            self.pending = signum
+            return
+        raise KeyboardInterrupt(f"received signal {signum}")
+
+    @contextlib.contextmanager
+    def held(self):
+        outer, self.holding = self.holding, True
+        try:
+            yield
+        finally:  # an error of the commit itself propagates as it is; a held signal is raised after a commit
+            self.holding = outer
+        if not outer and self.pending is not None:
+            signum, self.pending = self.pending, None
+            raise KeyboardInterrupt(f"received signal {signum}")
 
 
 def _committed_chunks(store: RunStore) -> int:
