@@ -86,7 +86,8 @@ def test_deep_teacher_subspace_and_test_error(client, tmp_path):
     data = deep_config(30, [3, 6], seed=2, samples=2_000_000)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     out = str(tmp_path / "m.npz")
-    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=8,
+    # width 6: the ladder {3, 6} holds the teacher's widths (width 8 fits 1.5x the candidates' weights)
+    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=6,
                      out=out, client=client, progress=None)
     # the candidates of depth 1 and 2 were enumerated; the chosen one is the network written out
     assert result["report"]["depth"] == 2 and 1 <= result["depth"] <= 2
@@ -112,6 +113,36 @@ def test_depth_one_agrees_with_moments(client, tmp_path):
     a, b = Network.load(tmp_path / "a.npz"), Network.load(tmp_path / "b.npz")
     assert compare(a, b).relative_error <= 1e-8, r["report"]
     assert compare(make_source(config_from_dict(data)).network, b).relative_error <= 1e-8
+
+
+def test_fit_on_a_sketch_runs_subspace_passes_and_recovers_exactly(client, tmp_path):
+    """Dense M_τ over the worker budget: `fit` sketches them, runs subspace passes on the same chunks
+    (all τ at once), finds the dense path's subspace and recovers a one-hidden-layer teacher exactly."""
+    d, k = 60, 3
+    data = {"seed": 6, "samples": 400_000, "chunk_size": 50_000,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 6}},
+            # dense basic + 7 M_τ take 460,800 bytes; with the M_τ sketched at r = 32, 272,640
+            "run": {"commit_interval": 1e9, "worker_memory": 300_000}}
+    out = str(tmp_path / "m.npz")
+    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=1, width=k, out=out,
+                     client=client, progress=None)
+    assert result["statistics_plan"]["sketched"] == ["filtered"]
+    steps = result["report"]["steps"]
+    assert [s["pass"] for s in steps] == [f"subspace-{i + 1}" for i in range(len(steps))]
+    assert 2 <= len(steps) <= 5 and steps[-1]["converged"] and steps[-1]["rank"] == k
+    teacher = make_source(config_from_dict(data)).network
+    assert compare(teacher, Network.load(out)).relative_error <= 1e-8, result["report"]
+    # the dense M_τ of the same chunks: their significant span is the one the passes found
+    dense = dict(data, statistics={"basic": None, "filtered": {"quantiles": QUANTILES}}, run={"commit_interval": 1e9})
+    url = str(tmp_path / "dense.zarr")
+    api.estimate(config_from_dict(dense), url, client=client, progress=None)
+    mats, ses, names, _ = spectral.filtered_matrices(open_store(url).arrays("filtered"), "M_tau", "")
+    sub = spectral.relevant_subspace(mats, ses, names=names)
+    found = np.asarray(result["report"]["subspace"]["basis"])
+    truth = teacher.weights[0].T
+    assert sub.rank == found.shape[1] == k
+    to_truth = spectral.principal_angles(truth, sub.basis).max()
+    assert spectral.principal_angles(sub.basis, found).max() <= 0.1 * to_truth, to_truth
 
 
 # ------------------------------------------------------------------ bad input

@@ -18,6 +18,13 @@
 3. **Output** a ReLU network on the input space (first layer composed with ``Wᵀ``), then
    :func:`~.polish.polish` when it has one hidden layer.
 
+**Large d.** When the dense ``M_τ`` do not fit a worker's block partial, ``fit`` asks for their
+sketch (``statistics.sketch.filtered``) instead; step 1 then runs as subspace passes on the same
+chunks, all τ at once (:func:`.subspace.joint_ritz`), and the answer is the span of their
+significant refined eigenvectors. The candidates are fitted on inputs projected part by part on
+the workers when a bounded sample of d-dimensional inputs would not fit; residual passes need
+the dense residual matrices and are not run on a sketch (the report says so).
+
 Like every method, a pure function of stored statistics and bounded samples; ``api`` runs
 the passes it asks for and calls it again with their statistics. Each call re-derives the
 subspace from the main store and the passes (cheap), and fits candidates only on the
@@ -26,18 +33,21 @@ newest subspace; when a pass adds nothing, the candidate stored with it is the a
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..config import SKETCH_OVERSAMPLING
 from ..network import Network, gradient_subspace
-from . import deepfit, enumeration, spectral
+from . import deepfit, enumeration, spectral, subspace
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
 from .spectral import FilterGridError
+from .streamed import projected_sample, refine_streamed
 
 __all__ = ["OPTIONS", "MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",
-           "required_statistics", "learn", "MAX_PASSES", "QUANTILES"]
+           "required_statistics", "learn", "MAX_PASSES", "QUANTILES", "DENSE_FAMILIES", "sketch_rank"]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -46,14 +56,33 @@ OPTIONS = ("width", "depth", "budget")
 #: the τ grid of the first pass and of every residual pass, as quantiles of |y| (|residual|)
 QUANTILES = [0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97]
 #: residual passes asked for at most (each adds at least one direction, so also ≤ k)
-MAX_PASSES = 4
+RESIDUAL_PASSES = 4
+#: subspace passes on a sketch of the M_τ: at least 2 (the first pass's gap comes from the noisy
+#: sketch), at most 5
+SKETCH_PASSES = (2, 5)
+#: passes a run may ask for (residual passes on dense statistics, subspace passes on a sketch)
+MAX_PASSES = max(RESIDUAL_PASSES, SKETCH_PASSES[1])
 #: candidates sent to each residual pass (the best of distinct architectures)
 PASS_CANDIDATES = 2
+#: the d × d matrices of the dense statistics :func:`required_statistics` asks for, by family: ``fit``
+#: plans dense or sketch from them
+DENSE_FAMILIES = {"basic": 1, "filtered": len(QUANTILES)}
+#: bounded training and validation inputs (rows of d floats) above this many bytes are not drawn: the
+#: candidates get inputs projected on the subspace part by part on the workers
+LARGE_INPUT_BYTES = 2 * 2**30
 
 
-def required_statistics(d: int, width: Optional[int] = None) -> dict:
-    """The ``statistics`` config section the first pass needs."""
-    return {"basic": {}, "filtered": {"quantiles": list(QUANTILES)}}
+def required_statistics(d: int, width: Optional[int] = None, sketched: bool = False) -> dict:
+    """The ``statistics`` config section the first pass needs: the dense ``M_τ`` (and ``basic``), or,
+    when ``api`` finds that they do not fit a worker (``sketched``), their sketch."""
+    if not sketched:
+        return {"basic": {}, "filtered": {"quantiles": list(QUANTILES)}}
+    return {"basic": None, "sketch": {"rank": sketch_rank(d, width), "filtered": {"quantiles": list(QUANTILES)}}}
+
+
+def sketch_rank(d: int, width: Optional[int]) -> int:
+    """Columns of the sketch: 32, or more when ``width`` needs them (``width + 8``), at most d."""
+    return int(min(d, max(32, (width or 0) + SKETCH_OVERSAMPLING)))
 
 
 def sample_sizes(d: int, depth: int, width: int) -> tuple[int, int]:
@@ -65,7 +94,7 @@ def sample_sizes(d: int, depth: int, width: int) -> tuple[int, int]:
 
 
 def _check(stats: Mapping[str, Arrays]) -> None:
-    if "filtered" not in stats:
+    if "filtered" not in stats and "Y_filtered" not in stats.get("sketch", {}):
         raise MissingStatisticError.lacking("filtered-pca", "filtered", "filtered second moments M_τ",
                                             f"{{quantiles: {QUANTILES}}}")
 
@@ -163,13 +192,25 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         raise ValueError(f"depth must be at least 1 (hidden layers), got {depth}")
     if width is not None and width < 1:
         raise ValueError(f"width must be at least 1, got {width}")
-    basis, steps, exhausted = _subspace_state(stats, passes)
+    sketched = "filtered" not in stats
+    if sketched:
+        got = _sketch_subspace(stats["sketch"], passes)
+        if isinstance(got, PassRequest):
+            return got
+        basis, steps = got
+        exhausted = False
+    else:
+        basis, steps, exhausted = _subspace_state(stats, passes)
     d, r = basis.shape
     w = int(width) if width is not None else (r if depth == 1 else max(4, 2 * r))
     if depth > 1:  # fail before any work when the enumeration cannot fit its budget
         deepfit.check_budget(depth, w, starts, budget)
     report: dict[str, Any] = {"steps": steps, "depth": depth, "width": w}
     n_train, n_val = sample_sizes(d, depth, w)
+    if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part"):
+        total = int(np.asarray(stats["sketch" if sketched else "filtered"]["count"]))
+        return _learn_large(basis, samples, depth, w, budget, starts, mapper, seed + 1000 * len(passes), total,
+                            report)
     smp = samples(n_train, n_val)
 
     if exhausted:
@@ -187,7 +228,10 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     if best.val_loss <= target:
         report["stop_reason"] = f"held-out residual loss {best.val_loss:.3g} is below the target {target:.3g}"
         return _finish(best.network, basis, depth, smp, report)
-    if len(passes) >= MAX_PASSES or r >= d:
+    if sketched:
+        report["stop_reason"] = _NO_SKETCHED_RESIDUAL
+        return _finish(best.network, basis, depth, smp, report)
+    if len(passes) >= RESIDUAL_PASSES or r >= d:
         report["stop_reason"] = f"stopped after {len(passes)} residual passes (rank {r} of d={d})"
         return _finish(best.network, basis, depth, smp, report)
     chosen, seen = [], set()
@@ -205,6 +249,98 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         f"the best network on the {r}-dimensional subspace leaves held-out relative loss {best.val_loss:.3g}; "
         "one pass of residual-filtered matrices looks for the directions still missing",
     )
+
+
+_NO_SKETCHED_RESIDUAL = (
+    "residual passes need the dense residual-filtered matrices, which a sketched run does not form: the best "
+    "candidate on the subspace the sketch found is the answer")
+
+
+def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
+                     ) -> PassRequest | tuple[np.ndarray, list[dict]]:
+    """Subspace iteration on the sketched ``M_τ`` of every τ at once, one requested pass per step on the
+    chunks of the main store; the iteration is replayed from the passes so far (a pure function of the
+    statistics). Returns the next :class:`PassRequest`, or the basis (d × m) of the span of the
+    significant eigenvectors and the per-pass records."""
+    tau = np.asarray(sketch["tau"], dtype=np.float64)
+    if tau.ndim != 1:
+        raise ValueError("filtered-pca on a sketch learns one scalar label; this store sketches the M_τ of "
+                         f"{tau.shape[0]} outputs (choose one with source.output)")
+    count = float(np.asarray(sketch["count"]))
+    keep = np.flatnonzero(np.asarray(sketch["prob_filtered"], dtype=np.float64) * count >= 1)
+    if keep.size == 0:
+        taus = ", ".join(f"{t:.4g}" for t in tau)
+        raise FilterGridError(
+            f"no sample passed the filter at any threshold of the sketched M_τ (τ = {taus}, {int(count):,} "
+            f"samples): every |y| is at or below the smallest τ. {_grid_hint({})}")
+    options = {"thresholds": tau.tolist()}
+    done = [p["sketch"] for p in passes if "sketch" in p]
+    if not done:
+        y, se = np.asarray(sketch["Y_filtered"]), np.asarray(sketch["Y_filtered_se"])
+        basis, _ = subspace.joint_sketch_basis([y[t] for t in keep], [se[t] for t in keep])
+        return PassRequest("subspace-1", subspace.pass_statistics(basis, "filtered", options),
+                           "a single sketch of the M_τ is swamped by noise at large d; subspace passes on the same "
+                           "chunks refine it (randomised subspace iteration, all τ at once)")
+    joint = [_joint_step(p, keep) for p in done]
+    steps = [dict({"pass": f"subspace-{i + 1}", "added": j.rank}, **j.to_dict()) for i, j in enumerate(joint)]
+    last = joint[-1]
+    change = math.pi / 2
+    if len(joint) > 1 and joint[-2].rank == last.rank and last.rank > 0:
+        change = float(spectral.principal_angles(joint[-2].basis, last.basis).max(initial=0.0))
+    steps[-1]["change"] = change
+    lo, hi = SKETCH_PASSES
+    if len(done) < hi and (len(done) < lo or change > last.angle_bound):
+        return PassRequest(f"subspace-{len(done) + 1}", subspace.pass_statistics(last.next_basis, "filtered", options),
+                           f"the span of the significant directions moved by {change:.3g} rad in the last pass, more "
+                           f"than its angle bound {last.angle_bound:.3g} rad (or fewer than {lo} passes so far)")
+    if last.rank == 0:
+        raise ValueError(
+            "filtered PCA found no direction above the noise floor in the sketched M_τ: the statistics are pure "
+            "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
+    steps[-1]["converged"] = bool(change <= last.angle_bound)
+    return last.basis, steps
+
+
+def _joint_step(arrays: Arrays, keep: np.ndarray) -> subspace.JointStep:
+    """:func:`.subspace.joint_ritz` of a stored subspace pass, on the τ that kept samples."""
+    a = {k: np.asarray(arrays[k]) for k in ("Y_filtered", "Y_filtered_se", "BMB_filtered", "omega")}
+    bmb_se = np.asarray(arrays["BMB_filtered_se"]) if "BMB_filtered_se" in arrays else None
+    return subspace.joint_ritz([a["Y_filtered"][t] for t in keep], [a["Y_filtered_se"][t] for t in keep],
+                               [a["BMB_filtered"][t] for t in keep], a["omega"],
+                               bmb_ses=None if bmb_se is None else [bmb_se[t] for t in keep])
+
+
+def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget: int, starts: int,
+                 mapper: Callable, seed: int, total: int, report: dict) -> LearnResult:
+    """Large d: candidates fitted on inputs projected on the subspace part by part on the workers (no
+    bounded sample of d-dimensional inputs is formed); one hidden layer: then the streamed refinement
+    on all samples instead of polish."""
+    d, r = basis.shape
+    n_train, n_val = sample_sizes(r, depth, width)
+    z, y, nxt = projected_sample(samples, basis, n_train, 2, mapper)
+    z_val, y_val, nxt = projected_sample(samples, basis, n_val, nxt, mapper)
+    cands = _fit(z, y, z_val, y_val, depth=depth, width=width, budget=budget, starts=starts, mapper=mapper,
+                 seed=seed)
+    report["candidates"] = [c.to_dict() for c in cands[:10]]
+    best = cands[0]
+    report["residual_loss"] = best.val_loss
+    report.setdefault("stop_reason", _NO_SKETCHED_RESIDUAL if "pass" in report["steps"][0]
+                      and report["steps"][0]["pass"].startswith("subspace") else
+                      f"d = {d}: residual passes are not run on inputs projected part by part")
+    net = deepfit.lift(best.network, basis)
+    report["validation_relative_loss"] = {"enumeration": best.val_loss}
+    report["chosen"] = "enumeration"
+    if net.depth == 1:
+        report["polish"] = {"skipped": f"d = {d}: a bounded sample of k·d unknowns does not fit; the streamed "
+                                       "refinement fits the network on all samples instead"}
+        net, rep = refine_streamed(net, samples, total, mapper=mapper, first_part=nxt)
+        report["refinement"] = rep
+        report["chosen"] = "refined"
+    _, eig = gradient_subspace(best.network, z_val[:20_000], r)
+    report["subspace"] = {"rank": int(r), "basis": basis.tolist(),
+                          "gradient_spectrum": (eig / max(eig[0], 1e-300)).tolist()}
+    report["architecture"] = [int(w.shape[0]) for w in net.weights[:-1]]
+    return LearnResult(net, report)
 
 
 def _fit(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, depth: int, width: int,

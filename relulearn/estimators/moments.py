@@ -26,8 +26,7 @@ from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 from . import enumeration, spectral, subspace
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
-from .refine import parts
-from .streamed import ProjectedPart, part_rows_for, refine_streamed
+from .streamed import projected_sample, refine_streamed
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
@@ -199,15 +198,6 @@ def _refined(net: Network, samples: Any, total: int, smp: Samples, mapper: Calla
     return net
 
 
-def _projected(samples: Any, basis: np.ndarray, n: int, first: int, mapper: Callable
-               ) -> tuple[np.ndarray, np.ndarray, int]:
-    """``n`` held-out samples projected on ``basis`` (``z = x B``), drawn in parts on the workers from
-    part ``first`` on; returns ``(z, y, next part id)``."""
-    items = parts(n, part_rows_for(basis.shape[0]), first=first)
-    got = list(mapper(ProjectedPart(samples, basis), items))
-    return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), first + len(items)
-
-
 def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mapper: Callable, seed: int,
                  budget: int, report: dict) -> tuple[Network, list]:
     """Large d: enumeration on projected samples of the subspace's dimension, then the streamed
@@ -215,8 +205,8 @@ def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mappe
     network and the enumeration's merged units."""
     r = basis.shape[1]
     n_train, n_val = sample_sizes(r, wanted)
-    z, y, nxt = _projected(samples, basis, n_train, 2, mapper)
-    z_val, y_val, nxt = _projected(samples, basis, n_val, nxt, mapper)
+    z, y, nxt = projected_sample(samples, basis, n_train, 2, mapper)
+    z_val, y_val, nxt = projected_sample(samples, basis, n_val, nxt, mapper)
     enum = enumeration.enumerate_network(z, y, z_val, y_val, k=wanted, budget=budget, mapper=mapper, seed=seed)
     report["enumeration"] = enum.to_dict()
     a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)

@@ -33,7 +33,7 @@ from ..network import Network
 from .refine import PART_ROWS, parts
 
 __all__ = ["GradientSums", "gradient_sums", "PartGradient", "ProjectedPart", "pair_second_moment", "PopulationGram",
-           "refine_streamed", "part_rows_for", "MAX_PASSES"]
+           "refine_streamed", "part_rows_for", "projected_sample", "MAX_PASSES"]
 
 #: passes at most (each streams the ``total`` samples once); from 0.2 rad off, 10–20 at kd/n ≤ 1e-2
 MAX_PASSES = 40
@@ -129,6 +129,21 @@ class ProjectedPart:
         p, n = item
         x, y = self.draw.part(int(p), int(n))
         return x @ self.basis, np.asarray(y, dtype=np.float64).reshape(len(x))
+
+
+def projected_sample(draw: Any, basis: np.ndarray, n: int, first: int, mapper: Callable = map
+                     ) -> tuple[np.ndarray, np.ndarray, int]:
+    """``n`` held-out samples projected on ``basis`` (``z = x B``, d × r), drawn in parts on the workers
+    from part ``first`` on (``draw.part``), so that no ``n × d`` array is ever formed on the driver.
+
+    Returns
+    -------
+    (z, y, next_part)
+        ``(n, r)`` projected inputs, ``(n,)`` labels and the first part id not used.
+    """
+    items = parts(n, part_rows_for(basis.shape[0]), first=first)
+    got = list(mapper(ProjectedPart(draw, basis), items))
+    return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), first + len(items)
 
 
 def pair_second_moment(a: np.ndarray, b: np.ndarray) -> np.ndarray:
