@@ -319,8 +319,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     (``filtered-pca``); ``depth`` (hidden layers) and ``budget`` (candidate networks) are
     options of ``filtered-pca``; ``activation`` (``relu``, ``relu2``, ``relu3``; default: the
     teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
-    (samples streamed through the refinement; default all the store holds; 0: none) of ``exact`` and
-    ``moments``;
+    (samples streamed through the refinement; default all the store holds; 0: none) of ``exact``,
+    ``moments`` and ``filtered-pca`` (its deep answers: at most 10⁷);
     ``starts`` (random starts of G, default 8) and ``route`` (``moments`` or ``stream``; default by
     width) of ``landscape``; ``degree`` (default: chosen on held-out samples), ``shrink`` (``order``, the
     default, ``none``, ``entry``), ``subspace`` (expand the inputs projected on the relevant subspace) and

@@ -138,10 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="exact: samples of the bounded exact step (default: chosen from d and the width; too few is "
                        "refused with the number needed)")
         q.add_argument("--refine-samples", type=_nonnegative,
-                       help="moments, exact: samples streamed through the refinement, each pass regenerating them on "
-                       "the workers; 0 turns it off. moments: preconditioned Gauss-Newton, 3·k·d flops per sample and "
-                       "pass (default: as many as the store holds). exact: Levenberg-Marquardt, (k·d)^2 flops per "
-                       "sample and pass (default: as many as the store holds, at most 10^7 and at most 2e13/(k·d)^2)")
+                       help="moments, exact, filtered-pca: samples streamed through the refinement, each pass "
+                       "regenerating them on the workers; 0 turns it off. moments: preconditioned Gauss-Newton, 3·k·d "
+                       "flops per sample and pass (default: as many as the store holds). exact: Levenberg-Marquardt, "
+                       "(k·d)^2 flops per sample and pass (default: as many as the store holds, at most 10^7 and at "
+                       "most 2e13/(k·d)^2). filtered-pca (depth >= 2): Levenberg-Marquardt on the network and its "
+                       "subspace basis, 4·d·r + P^2 flops per sample and pass for P weights (default: as many as the "
+                       "store holds, at most 10^7)")
         q.add_argument("--starts", type=_positive,
                        help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept")
         q.add_argument("--route", choices=["moments", "stream"],

@@ -72,6 +72,9 @@ def test_vanishing_moments_network(client, tmp_path):
     learned = Network.load(tmp_path / "m.npz")
     x = np.random.default_rng(1).standard_normal((20_000, d))
     assert subspace_angle(net, learned, x) <= 0.05
+    # the deep refinement streamed the store's samples and was checked on the validation samples
+    refinement = result["report"]["refinement"]
+    assert refinement["samples"] == 400_000 and refinement["passes"] >= 2 and isinstance(refinement["kept"], bool)
 
 
 def deep_config(d: int, widths: list[int], seed: int, samples: int) -> dict:
@@ -86,9 +89,12 @@ def test_deep_teacher_subspace_and_test_error(client, tmp_path):
     data = deep_config(30, [3, 6], seed=2, samples=2_000_000)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     out = str(tmp_path / "m.npz")
-    # width 6: the ladder {3, 6} holds the teacher's widths (width 8 fits 1.5x the candidates' weights)
+    # width 6: the ladder {3, 6} holds the teacher's widths (width 8 fits 1.5x the candidates' weights);
+    # no deep refinement here (the vanishing-moments test and test_deepstream.py run it): the angle and
+    # test error below are those of filtered PCA, residual passes and candidates alone
     result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=6,
-                     out=out, client=client, progress=None)
+                     out=out, client=client, progress=None, refine_samples=0)
+    assert result["report"]["refinement"] == {"skipped": "refine_samples is 0"}
     # the candidates of depth 1 and 2 were enumerated; the chosen one is the network written out
     assert result["report"]["depth"] == 2 and 1 <= result["depth"] <= 2
     assert result["report"]["architecture"] == [int(w.shape[0]) for w in Network.load(out).weights[:-1]]

@@ -34,6 +34,7 @@ newest subspace; when a pass adds nothing, the candidate stored with it is the a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
@@ -44,6 +45,7 @@ from . import deepfit, enumeration, spectral, subspace
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select
 from .spectral import FilterGridError
+from .deepstream import refine_deep
 from .streamed import projected_sample, refine_streamed
 
 __all__ = ["OPTIONS", "MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",
@@ -52,7 +54,9 @@ __all__ = ["OPTIONS", "MissingStatisticError", "PassRequest", "LearnResult", "Sa
 Arrays = Mapping[str, np.ndarray]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "depth", "budget")
+OPTIONS = ("width", "depth", "budget", "refine_samples")
+#: the deep refinement streams as many samples as the store holds, at most this many per pass
+REFINE_SAMPLES = 10_000_000
 #: the τ grid of the first pass and of every residual pass, as quantiles of |y| (|residual|)
 QUANTILES = [0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97]
 #: residual passes asked for at most (each adds at least one direction, so also ≤ k)
@@ -157,7 +161,7 @@ def _stored_candidate(arrays: Arrays, c: int = 0) -> Network:
 def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
           samples: Callable[[int, int], Samples], *, width: Optional[int] = None, depth: Optional[int] = None,
           mapper: Callable = map, seed: int = 0, budget: int = 256, starts: int = 6,
-          target: float = 1e-4) -> LearnResult | PassRequest:
+          target: float = 1e-4, refine_samples: Optional[int] = None) -> LearnResult | PassRequest:
     """Learn ``F(x) = W_L relu(… relu(W_0 x))`` by iterative filtered PCA.
 
     Parameters
@@ -181,6 +185,10 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     target
         Stop asking for residual passes once the best candidate's held-out relative loss
         ``E[(y − F̃)²]/E[y²]`` is below this.
+    refine_samples
+        Samples per pass of the streamed refinement of a deep answer and its basis
+        (:func:`.deepstream.refine_deep`; default: as many as the store holds, at most
+        :data:`REFINE_SAMPLES`; 0: none).
 
     Returns
     -------
@@ -207,17 +215,19 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         deepfit.check_budget(depth, w, starts, budget)
     report: dict[str, Any] = {"steps": steps, "depth": depth, "width": w}
     n_train, n_val = sample_sizes(d, depth, w)
+    stored = int(np.asarray(stats["sketch" if sketched else "filtered"]["count"]))
+    total = min(stored, REFINE_SAMPLES) if refine_samples is None else int(refine_samples)
     if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part"):
-        total = int(np.asarray(stats["sketch" if sketched else "filtered"]["count"]))
         return _learn_large(basis, samples, depth, w, budget, starts, mapper, seed + 1000 * len(passes), total,
                             report)
     smp = samples(n_train, n_val)
+    refine = _Refine(samples, total, mapper)
 
     if exhausted:
         # the last pass found nothing new: its best candidate, fitted on this very basis, is the answer
         net = _stored_candidate(passes[-1]["residual"])
         report["stop_reason"] = "the last residual pass found no direction above its noise floor"
-        return _finish(net, basis, depth, smp, report)
+        return _finish(net, basis, depth, smp, report, refine)
 
     z, z_val = smp.x_train @ basis, smp.x_val @ basis
     cands = _fit(z, smp.y_train, z_val, smp.y_val, depth=depth, width=w, budget=budget, starts=starts,
@@ -227,13 +237,13 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     report["residual_loss"] = best.val_loss
     if best.val_loss <= target:
         report["stop_reason"] = f"held-out residual loss {best.val_loss:.3g} is below the target {target:.3g}"
-        return _finish(best.network, basis, depth, smp, report)
+        return _finish(best.network, basis, depth, smp, report, refine)
     if sketched:
         report["stop_reason"] = _NO_SKETCHED_RESIDUAL
-        return _finish(best.network, basis, depth, smp, report)
+        return _finish(best.network, basis, depth, smp, report, refine)
     if len(passes) >= RESIDUAL_PASSES or r >= d:
         report["stop_reason"] = f"stopped after {len(passes)} residual passes (rank {r} of d={d})"
-        return _finish(best.network, basis, depth, smp, report)
+        return _finish(best.network, basis, depth, smp, report, refine)
     chosen, seen = [], set()
     for c in cands:  # the best candidate, then the best of other architectures
         if c.widths not in seen:
@@ -327,16 +337,22 @@ def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget
     report.setdefault("stop_reason", _NO_SKETCHED_RESIDUAL if "pass" in report["steps"][0]
                       and report["steps"][0]["pass"].startswith("subspace") else
                       f"d = {d}: residual passes are not run on inputs projected part by part")
-    net = deepfit.lift(best.network, basis)
+    net_z = best.network
     report["validation_relative_loss"] = {"enumeration": best.val_loss}
     report["chosen"] = "enumeration"
-    if net.depth == 1:
+    if net_z.depth > 1 and total > 0:  # no bounded d-dimensional validation sample: the streamed loss decides
+        net_z, basis, rep = refine_deep(net_z, basis, samples, total, mapper=mapper, first_part=nxt)
+        rep["kept"] = True
+        report["refinement"] = rep
+        report["chosen"] = "refined"
+    net = deepfit.lift(net_z, basis)
+    if net.depth == 1 and total > 0:
         report["polish"] = {"skipped": f"d = {d}: a bounded sample of k·d unknowns does not fit; the streamed "
                                        "refinement fits the network on all samples instead"}
         net, rep = refine_streamed(net, samples, total, mapper=mapper, first_part=nxt)
         report["refinement"] = rep
         report["chosen"] = "refined"
-    _, eig = gradient_subspace(best.network, z_val[:20_000], r)
+    _, eig = gradient_subspace(net_z, z_val[:20_000], r)  # z = Bᵀx is N(0, I_r) for any orthonormal B
     report["subspace"] = {"rank": int(r), "basis": basis.tolist(),
                           "gradient_spectrum": (eig / max(eig[0], 1e-300)).tolist()}
     report["architecture"] = [int(w.shape[0]) for w in net.weights[:-1]]
@@ -360,8 +376,48 @@ def _fit(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, 
                                   mapper=mapper, seed=seed)
 
 
-def _finish(net_z: Network, basis: np.ndarray, depth: int, smp: Samples, report: dict) -> LearnResult:
-    """Lift to the input space; polish when there is one hidden layer; keep the better."""
+@dataclass(frozen=True)
+class _Refine:
+    """What the streamed refinement of a deep answer needs: the draw, samples per pass, the mapper."""
+
+    samples: Any
+    total: int
+    mapper: Callable
+
+    def skipped(self) -> Optional[str]:
+        if self.total <= 0:
+            return "refine_samples is 0"
+        if not hasattr(self.samples, "part"):
+            return "the sample draw has no independent parts to stream"
+        return None
+
+
+def _refined_deep(net_z: Network, basis: np.ndarray, refine: _Refine, smp: Samples, report: dict
+                  ) -> tuple[Network, np.ndarray]:
+    """The deep refinement of ``(net_z, basis)`` on the streamed samples, kept unless the validation
+    samples say it is worse (its paired loss difference more than two standard errors above zero)."""
+    why = refine.skipped()
+    if why is not None:
+        report["refinement"] = {"skipped": why}
+        return net_z, basis
+    net2, basis2, rep = refine_deep(net_z, basis, refine.samples, refine.total, mapper=refine.mapper)
+    old = smp.y_val - deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0]
+    new = smp.y_val - deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0]
+    diff = new ** 2 - old ** 2
+    y2 = float(np.mean(smp.y_val ** 2)) or 1.0
+    rep["validation_relative_loss_change"] = float(np.mean(diff)) / y2
+    rep["basis_angle_moved"] = float(spectral.principal_angles(basis, basis2).max(initial=0.0))
+    rep["kept"] = bool(np.mean(diff) <= 2 * np.std(diff) / np.sqrt(len(diff)))
+    report["refinement"] = rep
+    return (net2, basis2) if rep["kept"] else (net_z, basis)
+
+
+def _finish(net_z: Network, basis: np.ndarray, depth: int, smp: Samples, report: dict,
+            refine: Optional[_Refine] = None) -> LearnResult:
+    """Lift to the input space; polish when there is one hidden layer (keep the better), else the
+    streamed refinement of the network and its basis on all samples."""
+    if net_z.depth > 1 and refine is not None:
+        net_z, basis = _refined_deep(net_z, basis, refine, smp, report)
     lifted = deepfit.lift(net_z, basis)
     if lifted.depth == 1:
         _, net = polish_and_select(lifted, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)

@@ -224,15 +224,21 @@ def _join(w: np.ndarray, s: np.ndarray) -> Network:
     return Network((w / norms[:, None], (s * norms)[None, :]), activation="relu")
 
 
-def _accumulate(draw: Any, items: list[tuple[int, int]], w: np.ndarray, s: np.ndarray,
-                mapper: Callable) -> GradientSums:
-    results = list(mapper(PartGradient(draw, w, s), items))
+def mapped_sum(fn: Callable[[tuple[int, int]], Any], items: list[tuple[int, int]], mapper: Callable) -> Any:
+    """``fn`` mapped over the parts and its results added in part order (so the sum does not depend on
+    where the parts ran); the results support ``+``."""
+    results = list(mapper(fn, items))
     if len(results) != len(items):
         raise RuntimeError(f"mapper returned {len(results)} results for {len(items)} parts")
     total = results[0]
-    for r in results[1:]:  # in part order: the sum does not depend on where parts ran
+    for r in results[1:]:
         total = total + r
     return total
+
+
+def _accumulate(draw: Any, items: list[tuple[int, int]], w: np.ndarray, s: np.ndarray,
+                mapper: Callable) -> GradientSums:
+    return mapped_sum(PartGradient(draw, w, s), items, mapper)
 
 
 def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = map,
