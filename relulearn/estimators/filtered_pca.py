@@ -43,7 +43,7 @@ from ..config import SKETCH_OVERSAMPLING
 from ..network import Network, gradient_subspace
 from . import deepfit, enumeration, spectral, subspace
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
-from .polish import polish_and_select
+from .polish import polish_and_select, refinement_verdict
 from .spectral import FilterGridError
 from .deepstream import refine_deep
 from .streamed import projected_sample, refine_streamed
@@ -334,9 +334,9 @@ def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget
     report["candidates"] = [c.to_dict() for c in cands[:10]]
     best = cands[0]
     report["residual_loss"] = best.val_loss
-    report.setdefault("stop_reason", _NO_SKETCHED_RESIDUAL if "pass" in report["steps"][0]
-                      and report["steps"][0]["pass"].startswith("subspace") else
-                      f"d = {d}: residual passes are not run on inputs projected part by part")
+    sketched = report["steps"][0]["pass"].startswith("subspace")
+    report["stop_reason"] = (_NO_SKETCHED_RESIDUAL if sketched else
+                             f"d = {d}: residual passes are not run on inputs projected part by part")
     net_z = best.network
     report["validation_relative_loss"] = {"enumeration": best.val_loss}
     report["chosen"] = "enumeration"
@@ -401,13 +401,10 @@ def _refined_deep(net_z: Network, basis: np.ndarray, refine: _Refine, smp: Sampl
         report["refinement"] = {"skipped": why}
         return net_z, basis
     net2, basis2, rep = refine_deep(net_z, basis, refine.samples, refine.total, mapper=refine.mapper)
-    old = smp.y_val - deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0]
-    new = smp.y_val - deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0]
-    diff = new ** 2 - old ** 2
-    y2 = float(np.mean(smp.y_val ** 2)) or 1.0
-    rep["validation_relative_loss_change"] = float(np.mean(diff)) / y2
+    rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
+        smp.y_val, deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0],
+        deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0])
     rep["basis_angle_moved"] = float(spectral.principal_angles(basis, basis2).max(initial=0.0))
-    rep["kept"] = bool(np.mean(diff) <= 2 * np.std(diff) / np.sqrt(len(diff)))
     report["refinement"] = rep
     return (net2, basis2) if rep["kept"] else (net_z, basis)
 

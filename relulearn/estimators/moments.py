@@ -25,7 +25,7 @@ from ..network import Network
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 from . import enumeration, spectral, subspace
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
-from .polish import polish_and_select
+from .polish import polish_and_select, refinement_verdict
 from .streamed import projected_sample, refine_streamed
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
@@ -187,10 +187,8 @@ def _refined(net: Network, samples: Any, total: int, smp: Samples, mapper: Calla
                                 "the sample draw has no independent parts to stream"}
         return net
     refined, rep = refine_streamed(net, samples, total, mapper=mapper)
-    diff = (smp.y_val - refined.forward(smp.x_val)[:, 0]) ** 2 - (smp.y_val - net.forward(smp.x_val)[:, 0]) ** 2
-    y2 = float(np.mean(smp.y_val ** 2)) or 1.0
-    rep["validation_relative_loss_change"] = float(np.mean(diff)) / y2
-    rep["kept"] = bool(np.mean(diff) <= 2 * np.std(diff) / np.sqrt(len(diff)))
+    rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
+        smp.y_val, net.forward(smp.x_val)[:, 0], refined.forward(smp.x_val)[:, 0])
     report["refinement"] = rep
     if rep["kept"]:
         report["chosen"] = "refined"

@@ -139,3 +139,12 @@ def polish_and_select(start: Network, x: np.ndarray, y: np.ndarray, x_val: np.nd
     report["validation_relative_loss"] = losses
     report["chosen"] = best
     return best, candidates[best]
+
+
+def refinement_verdict(y_val: np.ndarray, before: np.ndarray, after: np.ndarray) -> tuple[float, bool]:
+    """Whether a refined network may replace the one it started from, on held-out samples: the paired
+    change of the squared error, relative to ``mean(y²)``, and ``True`` unless that change is more than two
+    standard errors above zero (``before``/``after``: the two networks' predictions of ``y_val``)."""
+    diff = (y_val - after) ** 2 - (y_val - before) ** 2
+    y2 = float(np.mean(y_val ** 2)) or 1.0
+    return float(np.mean(diff)) / y2, bool(np.mean(diff) <= 2 * np.std(diff) / np.sqrt(len(diff)))

@@ -400,8 +400,7 @@ def joint_ritz(mbs: list[np.ndarray], mb_ses: list[np.ndarray], bmbs: list[np.nd
     d, r = np.shape(basis)
     if cols:
         left, sv, _ = np.linalg.svd(np.concatenate(cols, axis=1), full_matrices=False)
-        m = max(int(np.count_nonzero(sv > 1.0)), max(st.significant for st in steps))
-        m = min(m, len(sv))
+        m = max(int(np.count_nonzero(sv > 1.0)), max(st.significant for st in steps))  # each count <= the stacked columns
         span, strengths = left[:, :m], sv[:m]
         bound = min(st.angle_bound for st in steps if st.significant > 0)
     else:
