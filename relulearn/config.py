@@ -217,6 +217,23 @@ class ExpansionConfig(_Section):
     t0: float = Field(0.0, description="constant term (E[y])")
     t1: Optional[list[float]] = Field(None, description="linear term T_1 (d entries); omitted: zero")
     t2: Optional[list[list[float]]] = Field(None, description="second-order term T_2 (d × d, symmetric); omitted: zero")
+    t2_vectors: Optional[list[list[float]]] = Field(
+        None, description="T_2 of low rank, Σ_j t2_values[j] v_j v_jᵀ: the rows v_j (each of d entries); the form "
+        "for large d, where a d × d t2 does not fit a configuration (give t2_values too, and no t2)"
+    )
+    t2_values: Optional[list[float]] = Field(None, description="the weights of the t2_vectors rows")
+
+    @model_validator(mode="after")
+    def _low_rank(self) -> "ExpansionConfig":
+        if (self.t2_vectors is None) != (self.t2_values is None):
+            raise ValueError("give t2_vectors and t2_values together (T_2 = Σ_j t2_values[j] v_j v_jᵀ)")
+        if self.t2_vectors is not None:
+            if self.t2 is not None:
+                raise ValueError("give T_2 either dense (t2) or of low rank (t2_vectors, t2_values), not both")
+            if len(self.t2_vectors) != len(self.t2_values):
+                raise ValueError(f"t2_vectors has {len(self.t2_vectors)} rows but t2_values has "
+                                 f"{len(self.t2_values)} entries; give one value per row")
+        return self
 
 
 class HermiteConfig(_Section):
@@ -371,6 +388,13 @@ def check_sketch_rank(d: int, rank: int, k: Optional[int] = None, *, where: str 
 
 class SketchSecondConfig(_Section):
     """``M_2 = E[y (x xᵀ − I)]`` in sketch form."""
+
+    expansion: Optional[ExpansionConfig] = Field(
+        None, description="a degree-≤2 expansion of the labels used as a control variate: the sums are taken of "
+        "y − (t0 + <t1, x> + ½<T_2, xxᵀ − I>) and T_2 Ω is added back, so the estimate is still of M_2 (and E[y], "
+        "E[y x]) with the far smaller variance of the residual labels; T_2 of low rank (t2_vectors, t2_values) at "
+        "large d; omitted: raw labels"
+    )
 
 
 class SketchConfig(_Section):

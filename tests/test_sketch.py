@@ -236,3 +236,36 @@ def test_iteration_on_a_noisy_matrix_converges_within_its_angle_bound():
     assert principal_angles(dense, it.vectors).max() < 0.05 * last.angle_bound + 1e-6
     assert principal_angles(truth, it.vectors).max() <= last.angle_bound
     np.testing.assert_allclose(it.eigenvalues, lam, atol=last.eigenvalue_floor)
+
+
+def test_second_with_an_expansion_estimates_the_same_moments_with_less_variance(tmp_path):
+    """A degree-≤2 expansion subtracted from the labels (control variate) leaves the estimands of the
+    ``second`` family unbiased — ``M_2 Ω``, ``E[y]``, ``E[y x]`` in closed form (DESIGN.md §3) within their
+    standard errors — and, being the teacher's own, cuts their standard errors (the residual is the
+    degree-≥3 part: about 2 % of a ReLU unit's energy)."""
+    teacher = make_source(config({"basic": {}})).network
+    u, lam = teacher.weights[0], teacher.weights[1][0]
+    c2 = 1 / math.sqrt(2 * math.pi)
+    t0, t1, m2 = lam.sum() * c2, u.T @ lam / 2, (u.T * lam * c2) @ u
+    expansion = {"t0": float(t0), "t1": t1.tolist(), "t2_vectors": u.tolist(), "t2_values": (lam * c2).tolist()}
+    got = {}
+    for name, second in (("raw", {}), ("expansion", {"expansion": expansion})):
+        url = str(tmp_path / f"{name}.zarr")
+        estimate(config({"basic": None, "sketch": {"rank": 6, "second": second}}, samples=40_000), url, progress=None)
+        got[name] = arrays(url)
+    om = got["raw"]["omega"]
+    for name, sk in got.items():
+        for key, want in (("Y_second", m2 @ om), ("t0_second", t0), ("t1_second", t1)):
+            z = np.abs(sk[key] - want) / sk[f"{key}_se"]
+            assert z.max() < 5.0, (name, key, z.max())
+    ratio = np.median(got["expansion"]["Y_second_se"] / got["raw"]["Y_second_se"])
+    assert ratio < 0.35, ratio
+    assert np.median(got["expansion"]["t1_second_se"] / got["raw"]["t1_second_se"]) < 0.5
+
+
+def test_an_expansion_of_low_rank_needs_values_for_its_vectors():
+    with pytest.raises(ValueError, match="t2_vectors and t2_values together"):
+        config({"basic": None, "sketch": {"second": {"expansion": {"t2_vectors": [[0.0] * D]}}}})
+    with pytest.raises(ValueError, match="t2_vectors has shape"):
+        estimate(config({"basic": None, "sketch": {"rank": 6, "second": {"expansion": {
+            "t2_vectors": [[1.0] * (D + 1)], "t2_values": [1.0]}}}}), "memory://never", progress=None)

@@ -40,15 +40,20 @@ MAX_PASSES = 6
 #: plans dense or sketch from them (d = 4096 needs 4.6 GB dense, more than the default 4 GiB per worker)
 DENSE_FAMILIES = {"basic": 1, "contracted": 16}
 
-#: subspace passes on a sketch: at least 2 (the first pass's gap comes from the noisy sketch), at most 5
-SKETCH_PASSES = (2, 5)
+#: subspace passes on a sketch: at least 3 (the first pass's basis comes from the noisy sketch, and the
+#: labels' degree-2 expansion the passes subtract from the second on comes from the pass before), at most 5
+SKETCH_PASSES = (3, 5)
+
+#: an angle bound at or above this many radians says nothing (the noise reaches the gap): the passes go on
+VACUOUS_ANGLE = 1.0
 
 #: a validation relative loss below this is exact up to rounding: nothing left to refine
 EXACT_LOSS = 1e-20
 
-#: bounded training and validation inputs (``40·k·d`` rows of d floats) above this many bytes are not
-#: drawn: the enumeration gets inputs projected on the subspace part by part, polish (a dense
-#: ``k d``-unknown solve) is skipped and the streamed refinement fits the network on all samples
+#: bounded training and validation inputs (``40·k·d`` rows of d floats), or polish's design matrix on them
+#: (``40·k·d`` rows of ``k d`` floats: 8 GB at k = 5, d = 1000), above this many bytes are not formed: the
+#: enumeration gets inputs projected on the subspace part by part, polish is skipped and the streamed
+#: refinement fits the network on all samples
 LARGE_INPUT_BYTES = 2 * 2**30
 
 
@@ -150,7 +155,8 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
     """Enumeration on the found subspace, polish (or, at large d, projected parts) and refinement."""
     d = basis.shape[0]
     n_train, n_val = sample_sizes(d, wanted)
-    if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part") and total > 0:
+    large = max((n_train + n_val) * d, n_train * wanted * d) * 8 > LARGE_INPUT_BYTES
+    if large and hasattr(samples, "part") and total > 0:
         net, merged = _learn_large(basis, samples, wanted, total, mapper, seed, budget, report)
     else:
         smp = samples(n_train, n_val)
@@ -218,6 +224,27 @@ def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mappe
     return net, enum.merged
 
 
+def _control(sketch: Arrays, step: Optional[subspace.RitzStep] = None) -> dict[str, Any]:
+    """The ``second`` options of a subspace pass: the labels' expansion of degree ≤ 2 as a control variate.
+
+    ``E[y]`` and ``E[y x]`` come from the sketch pass, ``T_2`` from the top-k Ritz pairs of the last pass
+    (``M_2 ≈ V Θ Vᵀ``). Any fixed expansion leaves the pass's estimate of ``M_2 B`` unbiased; a good one
+    removes most of the labels' variance (for a ReLU unit, degrees 0–2 carry 0.489 of ``E[relu(z)²] = ½``),
+    and the noise of ``M̂_2`` falls with ``E[(y − q)²]``: at d/n = 0.01 a top-5 angle of 0.92 rad with raw
+    labels, 0.31 with degrees 0–1 removed, 0.12 with degree 2 too (DESIGN.md §3, "Residual labels").
+    Empty (raw labels) for a sketch store without ``t0_second``.
+    """
+    if "t0_second" not in sketch:
+        return {}
+    expansion: dict[str, Any] = {"t0": float(np.asarray(sketch["t0_second"])),
+                                 "t1": np.asarray(sketch["t1_second"], dtype=np.float64).tolist()}
+    if step is not None:
+        k = step.k
+        expansion["t2_vectors"] = step.vectors[:, :k].T.tolist()
+        expansion["t2_values"] = np.asarray(step.eigenvalues[:k], dtype=np.float64).tolist()
+    return {"expansion": expansion}
+
+
 def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], width: Optional[int]
                      ) -> PassRequest | tuple[np.ndarray, dict]:
     """Subspace iteration on the sketched ``M_2``, one requested pass per step, each on the chunks of the
@@ -231,7 +258,7 @@ def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], wid
         init = subspace.sketch_basis(np.asarray(sketch["Y_second"]), np.asarray(sketch["Y_second_se"]))
         if width is not None:
             check_sketch_rank(init.basis.shape[0], init.basis.shape[1], width)
-        return PassRequest("subspace-1", subspace.pass_statistics(init.basis, "second", {}),
+        return PassRequest("subspace-1", subspace.pass_statistics(init.basis, "second", _control(sketch)),
                            "a single sketch of M_2 is swamped by noise at large d; subspace passes on the same "
                            "chunks refine it (randomised subspace iteration)")
     last = done[-1]
@@ -242,10 +269,12 @@ def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], wid
     k = step.k
     change = float(spectral.principal_angles(step.vectors[:, :k], step.next_basis[:, :k]).max(initial=0.0))
     lo, hi = SKETCH_PASSES
-    if len(done) < hi and (len(done) < lo or change > step.angle_bound):
-        return PassRequest(f"subspace-{len(done) + 1}", subspace.pass_statistics(step.next_basis, "second", {}),
-                           f"the next pass would move the top-{k} subspace by {change:.3g} rad, more than its "
-                           f"angle bound {step.angle_bound:.3g} rad (or fewer than {lo} passes so far)")
+    if len(done) < hi and (len(done) < lo or change > step.angle_bound or step.angle_bound >= VACUOUS_ANGLE):
+        return PassRequest(f"subspace-{len(done) + 1}",
+                           subspace.pass_statistics(step.next_basis, "second", _control(sketch, step)),
+                           f"the next pass would move the top-{k} subspace by {change:.3g} rad; its angle bound is "
+                           f"{step.angle_bound:.3g} rad (the passes go on while the move exceeds the bound, the bound "
+                           f"reaches {VACUOUS_ANGLE} rad, or fewer than {lo} passes ran)")
     vectors = step.refined_vectors[:, :k]
     report = {"subspace": {"kind": "sketch", "rank": k, "supported": step.significant >= k,
                            "passes": len(done), "converged": bool(change <= step.angle_bound),

@@ -35,7 +35,7 @@ from .. import hermite
 from ..config import RunConfig, SketchConfig, check_sketch_rank
 from ..storage import StoreError, diff_fields
 from .sources import Source, Stream, generator
-from .statistics import Statistic, Var, _of_output, _suffix, direction_bank, threshold_grid
+from .statistics import Statistic, Var, _of_output, _suffix, direction_bank, low_rank_expansion, threshold_grid
 
 __all__ = [
     "SketchMoments",
@@ -67,12 +67,18 @@ class SketchMoments(Statistic):
         Whether Ω has orthonormal columns given as a basis: then the r × r ``BMB_*`` are stored.
     second
         Whether to sketch ``M_2``.
+    expansion
+        ``(t0, t1, V, θ)``: a degree-≤2 expansion ``q(x) = t0 + <t1, x> + ½ Σ_j θ_j ((v_jᵀx)² − |v_j|²)``
+        (``T_2 = V diag(θ) Vᵀ``, V: d × s) used as a control variate of ``M_2``: the sums are of
+        ``y − q(x)`` and ``T_2 Ω`` is added back (``E[q (xxᵀ − I)] = T_2``), so the estimands are
+        unchanged and their variance is that of the residual labels. None: raw labels.
     contracted
         ``(directions (G, d), orders)`` of the contracted family, or None.
     filtered
         ``(tau (T,), quantiles or None)`` of the filtered family, or None.
 
-    Estimands (each with ``_se``): ``Y_second`` (i, rank); ``Y_contracted`` (pair, i, rank);
+    Estimands (each with ``_se``): ``Y_second`` (i, rank) with ``t0_second = E[y]`` and
+    ``t1_second = E[y x]`` (i) (the expansion a later pass subtracts); ``Y_contracted`` (pair, i, rank);
     ``Y_filtered`` (tau, i, rank) and ``prob_filtered`` (tau); with a basis also ``BMB_second``
     (rank, rank2), ``BMB_contracted`` (pair, rank, rank2), ``BMB_filtered`` (tau, rank, rank2).
     """
@@ -81,7 +87,8 @@ class SketchMoments(Statistic):
 
     def __init__(self, omega: np.ndarray, *, is_basis: bool = False, second: bool = False,
                  contracted: Optional[tuple[np.ndarray, Sequence[int]]] = None,
-                 filtered: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None):
+                 filtered: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None,
+                 expansion: Optional[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = None):
         self.omega = np.ascontiguousarray(omega, dtype=np.float64)
         self.d, self.rank = self.omega.shape
         self.is_basis, self.second = bool(is_basis), bool(second)
@@ -94,6 +101,11 @@ class SketchMoments(Statistic):
             self.quantiles = None if filtered[1] is None else np.asarray(filtered[1], dtype=np.float64)
         if not (self.second or self.orders or self.tau is not None):
             raise ValueError("a sketch needs at least one family (second, contracted or filtered)")
+        self.expansion = None
+        if expansion is not None:
+            t0, t1, v, theta = expansion
+            self.expansion = (float(t0), np.asarray(t1, dtype=np.float64), np.asarray(v, dtype=np.float64),
+                              np.asarray(theta, dtype=np.float64))
 
     @property
     def n_pairs(self) -> int:
@@ -105,7 +117,8 @@ class SketchMoments(Statistic):
         d, r = self.d, self.rank
         out: dict[str, Var] = {}
         if self.second:
-            out.update({"second_xz": Var(("i", "rank"), (d, r)), "second_y": Var((), ())})
+            out.update({"second_xz": Var(("i", "rank"), (d, r)), "second_y": Var((), ()),
+                        "second_x": Var(("i",), (d,)), "second_n": Var((), ())})
         if self.orders is not None:
             p = self.n_pairs
             out.update({"contracted_xz": Var(("pair", "i", "rank"), (p, d, r)), "contracted_a": Var(("pair",), (p,)),
@@ -118,6 +131,8 @@ class SketchMoments(Statistic):
     def terms_schema(self) -> dict[str, Var]:
         d, r = self.d, self.rank
         out: dict[str, Var] = {}
+        if self.second:
+            out.update({"t0_second": Var((), ()), "t1_second": Var(("i",), (d,))})
         for fam, lead, size in self._families():
             out[f"Y_{fam}"] = Var(lead + ("i", "rank"), size + (d, r))
             if self.is_basis:
@@ -157,12 +172,22 @@ class SketchMoments(Statistic):
     def update(self, acc, x, y):
         z = x @ self.omega  # one n × d × r product shared by every family
         if self.second:
-            acc["second_xz"] += x.T @ (y[:, None] * z)
-            acc["second_y"] += y.sum()
+            w = y if self.expansion is None else self._residual(x, y)
+            acc["second_xz"] += x.T @ (w[:, None] * z)
+            acc["second_y"] += w.sum()
+            acc["second_x"] += x.T @ w
+            acc["second_n"] += len(w)
         if self.orders is not None:
             self._update_contracted(acc, x, z, y)
         if self.tau is not None:
             _binned_cross(acc["filtered_xz"], acc["filtered_count"], x, z, np.abs(y), self.tau)
+
+    def _residual(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """``y − q(x)`` for the expansion q: one n × d × s product for its low-rank T_2."""
+        t0, t1, v, theta = self.expansion
+        h = x @ v
+        quad = (h * h - (v * v).sum(axis=0)) @ theta
+        return y - (t0 + x @ t1 + 0.5 * quad)
 
     def _update_contracted(self, acc, x, z, y):
         n, r = z.shape
@@ -188,6 +213,13 @@ class SketchMoments(Statistic):
         out: dict[str, np.ndarray] = {}
         if self.second:
             out["Y_second"] = acc["second_xz"] - acc["second_y"] * om
+            out["t0_second"], out["t1_second"] = acc["second_y"], acc["second_x"]
+            if self.expansion is not None:
+                # q's own part, exact: E[q (xxᵀ − I)] Ω = T_2 Ω, E[q] = t0, E[q x] = t1 (per sample of the chunk)
+                t0, t1, v, theta = self.expansion
+                n = acc["second_n"]
+                out["Y_second"] = out["Y_second"] + n * ((v * theta) @ (v.T @ om))
+                out["t0_second"], out["t1_second"] = out["t0_second"] + n * t0, out["t1_second"] + n * t1
         if self.orders is not None:
             gp = np.tile(self.directions, (len(self.orders), 1))  # (P, d), pair order
             v = acc["contracted_bx"]
@@ -207,6 +239,10 @@ class SketchMoments(Statistic):
 
     def config(self):
         out: dict[str, Any] = {"rank": self.rank, "basis": self.is_basis, "second": self.second}
+        if self.expansion is not None:
+            t0, t1, v, theta = self.expansion
+            out["second_expansion"] = {"t0": t0, "t1": t1.tolist(), "t2_vectors": v.T.tolist(),
+                                       "t2_values": theta.tolist()}
         if self.orders is not None:
             out.update(orders=self.orders, directions=self.directions.tolist())
         if self.tau is not None:
@@ -249,6 +285,7 @@ class SketchSetup:
     omega: np.ndarray
     is_basis: bool
     second: bool
+    expansion: Optional[tuple]
     contracted: Optional[tuple[np.ndarray, list[int]]]
     tau: Optional[np.ndarray]
     quantiles: Optional[np.ndarray]
@@ -259,7 +296,7 @@ class SketchSetup:
         if self.tau is not None:
             filtered = (_of_output(self.tau, output, 1), _of_output(self.quantiles, output, 1))
         return SketchMoments(self.omega, is_basis=self.is_basis, second=self.second, contracted=self.contracted,
-                             filtered=filtered)
+                             filtered=filtered, expansion=self.expansion)
 
 
 def sketch_setup(section: SketchConfig, cfg: RunConfig, source: Optional[Source],
@@ -290,7 +327,10 @@ def sketch_setup(section: SketchConfig, cfg: RunConfig, source: Optional[Source]
             tau, q = stored["tau"], stored.get("quantile")
         else:
             tau, q = threshold_grid(section.filtered, source, cfg.seed)
-    return SketchSetup(omega, is_basis, section.second is not None, contracted, tau, q)
+    expansion = None
+    if section.second is not None and section.second.expansion is not None:
+        expansion = low_rank_expansion(section.second.expansion, d, "statistics.sketch.second")
+    return SketchSetup(omega, is_basis, section.second is not None, expansion, contracted, tau, q)
 
 
 # ------------------------------------------------------------ refined stores
