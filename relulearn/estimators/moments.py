@@ -277,7 +277,7 @@ def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], wid
                            f"reaches {VACUOUS_ANGLE} rad, or fewer than {lo} passes ran)")
     vectors = step.refined_vectors[:, :k]
     report = {"subspace": {"kind": "sketch", "rank": k, "supported": step.significant >= k,
-                           "passes": len(done), "converged": bool(change <= step.angle_bound),
+                           "passes": len(done), "converged": bool(change <= step.angle_bound < VACUOUS_ANGLE),
                            "last_change": change, "angle_bound": step.angle_bound, "step": step.to_dict(),
                            "basis": vectors.tolist()}}
     if step.significant < k:

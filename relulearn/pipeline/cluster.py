@@ -126,7 +126,9 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
         scheduler = dask.config.get("scheduler-address", None) or None
     if scheduler is not None:
         kwargs = _scheduler_kwargs(scheduler)
-        with dask.config.set(DASK_SETTINGS):
+        # a scheduler that dies closes the client's batched stream, which distributed logs at INFO with
+        # a traceback; the run reports the lost scheduler itself (what is committed, how to resume)
+        with dask.config.set(DASK_SETTINGS), _quiet("distributed.batched"):
             try:
                 client = Client(timeout=CONNECT_TIMEOUT, **kwargs)
             except (OSError, TimeoutError) as err:
@@ -154,6 +156,20 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
     ) as cluster, Client(cluster) as client:
         prepare(client)
         yield client
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """Log records of logger ``name`` below WARNING are dropped inside the block."""
+    import logging
+
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _close(client: Any) -> None:
