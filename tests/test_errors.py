@@ -23,6 +23,7 @@ import yaml
 from relulearn.api import estimate, status
 from relulearn.config import load_config
 from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
+from relulearn.storage import FORMAT_VERSION
 
 from conftest import PYTHON, cli_env
 
@@ -240,7 +241,7 @@ def test_store_of_a_newer_format_version_is_refused(store, tmp_path, stores):
     path, _ = store
     meta_file = path / "zarr.json"
     doc = json.loads(meta_file.read_text())
-    assert doc["attributes"]["relulearn"]["format_version"] == 1
+    assert doc["attributes"]["relulearn"]["format_version"] == FORMAT_VERSION
     doc["attributes"]["relulearn"]["format_version"] = 99
     meta_file.write_text(json.dumps(doc, indent=2))
     before = snapshot(path)  # after our edit
@@ -264,6 +265,18 @@ def test_damaged_format_version_is_a_clear_error(store):
     doc["attributes"]["relulearn"]["format_version"] = "one"
     (path / "zarr.json").write_text(json.dumps(doc))
     assert_user_error(cli("status", path), str(path), "format version 'one'", "damaged")
+
+
+def test_store_of_an_older_format_version_is_refused(store):
+    # format 1 drew its samples with Philox: resuming it would mix two generators' chunks
+    path, _ = store
+    doc = json.loads((path / "zarr.json").read_text())
+    doc["attributes"]["relulearn"]["format_version"] = FORMAT_VERSION - 1
+    (path / "zarr.json").write_text(json.dumps(doc))
+    before = snapshot(path)
+    assert_user_error(cli("status", path), str(path), f"store format {FORMAT_VERSION - 1}", "older",
+                      "re-run the estimation into a new store")
+    assert snapshot(path) == before
 
 
 def _huge_run(tmp_path: Path) -> Path:
@@ -410,7 +423,7 @@ def test_bad_teacher_files_name_the_file_and_the_arrays(store, tmp_path):
 # --------------------------------------------------------- NaN / inf in samples
 
 # y = 1e-300 · relu(b · relu(1e154 · x_0)): finite (|y| < 2e8) unless x_0 > 3.9, where the
-# hidden layer overflows to inf. With seed 8 and chunks of 5000, chunks 0 and 1 are clean and
+# hidden layer overflows to inf. With seed 12 and chunks of 5000, chunks 0 and 1 are clean and
 # the first overflow is in chunk 2, in its second batch (row > BATCH_ROWS).
 _T = 3.9
 _B = 1.7976931348623157e308 / (1e154 * _T)
@@ -428,7 +441,7 @@ def overflow_teacher(path: Path, nan: bool = False) -> Path:
 
 def overflow_config(tmp_path: Path, nan: bool = False, **changes) -> Path:
     overflow_teacher(tmp_path / "deep.npz", nan=nan)
-    data = config(**{"seed": 8, "source.teacher": {"file": "deep.npz"}, "run.chunks_per_block": 1,
+    data = config(**{"seed": 12, "source.teacher": {"file": "deep.npz"}, "run.chunks_per_block": 1,
                      "run.commit_interval": 3600, **changes})
     return write_yaml(tmp_path / "deep.yaml", data)
 

@@ -55,10 +55,22 @@ class Stream:
     SKETCH = 7  # Gaussian test matrices Ω of sketched second-moment families
 
 
+#: streams of samples, the bulk of a run's random numbers: drawn with SFC64 (format 2), whose normals
+#: come 1.5× faster than Philox's here (108 vs 71 M/s on one core) - at d = 10^4 generating x is most
+#: of a chunk's cost
+SAMPLE_STREAMS = frozenset({Stream.INPUTS, Stream.NOISE, Stream.PILOT, Stream.HELD_OUT, Stream.TEST})
+
+
 def generator(seed: int, stream: int, counter: int = 0) -> np.random.Generator:
-    """A counter-based (Philox) generator keyed by ``(seed, stream, counter)``."""
+    """The generator of ``(seed, stream, counter)``: its own SeedSequence key, so every triple is an
+    independent stream, drawn the same on every machine.
+
+    Sample streams (:data:`SAMPLE_STREAMS`) use SFC64; the small draws (teachers, direction banks,
+    sketch test matrices) keep Philox, so a planted teacher has the same weights as in format 1.
+    """
     ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(int(stream), int(counter)))
-    return np.random.Generator(np.random.Philox(ss))
+    bits = np.random.SFC64(ss) if stream in SAMPLE_STREAMS else np.random.Philox(ss)
+    return np.random.Generator(bits)
 
 
 class SourceDataError(ValueError):
@@ -277,6 +289,8 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
         xs.append(x)
         ys.append(y)
         row += len(y)
+    if len(xs) == 1:  # one batch (every part at large d): no copy of rows × d floats
+        return xs[0], ys[0]
     return np.concatenate(xs), np.concatenate(ys)
 
 

@@ -81,7 +81,8 @@ __all__ = [
 ]
 
 #: version of the on-disk layout and of the definition of chunk bytes; bump on change.
-FORMAT_VERSION = 1
+#: 2: samples drawn with SFC64 (was Philox), and sketch stores hold ``t0_second``, ``t1_second``.
+FORMAT_VERSION = 2
 
 #: (dimension names, values)
 ArrayData = tuple[tuple[str, ...], np.ndarray]
