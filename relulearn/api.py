@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Iterator, Optional, TextIO
 
 import numpy as np
 
@@ -237,6 +237,12 @@ class HeldOut:
         from .pipeline.sources import Stream, draw
 
         return draw(self.source, self.seed, Stream.HELD_OUT, n, part=p)
+
+    def part_batches(self, p: int, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The samples of :meth:`part` batch by batch (a mapped sum holds one batch, not the part)."""
+        from .pipeline.sources import Stream, draw_batches
+
+        return draw_batches(self.source, self.seed, Stream.HELD_OUT, n, part=p)
 
 
 def _pass_url(store: str, name: str, statistics: dict) -> str:

@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..network import Network
+from .base import part_sum
 from .refine import parts
 from .streamed import PREDICTED_DECREASE, RELATIVE_STEP, ROUNDING_LOSS, mapped_sum, part_rows_for
 
@@ -129,8 +130,7 @@ class DeepPart:
 
     def __call__(self, item: tuple[int, int]) -> DeepSums:
         p, n = item
-        x, y = self.draw.part(int(p), int(n))
-        return deep_sums(x, y, list(self.weights), self.basis)
+        return part_sum(lambda x, y: deep_sums(x, y, list(self.weights), self.basis), self.draw, p, n)
 
 
 def _accumulate(draw: Any, items: list[tuple[int, int]], ws: list[np.ndarray], basis: np.ndarray,

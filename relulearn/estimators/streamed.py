@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..network import Network
+from .base import part_batches, part_sum
 from .refine import PART_ROWS, parts
 
 __all__ = ["GradientSums", "gradient_sums", "PartGradient", "ProjectedPart", "pair_second_moment", "PopulationGram",
@@ -116,8 +117,7 @@ class PartGradient:
 
     def __call__(self, item: tuple[int, int]) -> GradientSums:
         p, n = item
-        x, y = self.draw.part(int(p), int(n))
-        return gradient_sums(x, y, self.w, self.s)
+        return part_sum(lambda x, y: gradient_sums(x, y, self.w, self.s), self.draw, p, n)
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,11 @@ class ProjectedPart:
 
     def __call__(self, item: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         p, n = item
-        x, y = self.draw.part(int(p), int(n))
-        return x @ self.basis, np.asarray(y, dtype=np.float64).reshape(len(x))
+        got = [(x @ self.basis, np.asarray(y, dtype=np.float64).reshape(len(x)))
+               for x, y in part_batches(self.draw, p, n)]
+        if len(got) == 1:
+            return got[0]
+        return np.concatenate([z for z, _ in got]), np.concatenate([y for _, y in got])
 
 
 def projected_sample(draw: Any, basis: np.ndarray, n: int, first: int, mapper: Callable = map
