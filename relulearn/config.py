@@ -415,6 +415,10 @@ class SketchConfig(_Section):
     second: Optional[SketchSecondConfig] = Field(None, description="M_2 = E[y (xxᵀ − I)]")
     contracted: Optional[ContractedConfig] = Field(None, description="M_l^g for orders × directions")
     filtered: Optional[FilteredConfig] = Field(None, description="M_τ = E[1{|y| > τ}(xxᵀ − I)] for a τ grid")
+    residual: Optional[ResidualConfig] = Field(
+        None, description="residual-filtered M of candidate networks on a found subspace, projected off it "
+        "(the dense `residual` family's matrices, sketched)"
+    )
     refines: Optional[dict[str, Any]] = Field(
         None, description="for a subspace pass: the record of the store it refines (its fingerprint but the "
         "statistics, and its sample count); the run is refused unless it draws the same chunks"
@@ -422,9 +426,10 @@ class SketchConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> "SketchConfig":
-        if self.second is None and self.contracted is None and self.filtered is None:
+        if self.second is None and self.contracted is None and self.filtered is None and self.residual is None:
             raise ValueError("give at least one family to sketch: `second: {}`, `contracted: {orders: [...], "
-                             "directions: ...}` or `filtered: {quantiles: [...]}`")
+                             "directions: ...}`, `filtered: {quantiles: [...]}` or `residual: {basis: ..., "
+                             "candidates: ..., quantiles: [...]}`")
         if self.basis is not None:
             if self.rank is not None and self.rank != len(self.basis):
                 raise ValueError(f"rank is {self.rank} but basis has {len(self.basis)} rows; omit rank with a basis")

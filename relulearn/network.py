@@ -344,6 +344,11 @@ def input_gradients(net: Network, x: np.ndarray, output: int = 0) -> np.ndarray:
     Vectorized back-propagation through the activation patterns (the gradient of ``relu``
     at 0 is taken as 0).
     """
+    return _first_layer_gradients(net, x, output) @ net.weights[0]
+
+
+def _first_layer_gradients(net: Network, x: np.ndarray, output: int = 0) -> np.ndarray:
+    """``∂f/∂(W_0 x)`` at the rows of ``x``, shape (n, k_0): ``∇_x f = (∂f/∂(W_0 x)) W_0``."""
     if net.activation != "relu":
         raise ValueError(f"input gradients are implemented for relu networks, not {net.activation!r}")
     masks, h = [], x
@@ -352,9 +357,9 @@ def input_gradients(net: Network, x: np.ndarray, output: int = 0) -> np.ndarray:
         masks.append(h > 0)
         h = np.maximum(h, 0.0)
     g = np.broadcast_to(net.weights[-1][output], (x.shape[0], net.weights[-1].shape[1]))
-    for w, mask in zip(net.weights[-2::-1], masks[::-1]):
+    for w, mask in zip(net.weights[-2:0:-1], masks[:0:-1]):
         g = (g * mask) @ w
-    return g
+    return g * masks[0]
 
 
 def gradient_subspace(net: Network, x: np.ndarray, rank: int, output: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -365,10 +370,20 @@ def gradient_subspace(net: Network, x: np.ndarray, rank: int, output: int = 0) -
     uses, whatever the parametrization (extra first-layer rows with tiny effect count
     little). Returns the ``(d, rank)`` basis and all eigenvalues, descending.
     """
-    g = input_gradients(net, x, output)
-    w, v = np.linalg.eigh(g.T @ g / len(x))
+    w0 = net.weights[0]
+    k0, d = w0.shape
+    if rank > k0 or k0 >= d:
+        g = input_gradients(net, x, output)
+        w, v = np.linalg.eigh(g.T @ g / len(x))
+        order = np.argsort(w)[::-1]
+        return v[:, order[:rank]], w[order]
+    # ∇f = δ W_0 = (δ Rᵀ) Qᵀ with W_0ᵀ = Q R: the k_0 × k_0 problem, not d × d (800 MB and minutes of eigh
+    # at d = 10^4); the other d − k_0 eigenvalues are zero
+    q, r = np.linalg.qr(w0.T)
+    c = _first_layer_gradients(net, x, output) @ r.T
+    w, v = np.linalg.eigh(c.T @ c / len(x))
     order = np.argsort(w)[::-1]
-    return v[:, order[:rank]], w[order]
+    return q @ v[:, order[:rank]], np.concatenate([w[order], np.zeros(d - k0)])
 
 
 def subspace_angle(reference: Network, learned: Network, x: np.ndarray, *, rtol: float = 1e-9) -> float:

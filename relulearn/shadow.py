@@ -503,7 +503,7 @@ def shadow_report(net: Network, degree: int, samples: int = 200_000, seed: int =
     degree
         ``n``, the degree of the Hermite truncation of the activation.
     samples
-        Inputs ``x ~ N(0, I_d)``, drawn from ``generator(seed, Stream.TEST)`` (counter-based; never the
+        Inputs ``x ~ N(0, I_d)``, drawn from ``generator(seed, Stream.TEST)`` (keyed by the seed; never the
         global random state).
     seed
         Seed of the inputs.

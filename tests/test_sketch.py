@@ -5,6 +5,7 @@ arithmetic differences):
 
 1. ``Y = M Ω`` of every family equals the dense family's stored estimate times the stored Ω, on
    the same chunks, to rounding; its standard error is the spread of the per-chunk ``M_c Ω``;
+   (the residual family too: candidate networks on a found subspace, projected off it);
 2. a subspace pass stores ``M Bᵀ`` and ``B M Bᵀ`` for the given basis rows B;
 3. a run extended at a block boundary is bitwise equal to one uninterrupted run;
 4. a rank the sketch cannot hold, a budget too small for the sketch, and a pass on chunks other
@@ -39,8 +40,21 @@ BASE = {
     "source": {"d": D, "teacher": {"kind": "one_hidden_relu", "width": 2, "output_weights": [1.0, -0.6]}},
     "run": {"chunks_per_block": 2, "commit_interval": 1e9},
 }
+#: the residual family on the subspace of e_0, for the exact first unit's part and for the zero network
+RESIDUAL = {"basis": [[1.0] + [0.0] * (D - 1)], "candidates": [{"weights": [[[1.0]], [[1.0]]]}, {"weights": [[[0.0]], [[0.0]]]}],
+            "quantiles": [0.3, 0.7], "pilot_samples": 2_000}
 FAMILIES = {"contracted": {"orders": [2, 4], "directions": 3},
-            "filtered": {"quantiles": [0.3, 0.7], "pilot_samples": 2_000}}
+            "filtered": {"quantiles": [0.3, 0.7], "pilot_samples": 2_000},
+            "residual": RESIDUAL}
+DENSE = {"second": ("output_moments", "T2"), "contracted": ("contracted", "M"), "filtered": ("filtered", "M"),
+         "residual": ("residual", "M")}
+
+
+def dense_matrices(url: str) -> dict[str, np.ndarray]:
+    """The dense families' stored estimates, by sketched family name (M_2: T2 of output 0)."""
+    out = {fam: arrays(url, name)[key] for fam, (name, key) in DENSE.items()}
+    out["second"] = out["second"][0]
+    return out
 
 
 def config(statistics: dict, **top):
@@ -64,14 +78,20 @@ def test_sketch_equals_dense_matrix_times_test_matrix(dense_and_sketch):
     sk = arrays(dense_and_sketch)
     om = sk["omega"]
     assert om.shape == (D, 6)
-    dense = {"second": arrays(dense_and_sketch, "output_moments")["T2"][0],
-             "contracted": arrays(dense_and_sketch, "contracted")["M"],
-             "filtered": arrays(dense_and_sketch, "filtered")["M"]}
-    for fam, m in dense.items():
+    for fam, m in dense_matrices(dense_and_sketch).items():
         want = m @ om
         np.testing.assert_allclose(sk[f"Y_{fam}"], want, rtol=0, atol=1e-12 * np.abs(want).max(), err_msg=fam)
-    np.testing.assert_array_equal(sk["prob_filtered"], arrays(dense_and_sketch, "filtered")["prob"])
+    for fam in ("filtered", "residual"):
+        np.testing.assert_array_equal(sk[f"prob_{fam}"], arrays(dense_and_sketch, fam)["prob"])
     np.testing.assert_array_equal(sk["tau"], arrays(dense_and_sketch, "filtered")["tau"])
+    np.testing.assert_array_equal(sk["residual_tau"], arrays(dense_and_sketch, "residual")["tau"])
+    res = arrays(dense_and_sketch, "residual")
+    assert sk["Y_residual"].shape == (2, 2, D, 6)
+    for c in range(2):  # the candidates are stored under the dense family's names
+        for j in range(2):
+            np.testing.assert_array_equal(sk[f"candidate{c}_W{j}"], res[f"candidate{c}_W{j}"])
+    # the residual family lives off the found subspace: B Y = 0 to rounding
+    assert np.abs(sk["Y_residual"][:, :, 0, :]).max() < 1e-12 * np.abs(sk["Y_residual"]).max()
     np.testing.assert_array_equal(sk["direction"], arrays(dense_and_sketch, "contracted")["direction"])
 
 
@@ -95,13 +115,13 @@ def test_subspace_pass_stores_m_b_and_b_m_b(dense_and_sketch, tmp_path):
                                                "refines": record}}), url, progress=None)
     sk = arrays(url)
     np.testing.assert_array_equal(sk["omega"], rows.T)
-    dense = {"second": arrays(dense_and_sketch, "output_moments")["T2"][0],
-             "contracted": arrays(dense_and_sketch, "contracted")["M"],
-             "filtered": arrays(dense_and_sketch, "filtered")["M"]}
-    for fam, m in dense.items():
+    for fam, m in dense_matrices(dense_and_sketch).items():
         for name, want in ((f"Y_{fam}", m @ rows.T), (f"BMB_{fam}", rows @ m @ rows.T)):
             np.testing.assert_allclose(sk[name], want, rtol=0, atol=1e-12 * np.abs(want).max(), err_msg=name)
-            assert np.all(sk[f"{name}_se"] > 0)
+            # every entry has a spread over the chunks, but those of the residual family on the found
+            # subspace's coordinate e_0: exactly zero in every chunk (x⊥ and (I − BᵀB)Ω vanish there)
+            se = sk[f"{name}_se"]
+            assert np.all((se > 0) | ((sk[name] == 0) & (fam == "residual"))), name
 
 
 def test_extended_run_is_bitwise_equal_to_uninterrupted(tmp_path):

@@ -22,8 +22,10 @@
 sketch (``statistics.sketch.filtered``) instead; step 1 then runs as subspace passes on the same
 chunks, all τ at once (:func:`.subspace.joint_ritz`), and the answer is the span of their
 significant refined eigenvectors. The candidates are fitted on inputs projected part by part on
-the workers when a bounded sample of d-dimensional inputs would not fit; residual passes need
-the dense residual matrices and are not run on a sketch (the report says so).
+the workers when a bounded sample of d-dimensional inputs would not fit. Step 2 runs in sketch form
+too: a pass sketches the residual-filtered matrices of the best candidate (``statistics.sketch.residual``,
+Gaussian Ω), subspace passes on the same chunks refine their significant eigenvectors (all τ at
+once), and those directions extend the subspace.
 
 Like every method, a pure function of stored statistics and bounded samples; ``api`` runs
 the passes it asks for and calls it again with their statistics. Each call re-derives the
@@ -64,8 +66,9 @@ RESIDUAL_PASSES = 4
 #: subspace passes on a sketch of the M_τ: at least 2 (the first pass's gap comes from the noisy
 #: sketch), at most 5
 SKETCH_PASSES = (2, 5)
-#: passes a run may ask for (residual passes on dense statistics, subspace passes on a sketch)
-MAX_PASSES = max(RESIDUAL_PASSES, SKETCH_PASSES[1])
+#: passes a run may ask for (residual passes on dense statistics; on a sketch, the subspace passes of
+#: the M_τ, then per residual round one sketch of the residual family and its subspace passes)
+MAX_PASSES = SKETCH_PASSES[1] + RESIDUAL_PASSES * (1 + SKETCH_PASSES[1])
 #: candidates sent to each residual pass (the best of distinct architectures)
 PASS_CANDIDATES = 2
 #: the d × d matrices of the dense statistics :func:`required_statistics` asks for, by family: ``fit``
@@ -201,12 +204,12 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     if width is not None and width < 1:
         raise ValueError(f"width must be at least 1, got {width}")
     sketched = "filtered" not in stats
+    rounds = 0
     if sketched:
-        got = _sketch_subspace(stats["sketch"], passes)
+        got = _sketched_state(stats["sketch"], passes)
         if isinstance(got, PassRequest):
             return got
-        basis, steps = got
-        exhausted = False
+        basis, steps, exhausted, rounds = got
     else:
         basis, steps, exhausted = _subspace_state(stats, passes)
     d, r = basis.shape
@@ -217,13 +220,16 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     n_train, n_val = sample_sizes(d, depth, w)
     stored = int(np.asarray(stats["sketch" if sketched else "filtered"]["count"]))
     total = min(stored, REFINE_SAMPLES) if refine_samples is None else int(refine_samples)
+    ask = None
+    if sketched:
+        ask = _ResidualAsk(basis, rounds, exhausted, target, int(np.asarray(stats["sketch"]["omega"]).shape[1]))
     if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part"):
         return _learn_large(basis, samples, depth, w, budget, starts, mapper, seed + 1000 * len(passes), total,
-                            report)
+                            report, ask)
     smp = samples(n_train, n_val)
     refine = _Refine(samples, total, mapper)
 
-    if exhausted:
+    if exhausted and not sketched:
         # the last pass found nothing new: its best candidate, fitted on this very basis, is the answer
         net = _stored_candidate(passes[-1]["residual"])
         report["stop_reason"] = "the last residual pass found no direction above its noise floor"
@@ -238,8 +244,10 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     if best.val_loss <= target:
         report["stop_reason"] = f"held-out residual loss {best.val_loss:.3g} is below the target {target:.3g}"
         return _finish(best.network, basis, depth, smp, report, refine)
-    if sketched:
-        report["stop_reason"] = _NO_SKETCHED_RESIDUAL
+    if ask is not None:
+        request = ask(best, report)
+        if request is not None:
+            return request
         return _finish(best.network, basis, depth, smp, report, refine)
     if len(passes) >= RESIDUAL_PASSES or r >= d:
         report["stop_reason"] = f"stopped after {len(passes)} residual passes (rank {r} of d={d})"
@@ -261,17 +269,102 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     )
 
 
-_NO_SKETCHED_RESIDUAL = (
-    "residual passes need the dense residual-filtered matrices, which a sketched run does not form: the best "
-    "candidate on the subspace the sketch found is the answer")
+@dataclass(frozen=True)
+class _ResidualAsk:
+    """On a sketch: whether to ask for another residual round after fitting candidates on ``basis``
+    (``rounds`` done so far; ``exhausted``: the last one added no direction)."""
+
+    basis: np.ndarray
+    rounds: int
+    exhausted: bool
+    target: float
+    rank: int
+
+    def __call__(self, best: deepfit.Candidate, report: dict) -> Optional[PassRequest]:
+        d, r = self.basis.shape
+        if best.val_loss <= self.target:
+            report["stop_reason"] = f"held-out residual loss {best.val_loss:.3g} is below the target {self.target:.3g}"
+            return None
+        if self.exhausted:
+            report["stop_reason"] = "the last residual round found no direction above its noise floor"
+            return None
+        if self.rounds >= RESIDUAL_PASSES or r >= d:
+            report["stop_reason"] = f"stopped after {self.rounds} residual rounds (rank {r} of d={d})"
+            return None
+        section = {"basis": self.basis.T.tolist(), "candidates": [_candidate_config(best.network)],
+                   "quantiles": list(QUANTILES)}
+        return PassRequest(
+            f"residual-{self.rounds + 1}", {"basic": None, "sketch": {"rank": self.rank, "residual": section}},
+            f"the best network on the {r}-dimensional subspace leaves held-out relative loss {best.val_loss:.3g}; "
+            "a sketch of its residual-filtered matrices looks for the directions still missing")
 
 
-def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
-                     ) -> PassRequest | tuple[np.ndarray, list[dict]]:
+def _candidate_config(net: Network) -> dict[str, Any]:
+    return {"weights": [w.tolist() for w in net.weights]}
+
+
+def _sketched_state(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
+                    ) -> PassRequest | tuple[np.ndarray, list[dict], bool, int]:
+    """Replay the passes of a sketched run: subspace passes on the ``M_τ``, then residual rounds (a sketch
+    of the residual family of the best candidate on the basis so far, and its subspace passes; the
+    directions they find extend the basis). Returns the next :class:`PassRequest` of an unfinished
+    iteration, or the basis, per-pass records, whether the last round added nothing, and the rounds."""
+    sketches = [p["sketch"] for p in passes if "sketch" in p]
+    filtered = [a for a in sketches if "Y_filtered" in a]
+    got = _sketch_subspace(sketch, filtered)
+    if isinstance(got, PassRequest):
+        return got
+    basis, steps = got
+    residual = [a for a in sketches if "Y_residual" in a]
+    groups: list[list[Arrays]] = []
+    for a in residual:  # a round opens with its sketch (no basis: no B M Bᵀ), then its subspace passes
+        if "BMB_residual" not in a or not groups:
+            groups.append([a])
+        else:
+            groups[-1].append(a)
+    exhausted = False
+    for i, (first, *done) in enumerate(groups):
+        d, r = basis.shape
+        stored = np.asarray(first["residual_basis"]).T
+        if stored.shape != basis.shape or not np.allclose(stored, basis, atol=1e-12):
+            raise ValueError(f"residual round {i + 1} was computed on another subspace; this is a bug, please report it")
+        count = float(np.asarray(first["count"]))
+        keep = np.flatnonzero(np.asarray(first["prob_residual"])[0] * count >= 1)
+        if keep.size == 0:  # every |residual| at or below the smallest τ: the candidate fits every sample
+            steps.append({"pass": f"residual-{i + 1}", "added": 0, "reason": "no residual above any threshold"})
+            exhausted = True
+            continue
+        options = {"basis": basis.T.tolist(), "candidates": [_stored_candidate_config(first)],
+                   "thresholds": np.asarray(first["residual_tau"])[0].tolist()}
+        got = _iterate(first, done, "residual", keep, options, f"residual-{i + 1}-subspace",
+                       "a single sketch of the residual-filtered matrices is noisy at large d; subspace passes on "
+                       "the same chunks refine it (all τ at once)")
+        if isinstance(got, PassRequest):
+            return got
+        last, rsteps = got
+        added = min(last.rank, d - r)
+        basis = _orthonormal_extension(basis, last.basis[:, :added])
+        steps.extend(rsteps)
+        steps.append({"pass": f"residual-{i + 1}", "added": int(added)})
+        exhausted = added == 0
+    return basis, steps, exhausted, len(groups)
+
+
+def _stored_candidate_config(arrays: Arrays) -> dict[str, Any]:
+    return _candidate_config(_stored_candidate(arrays))
+
+
+def _per_tau(arrays: Arrays, key: str, family: str) -> np.ndarray:
+    """A sketched family's array over τ: ``filtered`` as stored, ``residual`` of its one candidate."""
+    a = np.asarray(arrays[key])
+    return a[0] if family == "residual" else a
+
+
+def _sketch_subspace(sketch: Arrays, done: Sequence[Arrays]) -> PassRequest | tuple[np.ndarray, list[dict]]:
     """Subspace iteration on the sketched ``M_τ`` of every τ at once, one requested pass per step on the
-    chunks of the main store; the iteration is replayed from the passes so far (a pure function of the
-    statistics). Returns the next :class:`PassRequest`, or the basis (d × m) of the span of the
-    significant eigenvectors and the per-pass records."""
+    chunks of the main store (``done``: the passes so far); the iteration is replayed from the passes (a
+    pure function of the statistics). Returns the next :class:`PassRequest`, or the basis (d × m) of the
+    span of the significant eigenvectors and the per-pass records."""
     tau = np.asarray(sketch["tau"], dtype=np.float64)
     if tau.ndim != 1:
         raise ValueError("filtered-pca on a sketch learns one scalar label; this store sketches the M_τ of "
@@ -283,16 +376,30 @@ def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
         raise FilterGridError(
             f"no sample passed the filter at any threshold of the sketched M_τ (τ = {taus}, {int(count):,} "
             f"samples): every |y| is at or below the smallest τ. {_grid_hint({})}")
-    options = {"thresholds": tau.tolist()}
-    done = [p["sketch"] for p in passes if "sketch" in p]
+    got = _iterate(sketch, done, "filtered", keep, {"thresholds": tau.tolist()}, "subspace",
+                   "a single sketch of the M_τ is swamped by noise at large d; subspace passes on the same "
+                   "chunks refine it (randomised subspace iteration, all τ at once)")
+    if isinstance(got, PassRequest):
+        return got
+    last, steps = got
+    if last.rank == 0:
+        raise ValueError(
+            "filtered PCA found no direction above the noise floor in the sketched M_τ: the statistics are pure "
+            "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
+    return last.basis, steps
+
+
+def _iterate(sketch: Arrays, done: Sequence[Arrays], family: str, keep: np.ndarray, options: dict[str, Any],
+             prefix: str, first_reason: str) -> PassRequest | tuple[subspace.JointStep, list[dict]]:
+    """Subspace iteration on a sketched family's matrices of the τ in ``keep``, replayed from the passes
+    ``done``: the next pass (named ``prefix-i``, with the family's ``options``), or the last joint step and
+    the per-pass records once the span moves by less than its angle bound (at most ``SKETCH_PASSES[1]``)."""
     if not done:
-        y, se = np.asarray(sketch["Y_filtered"]), np.asarray(sketch["Y_filtered_se"])
+        y, se = _per_tau(sketch, f"Y_{family}", family), _per_tau(sketch, f"Y_{family}_se", family)
         basis, _ = subspace.joint_sketch_basis([y[t] for t in keep], [se[t] for t in keep])
-        return PassRequest("subspace-1", subspace.pass_statistics(basis, "filtered", options),
-                           "a single sketch of the M_τ is swamped by noise at large d; subspace passes on the same "
-                           "chunks refine it (randomised subspace iteration, all τ at once)")
-    joint = [_joint_step(p, keep) for p in done]
-    steps = [dict({"pass": f"subspace-{i + 1}", "added": j.rank}, **j.to_dict()) for i, j in enumerate(joint)]
+        return PassRequest(f"{prefix}-1", subspace.pass_statistics(basis, family, options), first_reason)
+    joint = [_joint_step(p, keep, family) for p in done]
+    steps = [dict({"pass": f"{prefix}-{i + 1}", "added": j.rank}, **j.to_dict()) for i, j in enumerate(joint)]
     last = joint[-1]
     change = math.pi / 2
     if len(joint) > 1 and joint[-2].rank == last.rank and last.rank > 0:
@@ -300,28 +407,26 @@ def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
     steps[-1]["change"] = change
     lo, hi = SKETCH_PASSES
     if len(done) < hi and (len(done) < lo or change > last.angle_bound):
-        return PassRequest(f"subspace-{len(done) + 1}", subspace.pass_statistics(last.next_basis, "filtered", options),
+        return PassRequest(f"{prefix}-{len(done) + 1}", subspace.pass_statistics(last.next_basis, family, options),
                            f"the span of the significant directions moved by {change:.3g} rad in the last pass, more "
                            f"than its angle bound {last.angle_bound:.3g} rad (or fewer than {lo} passes so far)")
-    if last.rank == 0:
-        raise ValueError(
-            "filtered PCA found no direction above the noise floor in the sketched M_τ: the statistics are pure "
-            "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
     steps[-1]["converged"] = bool(change <= last.angle_bound)
-    return last.basis, steps
+    return last, steps
 
 
-def _joint_step(arrays: Arrays, keep: np.ndarray) -> subspace.JointStep:
-    """:func:`.subspace.joint_ritz` of a stored subspace pass, on the τ that kept samples."""
-    a = {k: np.asarray(arrays[k]) for k in ("Y_filtered", "Y_filtered_se", "BMB_filtered", "omega")}
-    bmb_se = np.asarray(arrays["BMB_filtered_se"]) if "BMB_filtered_se" in arrays else None
-    return subspace.joint_ritz([a["Y_filtered"][t] for t in keep], [a["Y_filtered_se"][t] for t in keep],
-                               [a["BMB_filtered"][t] for t in keep], a["omega"],
+def _joint_step(arrays: Arrays, keep: np.ndarray, family: str = "filtered") -> subspace.JointStep:
+    """:func:`.subspace.joint_ritz` of a stored subspace pass of a family, on the τ that kept samples."""
+    y, y_se, bmb = (_per_tau(arrays, k, family) for k in (f"Y_{family}", f"Y_{family}_se", f"BMB_{family}"))
+    key = f"BMB_{family}_se"
+    bmb_se = _per_tau(arrays, key, family) if key in arrays else None
+    return subspace.joint_ritz([y[t] for t in keep], [y_se[t] for t in keep], [bmb[t] for t in keep],
+                               np.asarray(arrays["omega"]),
                                bmb_ses=None if bmb_se is None else [bmb_se[t] for t in keep])
 
 
 def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget: int, starts: int,
-                 mapper: Callable, seed: int, total: int, report: dict) -> LearnResult:
+                 mapper: Callable, seed: int, total: int, report: dict,
+                 ask: Optional[_ResidualAsk] = None) -> LearnResult | PassRequest:
     """Large d: candidates fitted on inputs projected on the subspace part by part on the workers (no
     bounded sample of d-dimensional inputs is formed); one hidden layer: then the streamed refinement
     on all samples instead of polish."""
@@ -334,9 +439,12 @@ def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget
     report["candidates"] = [c.to_dict() for c in cands[:10]]
     best = cands[0]
     report["residual_loss"] = best.val_loss
-    sketched = report["steps"][0]["pass"].startswith("subspace")
-    report["stop_reason"] = (_NO_SKETCHED_RESIDUAL if sketched else
-                             f"d = {d}: residual passes are not run on inputs projected part by part")
+    if ask is not None:
+        request = ask(best, report)
+        if request is not None:
+            return request
+    else:
+        report["stop_reason"] = f"d = {d}: residual passes are not run on inputs projected part by part"
     net_z = best.network
     report["validation_relative_loss"] = {"enumeration": best.val_loss}
     report["chosen"] = "enumeration"

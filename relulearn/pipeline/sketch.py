@@ -19,7 +19,11 @@ protocol like every other family. Families:
 - ``contracted``: ``M_l^g`` (DESIGN.md §3) for orders × directions, all pairs in one GEMM:
   ``Y_p = Xᵀ diag(a_p) Z − (Σa_p) Ω − g (v_pᵀ Ω) − v_p (gᵀ Ω) + (Σc_p) g (gᵀ Ω)`` with
   ``v_p = Xᵀ b_p`` and per-sample weights ``(a, b, c) = y · contracted_coefficients``;
-- ``filtered``: ``M_τ = E[1{|y|>τ}(xxᵀ − I)]``: per-bin ``X_bᵀ Z_b`` and suffix sums over bins.
+- ``filtered``: ``M_τ = E[1{|y|>τ}(xxᵀ − I)]``: per-bin ``X_bᵀ Z_b`` and suffix sums over bins;
+- ``residual``: ``M[c, τ] = E[1{|y − F̃_c(Bx)| > τ}(x⊥x⊥ᵀ − (I − BᵀB))]``, ``x⊥ = x − BᵀBx``, for candidate
+  networks ``F̃_c`` on a found subspace (rows B): the dense ``residual`` family (DESIGN.md §3) in sketch
+  form, ``Z⊥ = X⊥ Ω = Z − (X Bᵀ)(B Ω)`` and per-bin ``X⊥_bᵀ Z⊥_b``; ``(I − BᵀB) Ω`` replaces Ω in the
+  centring.
 """
 
 from __future__ import annotations
@@ -33,9 +37,20 @@ import numpy as np
 
 from .. import hermite
 from ..config import RunConfig, SketchConfig, check_sketch_rank
+from ..network import Network
 from ..storage import StoreError, diff_fields
 from .sources import Source, Stream, generator
-from .statistics import Statistic, Var, _of_output, _suffix, direction_bank, low_rank_expansion, threshold_grid
+from .statistics import (
+    Statistic,
+    Var,
+    _of_output,
+    _suffix,
+    direction_bank,
+    low_rank_expansion,
+    residual_grid,
+    residual_setup,
+    threshold_grid,
+)
 
 __all__ = [
     "SketchMoments",
@@ -76,11 +91,15 @@ class SketchMoments(Statistic):
         ``(directions (G, d), orders)`` of the contracted family, or None.
     filtered
         ``(tau (T,), quantiles or None)`` of the filtered family, or None.
+    residual
+        ``(B (s, d) orthonormal rows, candidates, tau (C, T), quantiles or None)`` of the residual family
+        (candidate networks on ``z = B x``, one τ grid per candidate), or None.
 
     Estimands (each with ``_se``): ``Y_second`` (i, rank) with ``t0_second = E[y]`` and
     ``t1_second = E[y x]`` (i) (the expansion a later pass subtracts); ``Y_contracted`` (pair, i, rank);
-    ``Y_filtered`` (tau, i, rank) and ``prob_filtered`` (tau); with a basis also ``BMB_second``
-    (rank, rank2), ``BMB_contracted`` (pair, rank, rank2), ``BMB_filtered`` (tau, rank, rank2).
+    ``Y_filtered`` (tau, i, rank) and ``prob_filtered`` (tau); ``Y_residual`` (candidate, residual_tau, i, rank)
+    and ``prob_residual`` (candidate, residual_tau); with a basis also ``BMB_second`` (rank, rank2),
+    ``BMB_contracted`` (pair, rank, rank2), ``BMB_filtered`` (tau, rank, rank2), ``BMB_residual``.
     """
 
     name = "sketch"
@@ -88,7 +107,8 @@ class SketchMoments(Statistic):
     def __init__(self, omega: np.ndarray, *, is_basis: bool = False, second: bool = False,
                  contracted: Optional[tuple[np.ndarray, Sequence[int]]] = None,
                  filtered: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None,
-                 expansion: Optional[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = None):
+                 expansion: Optional[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = None,
+                 residual: Optional[tuple[np.ndarray, list[Network], np.ndarray, Optional[np.ndarray]]] = None):
         self.omega = np.ascontiguousarray(omega, dtype=np.float64)
         self.d, self.rank = self.omega.shape
         self.is_basis, self.second = bool(is_basis), bool(second)
@@ -99,8 +119,16 @@ class SketchMoments(Statistic):
         if filtered is not None:
             self.tau = np.asarray(filtered[0], dtype=np.float64)
             self.quantiles = None if filtered[1] is None else np.asarray(filtered[1], dtype=np.float64)
-        if not (self.second or self.orders or self.tau is not None):
-            raise ValueError("a sketch needs at least one family (second, contracted or filtered)")
+        self.candidates: Optional[list[Network]] = None
+        if residual is not None:
+            rb, nets, tau, q = residual
+            self.res_basis = np.ascontiguousarray(rb, dtype=np.float64)
+            self.candidates = list(nets)
+            self.res_tau = np.asarray(tau, dtype=np.float64).reshape(len(self.candidates), -1)
+            self.res_quantiles = None if q is None else np.asarray(q, dtype=np.float64)
+            self.b_omega = self.res_basis @ self.omega  # B Ω (s × r)
+        if not (self.second or self.orders or self.tau is not None or self.candidates):
+            raise ValueError("a sketch needs at least one family (second, contracted, filtered or residual)")
         self.expansion = None
         if expansion is not None:
             t0, t1, v, theta = expansion
@@ -126,6 +154,10 @@ class SketchMoments(Statistic):
         if self.tau is not None:
             t = len(self.tau)
             out.update({"filtered_xz": Var(("tau", "i", "rank"), (t, d, r)), "filtered_count": Var(("tau",), (t,))})
+        if self.candidates is not None:
+            c, t = self.res_tau.shape
+            out.update({"residual_xz": Var(("candidate", "residual_tau", "i", "rank"), (c, t, d, r)),
+                        "residual_count": Var(("candidate", "residual_tau"), (c, t))})
         return out
 
     def terms_schema(self) -> dict[str, Var]:
@@ -137,8 +169,8 @@ class SketchMoments(Statistic):
             out[f"Y_{fam}"] = Var(lead + ("i", "rank"), size + (d, r))
             if self.is_basis:
                 out[f"BMB_{fam}"] = Var(lead + ("rank", "rank2"), size + (r, r))
-            if fam == "filtered":
-                out["prob_filtered"] = Var(lead, size)
+            if fam in ("filtered", "residual"):
+                out[f"prob_{fam}"] = Var(lead, size)
         return out
 
     def _families(self) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
@@ -150,6 +182,8 @@ class SketchMoments(Statistic):
             out.append(("contracted", ("pair",), (self.n_pairs,)))
         if self.tau is not None:
             out.append(("filtered", ("tau",), (len(self.tau),)))
+        if self.candidates is not None:
+            out.append(("residual", ("candidate", "residual_tau"), self.res_tau.shape))
         return out
 
     def coords(self) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
@@ -165,6 +199,14 @@ class SketchMoments(Statistic):
             out["tau"] = (("tau",), self.tau)
             if self.quantiles is not None:
                 out["quantile"] = (("tau",), self.quantiles)
+        if self.candidates is not None:
+            out["residual_basis"] = (("residual_rank", "i"), self.res_basis)
+            out["residual_tau"] = (("candidate", "residual_tau"), self.res_tau)
+            if self.res_quantiles is not None:
+                out["residual_quantile"] = (("residual_tau",), self.res_quantiles)
+            for c, net in enumerate(self.candidates):  # named as in the dense residual family
+                for j, w in enumerate(net.weights):
+                    out[f"candidate{c}_W{j}"] = ((f"candidate{c}_W{j}_out", f"candidate{c}_W{j}_in"), w)
         return out
 
     # ------------------------------------------------------------------- update
@@ -181,6 +223,12 @@ class SketchMoments(Statistic):
             self._update_contracted(acc, x, z, y)
         if self.tau is not None:
             _binned_cross(acc["filtered_xz"], acc["filtered_count"], x, z, np.abs(y), self.tau)
+        if self.candidates is not None:
+            h = x @ self.res_basis.T  # coordinates on the found subspace, the candidates' inputs
+            xp, zp = x - h @ self.res_basis, z - h @ self.b_omega  # x⊥ and x⊥ Ω
+            for c, net in enumerate(self.candidates):
+                score = np.abs(y - net.forward(h)[:, 0])
+                _binned_cross(acc["residual_xz"][c], acc["residual_count"][c], xp, zp, score, self.res_tau[c])
 
     def _residual(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``y − q(x)`` for the expansion q: one n × d × s product for its low-rank T_2."""
@@ -231,6 +279,11 @@ class SketchMoments(Statistic):
             count = _suffix(acc["filtered_count"], 0)
             out["Y_filtered"] = _suffix(acc["filtered_xz"], 0) - count[:, None, None] * om
             out["prob_filtered"] = count
+        if self.candidates is not None:
+            count = _suffix(acc["residual_count"], 1)
+            off = om - self.res_basis.T @ self.b_omega  # (I − BᵀB) Ω
+            out["Y_residual"] = _suffix(acc["residual_xz"], 1) - count[:, :, None, None] * off
+            out["prob_residual"] = count
         if self.is_basis:
             # B M Bᵀ = Ωᵀ Y: linear in the sums, so its standard error comes from the chunks like Y's
             for fam, _, _ in self._families():
@@ -247,6 +300,8 @@ class SketchMoments(Statistic):
             out.update(orders=self.orders, directions=self.directions.tolist())
         if self.tau is not None:
             out["tau"] = self.tau.tolist()
+        if self.candidates is not None:
+            out["residual_tau"] = self.res_tau.tolist()
         return out
 
 
@@ -289,14 +344,20 @@ class SketchSetup:
     contracted: Optional[tuple[np.ndarray, list[int]]]
     tau: Optional[np.ndarray]
     quantiles: Optional[np.ndarray]
+    #: ``(B, candidates, tau (C, T) or (m, C, T), quantiles)`` of the residual family, or None
+    residual: Optional[tuple] = None
 
     def statistic(self, output: Optional[int] = None) -> SketchMoments:
         """The statistic of the scalar label (``output`` None) or of output ``output``."""
         filtered = None
         if self.tau is not None:
             filtered = (_of_output(self.tau, output, 1), _of_output(self.quantiles, output, 1))
+        residual = None
+        if self.residual is not None:
+            rb, nets, tau, q = self.residual
+            residual = (rb, nets, _of_output(tau, output, 2), q)
         return SketchMoments(self.omega, is_basis=self.is_basis, second=self.second, contracted=self.contracted,
-                             filtered=filtered, expansion=self.expansion)
+                             filtered=filtered, expansion=self.expansion, residual=residual)
 
 
 def sketch_setup(section: SketchConfig, cfg: RunConfig, source: Optional[Source],
@@ -330,7 +391,15 @@ def sketch_setup(section: SketchConfig, cfg: RunConfig, source: Optional[Source]
     expansion = None
     if section.second is not None and section.second.expansion is not None:
         expansion = low_rank_expansion(section.second.expansion, d, "statistics.sketch.second")
-    return SketchSetup(omega, is_basis, section.second is not None, expansion, contracted, tau, q)
+    residual = None
+    if section.residual is not None:
+        rb, nets = residual_setup(section.residual, d, where="statistics.sketch.residual")
+        if stored:
+            r_tau, r_q = stored["residual_tau"], stored.get("residual_quantile")
+        else:
+            r_tau, r_q = residual_grid(section.residual, source, cfg.seed, rb, nets)
+        residual = (rb, nets, np.asarray(r_tau, dtype=np.float64), r_q)
+    return SketchSetup(omega, is_basis, section.second is not None, expansion, contracted, tau, q, residual)
 
 
 # ------------------------------------------------------------ refined stores

@@ -514,7 +514,7 @@ class FilteredMoments(Statistic):
 # --------------------------------------------------------------------- residual
 
 
-def residual_setup(cfg: ResidualConfig, d: int) -> tuple[np.ndarray, list[Network]]:
+def residual_setup(cfg: ResidualConfig, d: int, where: str = "statistics.residual") -> tuple[np.ndarray, list[Network]]:
     """The basis rows ``B`` (r, d) and candidate networks of a residual section, checked.
 
     Raises
@@ -525,19 +525,19 @@ def residual_setup(cfg: ResidualConfig, d: int) -> tuple[np.ndarray, list[Networ
     """
     basis = np.asarray(cfg.basis, dtype=np.float64)
     if basis.ndim != 2 or basis.shape[1] != d:
-        raise ValueError(f"statistics.residual.basis has shape {basis.shape}; each row needs d={d} entries")
+        raise ValueError(f"{where}.basis has shape {basis.shape}; each row needs d={d} entries")
     r = basis.shape[0]
     if not np.allclose(basis @ basis.T, np.eye(r), atol=1e-8):
-        raise ValueError("statistics.residual.basis rows must be orthonormal (B Bᵀ = I)")
+        raise ValueError(f"{where}.basis rows must be orthonormal (B Bᵀ = I)")
     nets = []
     for c, cand in enumerate(cfg.candidates):
         try:
             net = Network(tuple(np.asarray(w, dtype=np.float64) for w in cand.weights), activation=cand.activation)
         except (ValueError, TypeError) as err:
-            raise ValueError(f"statistics.residual.candidates[{c}]: {err}") from None
+            raise ValueError(f"{where}.candidates[{c}]: {err}") from None
         if net.input_dim != r or net.output_dim != 1:
             raise ValueError(
-                f"statistics.residual.candidates[{c}] maps {net.input_dim} inputs to {net.output_dim} outputs; "
+                f"{where}.candidates[{c}] maps {net.input_dim} inputs to {net.output_dim} outputs; "
                 f"it must take the r={r} subspace coordinates z = B x to one output"
             )
         nets.append(net)
