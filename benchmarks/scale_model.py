@@ -64,7 +64,7 @@ from relulearn.config import FilteredConfig, RunConfig, config_from_dict  # noqa
 from relulearn.estimators.streamed import gradient_sums, part_rows_for  # noqa: E402
 from relulearn.pipeline import plan  # noqa: E402
 from relulearn.pipeline.sources import (  # noqa: E402
-    BATCH_ROWS, Stream, TeacherSource, chunk_batches, generator, make_source)
+    BATCH_ROWS, Stream, TeacherSource, batch_rows, chunk_batches, generator, make_source)
 from relulearn.pipeline.statistics import (  # noqa: E402
     Partial, Statistic, accumulate_chunks, build_statistics, threshold_grid)
 
@@ -405,14 +405,15 @@ def partial_layout(kind: str, family: str, d: int, rank: Optional[int], tau: lis
     if kind == "refinement":
         rows = part_rows_for(d)
         b = (WIDTH * d + 3) * FLOAT
-        batch = 2 * rows * d * FLOAT
+        batch = 2 * batch_rows(d) * d * FLOAT  # a part is summed batch by batch (store format 2)
         return {"sums": b, "error_terms": 0, "partial": b, "samples_per_partial": rows, "plan_bytes": None,
                 "batch_bytes": batch, "working_set_bytes": b + batch, "partial_fits_worker": b <= WORKER_BYTES,
                 "working_set_fits_worker": b + batch <= WORKER_BYTES}
     by = schema_bytes(build_family(family, d, tau, rank))
     mats = MATRICES[family]
     planned = plan.dense_bytes(d, mats) if kind == "dense" else plan.sketch_bytes(d, mats, rank)
-    batch = 2 * BATCH_ROWS * d * FLOAT + BATCH_ROWS * d
+    rows = batch_rows(d)  # at most 32 MB of inputs per batch (store format 2)
+    batch = 2 * rows * d * FLOAT + rows * d
     working = by["partial"] + by["sums"] + by["largest_sums_array"] + batch
     return {**by, "samples_per_partial": CHUNK_SIZE * CHUNKS_PER_BLOCK, "plan_bytes": planned, "batch_bytes": batch,
             "working_set_bytes": working, "partial_fits_worker": by["partial"] <= WORKER_BYTES,
@@ -486,7 +487,7 @@ def assumptions(merge_bps: float, net_bps: float) -> dict[str, Any]:
         "partial_bytes": "sums + error terms (float64) from the statistics' sums_schema() / terms_schema() "
                          "at the projected d",
         "working_set": "partial + chunk accumulator (sums) + one temporary of the largest sums array + 2 "
-                       "batches of x (BATCH_ROWS × d float64) + the finiteness mask; Python, Dask and "
+                       "batches of x (batch_rows(d) × d float64, at most 32 MB) + the finiteness mask; Python, Dask and "
                        "serialization copies are not counted (a lower bound)",
         "refinement": "one pass of gradient_sums (k = 5) with generation and teacher; it ships one k × d "
                       "gradient sum per part of part_rows_for(d) rows ('blocks' counts parts)",
