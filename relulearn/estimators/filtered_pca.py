@@ -327,7 +327,8 @@ def _sketched_state(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
         d, r = basis.shape
         stored = np.asarray(first["residual_basis"]).T
         if stored.shape != basis.shape or not np.allclose(stored, basis, atol=1e-12):
-            raise ValueError(f"residual round {i + 1} was computed on another subspace; this is a bug, please report it")
+            raise ValueError(f"residual round {i + 1} was computed on another subspace; this is a bug, "
+                             "please report it")
         count = float(np.asarray(first["count"]))
         keep = np.flatnonzero(np.asarray(first["prob_residual"])[0] * count >= 1)
         if keep.size == 0:  # every |residual| at or below the smallest τ: the candidate fits every sample

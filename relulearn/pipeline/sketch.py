@@ -45,9 +45,11 @@ from .statistics import (
     Var,
     _of_output,
     _suffix,
+    candidate_coords,
     direction_bank,
     low_rank_expansion,
     residual_grid,
+    residual_scores,
     residual_setup,
     threshold_grid,
 )
@@ -204,9 +206,7 @@ class SketchMoments(Statistic):
             out["residual_tau"] = (("candidate", "residual_tau"), self.res_tau)
             if self.res_quantiles is not None:
                 out["residual_quantile"] = (("residual_tau",), self.res_quantiles)
-            for c, net in enumerate(self.candidates):  # named as in the dense residual family
-                for j, w in enumerate(net.weights):
-                    out[f"candidate{c}_W{j}"] = ((f"candidate{c}_W{j}_out", f"candidate{c}_W{j}_in"), w)
+            out.update(candidate_coords(self.candidates))  # named as in the dense residual family
         return out
 
     # ------------------------------------------------------------------- update
@@ -226,8 +226,7 @@ class SketchMoments(Statistic):
         if self.candidates is not None:
             h = x @ self.res_basis.T  # coordinates on the found subspace, the candidates' inputs
             xp, zp = x - h @ self.res_basis, z - h @ self.b_omega  # x⊥ and x⊥ Ω
-            for c, net in enumerate(self.candidates):
-                score = np.abs(y - net.forward(h)[:, 0])
+            for c, score in enumerate(residual_scores(y, h, self.candidates)):
                 _binned_cross(acc["residual_xz"][c], acc["residual_count"][c], xp, zp, score, self.res_tau[c])
 
     def _residual(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -43,6 +43,8 @@ __all__ = [
     "direction_bank",
     "threshold_grid",
     "residual_setup",
+    "residual_scores",
+    "candidate_coords",
 ]
 
 
@@ -514,7 +516,19 @@ class FilteredMoments(Statistic):
 # --------------------------------------------------------------------- residual
 
 
-def residual_setup(cfg: ResidualConfig, d: int, where: str = "statistics.residual") -> tuple[np.ndarray, list[Network]]:
+def residual_scores(y: np.ndarray, z: np.ndarray, candidates: list[Network]) -> np.ndarray:
+    """``|y − F̃_c(z)|`` of every candidate on the subspace coordinates ``z = x Bᵀ``, shape (C, n)."""
+    return np.stack([np.abs(y - net.forward(z)[:, 0]) for net in candidates])
+
+
+def candidate_coords(candidates: list[Network]) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
+    """The candidates' weights as coordinates ``candidate{c}_W{j}``, as the residual families store them."""
+    return {f"candidate{c}_W{j}": ((f"candidate{c}_W{j}_out", f"candidate{c}_W{j}_in"), w)
+            for c, net in enumerate(candidates) for j, w in enumerate(net.weights)}
+
+
+def residual_setup(cfg: ResidualConfig, d: int,
+                   where: str = "statistics.residual") -> tuple[np.ndarray, list[Network]]:
     """The basis rows ``B`` (r, d) and candidate networks of a residual section, checked.
 
     Raises
@@ -553,8 +567,7 @@ def residual_grid(cfg: ResidualConfig, source: Source, seed: int, basis: np.ndar
         return np.tile(tau, (len(candidates), 1)), None
 
     def scores(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        z = x @ basis.T
-        return np.stack([np.abs(y - net.forward(z)[:, 0]) for net in candidates])
+        return residual_scores(y, x @ basis.T, candidates)
 
     q = np.asarray(cfg.quantiles, dtype=np.float64)
     all_scores = _pilot_scores(source, seed, cfg.pilot_samples, _label_scores(source, scores))
@@ -602,16 +615,14 @@ class ResidualFilteredMoments(Statistic):
         out = {"tau": (("candidate", "tau"), self.tau), "basis": (("rank", "i"), self.basis)}
         if self.quantiles is not None:
             out["quantile"] = (("tau",), np.asarray(self.quantiles, dtype=np.float64))
-        for c, net in enumerate(self.candidates):
-            for j, w in enumerate(net.weights):
-                out[f"candidate{c}_W{j}"] = ((f"candidate{c}_W{j}_out", f"candidate{c}_W{j}_in"), w)
+        out.update(candidate_coords(self.candidates))
         return out
 
     def update(self, acc, x, y):
         z = x @ self.basis.T
         xp = x - z @ self.basis
-        for c, net in enumerate(self.candidates):
-            _binned_gram(acc["bin_xx"][c], acc["bin_count"][c], xp, np.abs(y - net.forward(z)[:, 0]), self.tau[c])
+        for c, score in enumerate(residual_scores(y, z, self.candidates)):
+            _binned_gram(acc["bin_xx"][c], acc["bin_count"][c], xp, score, self.tau[c])
 
     def terms(self, acc):
         count, xx = _suffix(acc["bin_count"], 1), _suffix(acc["bin_xx"], 1)
