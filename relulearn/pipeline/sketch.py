@@ -66,6 +66,9 @@ __all__ = [
 
 #: bytes of the weighted copy ``W ⊙ Z`` of a row batch in the contracted family (rows are cut to fit)
 _WZ_BYTES = 32 * 2**20
+# Row blocks of the M_2 sketch: about the 1 MiB L2 cache, but at least 512 rows (smaller GEMMs lose more at large d)
+_SECOND_BLOCK_BYTES = 2**20
+_SECOND_MIN_ROWS = 512
 
 
 def gaussian_test_matrix(d: int, rank: int, seed: int) -> np.ndarray:
@@ -212,13 +215,7 @@ class SketchMoments(Statistic):
     # ------------------------------------------------------------------- update
 
     def update(self, acc, x, y):
-        z = x @ self.omega  # one n × d × r product shared by every family
-        if self.second:
-            w = y if self.expansion is None else self._residual(x, y)
-            acc["second_xz"] += x.T @ (w[:, None] * z)
-            acc["second_y"] += w.sum()
-            acc["second_x"] += x.T @ w
-            acc["second_n"] += len(w)
+        z = self._update_second(acc, x, y) if self.second else x @ self.omega  # Z = X Ω, shared by every family
         if self.orders is not None:
             self._update_contracted(acc, x, z, y)
         if self.tau is not None:
@@ -228,6 +225,30 @@ class SketchMoments(Statistic):
             xp, zp = x - h @ self.res_basis, z - h @ self.b_omega  # x⊥ and x⊥ Ω
             for c, score in enumerate(residual_scores(y, h, self.candidates)):
                 _binned_cross(acc["residual_xz"][c], acc["residual_count"][c], xp, zp, score, self.res_tau[c])
+
+    def _update_second(self, acc, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Add the sums of ``M_2 Ω`` and return ``Z = X Ω``.
+
+        Row blocks that stay in cache between their two skinny products ``Z_b = X_b Ω`` and
+        ``[w ⊙ Z_b | w_b]ᵀ X_b`` (one GEMM that also gives ``Σ w x``, so E[y x] costs no further read):
+        20% faster than whole batches at d = 512, r = 32 (``benchmarks/sketch.py``).
+        """
+        w = y if self.expansion is None else self._residual(x, y)
+        n, r = x.shape[0], self.rank
+        step = min(n, max(_SECOND_MIN_ROWS, _SECOND_BLOCK_BYTES // (8 * self.d)))
+        z, wz = np.empty((n, r)), np.empty((step, r + 1))
+        for start in range(0, n, step):
+            xs, ws = x[start:start + step], w[start:start + step]
+            m = len(xs)
+            zs = np.matmul(xs, self.omega, out=z[start:start + m])
+            np.multiply(ws[:, None], zs, out=wz[:m, :-1])
+            wz[:m, -1] = ws
+            wzx = wz[:m].T @ xs  # this orientation of the skinny product is ~10% faster than Xᵀ [w ⊙ Z | w]
+            acc["second_xz"] += wzx[:-1].T
+            acc["second_x"] += wzx[-1]
+        acc["second_y"] += w.sum()
+        acc["second_n"] += n
+        return z
 
     def _residual(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``y − q(x)`` for the expansion q: one n × d × s product for its low-rank T_2."""

@@ -173,8 +173,9 @@ class OutputMoments(Statistic):
 
     Estimands: ``A = E[A]`` (output,), ``AA = E[A Aᵀ]`` (output, output2),
     ``T1 = E[A_j x]`` (output, i) and ``T2 = E[A_j (x xᵀ − I)]`` (output, i, j). The d × d
-    part of all outputs is one GEMM per row batch, ``xwᵀ x`` with
-    ``xw[s, j·d + i] = A_j(x_s) x_{s,i}`` (m d² flops per sample).
+    part is, per output, two symmetric rank-k updates (rows with positive and with negative label,
+    ``m d (d + 1)`` flops per sample); below d = 64, one GEMM per row batch for all outputs,
+    ``xwᵀ x`` with ``xw[s, j·d + i] = A_j(x_s) x_{s,i}`` (2 m d² flops per sample).
     """
 
     name = "output_moments"
@@ -202,6 +203,15 @@ class OutputMoments(Statistic):
         acc["a"] += a.sum(axis=0)
         acc["aa"] += a.T @ a
         acc["ax"] += a.T @ x
+        if d >= hermite._SYRK_MIN_D:
+            # Σ a_j x xᵀ as two symmetric rank-k updates per output (d(d+1) flops per sample, half a
+            # GEMM's), then mirrored: 1.5× faster than the GEMM below at d = 512
+            quad = np.zeros((m, d, d))
+            hermite._add_signed_grams(quad, np.require(x, requirements="CA"), a,
+                                      np.empty((max(1, min(n, hermite._GRAM_BLOCK // d)), d)))
+            hermite._mirror_upper(quad)
+            acc["axx"] += quad
+            return
         # rows per GEMM so that the weighted copy xw (rows × m d) stays below _XW_BYTES
         step = max(1, _XW_BYTES // (8 * m * d))
         for start in range(0, n, step):
