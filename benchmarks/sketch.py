@@ -14,9 +14,10 @@ Part ``a`` (d = 512, 10⁶ samples, r = 32), on ONE shared two-worker ``LocalClu
   Davis–Kahan angle bound (and both angles to the planted span); two more passes show the
   iteration;
 - throughput of the statistic's update (single BLAS thread, the same generated batches,
-  interleaved repetitions): dense ``M_2`` vs sketch and subspace pass at r = 32, and a bare
-  numpy product of the sketch's flops (roofline ratio); and end-to-end samples/s of the runs
-  (Gaussian generation, teacher and update on two workers).
+  interleaved repetitions): dense ``M_2`` (two symmetric rank-k updates, d (d + 1) flops per
+  sample) vs sketch and subspace pass at r = 32 and r = 16 (4 d r flops), and a bare numpy
+  product of the sketch's flops (roofline ratio); and end-to-end samples/s of the runs (Gaussian
+  generation, teacher and update on two workers).
 
 Part ``c`` (d = 3000, 2·10⁶ samples, r = 16): sketch, then several passes; per pass the Ritz
 values against the true eigenvalues, the angle to the planted span against the bound, the
@@ -163,7 +164,8 @@ def update_throughput(d: int, r: int, rows: int, reps: int) -> dict[str, Any]:
             "ratio_sketch_vs_dense": rate["sketch_r"] / rate["dense_M2"],
             "ratio_pass_vs_dense": rate["pass_r"] / rate["dense_M2"],
             "roofline_ratio_sketch": rate["sketch_r"] / rate["bare_gemm"],
-            "flops_per_sample": {"dense_M2": 2 * d * d, "sketch": 4 * d * r}}
+            "flops_per_sample": {"dense_M2": d * (d + 1), "sketch": 4 * d * r},
+            "flop_ratio": d * (d + 1) / (4 * d * r)}
 
 
 # ----------------------------------------------------------------------------------- parts
@@ -218,7 +220,10 @@ def part_a(client: Any, workdir: Path, quick: bool) -> dict[str, Any]:
         "passes": iteration_rows(it, lam_true, v_true, dense_v, log),
         "end_to_end_ratio_sketch_vs_dense": sketch_sum.samples_per_second / dense_sum.samples_per_second,
     }
-    result["update_throughput"] = update_throughput(d, r, 8 * 4096 if quick else 16 * 4096, 2 if quick else 3)
+    rows, reps = (8 * 4096, 2) if quick else (16 * 4096, 3)
+    result["update_throughput"] = update_throughput(d, r, rows, reps)
+    # at half the rank: the flop ratio of a pass to the symmetric dense update is d (d + 1) / (4 d r)
+    result["update_throughput_half_rank"] = update_throughput(d, r // 2, rows, reps)
     return result
 
 

@@ -160,7 +160,7 @@ def test_residual_rounds_on_a_sketch_extend_the_subspace(client, tmp_path):
     matrices, then their subspace passes on the same chunks) until one adds nothing or the held-out
     loss is below the target; the answer meets the dense path's bounds (angle ≤ 0.05 rad, test
     error ≤ 1e-2)."""
-    data = dict(deep_config(60, [3, 6], seed=2, samples=400_000), run={"commit_interval": 1e9, "worker_memory": 300_000})
+    data = dict(deep_config(60, [3, 6], seed=2, samples=200_000), run={"commit_interval": 1e9, "worker_memory": 300_000})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     out = str(tmp_path / "m.npz")
     result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=6, out=out,
