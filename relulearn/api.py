@@ -439,9 +439,10 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         "samples": samples,
         "relative_test_error": float(err2.sum() / ey2.sum()),
         "noise_floor": float(y2.shape[1] * source.noise_std**2 / ey2.sum()),
-        "teacher_width": int(source.network.weights[0].shape[0]),
-        "teacher_depth": int(source.network.depth),
     }
+    t_net = getattr(source, "network", None)  # None for a black-box teacher
+    if t_net is not None:
+        out.update(teacher_width=int(t_net.weights[0].shape[0]), teacher_depth=int(t_net.depth))
     if y2.shape[1] > 1:
         out["outputs"] = int(y2.shape[1])
         out["relative_test_error_per_output"] = [float(e) for e in err2 / ey2]
@@ -452,7 +453,11 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
                     "parameter_error_note": "the model is a polynomial (improper learner): compare by test error"})
         return out
     out.update({"model_kind": "network", "model_width": int(net.weights[0].shape[0]), "model_depth": int(net.depth)})
-    t_net = source.network
+    if t_net is None:
+        out["parameter_error"] = None
+        out["parameter_error_note"] = ("the teacher is a black box (source.teacher.callable): no weights to compare "
+                                       "with; compare by test error")
+        return out
     scalar_relu = (t_net.activation == "relu" and net.activation == "relu" and y2.shape[1] == 1
                    and getattr(source, "output", None) is None)
     if scalar_relu and t_net.biases is None:
@@ -635,7 +640,10 @@ def shadow(teacher: str | Path | Network, degree: int, *, samples: int = 200_000
             net = Network.load(path)
         else:
             cfg = load_config(path)
-            net = make_source(cfg).network
+            net = getattr(make_source(cfg), "network", None)
+            if net is None:
+                raise ValueError(f"{path}: shadow needs the teacher's weights (a planted or file teacher), but "
+                                 "source.teacher.callable is a black box")
             if cfg.source.output is not None:  # the scalar label the configuration learns
                 net = Network(net.weights[:-1] + (net.weights[-1][cfg.source.output:cfg.source.output + 1],),
                               None if net.biases is None else

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -169,7 +170,27 @@ class FileTeacher(_Section):
     file: str = Field(..., description="path of a .npz network file, relative to the config file")
 
 
-TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, RandomXavierTeacher, FileTeacher]
+class CallableTeacher(_Section):
+    """A black-box teacher: ``y = F(x)`` for a Python function ``F`` of a batch of inputs, queried at
+    the run's Gaussian inputs on the workers (``relulearn.pipeline.blackbox``)."""
+
+    callable: str = Field(
+        ..., description="'package.module:function': F(x) for a batch x of shape (rows, d) returns labels (rows,) "
+        "or (rows, m); vectorised over the rows and deterministic; its module must import on the driver and on "
+        "every worker"
+    )
+
+    @field_validator("callable")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", value):
+            raise ValueError(f"'{value}' is not 'package.module:function' (a module to import, a colon, and the "
+                             "name of a function in it)")
+        return value
+
+
+TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, RandomXavierTeacher, FileTeacher,
+                      CallableTeacher]
 
 
 class SourceConfig(_Section):
@@ -186,6 +207,8 @@ class SourceConfig(_Section):
     def _pick_teacher(cls, value: Any) -> Any:
         if isinstance(value, dict) and "file" in value:
             return FileTeacher(**value)
+        if isinstance(value, dict) and "callable" in value:
+            return CallableTeacher(**value)
         if isinstance(value, dict) and value.get("kind") == "deep_relu":
             return DeepReluTeacher(**value)
         if isinstance(value, dict) and value.get("kind") == "two_layer":
@@ -553,8 +576,9 @@ def _model_at(loc: tuple, root: type[BaseModel], data: Any = None) -> Optional[t
         # key, or that has the next key on the way to it
         nxt, last = loc[i + 1], i + 1 == len(loc) - 1
         kind = data.get("kind") if isinstance(data, dict) else None
-        if isinstance(data, dict) and "file" in data:  # as _pick_teacher: a file teacher whatever else is given
-            by_kind = [c for c in candidates if "file" in c.model_fields]
+        if isinstance(data, dict) and ("file" in data or "callable" in data):  # as _pick_teacher
+            tag = "file" if "file" in data else "callable"
+            by_kind = [c for c in candidates if tag in c.model_fields]
         else:
             by_kind = [c for c in candidates if kind is not None and _kind_of(c) == kind]
         if by_kind:

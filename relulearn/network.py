@@ -75,10 +75,27 @@ class NetworkFileError(ValueError):
     """A network file or weight list that does not describe a network."""
 
 
+#: file suffixes of pickled models (scikit-learn's joblib, PyTorch's torch.save): refused by name
+PICKLE_SUFFIXES = frozenset({".pkl", ".pickle", ".joblib", ".pt", ".pth", ".sav"})
+
+
+def _is_pickle(path: Path) -> bool:
+    """Whether the file starts as a pickle of protocol 2 or later does (``\\x80`` and the protocol)."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
 def read_arrays(path: str | Path, kind: str, holds: str) -> dict[str, np.ndarray]:
     """The arrays of an ``.npz`` model file (no pickle), or an error naming the file and what is wrong
     (``kind`` and ``holds`` describe the file expected, e.g. ``"network"``, ``"W0..WL"``)."""
     path = Path(path)
+    if path.suffix.lower() in PICKLE_SUFFIXES or (path.is_file() and _is_pickle(path)):
+        raise NetworkFileError(
+            f"{path} is a pickle (or joblib / torch.save) file; relulearn never loads pickles, which run code when "
+            f"loaded. Save the model's weights as an .npz {kind} file ({holds}; np.savez), or serve the model as a "
+            "function of a batch x through source.teacher.callable ('package.module:function')"
+        )
     if path.is_file() and not zipfile.is_zipfile(path):  # np.load would call it "pickled data"
         raise NetworkFileError(f"{path} is not an .npz {kind} file (not a zip archive of arrays {holds})")
     try:

@@ -232,6 +232,30 @@ def prepare(client: Any) -> dict[str, dict]:
     return infos
 
 
+def check_imports(client: Any, modules: list[str], why: str) -> None:
+    """Refuse, before any block, workers that cannot import ``modules`` (a black-box teacher's).
+
+    Raises
+    ------
+    ClusterError
+        Naming each worker, the module and its import error, and what to do.
+    """
+    from .worker import try_imports
+
+    answers = client.run(try_imports, list(modules), on_error="return")
+    problems = []
+    for addr, answer in sorted(answers.items()):
+        if isinstance(answer, BaseException):
+            problems.append(f"worker {addr} could not run the import check ({type(answer).__name__}: {answer})")
+            continue
+        problems += [f"worker {addr} cannot import '{m}' ({e})" for m, e in answer.items() if e is not None]
+    if problems:
+        raise ClusterError(
+            f"{why}: " + "; ".join(problems) + ". Install the module on every worker, or put its folder on the "
+            "workers' PYTHONPATH, and restart them; no block was run"
+        )
+
+
 def connection_lost(client: Any, err: BaseException) -> bool:
     """Whether a failed future means the scheduler is gone (not that its block failed)."""
     import asyncio

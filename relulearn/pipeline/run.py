@@ -64,7 +64,7 @@ def fingerprint(cfg: RunConfig, source: Source) -> dict[str, Any]:
     src = cfg.source.model_dump(mode="json", exclude_none=True)
     if "file" in src.get("teacher", {}):
         src["teacher"] = {"file": "<file>"}  # the path may move; the weights may not
-    src["teacher_sha256"] = source.network.fingerprint()
+    src["teacher_sha256"] = source.fingerprint()
     return {
         "format_version": FORMAT_VERSION,
         "seed": cfg.seed,
@@ -302,6 +302,12 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     """
     t0 = time.perf_counter()
     source = make_source(cfg)
+    modules = getattr(source, "required_modules", None)
+    if client is not None and modules:  # a black-box teacher is imported where its labels are made
+        from .cluster import check_imports
+
+        check_imports(client, modules, f"source.teacher.callable '{getattr(source, 'name', modules[0])}' must "
+                                       "import on every worker")
     sketch = cfg.statistics.sketch
     if sketch is not None and sketch.refines is not None:  # a subspace pass: the chunks of the store it refines
         wanted = samples if samples is not None else cfg.samples

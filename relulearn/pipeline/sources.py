@@ -15,7 +15,7 @@ from typing import Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..config import (DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RandomXavierTeacher, RunConfig, SourceConfig,
+from ..config import (CallableTeacher, DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RandomXavierTeacher, RunConfig, SourceConfig,
                       TwoLayerTeacher)
 from ..network import Network, NetworkFileError
 
@@ -26,6 +26,7 @@ __all__ = [
     "Source",
     "TeacherSource",
     "SourceDataError",
+    "LabelShapeError",
     "generator",
     "make_source",
     "planted_one_hidden",
@@ -90,6 +91,18 @@ def generator(seed: int, stream: int, counter: int = 0) -> np.random.Generator:
 
 class SourceDataError(ValueError):
     """A source produced values the statistics cannot use (NaN or inf)."""
+
+
+class LabelShapeError(SourceDataError):
+    """A black-box teacher answered a batch with labels of the wrong shape or type, or failed on it
+    (the message names the batch's rows once the chunk is known: :func:`at_rows`)."""
+
+
+def at_rows(err: LabelShapeError, chunk_id: Optional[int], row: int) -> LabelShapeError:
+    """``err`` with the place of the failing batch: chunk and first row, or a sample outside the chunks."""
+    where = (f"chunk {chunk_id}, the batch from row {row}" if chunk_id is not None else
+             f"the batch from row {row} of a sample drawn outside the run's chunks (pilot, held-out or test samples)")
+    return LabelShapeError(f"{where}: {err}")
 
 
 class Source(Protocol):
@@ -232,6 +245,10 @@ class TeacherSource:
     noise_std: float = 0.0
     output: Optional[int] = None
 
+    def fingerprint(self) -> str:
+        """Identifies the teacher in a store's fingerprint."""
+        return self.network.fingerprint()
+
     @property
     def d(self) -> int:
         return self.network.input_dim
@@ -300,7 +317,14 @@ def draw_batches(source: Source, seed: int, stream: int, n: int, part: int = 0
                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The samples :func:`draw` returns, batch by batch, each checked (NaN / inf named by row)."""
     row = 0
-    for x, y in source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n):
+    batches = source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n)
+    while True:
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            return
+        except LabelShapeError as err:
+            raise at_rows(err, None, row) from None
         check_finite(x, y, None, row)
         yield x, y
         row += len(y)
@@ -325,7 +349,7 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
     return xs, np.concatenate(ys)
 
 
-def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) -> TeacherSource:
+def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) -> Source:
     """Build the source a configuration describes.
 
     A teacher with several outputs gives scalar labels (its output ``source.output``) or,
@@ -339,6 +363,10 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     run = cfg if isinstance(cfg, RunConfig) else base
     src = cfg.source if isinstance(cfg, RunConfig) else cfg
     teacher = src.teacher
+    if isinstance(teacher, CallableTeacher):
+        from .blackbox import callable_source
+
+        return callable_source(teacher.callable, src.d, src.noise_std, src.output)
     if isinstance(teacher, FileTeacher):
         path = run.resolve_path(teacher.file) if run is not None else teacher.file
         if not Path(path).exists():

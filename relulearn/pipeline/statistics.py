@@ -23,7 +23,8 @@ from .. import hermite
 from ..config import (ContractedConfig, ExpansionConfig, FilteredConfig, HermiteConfig, ProjectedHermiteConfig,
                       ResidualConfig, RunConfig)
 from ..network import Network
-from .sources import Source, Stream, check_finite, chunk_batches, generator, label_outputs, pilot_batches
+from .sources import (LabelShapeError, Source, Stream, at_rows, check_finite, chunk_batches, generator, label_outputs,
+                      pilot_batches)
 
 __all__ = [
     "Var",
@@ -893,11 +894,14 @@ def accumulate_chunks(stats: list[Statistic], source: Source, seed: int, chunk_s
     for chunk_id in range(chunk_start, chunk_stop):
         accs = {s.name: s.init() for s in stats}
         row = 0
-        for x, y in chunk_batches(source, seed, chunk_id, chunk_size):
-            check_finite(x, y, chunk_id, row)
-            for s in stats:
-                s.update(accs[s.name], x, y)
-            row += len(y)
+        try:
+            for x, y in chunk_batches(source, seed, chunk_id, chunk_size):
+                check_finite(x, y, chunk_id, row)
+                for s in stats:
+                    s.update(accs[s.name], x, y)
+                row += len(y)
+        except LabelShapeError as err:  # a black-box teacher's answer: name the chunk and row
+            raise at_rows(err, chunk_id, row) from None
         for s in stats:
             sums = part.sums[s.name]
             for k, v in accs[s.name].items():

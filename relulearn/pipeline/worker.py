@@ -18,7 +18,7 @@ not import relulearn at module level on the worker, so it is shipped by value.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Optional
 
 __all__ = ["platform_id", "tune_malloc", "worker_setup_plugin", "probe_source", "dask_setup", "make_probe"]
 
@@ -91,6 +91,20 @@ def dask_setup(worker: Any) -> None:  # noqa: ARG001 - the --preload hook's sign
     """``dask worker --preload relulearn.pipeline.worker``: set the process up at start-up."""
     tune_malloc()
     _single_blas_thread()
+
+
+def try_imports(modules: list[str]) -> dict[str, Optional[str]]:
+    """Import each module; None where it worked, else the error (run on every worker)."""
+    import importlib
+
+    out: dict[str, Optional[str]] = {}
+    for m in modules:
+        try:
+            importlib.import_module(m)
+            out[m] = None
+        except Exception as err:  # noqa: BLE001 - reported to the driver, which names the worker
+            out[m] = f"{type(err).__name__}: {err}"
+    return out
 
 
 # The probe runs on workers that may lack relulearn or have another version, so it must not

@@ -1,0 +1,156 @@
+"""Black-box teachers: labels from a user's Python function, queried at the run's Gaussian inputs.
+
+A callable teacher ``package.module:function`` maps a batch of inputs ``x`` (rows, d) to labels
+(rows,) or (rows, m). Inputs are drawn exactly as for a planted teacher (the same chunk bytes);
+only the labels come from the function, so a run is as deterministic as the function is. The
+source holds the function's *name*, not the function: it is imported where the labels are made
+(on every worker), which :func:`relulearn.pipeline.cluster.check_imports` checks before any block.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import numpy as np
+
+from .sources import LabelShapeError, batch_rows
+
+__all__ = ["CallableSource", "load_callable", "callable_source"]
+
+WHERE = "source.teacher.callable"
+
+
+@functools.lru_cache(maxsize=None)
+def load_callable(name: str) -> Callable[[np.ndarray], Any]:
+    """Import ``package.module:function`` (the function may be a dotted attribute path).
+
+    Raises
+    ------
+    ValueError
+        Naming the config key, the module and what to do when the module does not import, lacks
+        the attribute, or the attribute is not callable.
+    """
+    module_name, sep, attr = name.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{WHERE} is '{name}'; write it as 'package.module:function'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as err:  # noqa: BLE001 - any import failure is the user's module's, named below
+        raise ValueError(
+            f"{WHERE} '{name}': module '{module_name}' cannot be imported ({type(err).__name__}: {err}); install "
+            "it or put its folder on PYTHONPATH, on the driver and on every worker"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{WHERE} '{name}': module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{WHERE} '{name}' is not callable (an object of type {type(obj).__name__}); name a "
+                         "function of a batch of inputs")
+    return obj
+
+
+def _fingerprint(name: str) -> str:
+    """sha256 of the name and of the module's source file (when it has one): a store built with
+    one version of the function refuses to be resumed or extended with another."""
+    h = hashlib.sha256(f"callable:{name}".encode())
+    module = importlib.import_module(name.partition(":")[0])
+    try:
+        path = inspect.getsourcefile(module)
+    except TypeError:  # a built-in or extension module: its name is all there is
+        path = None
+    if path is not None and Path(path).is_file():
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class CallableSource:
+    """``y = F(x) + σ ε`` with ``x ~ N(0, I_d)`` and a black-box function ``F`` (a :class:`Source`).
+
+    ``width`` is the number of outputs of ``F`` (1 for a function returning (rows,)); the label is
+    output ``output``, or with ``output=None`` the only output, or the vector of all outputs.
+    """
+
+    name: str
+    d: int
+    width: int = 1
+    noise_std: float = 0.0
+    output: Optional[int] = None
+
+    @property
+    def outputs(self) -> Optional[int]:
+        """None for a scalar label; the number of outputs ``m`` for a label vector."""
+        return self.width if self.output is None and self.width > 1 else None
+
+    @property
+    def required_modules(self) -> list[str]:
+        return [self.name.partition(":")[0]]
+
+    def fingerprint(self) -> str:
+        return _fingerprint(self.name)
+
+    def answers(self, x: np.ndarray) -> np.ndarray:
+        """``F(x)`` as float64 (rows, width), checked: a wrong shape or type raises
+        :class:`LabelShapeError` naming the batch's rows (the caller adds the chunk)."""
+        rows = len(x)
+        try:
+            with np.errstate(all="ignore"):  # NaN / inf are named by chunk and row by check_finite
+                out = np.asarray(load_callable(self.name)(x))
+        except LabelShapeError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's function failed: say where and on what
+            raise LabelShapeError(f"{WHERE} '{self.name}' raised {type(err).__name__}: {err} on a batch x of shape "
+                                  f"{x.shape}") from err
+        if not (np.issubdtype(out.dtype, np.number) or out.dtype == bool) or np.iscomplexobj(out):
+            raise LabelShapeError(f"{WHERE} '{self.name}' returned {out.dtype} values; it must return real numbers")
+        shape = out.shape
+        if out.ndim == 1:
+            out = out[:, None]
+        if out.ndim != 2 or out.shape[0] != rows or out.shape[1] != self.width:
+            want = "(rows,)" if self.width == 1 else f"(rows, {self.width})"
+            raise LabelShapeError(f"{WHERE} '{self.name}' returned shape {shape} for a batch of {rows} rows; it "
+                                  f"must return {want}, one label per row, as it did for the probe batch")
+        return out.astype(np.float64, copy=False)
+
+    def labels(self, x: np.ndarray) -> np.ndarray:
+        out = self.answers(x)
+        if self.outputs is not None:
+            return out
+        return out[:, self.output if self.output is not None else 0]
+
+    def batches(self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        step = batch_rows(self.d)
+        for start in range(0, n, step):
+            rows = min(step, n - start)
+            x = gen_x.standard_normal((rows, self.d))
+            y = self.labels(x)
+            if self.noise_std > 0:
+                y = y + self.noise_std * gen_noise.standard_normal(y.shape)
+            yield x, y
+
+
+def callable_source(name: str, d: int, noise_std: float, output: Optional[int]) -> CallableSource:
+    """The source of ``source.teacher.callable``, its number of outputs read from a probe call on
+    two rows of zeros (d columns)."""
+    fn = load_callable(name)
+    try:
+        with np.errstate(all="ignore"):
+            probe = np.asarray(fn(np.zeros((2, d))))
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"{WHERE} '{name}' raised {type(err).__name__}: {err} when called on a probe batch x of "
+                         f"shape (2, {d}); it must take a (rows, d) array with d = source.d = {d}") from None
+    if probe.ndim not in (1, 2) or probe.shape[0] != 2 or (probe.ndim == 2 and probe.shape[1] < 1):
+        raise ValueError(f"{WHERE} '{name}' returned shape {probe.shape} for a probe batch x of shape (2, {d}); it "
+                         "must return (rows,) or (rows, m): one label (or m outputs) per row")
+    width = 1 if probe.ndim == 1 else int(probe.shape[1])
+    if output is not None and output >= width:
+        raise ValueError(f"source.output is {output} but {WHERE} '{name}' has only {width} output(s)")
+    return CallableSource(name, d, width, float(noise_std), output)

@@ -1,0 +1,206 @@
+"""Black-box teachers: a user's Python function queried at the run's Gaussian inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from relulearn import api
+from relulearn.config import ConfigError, config_from_dict
+from relulearn.network import Network, NetworkFileError, compare
+from relulearn.pipeline.cluster import ClusterError
+from relulearn.storage import StoreError
+from relulearn.pipeline.sources import LabelShapeError, SourceDataError, Stream, generator, make_source
+
+from conftest import PYTHON, cli_env
+
+D, K = 10, 3
+MODULE = "user_teacher_{}"
+
+# A user's module: a one-hidden-layer ReLU network y = Σ λ_i relu(u_i·x) behind a function of a batch,
+# and functions that misbehave the ways the pipeline must name.
+SOURCE = '''
+import numpy as np
+
+_rng = np.random.default_rng(5)
+U = _rng.standard_normal((3, 10))
+U /= np.linalg.norm(U, axis=1, keepdims=True)
+LAM = np.array([1.0, -0.8, 1.3])
+
+
+def teacher(x):
+    return np.maximum(x @ U.T, 0.0) @ LAM
+
+
+def two_outputs(x):
+    return np.stack([teacher(x), -teacher(x)], axis=1)
+
+
+def short(x):  # right on the two-row probe, one label short on a real batch
+    return teacher(x)[:max(2, len(x) - 1)]
+
+
+def nan_above(x):
+    y = teacher(x)
+    y[x[:, 0] > 3.0] = np.nan
+    return y
+
+
+NOT_A_FUNCTION = 3
+'''
+
+
+@pytest.fixture
+def module(tmp_path, monkeypatch):
+    """The user's module in its own folder, importable by this process (not by the fixture's workers)."""
+    name = MODULE.format(abs(hash(str(tmp_path))) % 10**8)  # a fresh name per test: no stale import
+    folder = tmp_path / "user"
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(SOURCE)
+    monkeypatch.syspath_prepend(str(folder))
+    return name, folder
+
+
+def config(name: str, function: str = "teacher", samples: int = 400_000, **source) -> dict:
+    return {"seed": 3, "samples": samples, "chunk_size": 25_000,
+            "source": {"d": D, "teacher": {"callable": f"{name}:{function}"}, **source},
+            "run": {"commit_interval": 1e9}}
+
+
+def teacher_network(name: str) -> Network:
+    import importlib
+
+    mod = importlib.import_module(name)
+    return Network((mod.U, mod.LAM[None, :]))
+
+
+def test_a_callable_teacher_is_extracted_exactly_through_the_cli_on_two_workers(module, tmp_path):
+    """`relulearn fit --method moments` on a user's function (its folder on PYTHONPATH, as a user sets it):
+    the learned network equals the one behind the function to machine precision."""
+    name, folder = module
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump(config(name)))
+    env = cli_env()
+    env["PYTHONPATH"] = str(folder) + os.pathsep + env["PYTHONPATH"]
+    out = tmp_path / "m.npz"
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "fit", str(cfg_path), "--store", str(tmp_path / "s.zarr"),
+                           "--method", "moments", "--workers", "2", "--out", str(out), "--quiet", "--json"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["width"] == K
+    cmp = compare(teacher_network(name), Network.load(out))
+    assert cmp.relative_error <= 1e-10, cmp
+    ev = api.evaluate(out, cfg_path, samples=100_000)
+    assert ev["relative_test_error"] <= 1e-20, ev
+    assert ev["parameter_error"] is None and "black box" in ev["parameter_error_note"]
+
+
+def test_the_inputs_are_the_chunks_of_a_planted_run_and_the_store_names_the_function(module, tmp_path):
+    """The same chunk bytes as any source of the seed; the store's fingerprint holds the function's
+    name and a hash of its module, so an edited module cannot resume the store."""
+    name, folder = module
+    cfg = config_from_dict(config(name, samples=50_000))
+    source = make_source(cfg)
+    x, y = next(source.batches(generator(3, Stream.INPUTS, 1), generator(3, Stream.NOISE, 1), 100))
+    x_ref = generator(3, Stream.INPUTS, 1).standard_normal((100, D))
+    assert np.array_equal(x, x_ref)
+    assert np.array_equal(y, teacher_network(name).forward(x_ref)[:, 0])
+    url = str(tmp_path / "s.zarr")
+    api.estimate(cfg, url, client="local", progress=None)
+    from relulearn import open_store
+
+    fp = open_store(url).meta["fingerprint"]["source"]
+    assert fp["teacher"] == {"callable": f"{name}:teacher"} and len(fp["teacher_sha256"]) == 64
+    # an edited module is another teacher: the store refuses to be extended with it
+    (folder / f"{name}.py").write_text(SOURCE.replace("LAM = np.array([1.0,", "LAM = np.array([1.1,"))
+    from relulearn.pipeline import blackbox
+
+    blackbox.load_callable.cache_clear()
+    import sys
+
+    sys.modules.pop(name)
+    with pytest.raises(StoreError, match=r"different fingerprint; differing fields: source.teacher_sha256"):
+        api.estimate(config_from_dict(config(name, samples=100_000)), url, client="local", progress=None)
+
+
+def test_vector_outputs_and_source_output(module):
+    name, _ = module
+    both = make_source(config_from_dict(config(name, "two_outputs")))
+    assert both.outputs == 2
+    second = make_source(config_from_dict(config(name, "two_outputs", output=1)))
+    x = generator(0, Stream.INPUTS, 0).standard_normal((50, D))
+    assert np.array_equal(second.labels(x), -both.labels(x)[:, 0])
+    with pytest.raises(ValueError, match=r"source.output is 2 but .* has only 2 output"):
+        make_source(config_from_dict(config(name, "two_outputs", output=2)))
+
+
+def test_workers_that_cannot_import_the_function_are_refused_before_any_block(module, client, tmp_path):
+    """The fixture's workers started before the user's folder was on this process's path."""
+    name, _ = module
+    url = tmp_path / "s.zarr"
+    with pytest.raises(ClusterError, match=rf"cannot import '{name}' \(ModuleNotFoundError.*no block was run"):
+        api.estimate(config_from_dict(config(name, samples=50_000)), str(url), client=client, progress=None)
+    assert not url.exists()
+
+
+def test_a_wrong_shape_names_the_chunk_and_the_row(module, tmp_path):
+    name, _ = module
+    cfg = config_from_dict(config(name, "short", samples=50_000))
+    with pytest.raises(LabelShapeError, match=r"chunk 0, the batch from row 0: .*returned shape \(4095,\) for a "
+                                              r"batch of 4096 rows; it must return \(rows,\)"):
+        api.estimate(cfg, str(tmp_path / "s.zarr"), client="local", progress=None)
+
+
+def test_nan_answers_name_the_chunk_and_the_row(module, tmp_path):
+    name, _ = module
+    cfg = config_from_dict(config(name, "nan_above", samples=50_000))
+    # the first row of the run whose x_0 > 3: the chunk and row the error must name
+    for chunk in range(2):
+        x = generator(3, Stream.INPUTS, chunk).standard_normal((25_000, D))
+        rows = np.flatnonzero(x[:, 0] > 3.0)
+        if rows.size:
+            break
+    with pytest.raises(SourceDataError, match=rf"chunk {chunk}, row {rows[0]} "):
+        api.estimate(cfg, str(tmp_path / "s.zarr"), client="local", progress=None)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("no_colon", r"not 'package.module:function'"),
+    ("not_a_module_xyz:f", r"module 'not_a_module_xyz' cannot be imported \(ModuleNotFoundError"),
+    ("{name}:missing", r"has no attribute 'missing'"),
+    ("{name}:NOT_A_FUNCTION", r"is not callable \(an object of type int\)"),
+])
+def test_bad_callables_name_the_key(module, spec, message):
+    name, _ = module
+    data = config(name)
+    data["source"]["teacher"]["callable"] = spec.format(name=name)
+    with pytest.raises((ConfigError, ValueError), match=message):
+        make_source(config_from_dict(data))
+
+
+def test_pickle_files_are_refused_with_the_routes_that_work(tmp_path):
+    import pickle
+
+    for suffix in (".pkl", ".joblib", ".npz"):
+        path = tmp_path / f"model{suffix}"
+        path.write_bytes(pickle.dumps({"W0": np.eye(2)}))
+        with pytest.raises(NetworkFileError, match=r"pickle.*run code when loaded.*\.npz network file.*callable"):
+            Network.load(path)
+
+
+def test_a_pickle_teacher_file_is_refused_by_the_cli_before_any_store_is_written(tmp_path):
+    import pickle
+
+    (tmp_path / "model.pkl").write_bytes(pickle.dumps({"W0": np.eye(2)}))
+    data = dict(config("unused"), source={"d": 2, "teacher": {"file": "model.pkl"}})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(tmp_path / "c.yaml"), "--store",
+                           str(tmp_path / "s.zarr"), "--in-process"], env=cli_env(), capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"{tmp_path / 'model.pkl'} is a pickle" in done.stderr and "never loads pickles" in done.stderr
+    assert not (tmp_path / "s.zarr").exists()
