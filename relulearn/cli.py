@@ -7,6 +7,7 @@ import json
 import math
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from . import api
@@ -15,6 +16,7 @@ from .network import NetworkFileError
 from .pipeline.cluster import ClusterLostError
 from .pipeline.sources import SourceDataError
 from .storage import StoreError
+from .summary import summary_lines
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -170,7 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "polynomial model for --method polynomial)")
         add_cluster_options(q)
         q.add_argument("--quiet", action="store_true", help="no progress output")
-        q.add_argument("--json", action="store_true", help="print the result as JSON")
+        q.add_argument("--json", action="store_true", help="print the full result as JSON (default: a short summary)")
+        add_report_option(q)
 
     p = sub.add_parser("learn", help="learn a model (a network, or a polynomial) from a store's statistics",
                        description="Learn a network from the statistics in a store with a learning method. "
@@ -245,7 +248,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_report_option(p)
     return parser
+
+
+def add_report_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--report", metavar="PATH", help="also write the full result (the --json output) to PATH; its "
+                   "folder must exist (checked before any work)")
+
+
+def _check_report_path(path: Optional[str]) -> None:
+    """Refuse, before a long run, a report path whose folder does not exist or that is a folder."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--report {path} is a folder; give a file path, e.g. {p / 'report.json'}")
+    if not p.parent.is_dir():
+        raise ValueError(f"--report {path}: the folder {p.parent} does not exist; create it or choose another path")
+
+
+def _write_report(path: str, result: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -381,6 +405,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_report_path(getattr(args, "report", None))
         if args.command == "estimate":
             result = _cmd_estimate(args)
         elif args.command == "status":
@@ -410,11 +435,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "demo":
             result = api.demo(d=args.d, width=args.width, samples=args.samples, seed=args.seed,
                               **_cluster_kwargs(args))
+            if args.report:
+                _write_report(args.report, result)
             if not args.json:
                 _print_demo(result)
                 return 0
         else:  # pragma: no cover - argparse rejects unknown commands
             parser.error(f"unknown command {args.command}")
+        if getattr(args, "report", None):
+            _write_report(args.report, result)
     except ClusterLostError as err:
         resume = "relulearn " + shlex.join(sys.argv[1:] if argv is None else list(argv))
         msg = (f"{err}. Start the scheduler and workers again (or drop --scheduler for a local cluster) and run "
@@ -433,7 +462,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               file=sys.stderr)
         return EXIT_INTERRUPTED
     try:
-        _print(result, args.json)
+        if args.command in ("learn", "fit") and not args.json:
+            print("\n".join(summary_lines(result)))
+        else:
+            _print(result, args.json)
         sys.stdout.flush()
     except BrokenPipeError:  # e.g. `relulearn status run.zarr | head -3`
         import os

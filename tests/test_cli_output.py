@@ -1,0 +1,49 @@
+"""What the command line prints for people, and the full report it writes on request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import yaml
+
+from conftest import PYTHON, cli_env
+
+CONFIG = {"seed": 1, "samples": 400_000, "chunk_size": 25_000,
+          "source": {"d": 10, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 2}}}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_fit_prints_a_short_summary_and_writes_the_full_report(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(CONFIG))
+    store, model, report = str(tmp_path / "s.zarr"), str(tmp_path / "m.npz"), tmp_path / "r.json"
+    done = cli("fit", str(tmp_path / "c.yaml"), "--store", store, "--method", "moments", "--out", model,
+               "--in-process", "--quiet", "--report", str(report))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) < 25, done.stdout
+    assert lines[0] == f"moments: a one-hidden-layer network of width 3 written to {model}"
+    text = done.stdout
+    for needle in ("samples", "400,000", "subspace", "rank 3 of d = 10", "strengths", "held-out loss",
+                   "(chosen: polish)", "polish", "time", "--report PATH"):
+        assert needle in text, (needle, text)
+    full = json.loads(report.read_text())
+    assert full["method"] == "moments" and full["out"] == model and full["report"]["subspace"]["rank"] == 3
+    # the report is the --json output of the same command
+    again = cli("learn", store, "--method", "moments", "--out", str(tmp_path / "m2.npz"), "--in-process", "--quiet",
+                "--json", "--report", str(tmp_path / "r2.json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == json.loads((tmp_path / "r2.json").read_text())
+
+
+def test_a_report_path_in_a_missing_folder_is_refused_before_any_work(tmp_path):
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(CONFIG))
+    done = cli("fit", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "m.npz"),
+               "--in-process", "--report", str(tmp_path / "nope" / "r.json"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"the folder {tmp_path / 'nope'} does not exist" in done.stderr
+    assert not (tmp_path / "s.zarr").exists()
