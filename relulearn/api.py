@@ -440,6 +440,10 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         "relative_test_error": float(err2.sum() / ey2.sum()),
         "noise_floor": float(y2.shape[1] * source.noise_std**2 / ey2.sum()),
     }
+    if getattr(source, "precision", None) == "float32":
+        # an ONNX model in float32 sees its inputs rounded to float32 and answers in float32: a learned
+        # float64 network can match it only to that level
+        out.update(teacher_precision="float32", teacher_relative_rounding=2.0**-24)
     t_net = getattr(source, "network", None)  # None for a black-box teacher
     if t_net is not None:
         out.update(teacher_width=int(t_net.weights[0].shape[0]), teacher_depth=int(t_net.depth))

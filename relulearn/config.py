@@ -189,8 +189,16 @@ class CallableTeacher(_Section):
         return value
 
 
+class OnnxTeacher(_Section):
+    """A black-box teacher: an ONNX model (from scikit-learn via skl2onnx, PyTorch via torch.onnx, ...) run by
+    onnxruntime at the run's Gaussian inputs (``relulearn.pipeline.blackbox``)."""
+
+    onnx: str = Field(..., description="path of an .onnx model, relative to the config file: one input (rows, d), "
+                      "its first output (rows,) or (rows, m)")
+
+
 TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, RandomXavierTeacher, FileTeacher,
-                      CallableTeacher]
+                      CallableTeacher, OnnxTeacher]
 
 
 class SourceConfig(_Section):
@@ -209,6 +217,8 @@ class SourceConfig(_Section):
             return FileTeacher(**value)
         if isinstance(value, dict) and "callable" in value:
             return CallableTeacher(**value)
+        if isinstance(value, dict) and "onnx" in value:
+            return OnnxTeacher(**value)
         if isinstance(value, dict) and value.get("kind") == "deep_relu":
             return DeepReluTeacher(**value)
         if isinstance(value, dict) and value.get("kind") == "two_layer":
@@ -539,8 +549,9 @@ class RunConfig(_Section):
         if self.statistics.basic is None:  # off must stay off: an absent `basic` reads back as its default (on)
             data.setdefault("statistics", {})["basic"] = None
         teacher = data["source"].get("teacher", {})
-        if "file" in teacher:
-            teacher["file"] = str(self.resolve_path(teacher["file"]).resolve())
+        for key in ("file", "onnx"):
+            if key in teacher:
+                teacher[key] = str(self.resolve_path(teacher[key]).resolve())
         return data
 
 
@@ -576,8 +587,9 @@ def _model_at(loc: tuple, root: type[BaseModel], data: Any = None) -> Optional[t
         # key, or that has the next key on the way to it
         nxt, last = loc[i + 1], i + 1 == len(loc) - 1
         kind = data.get("kind") if isinstance(data, dict) else None
-        if isinstance(data, dict) and ("file" in data or "callable" in data):  # as _pick_teacher
-            tag = "file" if "file" in data else "callable"
+        tags = [t for t in ("file", "callable", "onnx") if isinstance(data, dict) and t in data]
+        if tags:  # as _pick_teacher
+            tag = tags[0]
             by_kind = [c for c in candidates if tag in c.model_fields]
         else:
             by_kind = [c for c in candidates if kind is not None and _kind_of(c) == kind]

@@ -204,3 +204,100 @@ def test_a_pickle_teacher_file_is_refused_by_the_cli_before_any_store_is_written
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"{tmp_path / 'model.pkl'} is a pickle" in done.stderr and "never loads pickles" in done.stderr
     assert not (tmp_path / "s.zarr").exists()
+
+
+# ------------------------------------------------------------------------------ ONNX
+
+
+def mlp_onnx(folder) -> Network:
+    """A scikit-learn MLPRegressor (one hidden ReLU layer of width 4) trained on scikit-learn's diabetes data,
+    its intercepts set to zero (the bias-free setting of the moments method), exported by skl2onnx (float32):
+    the file ``folder / 'mlp.onnx'``; returns the model's float64 network."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_diabetes
+    from sklearn.neural_network import MLPRegressor
+
+    x, y = load_diabetes(return_X_y=True)
+    x = (x - x.mean(axis=0)) / x.std(axis=0)
+    mlp = MLPRegressor(hidden_layer_sizes=(4,), max_iter=2000, random_state=0).fit(x, y / y.std())
+    mlp.intercepts_ = [np.zeros_like(b) for b in mlp.intercepts_]
+    (folder / "mlp.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
+    return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()))
+
+
+def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx") -> None:
+    """``W1 relu(W0 x)`` as a float64 ONNX graph (MatMul, Relu, MatMul: what torch.onnx writes for a bias-free
+    nn.Sequential of Linear and ReLU layers)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    d = w0.shape[1]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w0t"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+         helper.make_node("MatMul", ["r", "w1t"], ["y"])], "net",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [None, d])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [None, w1.shape[0]])],
+        [numpy_helper.from_array(w0.T.copy(), "w0t"), numpy_helper.from_array(w1.T.copy(), "w1t")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    (folder / name).write_bytes(model.SerializeToString())
+
+
+def onnx_config(path, d: int = 10, **source) -> dict:
+    return {"seed": 1, "samples": 400_000, "chunk_size": 25_000,
+            "source": {"d": d, "teacher": {"onnx": str(path)}, **source}, "run": {"commit_interval": 1e9}}
+
+
+def test_a_scikit_learn_mlp_exported_to_onnx_is_extracted_to_its_float32_rounding(client, tmp_path):
+    """The float32 model sees float32 inputs and answers in float32; the network learned from its answers
+    matches the model's float64 weights to that rounding: parameter error ≤ 1e-6, test error ≤ 1e-10."""
+    net = mlp_onnx(tmp_path)
+    cfg = onnx_config(tmp_path / "mlp.onnx")
+    out = str(tmp_path / "m.npz")
+    api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "moments", width=4, out=out, client=client,
+            progress=None)
+    learned = Network.load(out)
+    assert compare(net, learned).relative_error <= 1e-6
+    x = generator(9, Stream.TEST, 0).standard_normal((100_000, 10))
+    y = net.forward(x)[:, 0]
+    assert np.mean((y - learned.forward(x)[:, 0]) ** 2) / np.mean(y**2) <= 1e-10
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
+    # against the model's own float32 answers the error is the rounding's, (2^-24)^2 relative and above
+    assert ev["teacher_precision"] == "float32" and ev["teacher_relative_rounding"] == 2.0**-24
+    assert 1e-17 <= ev["relative_test_error"] <= 1e-12, ev
+
+
+def test_a_float64_onnx_graph_is_extracted_to_machine_precision(tmp_path):
+    rng = np.random.default_rng(4)
+    w0 = rng.standard_normal((3, 10))
+    w1 = np.array([[1.2, -0.9, 0.7]])
+    onnx_graph(tmp_path, w0, w1)
+    out = str(tmp_path / "m.npz")
+    api.fit(config_from_dict(onnx_config(tmp_path / "g.onnx")), str(tmp_path / "s.zarr"), "moments", width=3,
+            out=out, client="local", progress=None)
+    assert compare(Network((w0, w1)), Network.load(out)).relative_error <= 1e-10
+
+
+@pytest.mark.parametrize("case, message", [
+    ("width", r"takes inputs of shape \[None, 10\] but source.d is 8; .*make source.d and the model agree"),
+    ("output", r"source.output is 1 but source.teacher.onnx .* has 1 output\(s\)"),
+    ("garbage", r"is not a model onnxruntime can load"),
+    ("missing", r"does not exist; set source.teacher.onnx"),
+])
+def test_bad_onnx_teachers_name_the_file_and_the_mismatch(tmp_path, case, message):
+    onnx_graph(tmp_path, np.ones((2, 10)), np.ones((1, 2)))
+    path = tmp_path / "g.onnx"
+    data = onnx_config(path, d=8 if case == "width" else 10, **({"output": 1} if case == "output" else {}))
+    if case == "garbage":
+        path.write_bytes(b"not a model")
+    elif case == "missing":
+        path.unlink()
+    with pytest.raises(ValueError, match=message):
+        make_source(config_from_dict(data))
+    # the command line says the same, without a traceback, and writes no store
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(tmp_path / "c.yaml"), "--store",
+                           str(tmp_path / "s.zarr"), "--in-process"], env=cli_env(), capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr and str(path) in done.stderr, done.stderr
+    assert not (tmp_path / "s.zarr").exists()

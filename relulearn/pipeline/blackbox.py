@@ -13,7 +13,7 @@ import functools
 import hashlib
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from .sources import LabelShapeError, batch_rows
 
-__all__ = ["CallableSource", "load_callable", "callable_source"]
+__all__ = ["CallableSource", "OnnxSource", "load_callable", "callable_source", "onnx_source"]
 
 WHERE = "source.teacher.callable"
 
@@ -70,52 +70,49 @@ def _fingerprint(name: str) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class CallableSource:
-    """``y = F(x) + σ ε`` with ``x ~ N(0, I_d)`` and a black-box function ``F`` (a :class:`Source`).
+class _BlackBox:
+    """What every black-box source shares: labels from :meth:`answers`, Gaussian inputs by batch.
 
-    ``width`` is the number of outputs of ``F`` (1 for a function returning (rows,)); the label is
-    output ``output``, or with ``output=None`` the only output, or the vector of all outputs.
+    Subclasses are frozen dataclasses with ``d``, ``width`` (outputs of the black box), ``noise_std``,
+    ``output`` and a ``raw_answers(x)`` that returns the black box's answers as an array.
     """
 
-    name: str
     d: int
-    width: int = 1
-    noise_std: float = 0.0
-    output: Optional[int] = None
+    width: int
+    noise_std: float
+    output: Optional[int]
+    #: how the black box is named in errors
+    label = "the teacher"
 
     @property
     def outputs(self) -> Optional[int]:
         """None for a scalar label; the number of outputs ``m`` for a label vector."""
         return self.width if self.output is None and self.width > 1 else None
 
-    @property
-    def required_modules(self) -> list[str]:
-        return [self.name.partition(":")[0]]
-
-    def fingerprint(self) -> str:
-        return _fingerprint(self.name)
+    def raw_answers(self, x: np.ndarray) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
 
     def answers(self, x: np.ndarray) -> np.ndarray:
-        """``F(x)`` as float64 (rows, width), checked: a wrong shape or type raises
-        :class:`LabelShapeError` naming the batch's rows (the caller adds the chunk)."""
+        """The black box's answers as float64 (rows, width), checked: a wrong shape or type, or an
+        exception of the black box, raises :class:`LabelShapeError` naming the batch (the caller adds
+        the chunk and row)."""
         rows = len(x)
         try:
             with np.errstate(all="ignore"):  # NaN / inf are named by chunk and row by check_finite
-                out = np.asarray(load_callable(self.name)(x))
+                out = np.asarray(self.raw_answers(x))
         except LabelShapeError:
             raise
-        except Exception as err:  # noqa: BLE001 - the user's function failed: say where and on what
-            raise LabelShapeError(f"{WHERE} '{self.name}' raised {type(err).__name__}: {err} on a batch x of shape "
+        except Exception as err:  # noqa: BLE001 - the user's model failed: say where and on what
+            raise LabelShapeError(f"{self.label} raised {type(err).__name__}: {err} on a batch x of shape "
                                   f"{x.shape}") from err
         if not (np.issubdtype(out.dtype, np.number) or out.dtype == bool) or np.iscomplexobj(out):
-            raise LabelShapeError(f"{WHERE} '{self.name}' returned {out.dtype} values; it must return real numbers")
+            raise LabelShapeError(f"{self.label} returned {out.dtype} values; it must return real numbers")
         shape = out.shape
         if out.ndim == 1:
             out = out[:, None]
         if out.ndim != 2 or out.shape[0] != rows or out.shape[1] != self.width:
             want = "(rows,)" if self.width == 1 else f"(rows, {self.width})"
-            raise LabelShapeError(f"{WHERE} '{self.name}' returned shape {shape} for a batch of {rows} rows; it "
+            raise LabelShapeError(f"{self.label} returned shape {shape} for a batch of {rows} rows; it "
                                   f"must return {want}, one label per row, as it did for the probe batch")
         return out.astype(np.float64, copy=False)
 
@@ -137,6 +134,35 @@ class CallableSource:
             yield x, y
 
 
+@dataclass(frozen=True)
+class CallableSource(_BlackBox):
+    """``y = F(x) + σ ε`` with ``x ~ N(0, I_d)`` and a black-box function ``F`` (a :class:`Source`).
+
+    ``width`` is the number of outputs of ``F`` (1 for a function returning (rows,)); the label is
+    output ``output``, or with ``output=None`` the only output, or the vector of all outputs.
+    """
+
+    name: str
+    d: int
+    width: int = 1
+    noise_std: float = 0.0
+    output: Optional[int] = None
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"{WHERE} '{self.name}'"
+
+    @property
+    def required_modules(self) -> list[str]:
+        return [self.name.partition(":")[0]]
+
+    def fingerprint(self) -> str:
+        return _fingerprint(self.name)
+
+    def raw_answers(self, x: np.ndarray) -> Any:
+        return load_callable(self.name)(x)
+
+
 def callable_source(name: str, d: int, noise_std: float, output: Optional[int]) -> CallableSource:
     """The source of ``source.teacher.callable``, its number of outputs read from a probe call on
     two rows of zeros (d columns)."""
@@ -154,3 +180,113 @@ def callable_source(name: str, d: int, noise_std: float, output: Optional[int]) 
     if output is not None and output >= width:
         raise ValueError(f"source.output is {output} but {WHERE} '{name}' has only {width} output(s)")
     return CallableSource(name, d, width, float(noise_std), output)
+
+
+# ------------------------------------------------------------------------------ ONNX
+
+ONNX_WHERE = "source.teacher.onnx"
+_ONNX_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64}
+
+
+@functools.lru_cache(maxsize=8)
+def _session(model: bytes) -> Any:
+    """An onnxruntime session of the model's bytes, one per process and model: one thread (a worker
+    is one core), so its answers are the same bits on every worker of the same platform."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # errors only: its warnings are not the user's business
+    return ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+@dataclass(frozen=True)
+class OnnxSource(_BlackBox):
+    """``y = F(x) + σ ε`` with ``x ~ N(0, I_d)`` and ``F`` an ONNX model run by onnxruntime.
+
+    The model's bytes travel with the source (no path has to exist on the workers). Inputs are cast to
+    the model's input type: a float32 model answers the float32-rounded inputs, in float32, so its
+    labels carry float32 rounding (``precision``); everything downstream stays float64.
+    """
+
+    path: str
+    model: bytes = field(repr=False)
+    d: int = 0
+    width: int = 1
+    noise_std: float = 0.0
+    output: Optional[int] = None
+    input_name: str = "X"
+    output_name: str = "variable"
+    precision: str = "float32"
+
+    @property
+    def label(self) -> str:  # type: ignore[override]
+        return f"{ONNX_WHERE} {self.path}"
+
+    @property
+    def required_modules(self) -> list[str]:
+        return ["onnxruntime"]
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.model).hexdigest()
+
+    def raw_answers(self, x: np.ndarray) -> Any:
+        xs = x.astype(np.float32 if self.precision == "float32" else np.float64)
+        return _session(self.model).run([self.output_name], {self.input_name: xs})[0]
+
+
+def onnx_source(path: Path, d: int, noise_std: float, output: Optional[int]) -> OnnxSource:
+    """The source of ``source.teacher.onnx``: the model read, its one input checked against ``d``, its
+    first output's width read from the model (or from a probe call where the graph leaves it open).
+
+    Raises
+    ------
+    ValueError
+        Naming the file and what does not match: a missing or unreadable file, onnxruntime missing, an
+        input width other than ``source.d``, an input type other than float / double, several inputs, or
+        ``source.output`` beyond the model's outputs.
+    """
+    where = f"{ONNX_WHERE} {path}"
+    if not path.is_file():
+        raise ValueError(f"{where} does not exist; set source.teacher.onnx to an .onnx model file (a relative "
+                         "path is read from the configuration file's folder)")
+    try:
+        import onnxruntime  # noqa: F401 - only to say what is missing
+    except ImportError:
+        raise ValueError(f"{where}: ONNX teachers need onnxruntime; pip install onnxruntime (on every worker "
+                         "too)") from None
+    model = path.read_bytes()
+    try:
+        sess = _session(model)
+    except Exception as err:  # noqa: BLE001 - onnxruntime's own errors: name the file
+        raise ValueError(f"{where} is not a model onnxruntime can load ({type(err).__name__}: "
+                         f"{str(err).strip()[:300]}); export it with skl2onnx or torch.onnx") from None
+    inputs, outputs = sess.get_inputs(), sess.get_outputs()
+    if len(inputs) != 1:
+        raise ValueError(f"{where} has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); a teacher takes "
+                         "one input, a batch x of shape (rows, d)")
+    inp = inputs[0]
+    if inp.type not in _ONNX_TYPES:
+        raise ValueError(f"{where}: its input '{inp.name}' is a {inp.type}; a teacher takes float or double inputs")
+    shape = list(inp.shape)
+    width_in = shape[1] if len(shape) == 2 else None
+    if len(shape) != 2 or (isinstance(width_in, int) and width_in != d):
+        raise ValueError(f"{where} takes inputs of shape {shape} but source.d is {d}; the model's input must be "
+                         f"(rows, {d}): make source.d and the model agree")
+    out = outputs[0]
+    dtype = _ONNX_TYPES[inp.type]
+    try:
+        probe = sess.run([out.name], {inp.name: np.zeros((2, d), dtype=dtype)})[0]
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"{where} failed on a probe batch of shape (2, {d}) ({type(err).__name__}: "
+                         f"{str(err).strip()[:300]})") from None
+    if probe.ndim not in (1, 2) or probe.shape[0] != 2:
+        raise ValueError(f"{where}: its output '{out.name}' has shape {probe.shape} for 2 rows; a teacher returns "
+                         "(rows,) or (rows, m)")
+    width = 1 if probe.ndim == 1 else int(probe.shape[1])
+    if output is not None and output >= width:
+        raise ValueError(f"source.output is {output} but {where} has {width} output(s) (its output "
+                         f"'{out.name}' is (rows, {width})); choose an output below {width}")
+    precision = "float32" if dtype == np.float32 or out.type == "tensor(float)" else "float64"
+    return OnnxSource(str(path), model, d, width, float(noise_std), output, inp.name, out.name, precision)

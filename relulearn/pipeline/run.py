@@ -62,8 +62,9 @@ def plan_blocks(start: int, stop: int, per_block: int) -> list[tuple[int, int]]:
 def fingerprint(cfg: RunConfig, source: Source) -> dict[str, Any]:
     """What must agree for two runs to share a store (everything but the sample count)."""
     src = cfg.source.model_dump(mode="json", exclude_none=True)
-    if "file" in src.get("teacher", {}):
-        src["teacher"] = {"file": "<file>"}  # the path may move; the weights may not
+    for key in ("file", "onnx"):
+        if key in src.get("teacher", {}):
+            src["teacher"] = {key: "<file>"}  # the path may move; the weights (the model's bytes) may not
     src["teacher_sha256"] = source.fingerprint()
     return {
         "format_version": FORMAT_VERSION,
@@ -306,8 +307,8 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     if client is not None and modules:  # a black-box teacher is imported where its labels are made
         from .cluster import check_imports
 
-        check_imports(client, modules, f"source.teacher.callable '{getattr(source, 'name', modules[0])}' must "
-                                       "import on every worker")
+        check_imports(client, modules, f"{getattr(source, 'label', 'the teacher')} needs '{modules[0]}' on every "
+                                       "worker")
     sketch = cfg.statistics.sketch
     if sketch is not None and sketch.refines is not None:  # a subspace pass: the chunks of the store it refines
         wanted = samples if samples is not None else cfg.samples

@@ -15,8 +15,8 @@ from typing import Iterator, Optional, Protocol
 
 import numpy as np
 
-from ..config import (CallableTeacher, DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, RandomXavierTeacher, RunConfig, SourceConfig,
-                      TwoLayerTeacher)
+from ..config import (CallableTeacher, DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, OnnxTeacher,
+                      RandomXavierTeacher, RunConfig, SourceConfig, TwoLayerTeacher)
 from ..network import Network, NetworkFileError
 
 __all__ = [
@@ -367,6 +367,11 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
         from .blackbox import callable_source
 
         return callable_source(teacher.callable, src.d, src.noise_std, src.output)
+    if isinstance(teacher, OnnxTeacher):
+        from .blackbox import onnx_source
+
+        return onnx_source(Path(run.resolve_path(teacher.onnx) if run is not None else teacher.onnx), src.d,
+                           src.noise_std, src.output)
     if isinstance(teacher, FileTeacher):
         path = run.resolve_path(teacher.file) if run is not None else teacher.file
         if not Path(path).exists():
