@@ -3,7 +3,7 @@
 Measures here, per sample, on one core (one BLAS thread, as on a pipeline worker), at several
 input dimensions d and row batches of ``BATCH_ROWS`` (the pipeline's batch), the cost of:
 
-- generating the Gaussian inputs ``x`` (the sources' Philox generator, ``standard_normal``);
+- generating the Gaussian inputs ``x`` (the sources' SFC64 generator, ``standard_normal``);
 - evaluating the planted teacher (``one_hidden_relu`` of width 5) on them;
 - ``Statistic.update`` of the dense families ``basic`` (Σxxᵀ), ``output_moments`` (the dense
   ``M_2``, whose sketch is ``second``), ``filtered`` (3 τ) and ``contracted`` (orders [2, 4] ×

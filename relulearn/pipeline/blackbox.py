@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from .sources import LabelShapeError, batch_rows
+from .sources import LabelShapeError, gaussian_batches
 
 __all__ = ["CallableSource", "OnnxSource", "load_callable", "callable_source", "onnx_source"]
 
@@ -124,14 +124,7 @@ class _BlackBox:
 
     def batches(self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        step = batch_rows(self.d)
-        for start in range(0, n, step):
-            rows = min(step, n - start)
-            x = gen_x.standard_normal((rows, self.d))
-            y = self.labels(x)
-            if self.noise_std > 0:
-                y = y + self.noise_std * gen_noise.standard_normal(y.shape)
-            yield x, y
+        return gaussian_batches(self, gen_x, gen_noise, n)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol
 
 import numpy as np
 
@@ -270,14 +270,21 @@ class TeacherSource:
     def batches(
         self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        step = batch_rows(self.d)
-        for start in range(0, n, step):
-            rows = min(step, n - start)
-            x = gen_x.standard_normal((rows, self.d))
-            y = self.labels(x)
-            if self.noise_std > 0:
-                y = y + self.noise_std * gen_noise.standard_normal(y.shape)
-            yield x, y
+        return gaussian_batches(self, gen_x, gen_noise, n)
+
+
+def gaussian_batches(source: Any, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``n`` samples ``x ~ N(0, I_d)``, ``y = source.labels(x) + σ ε`` in batches of :func:`batch_rows` rows:
+    the inputs of every teacher, planted or black box (``source``: ``d``, ``labels``, ``noise_std``)."""
+    step = batch_rows(source.d)
+    for start in range(0, n, step):
+        rows = min(step, n - start)
+        x = gen_x.standard_normal((rows, source.d))
+        y = source.labels(x)
+        if source.noise_std > 0:
+            y = y + source.noise_std * gen_noise.standard_normal(y.shape)
+        yield x, y
 
 
 @dataclass(frozen=True)
