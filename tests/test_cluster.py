@@ -363,3 +363,20 @@ def test_status_names_the_platforms_of_a_mixed_store(families, tmp_path, monkeyp
     human = cli("status", url).stdout
     assert "different numpy versions or BLAS kernels" in human and other in human and here in human
     assert "different" not in cli("status", ref).stdout
+
+
+def test_symmetric_dense_and_blocked_sketch_updates_are_bitwise_equal_in_process_and_on_workers(client, tmp_path):
+    """`output_moments` runs two symmetric rank-k updates per output from d = 64 and the `second` sketch
+    works in row blocks of at least 512 rows: both paths at sizes where they run, with signed labels."""
+    from relulearn.config import config_from_dict
+
+    data = {"seed": 5, "samples": 100_000, "chunk_size": 25_000,
+            "source": {"d": 80, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 1}, "noise_std": 0.1},
+            "statistics": {"output_moments": {}, "sketch": {"rank": 16, "second": {}}},
+            "run": {"commit_interval": 1e9}}
+    ref, url = str(tmp_path / "ref.zarr"), str(tmp_path / "w2.zarr")
+    estimate(config_from_dict(data), ref, client="local", progress=None)
+    estimate(config_from_dict(data), url, client=client, progress=None)
+    assert_bitwise_equal(url, ref)
+    t2 = open_store(ref).estimate("output_moments", "T2")[0]
+    assert np.array_equal(t2, np.swapaxes(t2, -1, -2))  # exactly symmetric
