@@ -247,9 +247,10 @@ class Comparison:
     Attributes
     ----------
     relative_error
-        ``sqrt(Σ_i |w_i − w'_π(i)|²) / sqrt(Σ_i |w_i|²)`` over the matched units, where
-        ``w_i = λ_i u_i`` is invariant under positive rescaling; a unit matched to one whose
-        output weight has the other sign (a different function) counts as unmatched.
+        ``sqrt(Σ_i |w_i − w'_π(i)|² + (c − c')²) / sqrt(Σ_i |w_i|² + c²)`` over the matched units, where
+        ``w_i = λ_i [u_i, b_i]`` (hidden bias ``b_i``, output bias ``c``; zeros without biases) is invariant
+        under positive rescaling; a unit matched to one whose output weight has the other sign (a different
+        function) counts as unmatched.
     matching
         ``matching[i]`` is the learned unit matched to reference unit ``i`` (−1: none).
     unit_errors
@@ -261,14 +262,17 @@ class Comparison:
     unit_errors: tuple[float, ...]
 
 
-def _unit_products(net: Network) -> tuple[np.ndarray, np.ndarray]:
-    if net.depth != 1 or net.output_dim != 1 or net.biases is not None or net.activation != "relu":
+def _unit_products(net: Network) -> tuple[np.ndarray, np.ndarray, float]:
+    """``λ_i [u_i, b_i]`` per hidden unit (``b_i = 0`` without biases), the signs of ``λ_i``, and the output
+    bias ``c`` (0 without biases): invariant under the rescaling ``(λ, u, b) -> (λ s, u / s, b / s)``."""
+    if net.depth != 1 or net.output_dim != 1 or net.activation != "relu":
         raise ValueError(
-            "symmetry-aware comparison is defined for bias-free one-hidden-layer ReLU networks with one output; "
+            "symmetry-aware comparison is defined for one-hidden-layer ReLU networks with one output; "
             "compare other networks by their test error"
         )
     u, lam = net.weights[0], net.weights[1][0]
-    return lam[:, None] * u, np.sign(lam)
+    b, c = (np.zeros(len(lam)), 0.0) if net.biases is None else (net.biases[0], float(net.biases[1][0]))
+    return lam[:, None] * np.column_stack([u, b]), np.sign(lam), c
 
 
 def compare(reference: Network, learned: Network) -> Comparison:
@@ -280,8 +284,8 @@ def compare(reference: Network, learned: Network) -> Comparison:
     """
     from scipy.optimize import linear_sum_assignment
 
-    w, s = _unit_products(reference)
-    v, t = _unit_products(learned)
+    w, s, c_ref = _unit_products(reference)
+    v, t, c_learned = _unit_products(learned)
     if w.shape[1] != v.shape[1]:
         raise ValueError(f"input dimensions differ: {w.shape[1]} vs {v.shape[1]}")
     k, m = len(w), len(v)
@@ -297,7 +301,8 @@ def compare(reference: Network, learned: Network) -> Comparison:
     cost = np.where((sp[:, None] == tp[None, :]) | (sp[:, None] == 0) | (tp[None, :] == 0), diff, apart)
     rows, cols = linear_sum_assignment(cost)
     total = float(cost[rows, cols].sum())
-    norm = float((w**2).sum())
+    total += (c_ref - c_learned) ** 2  # the output biases (0 for bias-free networks)
+    norm = float((w**2).sum()) + c_ref**2
     matching = [-1] * k
     errors = [1.0] * k
     for r, c in zip(rows, cols):

@@ -124,3 +124,27 @@ def test_subspace_angle_sees_the_function_not_the_parametrization():
     tilted = u.copy()
     tilted[1] = np.cos(t) * u[1] + np.sin(t) * np.linalg.qr(np.vstack([u, rng.standard_normal(6)]).T)[0][:, 2]
     assert subspace_angle(teacher, Network((tilted, teacher.weights[1], teacher.weights[2])), x) == pytest.approx(t, rel=1e-6)
+
+
+def test_compare_counts_biases_up_to_permutation_and_rescaling():
+    """Units relu(u·x + b) with output weight λ, output bias c: (λ, u, b) -> (λ s, u / s, b / s) and permutations
+    leave the network unchanged; a change of a hidden or the output bias is counted in closed form."""
+    rng = np.random.default_rng(3)
+    u, b, lam, c = rng.standard_normal((3, 5)), rng.standard_normal(3), np.array([1.5, -0.7, 0.9]), 0.4
+    ref = Network((u, lam[None, :]), (b, np.array([c])))
+    perm, s = np.array([2, 0, 1]), np.array([0.5, 2.0, 3.0])
+    same = Network((u[perm] / s[:, None], (lam[perm] * s)[None, :]), (b[perm] / s, np.array([c])))
+    x = rng.standard_normal((100, 5))
+    assert np.allclose(ref.forward(x), same.forward(x), rtol=0, atol=1e-12)
+    cmp = compare(ref, same)
+    assert cmp.relative_error <= 1e-15 and cmp.matching == (1, 2, 0)
+    norm2 = float((lam[:, None] ** 2 * (np.column_stack([u, b]) ** 2)).sum()) + c**2
+    b2 = b.copy()
+    b2[1] += 0.1
+    moved = compare(ref, Network((u, lam[None, :]), (b2, np.array([c]))))
+    assert np.isclose(moved.relative_error, abs(lam[1]) * 0.1 / np.sqrt(norm2), rtol=1e-12)
+    shifted = compare(ref, Network((u, lam[None, :]), (b, np.array([c + 0.2]))))
+    assert np.isclose(shifted.relative_error, 0.2 / np.sqrt(norm2), rtol=1e-12)
+    # a bias-free learned network against a biased teacher: the biases are missed, not ignored
+    free = compare(ref, Network((u, lam[None, :])))
+    assert np.isclose(free.relative_error, np.sqrt((lam**2 * b**2).sum() + c**2) / np.sqrt(norm2), rtol=1e-12)
