@@ -148,3 +148,25 @@ def test_compare_counts_biases_up_to_permutation_and_rescaling():
     # a bias-free learned network against a biased teacher: the biases are missed, not ignored
     free = compare(ref, Network((u, lam[None, :])))
     assert np.isclose(free.relative_error, np.sqrt((lam**2 * b**2).sum() + c**2) / np.sqrt(norm2), rtol=1e-12)
+
+
+def test_polish_recovers_a_network_with_biases_exactly():
+    """Units relu(u·x + b), output bias c: patterns on [x, 1], the output bias solved with the products;
+    from hidden rows and biases 0.05 rad off, noiseless labels give the teacher to machine precision."""
+    rng = np.random.default_rng(11)
+    k, d = 3, 8
+    u = rng.standard_normal((k, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    b, lam, c = np.array([0.3, -0.5, 0.8]), np.array([1.2, -0.8, 1.0]), -0.25
+    teacher = Network((u, lam[None, :]), (b, np.array([c])))
+    x = rng.standard_normal((4000, d))
+    y = teacher.forward(x)[:, 0]
+    rows = np.column_stack([u, b])
+    turn = rng.standard_normal(rows.shape)
+    turn -= (turn * rows).sum(1, keepdims=True) * rows / (rows**2).sum(1, keepdims=True)  # orthogonal to each row
+    turn *= np.tan(0.05) * np.linalg.norm(rows, axis=1, keepdims=True) / np.linalg.norm(turn, axis=1, keepdims=True)
+    start = Network((rows[:, :d] + turn[:, :d], 1.1 * lam[None, :]), (rows[:, d] + turn[:, d], np.array([0.0])))
+    out, report = polish(start, x, y)
+    assert report.converged and report.stop_reason == "fixed point", report
+    assert report.relative_residual <= 1e-13, report
+    assert out.biases is not None and compare(teacher, out).relative_error <= 1e-12

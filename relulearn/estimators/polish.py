@@ -11,6 +11,7 @@ precision.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -36,10 +37,13 @@ class PolishReport:
     stop_reason: str = "fixed point"  # or "cycle" (patterns repeat), or "max_iter"
 
 
-def _split(net: Network) -> tuple[np.ndarray, np.ndarray]:
-    if net.depth != 1 or net.output_dim != 1 or net.biases is not None or net.activation != "relu":
-        raise ValueError("polish applies to bias-free one-hidden-layer ReLU networks with one output")
-    return net.weights[0], net.weights[1][0]
+def _split(net: Network) -> tuple[np.ndarray, np.ndarray, Optional[float]]:
+    """Hidden rows (``[u_i, b_i]`` with biases), output weights, and the output bias (None: bias-free)."""
+    if net.depth != 1 or net.output_dim != 1 or net.activation != "relu":
+        raise ValueError("polish applies to one-hidden-layer ReLU networks with one output")
+    if net.biases is None:
+        return net.weights[0], net.weights[1][0], None
+    return np.column_stack([net.weights[0], net.biases[0]]), net.weights[1][0], float(net.biases[1][0])
 
 
 def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30,
@@ -49,8 +53,9 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
     Parameters
     ----------
     net
-        Starting network (one hidden ReLU layer, one output, no biases); its output
-        weights' signs are kept.
+        Starting network (one hidden ReLU layer, one output, with or without biases); its
+        output weights' signs are kept. With biases, units act on ``[x, 1]`` and the output
+        bias is solved for with the products.
     x, y
         Samples, ``(n, d)`` and ``(n,)``; ``n`` should exceed ``k·d`` several times.
     margin
@@ -62,9 +67,13 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
     Returns
     -------
     (Network, PolishReport)
-        The refined network, with unit-norm hidden rows, and a report.
+        The refined network, with unit-norm hidden rows (``[u_i, b_i]`` with biases), and a report.
     """
-    u, lam = _split(net)
+    u, lam, c = _split(net)
+    biased = c is not None
+    d_in = x.shape[1]
+    if biased:  # a unit relu(u·x + b) is relu(ũ·x̃) on x̃ = [x, 1]; the output bias is one more unknown
+        x = np.column_stack([x, np.ones(len(x))])
     keep_units = lam != 0
     u, lam = u[keep_units], lam[keep_units]
     k, d = u.shape
@@ -72,12 +81,12 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
     dirs = u / np.linalg.norm(u, axis=1, keepdims=True)
     y_norm = float(np.linalg.norm(y)) or 1.0
 
-    def residual(dirs_: np.ndarray, w_: np.ndarray) -> float:
+    def residual(dirs_: np.ndarray, w_: np.ndarray, c_: Optional[float]) -> float:
         pred = np.maximum(x @ dirs_.T, 0.0) @ (sign * np.linalg.norm(w_, axis=1))
-        return float(np.linalg.norm(y - pred) / y_norm)
+        return float(np.linalg.norm(y - pred - (c_ or 0.0)) / y_norm)
 
     w = (lam * np.linalg.norm(u, axis=1))[:, None] * dirs
-    best = (residual(dirs, w), dirs, w)
+    best = (residual(dirs, w, c), dirs, w, c)
     seen: set[bytes] = set()
     changes: list[int] = []
     prev = None
@@ -89,19 +98,24 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
         trusted = np.all(np.abs(proj) >= margin, axis=1)
         pattern = proj[trusted] > 0
         used = int(trusted.sum())
-        if used < k * d:
-            raise ValueError(f"polish needs more than k·d = {k * d} samples away from the unit boundaries; got {used}")
+        unknowns = k * d + int(biased)
+        if used < unknowns:
+            raise ValueError(f"polish needs more than {unknowns} samples (the unknowns) away from the unit "
+                             f"boundaries; got {used}")
         xs = x[trusted]
-        # design matrix: block i is pattern_i * x  -> one lstsq for all k·d unknowns
+        # design matrix: block i is pattern_i * x  -> one lstsq for all k·d unknowns (and the output bias)
         phi = (pattern[:, :, None] * xs[:, None, :]).reshape(used, k * d)
+        if biased:
+            phi = np.column_stack([phi, np.ones(used)])
         sol, *_ = np.linalg.lstsq(phi, y[trusted], rcond=None)
-        w = sol.reshape(k, d)
+        w = sol[:k * d].reshape(k, d)
+        c = float(sol[-1]) if biased else None
         norms = np.linalg.norm(w, axis=1)
         alive = norms > 0
         dirs = np.where(alive[:, None], sign[:, None] * w / np.where(alive, norms, 1.0)[:, None], dirs)
-        res = residual(dirs, w)
+        res = residual(dirs, w, c)
         if res < best[0]:
-            best = (res, dirs, w)
+            best = (res, dirs, w, c)
         full_pattern = (x @ dirs.T) > 0
         if prev is not None:
             changes.append(int((full_pattern != prev).sum()))
@@ -114,8 +128,12 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
             break
         seen.add(key)
         prev = full_pattern
-    res, dirs, w = best
-    out = Network((dirs, (sign * np.linalg.norm(w, axis=1))[None, :]), activation="relu")
+    res, dirs, w, c = best
+    lam_out = (sign * np.linalg.norm(w, axis=1))[None, :]
+    if biased:
+        out = Network((dirs[:, :d_in], lam_out), (dirs[:, d_in], np.array([c])), activation="relu")
+    else:
+        out = Network((dirs, lam_out), activation="relu")
     return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop)
 
 
