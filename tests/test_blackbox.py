@@ -225,7 +225,7 @@ def mlp_onnx(folder) -> Network:
     return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()))
 
 
-def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx") -> None:
+def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx", rows: int | None = None) -> None:
     """``W1 relu(W0 x)`` as a float64 ONNX graph (MatMul, Relu, MatMul: what torch.onnx writes for a bias-free
     nn.Sequential of Linear and ReLU layers)."""
     import onnx
@@ -235,8 +235,8 @@ def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx") -> 
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w0t"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
          helper.make_node("MatMul", ["r", "w1t"], ["y"])], "net",
-        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [None, d])],
-        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [None, w1.shape[0]])],
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [rows, d])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [rows, w1.shape[0]])],
         [numpy_helper.from_array(w0.T.copy(), "w0t"), numpy_helper.from_array(w1.T.copy(), "w1t")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
@@ -284,9 +284,10 @@ def test_a_float64_onnx_graph_is_extracted_to_machine_precision(tmp_path):
     ("output", r"source.output is 1 but source.teacher.onnx .* has 1 output\(s\)"),
     ("garbage", r"is not a model onnxruntime can load"),
     ("missing", r"does not exist; set source.teacher.onnx"),
+    ("fixed-batch", r"takes batches of exactly 1 rows .*dynamic_axes=\{'x': \{0: 'rows'\}\}"),
 ])
 def test_bad_onnx_teachers_name_the_file_and_the_mismatch(tmp_path, case, message):
-    onnx_graph(tmp_path, np.ones((2, 10)), np.ones((1, 2)))
+    onnx_graph(tmp_path, np.ones((2, 10)), np.ones((1, 2)), rows=1 if case == "fixed-batch" else None)
     path = tmp_path / "g.onnx"
     data = onnx_config(path, d=8 if case == "width" else 10, **({"output": 1} if case == "output" else {}))
     if case == "garbage":

@@ -267,6 +267,10 @@ def onnx_source(path: Path, d: int, noise_std: float, output: Optional[int]) -> 
     if len(shape) != 2 or (isinstance(width_in, int) and width_in != d):
         raise ValueError(f"{where} takes inputs of shape {shape} but source.d is {d}; the model's input must be "
                          f"(rows, {d}): make source.d and the model agree")
+    if isinstance(shape[0], int):  # torch.onnx.export without dynamic_axes fixes the batch at the example's size
+        raise ValueError(f"{where} takes batches of exactly {shape[0]} rows (input '{inp.name}' has shape {shape}); "
+                         f"export it with a variable batch axis, e.g. torch.onnx.export(..., dynamic_axes="
+                         f"{{'{inp.name}': {{0: 'rows'}}}}) or skl2onnx's default [None, {d}]")
     out = outputs[0]
     dtype = _ONNX_TYPES[inp.type]
     try:
