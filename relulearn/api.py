@@ -459,8 +459,8 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     out.update({"model_kind": "network", "model_width": int(net.weights[0].shape[0]), "model_depth": int(net.depth)})
     if t_net is None:
         out["parameter_error"] = None
-        out["parameter_error_note"] = ("the teacher is a black box (source.teacher.callable): no weights to compare "
-                                       "with; compare by test error")
+        out["parameter_error_note"] = (f"the teacher is a black box ({getattr(source, 'label', 'no weights')}): no "
+                                       "weights to compare with; compare by test error")
         return out
     scalar_relu = (t_net.activation == "relu" and net.activation == "relu" and y2.shape[1] == 1
                    and getattr(source, "output", None) is None)
@@ -644,10 +644,11 @@ def shadow(teacher: str | Path | Network, degree: int, *, samples: int = 200_000
             net = Network.load(path)
         else:
             cfg = load_config(path)
-            net = getattr(make_source(cfg), "network", None)
+            source = make_source(cfg)
+            net = getattr(source, "network", None)
             if net is None:
                 raise ValueError(f"{path}: shadow needs the teacher's weights (a planted or file teacher), but "
-                                 "source.teacher.callable is a black box")
+                                 f"{getattr(source, 'label', 'its teacher')} is a black box")
             if cfg.source.output is not None:  # the scalar label the configuration learns
                 net = Network(net.weights[:-1] + (net.weights[-1][cfg.source.output:cfg.source.output + 1],),
                               None if net.biases is None else

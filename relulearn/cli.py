@@ -435,11 +435,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "demo":
             result = api.demo(d=args.d, width=args.width, samples=args.samples, seed=args.seed,
                               **_cluster_kwargs(args))
-            if args.report:
-                _write_report(args.report, result)
-            if not args.json:
-                _print_demo(result)
-                return 0
         else:  # pragma: no cover - argparse rejects unknown commands
             parser.error(f"unknown command {args.command}")
         if getattr(args, "report", None):
@@ -464,6 +459,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command in ("learn", "fit") and not args.json:
             print("\n".join(summary_lines(result)))
+        elif args.command == "demo" and not args.json:
+            _print_demo(result)
         else:
             _print(result, args.json)
         sys.stdout.flush()

@@ -225,18 +225,23 @@ def mlp_onnx(folder) -> Network:
     return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()))
 
 
-def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx", rows: int | None = None) -> None:
+def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx", rows: int | None = None,
+               float_output: bool = False) -> None:
     """``W1 relu(W0 x)`` as a float64 ONNX graph (MatMul, Relu, MatMul: what torch.onnx writes for a bias-free
     nn.Sequential of Linear and ReLU layers)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     d = w0.shape[1]
+    nodes = [helper.make_node("MatMul", ["x", "w0t"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w1t"], ["y64" if float_output else "y"])]
+    if float_output:  # a double graph that answers in float32
+        nodes.append(helper.make_node("Cast", ["y64"], ["y"], to=TensorProto.FLOAT))
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w0t"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-         helper.make_node("MatMul", ["r", "w1t"], ["y"])], "net",
+        nodes, "net",
         [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [rows, d])],
-        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [rows, w1.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT if float_output else TensorProto.DOUBLE,
+                                       [rows, w1.shape[0]])],
         [numpy_helper.from_array(w0.T.copy(), "w0t"), numpy_helper.from_array(w1.T.copy(), "w1t")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
@@ -279,9 +284,20 @@ def test_a_float64_onnx_graph_is_extracted_to_machine_precision(tmp_path):
     assert compare(Network((w0, w1)), Network.load(out)).relative_error <= 1e-10
 
 
+def test_a_double_input_float_output_model_gets_double_inputs_and_float32_precision(tmp_path):
+    rng = np.random.default_rng(5)
+    w0, w1 = rng.standard_normal((3, 10)), rng.standard_normal((1, 3))
+    onnx_graph(tmp_path, w0, w1, float_output=True)
+    source = make_source(config_from_dict(onnx_config(tmp_path / "g.onnx")))
+    assert (source.input_type, source.precision) == ("float64", "float32")
+    x = generator(0, Stream.TEST, 0).standard_normal((100, 10))
+    y = Network((w0, w1)).forward(x)[:, 0]
+    assert np.array_equal(source.labels(x), y.astype(np.float32).astype(np.float64))  # only the answers rounded
+
+
 @pytest.mark.parametrize("case, message", [
     ("width", r"takes inputs of shape \[None, 10\] but source.d is 8; .*make source.d and the model agree"),
-    ("output", r"source.output is 1 but source.teacher.onnx .* has 1 output\(s\)"),
+    ("output", r"source.output is 1 but source.teacher.onnx .* has only 1 output\(s\)"),
     ("garbage", r"is not a model onnxruntime can load"),
     ("missing", r"does not exist; set source.teacher.onnx"),
     ("fixed-batch", r"takes batches of exactly 1 rows .*dynamic_axes=\{'x': \{0: 'rows'\}\}"),

@@ -156,22 +156,28 @@ class CallableSource(_BlackBox):
         return load_callable(self.name)(x)
 
 
-def callable_source(name: str, d: int, noise_std: float, output: Optional[int]) -> CallableSource:
-    """The source of ``source.teacher.callable``, its number of outputs read from a probe call on
-    two rows of zeros (d columns)."""
-    fn = load_callable(name)
+def _probe_width(call: Callable[[np.ndarray], Any], label: str, d: int, output: Optional[int]) -> int:
+    """The number of outputs of a black box, from its answer to two rows of zeros (d columns), checked
+    against ``source.output``."""
     try:
         with np.errstate(all="ignore"):
-            probe = np.asarray(fn(np.zeros((2, d))))
-    except Exception as err:  # noqa: BLE001
-        raise ValueError(f"{WHERE} '{name}' raised {type(err).__name__}: {err} when called on a probe batch x of "
-                         f"shape (2, {d}); it must take a (rows, d) array with d = source.d = {d}") from None
+            probe = np.asarray(call(np.zeros((2, d))))
+    except Exception as err:  # noqa: BLE001 - the user's model failed: say on what
+        raise ValueError(f"{label} raised {type(err).__name__}: {str(err).strip()[:300]} when called on a probe "
+                         f"batch x of shape (2, {d}); it must take a (rows, d) array with d = source.d = {d}") from None
     if probe.ndim not in (1, 2) or probe.shape[0] != 2 or (probe.ndim == 2 and probe.shape[1] < 1):
-        raise ValueError(f"{WHERE} '{name}' returned shape {probe.shape} for a probe batch x of shape (2, {d}); it "
-                         "must return (rows,) or (rows, m): one label (or m outputs) per row")
+        raise ValueError(f"{label} returned shape {probe.shape} for a probe batch x of shape (2, {d}); it must "
+                         "return (rows,) or (rows, m): one label (or m outputs) per row")
     width = 1 if probe.ndim == 1 else int(probe.shape[1])
     if output is not None and output >= width:
-        raise ValueError(f"source.output is {output} but {WHERE} '{name}' has only {width} output(s)")
+        raise ValueError(f"source.output is {output} but {label} has only {width} output(s); choose an output "
+                         f"below {width}")
+    return width
+
+
+def callable_source(name: str, d: int, noise_std: float, output: Optional[int]) -> CallableSource:
+    """The source of ``source.teacher.callable``, its number of outputs read from a probe call."""
+    width = _probe_width(load_callable(name), f"{WHERE} '{name}'", d, output)
     return CallableSource(name, d, width, float(noise_std), output)
 
 
@@ -211,7 +217,8 @@ class OnnxSource(_BlackBox):
     output: Optional[int] = None
     input_name: str = "X"
     output_name: str = "variable"
-    precision: str = "float32"
+    input_type: str = "float32"  # what the model's input takes: "float32" or "float64"
+    precision: str = "float32"  # of the labels: float32 when the input or the output is float32
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -225,8 +232,7 @@ class OnnxSource(_BlackBox):
         return hashlib.sha256(self.model).hexdigest()
 
     def raw_answers(self, x: np.ndarray) -> Any:
-        xs = x.astype(np.float32 if self.precision == "float32" else np.float64)
-        return _session(self.model).run([self.output_name], {self.input_name: xs})[0]
+        return _session(self.model).run([self.output_name], {self.input_name: x.astype(self.input_type)})[0]
 
 
 def onnx_source(path: Path, d: int, noise_std: float, output: Optional[int]) -> OnnxSource:
@@ -272,18 +278,8 @@ def onnx_source(path: Path, d: int, noise_std: float, output: Optional[int]) -> 
                          f"export it with a variable batch axis, e.g. torch.onnx.export(..., dynamic_axes="
                          f"{{'{inp.name}': {{0: 'rows'}}}}) or skl2onnx's default [None, {d}]")
     out = outputs[0]
-    dtype = _ONNX_TYPES[inp.type]
-    try:
-        probe = sess.run([out.name], {inp.name: np.zeros((2, d), dtype=dtype)})[0]
-    except Exception as err:  # noqa: BLE001
-        raise ValueError(f"{where} failed on a probe batch of shape (2, {d}) ({type(err).__name__}: "
-                         f"{str(err).strip()[:300]})") from None
-    if probe.ndim not in (1, 2) or probe.shape[0] != 2:
-        raise ValueError(f"{where}: its output '{out.name}' has shape {probe.shape} for 2 rows; a teacher returns "
-                         "(rows,) or (rows, m)")
-    width = 1 if probe.ndim == 1 else int(probe.shape[1])
-    if output is not None and output >= width:
-        raise ValueError(f"source.output is {output} but {where} has {width} output(s) (its output "
-                         f"'{out.name}' is (rows, {width})); choose an output below {width}")
-    precision = "float32" if dtype == np.float32 or out.type == "tensor(float)" else "float64"
-    return OnnxSource(str(path), model, d, width, float(noise_std), output, inp.name, out.name, precision)
+    input_type = "float32" if _ONNX_TYPES[inp.type] == np.float32 else "float64"
+    width = _probe_width(lambda x: sess.run([out.name], {inp.name: x.astype(input_type)})[0], where, d, output)
+    # a float32 input rounds the inputs, a float32 output the answers: either limits the labels to float32
+    precision = "float32" if input_type == "float32" or out.type == "tensor(float)" else "float64"
+    return OnnxSource(str(path), model, d, width, float(noise_std), output, inp.name, out.name, input_type, precision)

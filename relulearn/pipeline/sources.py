@@ -324,17 +324,13 @@ def draw_batches(source: Source, seed: int, stream: int, n: int, part: int = 0
                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The samples :func:`draw` returns, batch by batch, each checked (NaN / inf named by row)."""
     row = 0
-    batches = source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n)
-    while True:
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            return
-        except LabelShapeError as err:
-            raise at_rows(err, None, row) from None
-        check_finite(x, y, None, row)
-        yield x, y
-        row += len(y)
+    try:
+        for x, y in source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n):
+            check_finite(x, y, None, row)
+            yield x, y
+            row += len(y)
+    except LabelShapeError as err:  # a black-box teacher's answer: name the row
+        raise at_rows(err, None, row) from None
 
 
 def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple[np.ndarray, np.ndarray]:
