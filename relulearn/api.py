@@ -118,6 +118,10 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
         )
     if method == "landscape":
         _check_landscape_teacher(getattr(source, "network", None))
+    if method == "moments" and options.get("biases") is None:
+        # a black box (or data) may hold biases; a planted or file network says whether it does
+        net = getattr(source, "network", None)
+        options = dict(options, biases=net is None or net.biases is not None)
     if method == "polynomial" and options.get("degree") is not None:
         from .estimators import polynomial
 
@@ -315,7 +319,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
           budget: Optional[int] = None, activation: Optional[str] = None, exact_samples: Optional[int] = None,
           refine_samples: Optional[int] = None, starts: Optional[int] = None, route: Optional[str] = None,
           degree: Optional[int] = None, shrink: Optional[str] = None, subspace: Optional[bool] = None,
-          residual: Optional[bool] = None, out: Optional[str] = None, workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+          residual: Optional[bool] = None, biases: Optional[bool] = None, out: Optional[str] = None, workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
           progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
@@ -331,7 +335,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     width) of ``landscape``; ``degree`` (default: chosen on held-out samples), ``shrink`` (``order``, the
     default, ``none``, ``entry``), ``subspace`` (expand the inputs projected on the relevant subspace) and
     ``residual`` (re-estimate orders ≥ 3 on residual labels, default True) of ``polynomial``, whose
-    model is a :class:`~relulearn.polynomial.PolynomialModel`.
+    model is a :class:`~relulearn.polynomial.PolynomialModel`; ``biases`` of ``moments`` (learn hidden and
+    output biases; default: unless the source is a planted or file network without biases).
 
     Returns
     -------
@@ -340,7 +345,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
-                       degree=degree, shrink=shrink, subspace=subspace, residual=residual)
+                       degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
     if client == "local":
         return _learn_with(None, store, method, options, out, progress)
     if client is not None:
@@ -354,7 +359,8 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         depth: Optional[int] = None, budget: Optional[int] = None, activation: Optional[str] = None,
         exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, starts: Optional[int] = None,
         route: Optional[str] = None, degree: Optional[int] = None, shrink: Optional[str] = None,
-        subspace: Optional[bool] = None, residual: Optional[bool] = None, out: Optional[str] = None,
+        subspace: Optional[bool] = None, residual: Optional[bool] = None, biases: Optional[bool] = None,
+        out: Optional[str] = None,
         samples: Optional[int] = None,
         workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
         progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
@@ -365,7 +371,7 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
-                       degree=degree, shrink=shrink, subspace=subspace, residual=residual)
+                       degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     from .pipeline.sources import make_source
 

@@ -147,6 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "most 2e13/(k·d)^2). filtered-pca (depth >= 2): Levenberg-Marquardt on the network and its "
                        "subspace basis, 4·d·r + P^2 flops per sample and pass for P weights (default: as many as the "
                        "store holds, at most 10^7)")
+        q.add_argument("--biases", action=argparse.BooleanOptionalAction, default=None,
+                       help="moments: learn hidden biases and an output bias, y = Σ λ_i relu(u_i·x + b_i) + c (default: "
+                       "yes for black-box teachers and network files with biases, no for bias-free planted and file "
+                       "networks); the enumeration then searches directions and offsets")
         q.add_argument("--starts", type=_positive,
                        help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept")
         q.add_argument("--route", choices=["moments", "stream"],
@@ -281,7 +285,7 @@ def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"width": args.width, "depth": args.depth, "budget": args.budget, "activation": args.activation,
             "exact_samples": args.exact_samples, "refine_samples": args.refine_samples, "starts": args.starts,
             "route": args.route, "degree": args.degree, "shrink": args.shrink, "subspace": args.subspace,
-            "residual": args.residual}
+            "residual": args.residual, "biases": args.biases}
 
 
 def _print_demo(result: dict[str, Any]) -> None:

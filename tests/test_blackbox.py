@@ -37,6 +37,14 @@ def teacher(x):
     return np.maximum(x @ U.T, 0.0) @ LAM
 
 
+B = np.array([0.4, -0.7, 0.2])
+C = -0.3
+
+
+def biased(x):  # Σ λ_i relu(u_i·x + b_i) + c, as most trained models are
+    return np.maximum(x @ U.T + B, 0.0) @ LAM + C
+
+
 def two_outputs(x):
     return np.stack([teacher(x), -teacher(x)], axis=1)
 
@@ -98,6 +106,25 @@ def test_a_callable_teacher_is_extracted_exactly_through_the_cli_on_two_workers(
     ev = api.evaluate(out, cfg_path, samples=100_000)
     assert ev["relative_test_error"] <= 1e-20, ev
     assert ev["parameter_error"] is None and "black box" in ev["parameter_error_note"]
+
+
+def test_a_callable_with_biases_is_extracted_exactly(module, tmp_path):
+    """Biases are learned by default from a black box: the enumeration searches directions and offsets,
+    polish fits [x, 1] and the output bias; the hidden biases, output bias and units come out exact."""
+    import importlib
+
+    name, _ = module
+    mod = importlib.import_module(name)
+    out = str(tmp_path / "m.npz")
+    got = api.fit(config_from_dict(config(name, "biased")), str(tmp_path / "s.zarr"), "moments", out=out,
+                  client="local", progress=None)
+    assert got["width"] == K
+    learned = Network.load(out)
+    assert learned.biases is not None
+    assert compare(Network((mod.U, mod.LAM[None, :]), (mod.B, np.array([mod.C]))), learned).relative_error <= 1e-10
+    # the same function without biases is learned as bias-free only when asked: its charge for the
+    # missing biases is the test of compare counting them
+    assert compare(Network((mod.U, mod.LAM[None, :])), learned).relative_error > 0.1
 
 
 def test_the_inputs_are_the_chunks_of_a_planted_run_and_the_store_names_the_function(module, tmp_path):
@@ -210,9 +237,9 @@ def test_a_pickle_teacher_file_is_refused_by_the_cli_before_any_store_is_written
 
 
 def mlp_onnx(folder) -> Network:
-    """A scikit-learn MLPRegressor (one hidden ReLU layer of width 4) trained on scikit-learn's diabetes data,
-    its intercepts set to zero (the bias-free setting of the moments method), exported by skl2onnx (float32):
-    the file ``folder / 'mlp.onnx'``; returns the model's float64 network."""
+    """A scikit-learn MLPRegressor (one hidden ReLU layer of width 4, with its intercepts) trained on
+    scikit-learn's diabetes data, exported by skl2onnx (float32): the file ``folder / 'mlp.onnx'``; returns the
+    model's float64 network."""
     from skl2onnx import to_onnx
     from sklearn.datasets import load_diabetes
     from sklearn.neural_network import MLPRegressor
@@ -220,21 +247,30 @@ def mlp_onnx(folder) -> Network:
     x, y = load_diabetes(return_X_y=True)
     x = (x - x.mean(axis=0)) / x.std(axis=0)
     mlp = MLPRegressor(hidden_layer_sizes=(4,), max_iter=2000, random_state=0).fit(x, y / y.std())
-    mlp.intercepts_ = [np.zeros_like(b) for b in mlp.intercepts_]
     (folder / "mlp.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
-    return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()))
+    return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
+                                                                       mlp.intercepts_[1].copy()))
 
 
 def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx", rows: int | None = None,
-               float_output: bool = False) -> None:
+               float_output: bool = False, biases: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """``W1 relu(W0 x)`` as a float64 ONNX graph (MatMul, Relu, MatMul: what torch.onnx writes for a bias-free
-    nn.Sequential of Linear and ReLU layers)."""
+    nn.Sequential of Linear and ReLU layers); with ``biases`` ``(b0, b1)``, ``W1 relu(W0 x + b0) + b1`` as Gemm
+    nodes (what torch.onnx writes for nn.Linear layers with biases)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     d = w0.shape[1]
-    nodes = [helper.make_node("MatMul", ["x", "w0t"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "w1t"], ["y64" if float_output else "y"])]
+    last = "y64" if float_output else "y"
+    if biases is None:
+        nodes = [helper.make_node("MatMul", ["x", "w0t"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                 helper.make_node("MatMul", ["r", "w1t"], [last])]
+        weights = [numpy_helper.from_array(w0.T.copy(), "w0t"), numpy_helper.from_array(w1.T.copy(), "w1t")]
+    else:
+        nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
+                 helper.make_node("Gemm", ["r", "w1", "b1"], [last], transB=1)]
+        weights = [numpy_helper.from_array(np.asarray(a, dtype=np.float64), n)
+                   for a, n in ((w0, "w0"), (biases[0], "b0"), (w1, "w1"), (biases[1], "b1"))]
     if float_output:  # a double graph that answers in float32
         nodes.append(helper.make_node("Cast", ["y64"], ["y"], to=TensorProto.FLOAT))
     graph = helper.make_graph(
@@ -242,7 +278,7 @@ def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx", row
         [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [rows, d])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT if float_output else TensorProto.DOUBLE,
                                        [rows, w1.shape[0]])],
-        [numpy_helper.from_array(w0.T.copy(), "w0t"), numpy_helper.from_array(w1.T.copy(), "w1t")])
+        weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     (folder / name).write_bytes(model.SerializeToString())
@@ -282,6 +318,18 @@ def test_a_float64_onnx_graph_is_extracted_to_machine_precision(tmp_path):
     api.fit(config_from_dict(onnx_config(tmp_path / "g.onnx")), str(tmp_path / "s.zarr"), "moments", width=3,
             out=out, client="local", progress=None)
     assert compare(Network((w0, w1)), Network.load(out)).relative_error <= 1e-10
+
+
+def test_a_float64_onnx_graph_with_biases_is_extracted_to_machine_precision(tmp_path):
+    """Linear layers with biases as torch.onnx writes them (Gemm): units, hidden and output biases exact."""
+    rng = np.random.default_rng(6)
+    w0, w1 = rng.standard_normal((4, 10)) / np.sqrt(10), np.array([[1.2, -0.9, 0.7, 1.1]])
+    b0, b1 = 0.6 * rng.standard_normal(4), np.array([0.25])
+    onnx_graph(tmp_path, w0, w1, biases=(b0, b1))
+    out = str(tmp_path / "m.npz")
+    api.fit(config_from_dict(onnx_config(tmp_path / "g.onnx")), str(tmp_path / "s.zarr"), "moments", width=4,
+            out=out, client="local", progress=None)
+    assert compare(Network((w0, w1), (b0, b1)), Network.load(out)).relative_error <= 1e-10
 
 
 def test_a_double_input_float_output_model_gets_double_inputs_and_float32_precision(tmp_path):

@@ -7,7 +7,9 @@
    contracted directions g chosen inside V (there ``<u_i, g>`` is O(1), not O(1/√d)).
 3. Enumeration over a net of the sphere of V on a bounded sample projected on V,
    multi-stage with residual recursion, best by held-out loss (:mod:`.enumeration`).
-4. Lift to the input space and :func:`~.polish.polish` (exact on noiseless labels).
+4. Lift to the input space and :func:`~.polish.polish` (exact on noiseless labels). Networks with biases
+   ``Σ λ_i relu(<u_i, x> + b_i) + c``: the enumeration runs on ``[Vᵀx, 1]`` and so searches directions and
+   offsets (:mod:`.biased`); polish fits ``[x, 1]`` and the output bias.
 5. Unless polish is exact on the validation samples: the streamed refinement on as many samples
    as the store holds (:mod:`.streamed`), so that with label noise the error keeps falling with n.
 
@@ -23,7 +25,7 @@ import numpy as np
 
 from ..network import Network
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
-from . import enumeration, spectral, subspace
+from . import biased, enumeration, spectral, subspace
 from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
 from .polish import polish_and_select, refinement_verdict
 from .streamed import projected_sample, refine_streamed
@@ -31,7 +33,7 @@ from .streamed import projected_sample, refine_streamed
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "refine_samples")
+OPTIONS = ("width", "refine_samples", "biases")
 
 #: passes a run may ask for: the adaptive contracted pass, or the subspace passes of a sketch
 MAX_PASSES = 6
@@ -93,9 +95,9 @@ def _check(stats: Mapping[str, Arrays]) -> None:
 
 def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
           samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
-          refine_samples: Optional[int] = None, mapper: Callable = map, seed: int = 0,
+          refine_samples: Optional[int] = None, biases: bool = False, mapper: Callable = map, seed: int = 0,
           budget: int = 200_000) -> LearnResult | PassRequest:
-    """Learn ``y = Σ λ_i relu(<u_i, x>)`` from stored moments.
+    """Learn ``y = Σ λ_i relu(<u_i, x>)`` (``biases``: ``Σ λ_i relu(<u_i, x> + b_i) + c``) from stored moments.
 
     Parameters
     ----------
@@ -110,6 +112,10 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     refine_samples
         Samples the streamed refinement regenerates in every pass (default: as many as the store
         holds; 0: no refinement).
+    biases
+        Learn hidden biases and an output bias (``api`` sets it unless the source is known to be bias-free).
+        The streamed refinement does not fit biases yet: a biased network is polished on the bounded sample
+        only, and inputs too large for that sample (:data:`LARGE_INPUT_BYTES`) are refused.
     mapper
         ``map``-like callable used to evaluate candidate batches (a cluster's map in a run).
 
@@ -125,7 +131,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         basis, report = got
         wanted = basis.shape[1]
         total = int(np.asarray(stats["sketch"]["count"])) if refine_samples is None else int(refine_samples)
-        return _finish(basis, wanted, total, samples, mapper, seed, budget, report)
+        return _finish(basis, wanted, total, samples, mapper, seed, budget, report, biases)
     mats, ses, names = spectral.matrices_from_store(stats["contracted"])
     for i, p in enumerate(passes):
         m, s, n = spectral.matrices_from_store(p["contracted"])
@@ -147,25 +153,33 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
             "one pass with directions inside the found subspace",
         )
     total = int(np.asarray(stats["contracted"]["count"])) if refine_samples is None else int(refine_samples)
-    return _finish(sub.basis, wanted, total, samples, mapper, seed, budget, report)
+    return _finish(sub.basis, wanted, total, samples, mapper, seed, budget, report, biases)
 
 
 def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Callable, seed: int, budget: int,
-            report: dict) -> LearnResult:
+            report: dict, biases: bool = False) -> LearnResult:
     """Enumeration on the found subspace, polish (or, at large d, projected parts) and refinement."""
     d = basis.shape[0]
     n_train, n_val = sample_sizes(d, wanted)
     large = max((n_train + n_val) * d, n_train * wanted * d) * 8 > LARGE_INPUT_BYTES
+    if large and biases:
+        raise ValueError(
+            f"a network with biases at d = {d}, width {wanted}: its bounded sample of {n_train + n_val:,} inputs does "
+            f"not fit {LARGE_INPUT_BYTES / 2**30:.0f} GiB, and the streamed refinement does not fit biases yet; learn "
+            "without biases (--no-biases) or with a smaller width")
     if large and hasattr(samples, "part") and total > 0:
         net, merged = _learn_large(basis, samples, wanted, total, mapper, seed, budget, report)
     else:
         smp = samples(n_train, n_val)
         z, z_val = smp.x_train @ basis, smp.x_val @ basis
-        enum = enumeration.enumerate_network(z, smp.y_train, z_val, smp.y_val, k=wanted, budget=budget,
-                                             mapper=mapper, seed=seed)
+        if biases:  # directions and offsets: the enumeration on [z, 1], with room for an affine part
+            z, z_val = biased.lift(z), biased.lift(z_val)
+        enum = enumeration.enumerate_network(z, smp.y_train, z_val, smp.y_val, budget=budget, mapper=mapper,
+                                             seed=seed, k=wanted + (biased.EXTRA_UNITS if biases else 0))
         report["enumeration"] = enum.to_dict()
         a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
-        start = Network((a @ basis.T, lam[None, :]), activation="relu")
+        start = (biased.to_biased(a, lam, basis, wanted) if biases
+                 else Network((a @ basis.T, lam[None, :]), activation="relu"))
         best, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
         net = _refined(net, samples, total, smp, mapper, report)
         merged = enum.merged
@@ -187,6 +201,10 @@ def _refined(net: Network, samples: Any, total: int, smp: Samples, mapper: Calla
     it is worse (its paired loss difference more than two standard errors above zero)."""
     if report["validation_relative_loss"][report["chosen"]] < EXACT_LOSS:
         report["refinement"] = {"skipped": "polish is exact on the validation samples"}
+        return net
+    if net.biases is not None:
+        report["refinement"] = {"skipped": "the streamed refinement does not fit biases yet: the network is the "
+                                           "polish of a bounded sample"}
         return net
     if total <= 0 or not hasattr(samples, "part"):
         report["refinement"] = {"skipped": "no samples to stream" if total <= 0 else
