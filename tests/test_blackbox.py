@@ -332,6 +332,50 @@ def test_a_float64_onnx_graph_with_biases_is_extracted_to_machine_precision(tmp_
     assert compare(Network((w0, w1), (b0, b1)), Network.load(out)).relative_error <= 1e-10
 
 
+def torch_onnx(folder) -> Network:
+    """A small PyTorch network (Linear 10→4 with bias, ReLU, Linear 4→1 with bias; float32, PyTorch's default),
+    trained briefly on scikit-learn's diabetes data and exported by torch.onnx with a variable batch size: the
+    file ``folder / 'torch.onnx'``; returns the model's weights as a float64 network."""
+    import warnings
+
+    import torch
+    from sklearn.datasets import load_diabetes
+
+    x, y = load_diabetes(return_X_y=True)
+    x = torch.tensor((x - x.mean(axis=0)) / x.std(axis=0), dtype=torch.float32)
+    y = torch.tensor(y / y.std(), dtype=torch.float32)[:, None]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(200):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    with warnings.catch_warnings():  # the TorchScript exporter (the torch.export one needs onnxscript)
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x[:2],), str(folder / "torch.onnx"), input_names=["input"], output_names=["y"],
+                          dynamic_axes={"input": {0: "rows"}, "y": {0: "rows"}}, dynamo=False)
+    w = [p.detach().numpy().astype(np.float64) for p in model.parameters()]
+    return Network((w[0], w[2]), (w[1], w[3]))
+
+
+def test_a_pytorch_network_exported_to_onnx_is_extracted_to_its_float32_rounding(tmp_path):
+    """Its weights and biases from the float32 model's answers: parameter error ≤ 1e-6 (the rounding sets
+    the level), test error ≤ 1e-10 against the float64 network of its weights."""
+    net = torch_onnx(tmp_path)
+    out = str(tmp_path / "m.npz")
+    # its weakest unit (λ‖u‖ = −0.12, offset −0.69‖u‖: a seventh of the largest weight in M_2) is below the noise
+    # floor at 4·10⁵ samples, where the answer is only approximate (parameter error 0.1); at 2·10⁶ it is exact
+    cfg = dict(onnx_config(tmp_path / "torch.onnx"), samples=2_000_000, chunk_size=100_000)
+    api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "moments", width=4, out=out, client="local",
+            progress=None)
+    learned = Network.load(out)
+    assert learned.biases is not None and compare(net, learned).relative_error <= 1e-6
+    x = generator(9, Stream.TEST, 0).standard_normal((100_000, 10))
+    y = net.forward(x)[:, 0]
+    assert np.mean((y - learned.forward(x)[:, 0]) ** 2) / np.mean(y**2) <= 1e-10
+
+
 def test_a_double_input_float_output_model_gets_double_inputs_and_float32_precision(tmp_path):
     rng = np.random.default_rng(5)
     w0, w1 = rng.standard_normal((3, 10)), rng.standard_normal((1, 3))
