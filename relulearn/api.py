@@ -116,6 +116,10 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
             f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "
             "set source.output to the output to learn, or use --method exact (two-layer networks with vector outputs)"
         )
+    if method == "polynomial" and getattr(source, "whitening", None) is not None:
+        raise ValueError("--method polynomial on whitened data would give a polynomial of the whitened inputs; "
+                         "set source.data.whiten: false (inputs already of mean 0 and identity covariance), or use "
+                         "--method moments")
     if method == "landscape":
         _check_landscape_teacher(getattr(source, "network", None))
     if method == "moments" and options.get("biases") is None:
@@ -289,6 +293,8 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     else:
         raise RuntimeError(f"method {method} kept asking for passes; this is a bug, please report it")
     net = result.network
+    if hasattr(source, "to_raw") and isinstance(net, Network):  # whitened data: back to the raw inputs
+        net = source.to_raw(net)
     if out is not None:
         net.save(out)
     return {
@@ -434,7 +440,11 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         source, seed = make_source(cfg), cfg.seed
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
-    x, y = draw(source, seed, Stream.TEST, samples)
+    if hasattr(source, "test_rows"):  # data: its last rows, raw (the model maps raw inputs)
+        samples = min(samples, source.rows)
+        x, y = source.test_rows(samples)
+    else:
+        x, y = draw(source, seed, Stream.TEST, samples)
     y2 = y.reshape(len(y), -1)
     if net.output_dim != y2.shape[1]:
         raise ValueError(f"the model has {net.output_dim} outputs but the teacher's labels have {y2.shape[1]}; "
@@ -463,6 +473,11 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
                     "parameter_error_note": "the model is a polynomial (improper learner): compare by test error"})
         return out
     out.update({"model_kind": "network", "model_width": int(net.weights[0].shape[0]), "model_depth": int(net.depth)})
+    if t_net is None and hasattr(source, "test_rows"):
+        out["parameter_error"] = None
+        out["parameter_error_note"] = (f"the source is data: the test error is on its last {samples:,} rows (held out "
+                                       "only if the run used fewer rows); no teacher weights to compare with")
+        return out
     if t_net is None:
         out["parameter_error"] = None
         out["parameter_error_note"] = (f"the teacher is a black box ({getattr(source, 'label', 'no weights')}): no "
@@ -556,6 +571,8 @@ def exact_arbitrary(inputs: str | Path, labels: str | Path, width: int, *, activ
                          "per input row")
     result = exact.recover(x, a, width, activation=activation)
     net = result.network
+    if hasattr(source, "to_raw") and isinstance(net, Network):  # whitened data: back to the raw inputs
+        net = source.to_raw(net)
     if out is not None:
         net.save(out)
     pred = net.forward(x)

@@ -201,14 +201,45 @@ TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, Ra
                       CallableTeacher, OnnxTeacher]
 
 
+def is_url(path: str) -> bool:
+    """A fsspec URL (``memory://…``, ``s3://…``, ``file://…``) rather than a local path."""
+    return "://" in path
+
+
+class DataConfig(_Section):
+    """Samples from files instead of a teacher (``relulearn.pipeline.data``)."""
+
+    x: str = Field(..., description="inputs: a .npy file (rows, d), a zarr array or a Parquet file; a path "
+                   "(relative to the config file) or an fsspec URL")
+    y: str = Field(..., description="labels: a .npy file (rows,), a zarr array or a Parquet file (y_column)")
+    x_columns: Optional[list[str]] = Field(None, description="Parquet: the input columns (default: all columns "
+                                           "of x's file)")
+    y_column: Optional[str] = Field(None, description="Parquet: the label column (default: the file's only column)")
+    whiten: bool = Field(True, description="estimate the inputs' mean and covariance and whiten them on the fly; "
+                         "the learned network is mapped back to raw coordinates")
+    nan_rows: Literal["refuse", "skip"] = Field("refuse", description="rows with NaN or inf: refuse (naming the "
+                                                "first row) or skip them (counted in `relulearn status`)")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for URLs")
+
+
 class SourceConfig(_Section):
     d: int = Field(..., ge=1, description="input dimension")
     teacher: TeacherConfig = Field(default_factory=OneHiddenReluTeacher)
+    data: Optional[DataConfig] = Field(None, description="samples from files instead of a teacher")
     noise_std: float = Field(0.0, ge=0.0, description="standard deviation of additive Gaussian label noise")
     output: Optional[int] = Field(
         None, ge=0, description="for a vector-output teacher: which output coordinate is the (scalar) label y; "
         "omitted: the label is the vector of all outputs, and every statistic is computed per output"
     )
+
+    @model_validator(mode="after")
+    def _data_or_teacher(self) -> "SourceConfig":
+        if self.data is not None:
+            given = [k for k in ("teacher", "noise_std", "output") if k in self.model_fields_set]
+            if given:
+                raise ValueError(f"source.data gives the samples; source.{given[0]} applies to teachers only: "
+                                 "remove it")
+        return self
 
     @field_validator("teacher", mode="before")
     @classmethod
@@ -552,6 +583,13 @@ class RunConfig(_Section):
         for key in ("file", "onnx"):
             if key in teacher:
                 teacher[key] = str(self.resolve_path(teacher[key]).resolve())
+        if self.source.data is not None:
+            data["source"].pop("teacher", None)
+            data["source"].pop("noise_std", None)
+            for key in ("x", "y"):
+                path = data["source"]["data"][key]
+                if not is_url(path):
+                    data["source"]["data"][key] = str(self.resolve_path(path).resolve())
         return data
 
 

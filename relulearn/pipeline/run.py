@@ -62,6 +62,9 @@ def plan_blocks(start: int, stop: int, per_block: int) -> list[tuple[int, int]]:
 def fingerprint(cfg: RunConfig, source: Source) -> dict[str, Any]:
     """What must agree for two runs to share a store (everything but the sample count)."""
     src = cfg.source.model_dump(mode="json", exclude_none=True)
+    if cfg.source.data is not None:  # the files may move; their rows may not
+        src.pop("teacher", None)
+        src["data"] = {k: v for k, v in src["data"].items() if k not in ("x", "y", "storage_options")}
     for key in ("file", "onnx"):
         if key in src.get("teacher", {}):
             src["teacher"] = {key: "<file>"}  # the path may move; the weights (the model's bytes) may not
@@ -230,9 +233,14 @@ class RunSummary:
     samples_per_second: float
     statistics: list[str]
     dashboard: Optional[str] = None
+    #: a data source's rows, rows skipped (NaN or inf, ``nan_rows: skip``) and whether it is whitened
+    data: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if out["data"] is None:
+            del out["data"]
+        return out
 
 
 def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statistic], Partial, list[list[int]], dict]:
@@ -309,6 +317,10 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
 
         check_imports(client, modules, f"{getattr(source, 'label', 'the teacher')} needs '{modules[0]}' on every "
                                        "worker")
+    if samples is not None and hasattr(source, "row_batches"):  # data: --samples cannot exceed its rows
+        from .data import check_rows
+
+        check_rows(source.rows, samples, cfg.chunk_size, source.x.url)
     sketch = cfg.statistics.sketch
     if sketch is not None and sketch.refines is not None:  # a subspace pass: the chunks of the store it refines
         wanted = samples if samples is not None else cfg.samples
@@ -383,7 +395,16 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         blocks_run=len(blocks), resumed_from_samples=done0 * cfg.chunk_size, seconds=seconds,
         samples_per_second=ran / seconds if seconds > 0 else 0.0,
         statistics=[s.name for s in stats], dashboard=dashboard,
+        data=_data_summary(source),
     )
+
+
+def _data_summary(source: Source) -> Optional[dict[str, Any]]:
+    if not hasattr(source, "row_batches"):
+        return None
+    from .data import describe
+
+    return describe(source)
 
 
 def _is_main_thread() -> bool:

@@ -310,22 +310,42 @@ class OutputColumn:
             yield x, y[:, self.output]
 
 
+def _rows_of(source: Source) -> Any:
+    """The data source behind ``source`` (itself, or the one an output column reads), None for a teacher."""
+    return source if hasattr(source, "row_batches") else None
+
+
 def chunk_batches(source: Source, seed: int, chunk_id: int, chunk_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The batches of chunk ``chunk_id`` of a run with seed ``seed``: the same bytes everywhere."""
+    """The batches of chunk ``chunk_id`` of a run with seed ``seed``: the same bytes everywhere (for data, rows
+    ``[chunk_id·chunk_size, (chunk_id + 1)·chunk_size)``)."""
+    data = _rows_of(source)
+    if data is not None:
+        return data.row_batches(chunk_id * chunk_size, chunk_size, batch_rows(data.d))
     return source.batches(generator(seed, Stream.INPUTS, chunk_id), generator(seed, Stream.NOISE, chunk_id), chunk_size)
 
 
 def pilot_batches(source: Source, seed: int, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Samples of the pilot pass (independent of every chunk of the run)."""
+    """Samples of the pilot pass (independent of every chunk of the run; for data, its first rows)."""
+    data = _rows_of(source)
+    if data is not None:
+        return data.row_batches(data.window("pilot", 0, n), n, batch_rows(data.d))
     return source.batches(generator(seed, Stream.PILOT, 0), generator(seed, Stream.PILOT, 1), n)
+
+
+_STREAM_NAMES = {Stream.HELD_OUT: "held_out", Stream.TEST: "test", Stream.PILOT: "pilot"}
 
 
 def draw_batches(source: Source, seed: int, stream: int, n: int, part: int = 0
                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The samples :func:`draw` returns, batch by batch, each checked (NaN / inf named by row)."""
     row = 0
+    data = _rows_of(source)
+    if data is not None:
+        batches = data.row_batches(data.window(_STREAM_NAMES.get(stream, "held_out"), part, n), n, batch_rows(data.d))
+    else:
+        batches = source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n)
     try:
-        for x, y in source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n):
+        for x, y in batches:
             check_finite(x, y, None, row)
             yield x, y
             row += len(y)
@@ -365,6 +385,8 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     """
     run = cfg if isinstance(cfg, RunConfig) else base
     src = cfg.source if isinstance(cfg, RunConfig) else cfg
+    if src.data is not None:
+        return _data_source(src, run)
     teacher = src.teacher
     if isinstance(teacher, CallableTeacher):
         from .blackbox import callable_source
@@ -400,6 +422,20 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     if src.output is not None and src.output >= net.output_dim:
         raise ValueError(f"source.output is {src.output} but the teacher has only {net.output_dim} outputs")
     return TeacherSource(net, float(src.noise_std), src.output)
+
+
+def _data_source(src: SourceConfig, run: Optional[RunConfig]) -> Any:
+    from ..config import is_url
+    from .data import data_source
+
+    spec = src.data
+
+    def where(path: str) -> str:
+        return path if is_url(path) or run is None else str(run.resolve_path(path))
+
+    return data_source(where(spec.x), where(spec.y), src.d, x_columns=spec.x_columns, y_column=spec.y_column,
+                       whiten=spec.whiten, nan_rows=spec.nan_rows, storage_options=spec.storage_options,
+                       samples=None if run is None else run.samples, chunk_size=None if run is None else run.chunk_size)
 
 
 def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: Optional[int], row_offset: int) -> None:

@@ -1,0 +1,227 @@
+"""Row-range readers of users' arrays: ``.npy`` files, zarr arrays and Parquet columns, local or at fsspec URLs.
+
+A reader is opened from a path or URL and reads rows ``[start, stop)`` as float64, so workers read only their
+chunks' rows and nothing passes through the driver. Readers hold no open handles when pickled (a worker
+reopens what it reads, once per process).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["ArrayFileError", "ArrayReader", "array_kind", "open_reader"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+class ArrayFileError(ValueError):
+    """A data file that cannot be read as the rows of an array; the message names the file and the fix."""
+
+
+def array_kind(url: str) -> str:
+    """``npy``, ``parquet`` or ``zarr`` (anything else: a zarr array's folder or URL) from the name."""
+    name = url.rstrip("/").lower()
+    if name.endswith(".npy"):
+        return "npy"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    return "zarr"
+
+
+@dataclass(frozen=True)
+class ArrayReader:
+    """Rows of one array: ``url`` (``kind``: npy, zarr or parquet), ``columns`` of a Parquet file.
+
+    ``shape`` is ``(rows,)`` or ``(rows, cols)`` of what :meth:`read` returns.
+    """
+
+    url: str
+    kind: str
+    shape: tuple[int, ...]
+    columns: Optional[tuple[str, ...]] = None
+    storage_options: tuple[tuple[str, Any], ...] = ()
+    #: the files' sizes and modification times when opened: a rewritten file is another reader (caches key on it)
+    stamp: str = ""
+
+    @property
+    def rows(self) -> int:
+        return int(self.shape[0])
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a float64 array."""
+        start, stop = int(start), int(min(stop, self.rows))
+        if stop <= start:
+            return np.empty((0,) + tuple(self.shape[1:]))
+        if self.kind == "npy":
+            out = _read_npy(self.url, self.storage_options, self.stamp, start, stop)
+        elif self.kind == "zarr":
+            out = np.asarray(_zarr(self.url, self.storage_options, self.stamp)[start:stop])
+        else:
+            out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
+        return np.ascontiguousarray(out, dtype=np.float64)
+
+
+def _options(storage_options: Optional[dict]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((storage_options or {}).items()))
+
+
+def open_reader(url: str, *, columns: Optional[list[str]] = None, storage_options: Optional[dict] = None,
+                what: str = "source.data.x") -> ArrayReader:
+    """Open ``url`` (a path or fsspec URL) and check it holds a numeric array of rows.
+
+    Raises
+    ------
+    ArrayFileError
+        Naming ``what`` (the config key), the file and what to change: a missing file, a pickle, a dtype that
+        is not numeric, an array of more than two dimensions, Parquet columns that do not exist.
+    """
+    kind = array_kind(url)
+    opts = _options(storage_options)
+    if columns is not None and kind != "parquet":
+        raise ArrayFileError(f"{what}: columns apply to Parquet files; {url} is read as a {kind} array")
+    try:
+        stamp = _stamp(url, opts)
+        if kind == "npy":
+            shape, dtype, _ = _npy_header(url, opts, stamp)
+        elif kind == "zarr":
+            arr = _zarr(url, opts, stamp)
+            shape, dtype = tuple(arr.shape), np.dtype(arr.dtype)
+        else:
+            rows, names, types = _parquet_schema(url, opts, stamp)
+    except ArrayFileError as err:
+        raise ArrayFileError(f"{what}: {err}") from None
+    except FileNotFoundError:
+        raise ArrayFileError(f"{what}: {url} does not exist; a relative path is read from the configuration "
+                             "file's folder") from None
+    except Exception as err:  # zarr, pyarrow and fsspec raise many kinds; name the file
+        raise ArrayFileError(f"{what}: {url} cannot be read as a {kind} array ({type(err).__name__}: {err}); "
+                             "give a .npy file, a zarr array or a Parquet file") from None
+    if kind == "parquet":
+        cols = list(names) if columns is None else list(columns)
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise ArrayFileError(f"{what}: {url} has no column(s) {missing}; its columns are {list(names)}")
+        bad = [c for c in cols if not types[c]]
+        if bad:
+            raise ArrayFileError(f"{what}: column(s) {bad} of {url} are not numeric; choose numeric columns")
+        return ArrayReader(url, kind, (rows, len(cols)), tuple(cols), opts, stamp)
+    if dtype.kind not in "iuf" or len(shape) not in (1, 2):
+        raise ArrayFileError(f"{what}: {url} holds a {dtype} array of shape {shape}; give a numeric array of "
+                             "rows, (rows,) or (rows, columns)")
+    return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp)
+
+
+def _stamp(url: str, opts: tuple) -> str:
+    """Sizes and modification times of the file, or of every file of a zarr array's folder."""
+    import hashlib
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **dict(opts))
+    info = fs.info(path)
+    entries = fs.find(path, detail=True) if info.get("type") == "directory" else {path: info}
+    keys = ("size", "mtime", "created", "ETag", "LastModified", "last_modified")
+    text = repr(sorted((name, tuple(str(e.get(k)) for k in keys)) for name, e in entries.items()))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------- npy
+
+
+def _open(url: str, opts: tuple):
+    import fsspec
+
+    return fsspec.open(url, "rb", **dict(opts)).open()
+
+
+@lru_cache(maxsize=64)
+def _npy_header(url: str, opts: tuple, stamp: str) -> tuple[tuple[int, ...], np.dtype, int]:
+    """Shape, dtype and data offset of a ``.npy`` file (C order only: rows are contiguous)."""
+    with _open(url, opts) as f:
+        magic = f.read(6)
+        if magic != b"\x93NUMPY":
+            raise ArrayFileError(f"{url} is not a .npy file (no NUMPY magic); save it with numpy.save")
+        major = f.read(2)[0]
+        size = int.from_bytes(f.read(2 if major == 1 else 4), "little")
+        header = ast.literal_eval(f.read(size).decode("latin1"))
+        offset = 6 + 2 + (2 if major == 1 else 4) + size
+    dtype = np.dtype(header["descr"]) if not isinstance(header["descr"], list) else np.dtype(object)
+    if header.get("fortran_order") and len(header["shape"]) == 2:
+        raise ArrayFileError(f"{url} is stored in Fortran order: its rows are not contiguous; save "
+                             "numpy.ascontiguousarray(x)")
+    if dtype.hasobject:
+        raise ArrayFileError(f"{url} holds Python objects (a pickle inside the .npy); relulearn never loads "
+                             "pickles: save a numeric array")
+    return tuple(header["shape"]), dtype, offset
+
+
+def _read_npy(url: str, opts: tuple, stamp: str, start: int, stop: int) -> np.ndarray:
+    shape, dtype, offset = _npy_header(url, opts, stamp)
+    row_items = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+    row_bytes = row_items * dtype.itemsize
+    with _open(url, opts) as f:
+        f.seek(offset + start * row_bytes)
+        buf = f.read((stop - start) * row_bytes)
+    return np.frombuffer(buf, dtype=dtype).reshape((stop - start,) + tuple(shape[1:]))
+
+
+# ------------------------------------------------------------------------ zarr
+
+
+@lru_cache(maxsize=64)
+def _zarr(url: str, opts: tuple, stamp: str):
+    import zarr
+
+    kwargs = {"storage_options": dict(opts)} if opts else {}
+    return zarr.open_array(url, mode="r", **kwargs)
+
+
+# --------------------------------------------------------------------- parquet
+
+
+def _pyarrow():
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ArrayFileError("Parquet data needs pyarrow: pip install 'relulearn[data]' (or pyarrow)") from None
+    return pq
+
+
+@lru_cache(maxsize=64)
+def _parquet_file(url: str, opts: tuple, stamp: str):
+    return _pyarrow().ParquetFile(_open(url, opts))
+
+
+@lru_cache(maxsize=64)
+def _parquet_schema(url: str, opts: tuple, stamp: str) -> tuple[int, tuple[str, ...], dict[str, bool]]:
+    import pyarrow as pa
+
+    pf = _parquet_file(url, opts, stamp)
+    schema = pf.schema_arrow
+    numeric = {f.name: bool(pa.types.is_integer(f.type) or pa.types.is_floating(f.type)) for f in schema}
+    return int(pf.metadata.num_rows), tuple(schema.names), numeric
+
+
+def _read_parquet(url: str, opts: tuple, stamp: str, columns: Optional[tuple[str, ...]], start: int,
+                  stop: int) -> np.ndarray:
+    """Rows ``[start, stop)`` of ``columns``: the row groups that overlap them, sliced."""
+    pf = _parquet_file(url, opts, stamp)
+    meta = pf.metadata
+    parts, first = [], 0
+    for g in range(meta.num_row_groups):
+        n = meta.row_group(g).num_rows
+        lo, hi = max(start, first), min(stop, first + n)
+        if lo < hi:
+            table = pf.read_row_group(g, columns=list(columns) if columns else None)
+            block = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
+                                     for c in table.column_names])
+            parts.append(block[lo - first:hi - first])
+        first += n
+        if first >= stop:
+            break
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]

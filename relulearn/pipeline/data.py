@@ -1,0 +1,244 @@
+"""Data sources: a user's samples ``(x, y)`` in files instead of a teacher (DESIGN.md §5).
+
+``source: {d: D, data: {x: PATH_OR_URL, y: PATH_OR_URL}}`` reads rows of ``.npy`` files, zarr arrays or Parquet
+columns (:mod:`.arrays`), local or at fsspec URLs. Rows are laid out as a run needs them:
+
+- chunk ``i`` is rows ``[i·chunk_size, (i+1)·chunk_size)`` of the usable rows, read by the worker that computes
+  it (so ``samples`` is bounded by the rows the data holds);
+- the pilot pass reads the first rows; held-out part 0 (a method's training sample) the first rows, part 1
+  (validation) and test samples the last rows; parts 2, 3, … (the streamed refinement) consecutive windows
+  from row 0, so a refinement over the store's sample count reads every row of the statistics.
+
+A scan of the data when the source is made (one read, on the driver, O(d²) memory) finds the rows with NaN or
+inf (refused by row number, or skipped and counted with ``nan_rows: skip``) and the mean and covariance of
+``x``; with ``whiten: true`` (the default) every batch is whitened on the fly, ``z = A (x − μ)`` with
+``A = L⁻¹`` for the Cholesky factor ``L`` of the covariance, so the methods see inputs of mean 0 and identity
+covariance, and :meth:`DataSource.to_raw` maps a learned network back to raw coordinates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+from ..network import Network
+from .arrays import ArrayReader, open_reader
+
+__all__ = ["DataSource", "DataSizeError", "data_source", "check_rows", "READ_BYTES"]
+
+#: rows are read in blocks of about this many bytes of inputs (a Parquet row group is read once per block)
+READ_BYTES = 64 * 2**20
+
+
+class DataSizeError(ValueError):
+    """The data holds fewer usable rows than a run or a method asks for."""
+
+
+@dataclass(frozen=True)
+class Scan:
+    """What one read of the data found: rows with NaN / inf, and the mean and covariance of the other rows' x."""
+
+    bad_rows: np.ndarray
+    mean: np.ndarray
+    cov: np.ndarray
+    digest: str
+
+
+@dataclass(frozen=True, eq=False)
+class DataSource:
+    """Samples read from files (see the module's docstring).
+
+    Attributes
+    ----------
+    x, y
+        Readers of the inputs (rows, d) and labels (rows,) or (rows, 1).
+    bad_rows
+        Sorted raw row numbers skipped (NaN or inf; empty unless ``nan_rows: skip``).
+    whitening
+        ``(μ, A)`` with ``z = A (x − μ)``, or None (the inputs are used as they are).
+    """
+
+    x: ArrayReader
+    y: ArrayReader
+    bad_rows: np.ndarray
+    whitening: Optional[tuple[np.ndarray, np.ndarray]]
+    digest: str
+    noise_std: float = 0.0
+    outputs: None = None
+    _shift: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # raw row of usable row v: v + (number of bad rows at or before it) = v + searchsorted(B − j, v, right)
+        object.__setattr__(self, "_shift", np.asarray(self.bad_rows, dtype=np.int64) - np.arange(len(self.bad_rows)))
+
+    @property
+    def d(self) -> int:
+        return int(self.x.shape[1])
+
+    @property
+    def rows(self) -> int:
+        """Usable rows (the raw rows less the skipped ones)."""
+        return self.x.rows - len(self.bad_rows)
+
+    @property
+    def skipped_rows(self) -> int:
+        return int(len(self.bad_rows))
+
+    def fingerprint(self) -> str:
+        """Identifies the data (shapes, a hash of its rows' bytes from the scan, columns, options)."""
+        return self.digest
+
+    # ------------------------------------------------------------------ rows
+
+    def _raw(self, v: int) -> int:
+        return int(v + np.searchsorted(self._shift, v, side="right"))
+
+    def row_batches(self, start: int, n: int, batch: int, raw: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Usable rows ``[start, start + n)`` as ``(x, y)`` batches of ``batch`` rows, whitened when set (and
+        not ``raw``)."""
+        if start < 0 or start + n > self.rows:
+            raise DataSizeError(f"rows {start:,}..{start + n:,} were asked of data with {self.rows:,} usable rows "
+                                f"({self.x.url}); use fewer samples or more data")
+        block = max(batch, (READ_BYTES // (8 * self.d)) // batch * batch)
+        for lo in range(start, start + n, block):
+            hi = min(lo + block, start + n)
+            raw_lo, raw_hi = self._raw(lo), self._raw(hi - 1) + 1
+            x, y = self.x.read(raw_lo, raw_hi), self.y.read(raw_lo, raw_hi).reshape(raw_hi - raw_lo)
+            if len(self.bad_rows):
+                keep = ~np.isin(np.arange(raw_lo, raw_hi), self.bad_rows)
+                x, y = x[keep], y[keep]
+            if self.whitening is not None and not raw:
+                mu, a = self.whitening
+                x = (x - mu) @ a.T
+            for b in range(0, len(y), batch):
+                yield np.ascontiguousarray(x[b:b + batch]), np.ascontiguousarray(y[b:b + batch])
+
+    def window(self, stream: str, part: int, n: int) -> int:
+        """First usable row of an auxiliary draw of ``n`` rows (see the module's docstring)."""
+        if n > self.rows:
+            raise DataSizeError(f"a {stream} sample of {n:,} rows was asked of data with {self.rows:,} usable rows "
+                                f"({self.x.url}); use more data")
+        if stream == "pilot" or (stream == "held_out" and part == 0):
+            return 0
+        if stream == "test" or part == 1:
+            return self.rows - n
+        return ((part - 2) * n) % (self.rows - n + 1)
+
+    def test_rows(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The last ``n`` usable rows, raw: where ``evaluate`` measures a model of raw inputs."""
+        parts = list(self.row_batches(self.window("test", 0, n), n, max(1, n), raw=True))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    # --------------------------------------------------------------- models
+
+    def to_raw(self, net: Network) -> Network:
+        """``net`` of whitened inputs as a network of raw inputs: ``W0 A x + (b0 − W0 A μ)``."""
+        if self.whitening is None:
+            return net
+        mu, a = self.whitening
+        w0 = net.weights[0] @ a
+        b0 = (net.biases[0] if net.biases is not None else np.zeros(w0.shape[0])) - w0 @ mu
+        rest = (tuple(net.biases[1:]) if net.biases is not None
+                else tuple(np.zeros(w.shape[0]) for w in net.weights[1:]))
+        return Network((w0,) + tuple(net.weights[1:]), (b0,) + rest, activation=net.activation)
+
+
+def data_source(x_url: str, y_url: str, d: int, *, x_columns: Optional[list[str]] = None,
+                y_column: Optional[str] = None, whiten: bool = True, nan_rows: str = "refuse",
+                storage_options: Optional[dict] = None, samples: Optional[int] = None,
+                chunk_size: Optional[int] = None) -> DataSource:
+    """Open the data a configuration names, scan it and check it against ``d`` and ``samples``.
+
+    Raises
+    ------
+    ArrayFileError, DataSizeError, ValueError
+        Naming the key, the file and the fix: a width other than ``d``, labels of another row count or more
+        than one column, a NaN row (with ``nan_rows: refuse``), fewer usable rows than ``samples``, a singular
+        covariance.
+    """
+    x = open_reader(x_url, columns=x_columns, storage_options=storage_options, what="source.data.x")
+    y = open_reader(y_url, columns=[y_column] if y_column is not None else None, storage_options=storage_options,
+                    what="source.data.y")
+    if len(x.shape) != 2 or x.shape[1] != d:
+        width = x.shape[1] if len(x.shape) == 2 else 1
+        raise ValueError(f"source.data.x: {x_url} has {width} column(s) per row but source.d is {d}; make them agree")
+    if len(y.shape) == 2 and y.shape[1] != 1:
+        raise ValueError(f"source.data.y: {y_url} has {y.shape[1]} columns; give one label per row (for Parquet: "
+                         "source.data.y_column)")
+    if y.rows != x.rows:
+        raise ValueError(f"source.data: {x_url} has {x.rows:,} rows but {y_url} has {y.rows:,}; give one label per row")
+    scan = _scan(x, y)
+    if len(scan.bad_rows) and nan_rows != "skip":
+        r = int(scan.bad_rows[0])
+        raise ValueError(f"source.data: row {r} (counting from 0) of the data has NaN or inf ({len(scan.bad_rows)} "
+                         f"such row(s), in {x_url} or {y_url}); remove them, or set source.data.nan_rows: skip to "
+                         "leave them out (counted in the store's fingerprint)")
+    if samples is not None:
+        check_rows(x.rows - len(scan.bad_rows), samples, chunk_size or 1, x_url)
+    whitening = None
+    if whiten:
+        try:
+            chol = np.linalg.cholesky(scan.cov)
+        except np.linalg.LinAlgError:
+            raise ValueError(f"source.data.x: the covariance of {x_url} is singular (a column is constant or a "
+                             "combination of others); drop such columns, or set source.data.whiten: false") from None
+        whitening = (scan.mean, np.linalg.inv(chol))
+    opts = {"whiten": bool(whiten), "nan_rows": nan_rows, "x_columns": x_columns, "y_column": y_column}
+    digest = hashlib.sha256((scan.digest + repr(sorted(opts.items()))).encode()).hexdigest()
+    return DataSource(x, y, scan.bad_rows if nan_rows == "skip" else np.empty(0, np.int64), whitening, digest)
+
+
+def check_rows(usable: int, samples: int, chunk_size: int, url: str) -> None:
+    """Refuse a sample count the data cannot give: a run reads whole chunks of ``chunk_size`` rows."""
+    needed = -(-int(samples) // int(chunk_size)) * int(chunk_size)
+    if needed > usable:
+        most = usable // chunk_size * chunk_size
+        raise DataSizeError(
+            f"samples is {samples:,}, which takes {needed:,} rows (whole chunks of chunk_size {chunk_size:,}), but the "
+            f"data ({url}) holds {usable:,} usable rows; set samples to at most {most:,}, or a smaller chunk_size, "
+            "or give more data")
+
+
+def _scan(x: ArrayReader, y: ArrayReader) -> Scan:
+    return _scan_cached(x, y)
+
+
+@lru_cache(maxsize=8)
+def _scan_cached(x: ArrayReader, y: ArrayReader) -> Scan:
+    """One read of all rows in blocks: NaN / inf rows, a SHA-256 of the bytes, sums for the mean and covariance
+    (shifted by the first row, so that a large mean does not cost precision)."""
+    d, rows = x.shape[1], x.rows
+    block = max(1, READ_BYTES // (8 * d))
+    sha = hashlib.sha256(repr((x.url, x.shape, x.columns, y.url, y.shape, y.columns)).encode())
+    bad: list[np.ndarray] = []
+    count, s1, s2, shift = 0, np.zeros(d), np.zeros((d, d)), None
+    for lo in range(0, rows, block):
+        hi = min(lo + block, rows)
+        xb, yb = x.read(lo, hi), y.read(lo, hi).reshape(hi - lo)
+        sha.update(xb.tobytes())
+        sha.update(yb.tobytes())
+        ok = np.isfinite(xb).all(axis=1) & np.isfinite(yb)
+        if not ok.all():
+            bad.append(lo + np.flatnonzero(~ok))
+            xb = xb[ok]
+        if shift is None and len(xb):
+            shift = xb[0].copy()
+        if len(xb):
+            xc = xb - shift
+            count += len(xc)
+            s1 += xc.sum(axis=0)
+            s2 += xc.T @ xc
+    if count < 2:
+        raise DataSizeError(f"source.data: {x.url} has {count} usable rows; give more data")
+    m = s1 / count
+    cov = s2 / count - np.outer(m, m)
+    return Scan(np.concatenate(bad) if bad else np.empty(0, np.int64), shift + m, (cov + cov.T) / 2, sha.hexdigest())
+
+
+def describe(source: DataSource) -> dict[str, Any]:
+    """What a run reports of its data: rows, skipped rows, whether whitened."""
+    return {"rows": source.rows, "skipped_rows": source.skipped_rows, "whitened": source.whitening is not None}

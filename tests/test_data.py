@@ -1,0 +1,212 @@
+"""Data sources: users' samples in .npy, zarr and Parquet files (local or fsspec URLs), whitened on the fly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import yaml
+
+from relulearn import api, open_store
+from relulearn.config import config_from_dict
+from relulearn.network import Network, compare
+from relulearn.pipeline.arrays import ArrayFileError
+from relulearn.pipeline.data import DataSizeError
+from relulearn.pipeline.sources import make_source
+
+from conftest import PYTHON, cli_env
+
+D, K, ROWS = 10, 3, 400_000
+
+
+def planted_data(seed: int = 1, rows: int = ROWS, d: int = D):
+    """A biased one-hidden-layer teacher and correlated inputs (covariance of condition number 10, a nonzero
+    mean): ``teacher, mean, L`` with ``x = mean + L g``, and the samples ``x, y`` (noiseless)."""
+    rng = np.random.default_rng(seed)
+    teacher = Network((rng.standard_normal((K, d)) / np.sqrt(d), np.array([[1.2, -0.8, 1.0]])),
+                      (0.5 * rng.standard_normal(K), np.array([0.3])))
+    q = np.linalg.qr(rng.standard_normal((d, d)))[0]
+    chol = np.linalg.cholesky(q @ np.diag(np.geomspace(1.0, 10.0, d)) @ q.T)
+    mean = rng.standard_normal(d)
+    x = mean + rng.standard_normal((rows, d)) @ chol.T
+    return teacher, mean, chol, x, teacher.forward(x)[:, 0]
+
+
+def write(fmt: str, folder, x: np.ndarray, y: np.ndarray) -> dict:
+    """The samples in format ``fmt``; returns the ``source.data`` section that reads them."""
+    if fmt == "npy":
+        np.save(folder / "x.npy", x)
+        np.save(folder / "y.npy", y)
+        return {"x": str(folder / "x.npy"), "y": str(folder / "y.npy")}
+    if fmt == "zarr":
+        import zarr
+
+        zarr.create_array(str(folder / "x.zarr"), data=x, chunks=(30_000, x.shape[1]))
+        zarr.create_array(str(folder / "y.zarr"), data=y, chunks=(30_000,))
+        return {"x": str(folder / "x.zarr"), "y": str(folder / "y.zarr")}
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    names = [f"f{j}" for j in range(x.shape[1])]
+    table = pa.table({**{n: x[:, j] for j, n in enumerate(names)}, "target": y})
+    pq.write_table(table, folder / "d.parquet", row_group_size=65_536)  # row groups across chunk boundaries
+    return {"x": str(folder / "d.parquet"), "y": str(folder / "d.parquet"), "x_columns": names, "y_column": "target"}
+
+
+def data_config(data: dict, samples: int = ROWS, d: int = D, **extra) -> dict:
+    return {"seed": 0, "samples": samples, "chunk_size": 50_000, "source": {"d": d, "data": data}, **extra}
+
+
+def raw_test_error(teacher: Network, learned: Network, mean: np.ndarray, chol: np.ndarray) -> float:
+    g = np.random.default_rng(99).standard_normal((100_000, len(mean)))
+    x = mean + g @ chol.T
+    y = teacher.forward(x)[:, 0]
+    return float(np.mean((y - learned.forward(x)[:, 0]) ** 2) / np.mean(y**2))
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr", "parquet"])
+def test_correlated_data_is_learned_exactly_in_raw_coordinates(fmt, client, tmp_path):
+    """Read by two worker processes in chunk ranges, whitened on the fly with the scanned mean and covariance;
+    the network mapped back to raw coordinates matches the teacher on fresh raw inputs."""
+    teacher, mean, chol, x, y = planted_data()
+    data = write(fmt, tmp_path, x, y)
+    out = str(tmp_path / "m.npz")
+    got = api.fit(config_from_dict(data_config(data)), str(tmp_path / "s.zarr"), "moments", width=K, out=out,
+                  client=client, progress=None)
+    assert got["estimate"]["data"] == {"rows": ROWS, "skipped_rows": 0, "whitened": True}
+    learned = Network.load(out)
+    assert raw_test_error(teacher, learned, mean, chol) <= 1e-8
+    assert compare(teacher, learned).relative_error <= 1e-8
+
+
+def test_a_dataset_at_an_fsspec_memory_url(tmp_path):
+    import fsspec
+
+    teacher, mean, chol, x, y = planted_data(seed=2)
+    fs = fsspec.filesystem("memory")
+    for name, arr in (("x", x), ("y", y)):
+        with fs.open(f"/relulearn-test-{id(tmp_path)}/{name}.npy", "wb") as f:
+            np.save(f, arr)
+    data = {"x": f"memory://relulearn-test-{id(tmp_path)}/x.npy", "y": f"memory://relulearn-test-{id(tmp_path)}/y.npy"}
+    out = str(tmp_path / "m.npz")
+    api.fit(config_from_dict(data_config(data)), str(tmp_path / "s.zarr"), "moments", width=K, out=out,
+            client="local", progress=None)  # a memory filesystem lives in one process
+    assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8
+
+
+def test_chunks_read_on_workers_are_the_bytes_read_in_process(client, tmp_path):
+    """The statistics of a data source (d = 24, where BLAS blocks) are bitwise equal in process and on two
+    workers: a chunk is the same rows, whitened the same way, wherever it is read."""
+    rng = np.random.default_rng(3)
+    x = 0.5 + rng.standard_normal((60_000, 24)) @ np.diag(np.linspace(1, 3, 24))
+    y = np.maximum(x[:, :3].sum(axis=1), 0)
+    data = write("npy", tmp_path, x, y)
+    cfg = config_from_dict({"seed": 0, "samples": 60_000, "chunk_size": 10_000, "source": {"d": 24, "data": data},
+                            "statistics": {"basic": {}, "contracted": {"orders": [2], "directions": 2}},
+                            "run": {"chunks_per_block": 1}})
+    api.estimate(cfg, str(tmp_path / "a.zarr"), client="local", progress=None)
+    api.estimate(cfg, str(tmp_path / "b.zarr"), client=client, progress=None)
+    a, b = open_store(str(tmp_path / "a.zarr")), open_store(str(tmp_path / "b.zarr"))
+    for name in ("basic", "contracted"):
+        for key, arr in a.arrays(name).items():
+            assert np.array_equal(np.asarray(arr), np.asarray(b.arrays(name)[key])), (name, key)
+
+
+def test_nan_rows_are_refused_by_number_or_skipped_and_counted(tmp_path):
+    teacher, mean, chol, x, y = planted_data(seed=4, rows=200_000)
+    x[123_456, 4] = np.nan
+    y[7_000] = np.inf
+    x = np.vstack([x, mean + np.random.default_rng(5).standard_normal((2, D)) @ chol.T])  # 200,000 usable rows
+    y = np.r_[y, teacher.forward(x[-2:])[:, 0]]
+    data = write("npy", tmp_path, x, y)
+    with pytest.raises(ValueError, match=r"row 7000 \(counting from 0\) of the data has NaN or inf \(2 such row"
+                                         r".*source.data.nan_rows: skip"):
+        api.estimate(config_from_dict(data_config(data, samples=200_000)), str(tmp_path / "s.zarr"),
+                     client="local", progress=None)
+    assert not (tmp_path / "s.zarr").exists()
+    out = str(tmp_path / "m.npz")
+    got = api.fit(config_from_dict(data_config(dict(data, nan_rows="skip"), samples=200_000)),
+                  str(tmp_path / "s.zarr"), "moments", width=K, out=out, client="local", progress=None)
+    assert got["estimate"]["data"]["skipped_rows"] == 2 and got["samples"] == 200_000
+    assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8
+
+
+def test_fewer_rows_than_samples_is_refused_before_any_work(tmp_path):
+    _, _, _, x, y = planted_data(seed=6, rows=120_000)
+    data = write("npy", tmp_path, x, y)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data_config(data, samples=200_000)))
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", str(tmp_path / "s.zarr"),
+                           "--in-process", "--quiet"], env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "samples is 200,000" in done.stderr and "holds 120,000 usable rows" in done.stderr
+    assert "set samples to at most 100,000" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "s.zarr").exists()
+    # extending a store past the data is refused the same way
+    api.estimate(config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "t.zarr"), client="local",
+                 progress=None)
+    with pytest.raises(DataSizeError, match=r"samples is 150,000.*holds 120,000 usable rows"):
+        api.estimate(config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "t.zarr"),
+                     samples=150_000, client="local", progress=None)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("width", r"source.data.x: .*x.npy has 10 column\(s\) per row but source.d is 8; make them agree"),
+    ("rows", r"source.data: .*x.npy has 120,000 rows but .*y.npy has 119,999; give one label per row"),
+    ("missing", r"source.data.y: .*nothere.npy does not exist"),
+    ("objects", r"source.data.x: .*holds Python objects .*never loads pickles"),
+    ("column", r"source.data.x: .*d.parquet has no column\(s\) \['g0'\]; its columns are"),
+    ("teacher", r"source.data gives the samples; source.teacher applies to teachers only"),
+])
+def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
+    _, _, _, x, y = planted_data(seed=7, rows=120_000)
+    data = write("npy", tmp_path, x, y)
+    cfg = data_config(data, samples=100_000)
+    if case == "width":
+        cfg["source"]["d"] = 8
+    elif case == "rows":
+        np.save(tmp_path / "y.npy", y[:-1])
+    elif case == "missing":
+        cfg["source"]["data"]["y"] = str(tmp_path / "nothere.npy")
+    elif case == "objects":
+        np.save(tmp_path / "x.npy", np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
+    elif case == "column":
+        cfg["source"]["data"] = dict(write("parquet", tmp_path, x, y), x_columns=["f0", "g0"])
+    else:
+        cfg["source"]["teacher"] = {"kind": "one_hidden_relu", "width": 2}
+    with pytest.raises((ValueError, ArrayFileError), match=message):
+        make_source(config_from_dict(cfg))
+
+
+def test_fit_on_data_through_the_cli_prints_a_summary_and_writes_raw_coordinates(tmp_path):
+    teacher, mean, chol, x, y = planted_data(seed=8, rows=200_000)
+    data = write("npy", tmp_path, x, y)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data_config({"x": "x.npy", "y": "y.npy"}, samples=200_000)))  # relative paths
+    out = tmp_path / "m.npz"
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "fit", str(cfg), "--store", str(tmp_path / "s.zarr"),
+                           "--method", "moments", "--width", "3", "--out", str(out), "--in-process", "--quiet",
+                           "--json"], env=cli_env(), capture_output=True, text=True, timeout=300, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["estimate"]["data"]["whitened"] is True
+    assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8
+    assert data  # the files the relative paths name
+    ev = api.evaluate(out, cfg, samples=50_000)  # on the data's last rows, in raw coordinates
+    assert ev["relative_test_error"] <= 1e-8 and ev["samples"] == 50_000 and "data" in ev["parameter_error_note"]
+
+
+def test_a_rewritten_dataset_cannot_resume_its_store(tmp_path):
+    """The store's fingerprint holds a hash of the rows' bytes: data changed in place is another source."""
+    from relulearn.storage import StoreError
+
+    _, _, _, x, y = planted_data(seed=9, rows=150_000)
+    data = write("npy", tmp_path, x, y)
+    api.estimate(config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "s.zarr"), client="local",
+                 progress=None)
+    y[5] += 1e-9
+    np.save(tmp_path / "y.npy", y)
+    with pytest.raises(StoreError, match=r"different fingerprint; differing fields: source.teacher_sha256"):
+        api.estimate(config_from_dict(data_config(data, samples=150_000)), str(tmp_path / "s.zarr"), client="local",
+                     progress=None)
