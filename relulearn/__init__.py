@@ -12,6 +12,20 @@ from .storage import StoreError, StoredRun
 
 __version__ = "0.1.0"
 
+#: scikit-learn estimators (relulearn.regressors), imported on first use: scikit-learn is an optional dependency
+REGRESSORS = ("MomentsRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
+              "LandscapeRegressor")
+
 __all__ = ["estimate", "merge", "open_store", "status", "learn", "fit", "evaluate", "predict", "load_config",
            "RunConfig", "ConfigError", "Network", "PolynomialModel", "load_model", "StoreError", "StoredRun",
-           "__version__"]
+           "__version__", *REGRESSORS]
+
+
+def __getattr__(name: str):
+    if name in REGRESSORS:
+        try:
+            from . import regressors
+        except ImportError as err:
+            raise ImportError(f"relulearn.{name} needs scikit-learn: pip install 'relulearn[sklearn]' ({err})") from None
+        return getattr(regressors, name)
+    raise AttributeError(f"module 'relulearn' has no attribute {name!r}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..network import Network
 
-__all__ = ["Arrays", "MissingStatisticError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
+__all__ = ["Arrays", "MissingStatisticError", "NoSignalError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -32,6 +32,11 @@ class MissingStatisticError(ValueError):
             f"configuration\n  statistics:\n    {statistic}: {section}\nand estimate into a new store (or use "
             "`relulearn fit`, which chooses the statistics itself)"
         )
+
+
+class NoSignalError(ValueError):
+    """The statistics hold no direction above their noise floor: nothing but the mean can be learned from
+    them at this sample count (the message says how to get more samples)."""
 
 
 @dataclass(frozen=True)

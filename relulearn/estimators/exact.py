@@ -29,7 +29,7 @@ from ..network import Network
 from . import exact_step as _exact_step
 from . import fixed_parameter as _fixed
 from . import orthants, refine as _refine, signs as _signs, spectral, tensor
-from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
+from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
 
 __all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "sample_sizes", "learn", "recover", "check_exact_samples",
@@ -151,7 +151,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     sub = spectral.joint_range(list(t2), list(t2_se), rank=width)
     report: dict[str, Any] = {"activation": act.name, "subspace": sub.to_dict(include_basis=False)}
     if sub.rank == 0:
-        raise ValueError("the spectral stage found no direction above the noise floor in any T2_j: the statistics "
+        raise NoSignalError("the spectral stage found no direction above the noise floor in any T2_j: the statistics "
                          "are pure noise at this sample count; estimate with more samples")
     k = int(width or sub.rank)
     report["width"] = k

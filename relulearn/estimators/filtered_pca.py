@@ -44,7 +44,7 @@ import numpy as np
 from ..config import SKETCH_OVERSAMPLING
 from ..network import Network, gradient_subspace
 from . import deepfit, enumeration, spectral, subspace
-from .base import LearnResult, MissingStatisticError, PassRequest, Samples
+from .base import LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .polish import polish_and_select, refinement_verdict
 from .spectral import FilterGridError
 from .deepstream import refine_deep
@@ -131,7 +131,7 @@ def _subspace_state(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, A
     sub = spectral.relevant_subspace(mats, ses, names=names)
     steps = [{"pass": "filtered", "grid": grid, "added": int(sub.rank), "subspace": sub.to_dict(include_basis=False)}]
     if sub.rank == 0:
-        raise ValueError(
+        raise NoSignalError(
             "filtered PCA found no direction above the noise floor in the stored M_τ: the statistics are pure "
             "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
         )
@@ -384,7 +384,7 @@ def _sketch_subspace(sketch: Arrays, done: Sequence[Arrays]) -> PassRequest | tu
         return got
     last, steps = got
     if last.rank == 0:
-        raise ValueError(
+        raise NoSignalError(
             "filtered PCA found no direction above the noise floor in the sketched M_τ: the statistics are pure "
             "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
     return last.basis, steps

@@ -34,7 +34,7 @@ import numpy as np
 from .. import hermite
 from ..network import Network
 from . import spectral
-from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
+from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .objective_g import GParameters, StartResult, best_start, distinct_rows, minimize_g
 from .polish import polish_and_select
 
@@ -66,6 +66,10 @@ class NegativeWeightsError(ValueError):
 
 class TooFewSamplesError(ValueError):
     """The fourth moment is too noisy at this sample count; the message gives the count needed."""
+
+
+class NoEigenvalueError(TooFewSamplesError, NoSignalError):
+    """``T_2`` has no eigenvalue above its noise floor: nothing but the mean is supported."""
 
 
 def required_statistics(d: int, width: Optional[int] = None) -> dict:
@@ -117,7 +121,7 @@ def _subspace(t2: np.ndarray, se2: np.ndarray, width: Optional[int], d: int, n: 
                                           if needed else "") + f"; or learn with --width {rank}"
         )
     if rank == 0:
-        raise TooFewSamplesError(
+        raise NoEigenvalueError(
             "T_2 has no eigenvalue above its noise floor: the statistics are pure noise at this sample count; "
             "estimate with more samples (`relulearn estimate ... --samples N`)"
         )

@@ -26,7 +26,7 @@ import numpy as np
 from ..network import Network
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 from . import biased, enumeration, spectral, subspace
-from .base import Arrays, LearnResult, MissingStatisticError, PassRequest, Samples
+from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .polish import polish_and_select, refinement_verdict
 from .streamed import projected_sample, refine_streamed
 
@@ -139,7 +139,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     sub = spectral.relevant_subspace(mats, ses, rank=width, names=names)
     report: dict[str, Any] = {"subspace": sub.to_dict()}
     if sub.rank == 0:
-        raise ValueError(
+        raise NoSignalError(
             "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
             "sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
         )

@@ -7,7 +7,8 @@ columns (:mod:`.arrays`), local or at fsspec URLs. Rows are laid out as a run ne
   it (so ``samples`` is bounded by the rows the data holds);
 - the pilot pass reads the first rows; held-out part 0 (a method's training sample) the first rows, part 1
   (validation) and test samples the last rows; parts 2, 3, … (the streamed refinement) consecutive windows
-  from row 0, so a refinement over the store's sample count reads every row of the statistics.
+  from row 0, so a refinement over the store's sample count reads every row of the statistics. A draw larger
+  than the data gets all its rows (training and validation samples then overlap).
 
 A scan of the data when the source is made (one read, on the driver, O(d²) memory) finds the rows with NaN or
 inf (refused by row number, or skipped and counted with ``nan_rows: skip``) and the mean and covariance of
@@ -118,7 +119,7 @@ class DataSource:
                 yield np.ascontiguousarray(x[b:b + batch]), np.ascontiguousarray(y[b:b + batch])
 
     def window(self, stream: str, part: int, n: int) -> int:
-        """First usable row of an auxiliary draw of ``n`` rows (see the module's docstring)."""
+        """First usable row of an auxiliary draw of ``n`` rows (see the module's docstring; :meth:`clip` first)."""
         if n > self.rows:
             raise DataSizeError(f"a {stream} sample of {n:,} rows was asked of data with {self.rows:,} usable rows "
                                 f"({self.x.url}); use more data")

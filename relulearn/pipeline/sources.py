@@ -328,6 +328,7 @@ def pilot_batches(source: Source, seed: int, n: int) -> Iterator[tuple[np.ndarra
     """Samples of the pilot pass (independent of every chunk of the run; for data, its first rows)."""
     data = _rows_of(source)
     if data is not None:
+        n = min(n, data.rows)
         return data.row_batches(data.window("pilot", 0, n), n, batch_rows(data.d))
     return source.batches(generator(seed, Stream.PILOT, 0), generator(seed, Stream.PILOT, 1), n)
 
@@ -340,7 +341,8 @@ def draw_batches(source: Source, seed: int, stream: int, n: int, part: int = 0
     """The samples :func:`draw` returns, batch by batch, each checked (NaN / inf named by row)."""
     row = 0
     data = _rows_of(source)
-    if data is not None:
+    if data is not None:  # data smaller than the draw: all its rows (see DataSource.window)
+        n = min(n, data.rows)
         batches = data.row_batches(data.window(_STREAM_NAMES.get(stream, "held_out"), part, n), n, batch_rows(data.d))
     else:
         batches = source.batches(generator(seed, stream, 2 * part), generator(seed, stream, 2 * part + 1), n)
@@ -358,6 +360,8 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
     independent of every chunk of the run; ``part`` selects independent draws of one stream."""
     xs: Optional[np.ndarray] = None
     ys, row = [], 0
+    if _rows_of(source) is not None:
+        n = min(n, source.rows)
     for x, y in draw_batches(source, seed, stream, n, part):
         if row == 0 and len(y) == n:  # one batch: no copy
             return x, y

@@ -1,0 +1,311 @@
+"""scikit-learn estimators over the learning methods: ``fit(X, y)``, ``predict``, ``score``, ``partial_fit``.
+
+Each estimator streams its in-memory arrays through the same statistics as ``relulearn fit`` on a data source
+(:mod:`relulearn.pipeline.data`): ``fit`` writes ``X`` and ``y`` as ``.npy`` files in a working folder, runs
+:func:`relulearn.api.fit` on them (in process, or on the Dask cluster of ``client``) and keeps the learned model in
+raw coordinates (``model_``). A ``MomentsRegressor(seed=s)`` fitted on ``X, y`` gives the network that
+``relulearn fit`` gives on a config reading the same rows with the same seed and chunk size
+(:meth:`_Regressor.run_config` is that config).
+
+The methods need many samples (10⁴–10⁷ rows); on fewer rows than a method's bounded samples, ``fit`` raises a
+``ValueError`` saying how many rows it needs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+__all__ = ["MomentsRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
+           "LandscapeRegressor"]
+
+#: rows per chunk at most; fewer so that every row is used when the data is small (chunks are equal)
+CHUNK_ROWS = 50_000
+
+
+#: rows a fit needs at least: two chunks of two rows (standard errors are taken over chunks)
+MIN_ROWS = 4
+
+
+def chunking(rows: int) -> tuple[int, int]:
+    """``(chunk_size, samples)``: equal chunks, at least two, of at most :data:`CHUNK_ROWS` rows, covering all but
+    fewer than one row per chunk."""
+    chunks = max(2, -(-int(rows) // CHUNK_ROWS))
+    size = int(rows) // chunks
+    return size, size * chunks
+
+
+class _Regressor(RegressorMixin, BaseEstimator):
+    """Shared machinery; subclasses set ``_method`` and declare their options in ``__init__``."""
+
+    _method = "moments"
+    _options: tuple[str, ...] = ()
+
+    # ----------------------------------------------------------------- config
+
+    def run_config(self, x_path: str, y_path: str, rows: int, d: int) -> dict[str, Any]:
+        """The run configuration ``fit`` uses for ``rows`` rows of width ``d`` in the given files."""
+        size, samples = chunking(rows) if self.chunk_size is None else (self.chunk_size,
+                                                                         rows // self.chunk_size * self.chunk_size)
+        return {"seed": int(self.seed), "samples": int(samples), "chunk_size": int(size),
+                "source": {"d": int(d), "data": {"x": x_path, "y": y_path, "whiten": bool(self._whiten_source())}}}
+
+    def _whiten_source(self) -> bool:
+        return self.whiten
+
+    def _method_options(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._options}
+
+    # ---------------------------------------------------------------- fitting
+
+    def fit(self, X: Any, y: Any) -> "_Regressor":
+        """Estimate the method's statistics on the rows of ``X`` (n, d) and ``y`` (n,) and learn the model.
+
+        Returns
+        -------
+        self
+        """
+        X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64)
+        self._rows = [(X, y)]
+        return self._fit_rows(X, y)
+
+    def partial_fit(self, X: Any, y: Any) -> "_Regressor":
+        """Add the rows of ``X, y`` to those seen so far and learn again on all of them.
+
+        The statistics are sums over rows, but a store is tied to its data's bytes, so every call estimates
+        them afresh on all rows seen (kept in memory): the cost of a call grows with the rows seen.
+        """
+        first = not hasattr(self, "_rows")
+        X, y = validate_data(self, X, y, y_numeric=True, dtype=np.float64, reset=first)
+        self._rows = ([] if first else self._rows) + [(X, y)]
+        return self._fit_rows(np.concatenate([r[0] for r in self._rows]), np.concatenate([r[1] for r in self._rows]))
+
+    def _fit_rows(self, X: np.ndarray, y: np.ndarray) -> "_Regressor":
+        from . import api
+        from .config import config_from_dict
+        from .estimators.base import NoSignalError
+        from .network import Network
+        from .polynomial import load_model
+
+        n, d = X.shape
+        if y.ndim != 1:
+            raise ValueError(f"{type(self).__name__} learns one label per row; y has shape {y.shape}")
+        if n < MIN_ROWS:
+            raise ValueError(f"n_samples = {n}: {type(self).__name__} needs at least {MIN_ROWS} rows (standard errors "
+                             "come from two chunks or more), and the methods need 10⁴ rows or more to learn")
+        with tempfile.TemporaryDirectory(prefix="relulearn-") as tmp:
+            work = Path(self.store) if self.store is not None else Path(tmp)
+            work.mkdir(parents=True, exist_ok=True)
+            x_path, y_path = work / "x.npy", work / "y.npy"
+            X_in, self.whitening_ = self._prepare(X)
+            np.save(x_path, np.ascontiguousarray(X_in))  # rows contiguous, as the data source reads them
+            np.save(y_path, y)
+            cfg = config_from_dict(self.run_config(str(x_path), str(y_path), n, d))
+            store = work / "statistics.zarr"
+            if store.exists():  # a refit of other rows: a fresh store
+                import shutil
+
+                shutil.rmtree(store)
+            try:
+                result = api.fit(cfg, str(store), self._method, client=self.client or "local", progress=None,
+                                 out=str(work / "model.npz"), **self._method_options())
+                self.model_ = load_model(work / "model.npz")
+            except NoSignalError as err:  # nothing above the noise floor: the mean is all these rows support
+                warnings.warn(f"{type(self).__name__}: {err}; the model is the constant mean(y) (n_samples = {n:,})",
+                              UserWarning, stacklevel=3)
+                result = {"report": {"unresolved": str(err)}, "samples": cfg.samples, "kind": "network", "width": 0}
+                self.model_ = Network((np.zeros((0, d)), np.zeros((1, 0))), (np.zeros(0), np.array([float(np.mean(y))])))
+        self.report_ = result["report"]
+        self.n_samples_seen_ = int(n)
+        self.samples_used_ = int(result["samples"])
+        if result.get("kind") == "network":
+            self.width_ = int(result["width"])
+        return self
+
+    def _prepare(self, X: np.ndarray) -> tuple[np.ndarray, Optional[tuple[np.ndarray, np.ndarray]]]:
+        """The rows written for the run, and a whitening ``predict`` must apply itself (None: the model maps
+        raw inputs)."""
+        return X, None
+
+    # ------------------------------------------------------------- predicting
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The learned model's output for each row of ``X`` (n, d)."""
+        check_is_fitted(self, "model_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        if self.whitening_ is not None:
+            mu, a = self.whitening_
+            X = (X - mu) @ a.T
+        return self.model_.forward(X)[:, 0]
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        # the methods learn networks of Gaussian-like inputs from 10⁴ rows and more; scikit-learn's score check
+        # fits 200 rows of a linear target (degree 1: no second-moment signal), where they find only the mean
+        tags.regressor_tags.poor_score = True
+        return tags
+
+
+class MomentsRegressor(_Regressor):
+    """One hidden ReLU layer, ``Σ λ_i relu(u_i·x + b_i) + c``, from Hermite moments (``--method moments``).
+
+    Parameters
+    ----------
+    width
+        Hidden units (default: the rank the noise floor supports).
+    biases
+        Learn hidden and output biases (default: yes, as for any data).
+    refine_samples
+        Rows streamed through the refinement (default: all; 0: none).
+    whiten
+        Whiten the inputs with their mean and covariance (the model is mapped back to raw inputs).
+    seed, chunk_size
+        The run's seed, and rows per chunk (default: equal chunks of at most 50,000 rows covering the data).
+    client
+        A ``distributed.Client`` to compute on (default: in process).
+    store
+        A folder that keeps the data files and the statistics (default: a temporary folder, removed).
+
+    Attributes
+    ----------
+    model_ : relulearn.Network
+        The learned network, of raw inputs.
+    width_ : int
+        Its hidden units.
+    report_ : dict
+        The method's report (as ``relulearn fit --json``).
+    n_features_in_, n_samples_seen_, samples_used_ : int
+        Input width, rows given, rows the statistics used (whole chunks).
+    """
+
+    _method = "moments"
+    _options = ("width", "biases", "refine_samples")
+
+    def __init__(self, width: Optional[int] = None, *, biases: Optional[bool] = None,
+                 refine_samples: Optional[int] = None, whiten: bool = True, seed: int = 0,
+                 chunk_size: Optional[int] = None, client: Any = None, store: Optional[str] = None) -> None:
+        self.width = width
+        self.biases = biases
+        self.refine_samples = refine_samples
+        self.whiten = whiten
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.client = client
+        self.store = store
+
+
+class FilteredPCARegressor(_Regressor):
+    """Deep ReLU networks with a low-dimensional relevant subspace (``--method filtered-pca``).
+
+    Parameters are those of :class:`MomentsRegressor`, with ``depth`` (hidden layers, default 1) and ``budget``
+    (candidate networks, default 256) instead of ``biases``.
+    """
+
+    _method = "filtered-pca"
+    _options = ("width", "depth", "budget", "refine_samples")
+
+    def __init__(self, width: Optional[int] = None, *, depth: Optional[int] = None, budget: Optional[int] = None,
+                 refine_samples: Optional[int] = None, whiten: bool = True, seed: int = 0,
+                 chunk_size: Optional[int] = None, client: Any = None, store: Optional[str] = None) -> None:
+        self.width = width
+        self.depth = depth
+        self.budget = budget
+        self.refine_samples = refine_samples
+        self.whiten = whiten
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.client = client
+        self.store = store
+
+
+class ExactRegressor(_Regressor):
+    """Two-layer rectified networks ``Σ_i a_i f(v_i·x)`` recovered exactly (``--method exact``).
+
+    Parameters are those of :class:`MomentsRegressor`, with ``activation`` (relu, relu2, relu3) and
+    ``exact_samples`` instead of ``biases``.
+    """
+
+    _method = "exact"
+    _options = ("width", "activation", "exact_samples", "refine_samples")
+
+    def __init__(self, width: Optional[int] = None, *, activation: Optional[str] = None,
+                 exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, whiten: bool = True,
+                 seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
+                 store: Optional[str] = None) -> None:
+        self.width = width
+        self.activation = activation
+        self.exact_samples = exact_samples
+        self.refine_samples = refine_samples
+        self.whiten = whiten
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.client = client
+        self.store = store
+
+
+class LandscapeRegressor(_Regressor):
+    """``y = aᵀ relu(B x)``, ``a ≥ 0``, by the designed objective with no spurious local minima
+    (``--method landscape``). Parameters: ``width``, ``starts``, ``route`` and those of :class:`MomentsRegressor`."""
+
+    _method = "landscape"
+    _options = ("width", "starts", "route")
+
+    def __init__(self, width: Optional[int] = None, *, starts: Optional[int] = None, route: Optional[str] = None,
+                 whiten: bool = True, seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
+                 store: Optional[str] = None) -> None:
+        self.width = width
+        self.starts = starts
+        self.route = route
+        self.whiten = whiten
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.client = client
+        self.store = store
+
+
+class PolynomialRegressor(_Regressor):
+    """The Hermite expansion of degree ``degree`` (``--method polynomial``, an improper learner).
+
+    With ``whiten`` the estimator whitens the rows itself (a polynomial of raw inputs would be of higher
+    degree in nothing but name: it keeps the whitening and applies it in ``predict``). Parameters: ``degree``,
+    ``shrink``, ``subspace``, ``residual`` and those of :class:`MomentsRegressor`.
+    """
+
+    _method = "polynomial"
+    _options = ("degree", "shrink", "subspace", "residual")
+
+    def __init__(self, degree: Optional[int] = None, *, shrink: Optional[str] = None,
+                 subspace: Optional[bool] = None, residual: Optional[bool] = None, whiten: bool = True,
+                 seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
+                 store: Optional[str] = None) -> None:
+        self.degree = degree
+        self.shrink = shrink
+        self.subspace = subspace
+        self.residual = residual
+        self.whiten = whiten
+        self.seed = seed
+        self.chunk_size = chunk_size
+        self.client = client
+        self.store = store
+
+    def _whiten_source(self) -> bool:
+        return False
+
+    def _prepare(self, X: np.ndarray) -> tuple[np.ndarray, Optional[tuple[np.ndarray, np.ndarray]]]:
+        if not self.whiten:
+            return X, None
+        mu = X.mean(axis=0)
+        cov = np.cov(X, rowvar=False, bias=True).reshape(X.shape[1], X.shape[1])
+        try:
+            a = np.linalg.inv(np.linalg.cholesky(cov))
+        except np.linalg.LinAlgError:
+            raise ValueError("the covariance of X is singular (a constant column, or one a combination of others); "
+                             "drop such columns, or set whiten=False") from None
+        return (X - mu) @ a.T, (mu, a)
