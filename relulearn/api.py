@@ -280,7 +280,8 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     passes: list[dict] = []
     pass_info: list[dict] = []
     for _ in range(getattr(mod, "MAX_PASSES", 3) + 1):  # a method asks for a bounded number of passes
-        result = mod.learn(stats, passes, samples, mapper=_mapper(client), seed=cfg.seed, **options)
+        with _one_blas_thread():  # the driver's products give the same bits in any process (CLI, notebook, tests)
+            result = mod.learn(stats, passes, samples, mapper=_mapper(client), seed=cfg.seed, **options)
         if not isinstance(result, PassRequest):
             break
         url = _pass_url(store, result.name, result.statistics)
@@ -297,7 +298,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
         net = source.to_raw(net)
     if out is not None:
         net.save(out)
-    return {
+    done = {
         "method": method,
         "store": store,
         "out": out,
@@ -307,6 +308,44 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
         "seconds": time.perf_counter() - t0,
         "report": result.report,
     }
+    _record_learn(store, done, net)
+    return done
+
+
+#: a learn record keeps the network learned when it has at most this many weights (the report's test error
+#: against the samples evaluates every recorded network)
+RECORD_WEIGHTS = 200_000
+
+
+def _record_learn(store: str, done: dict[str, Any], net: Any) -> None:
+    """Keep what a learn found beside the store's statistics, for ``relulearn report`` (its learning curves, and
+    the held-out loss against the samples as the store is extended); a store that cannot take it loses nothing."""
+    import json
+
+    from .storage import RunStore, StoreError
+
+    losses = done["report"].get("validation_relative_loss")
+    chosen = done["report"].get("chosen")
+    doc = {k: done[k] for k in ("method", "samples", "seconds", "kind")}
+    if isinstance(losses, dict) and losses:
+        doc["validation_relative_loss"] = losses.get(chosen, min(losses.values()))
+    else:
+        doc["validation_relative_loss"] = None
+    doc["report"] = json.loads(json.dumps(done["report"], default=str))
+    if isinstance(net, Network) and sum(w.size for w in net.weights) <= RECORD_WEIGHTS:
+        doc["network"] = {k: (v.tolist() if v.dtype.kind == "f" else str(v)) for k, v in net.to_arrays().items()}
+    try:
+        RunStore(store).add_record("learn", doc)
+    except (StoreError, OSError):
+        pass
+
+
+def _one_blas_thread():
+    """One BLAS thread for the driver's side of a method: OpenBLAS splits products (and so their rounding) by
+    its thread count, which differs between processes (a notebook, the CLI, a test runner)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _model_shape(model: Any) -> dict[str, Any]:
@@ -571,8 +610,6 @@ def exact_arbitrary(inputs: str | Path, labels: str | Path, width: int, *, activ
                          "per input row")
     result = exact.recover(x, a, width, activation=activation)
     net = result.network
-    if hasattr(source, "to_raw") and isinstance(net, Network):  # whitened data: back to the raw inputs
-        net = source.to_raw(net)
     if out is not None:
         net.save(out)
     pred = net.forward(x)

@@ -98,6 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store", help="store location")
     p.add_argument("--json", action="store_true", help="print as JSON")
 
+    p = sub.add_parser("report", help="an HTML report of a store: spectra, τ grid, learning curves, units",
+                       description="Write one self-contained HTML file with PNG figures: the eigenvalue spectra of "
+                       "the stored second-moment families with error bars and noise floor, the τ grid with "
+                       "P[|y| > τ], the learning curves of the last learn on the store, learned vs teacher units "
+                       "(--model and --teacher), and the held-out loss of every learn against the samples as the "
+                       "store was extended. A figure whose inputs are missing is replaced by a line saying what "
+                       "would draw it. Needs matplotlib (pip install 'relulearn[report]').")
+    p.add_argument("store", help="store location")
+    p.add_argument("--model", help="a learned network (.npz) to compare with --teacher")
+    p.add_argument("--teacher", help="the teacher: a network .npz or a run configuration with a planted or file "
+                   "teacher")
+    p.add_argument("--out", required=True, help="where to write the HTML file")
+    p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
+
     p = sub.add_parser("merge", help="merge two stores of the same source with different seeds",
                        description="Merge two runs of the same source and statistics that used different seeds "
                        "into a new store whose statistics cover both runs' samples.")
@@ -416,6 +430,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             result = api.status(args.store)
             if not args.json:
                 _print_status(result)
+                return 0
+        elif args.command == "report":
+            from .report import write_report
+
+            result = write_report(args.store, args.out, model=args.model, teacher=args.teacher)
+            if not args.json:
+                print(f"wrote {result['out']} ({result['bytes'] / 1e3:.0f} kB): figures "
+                      f"{', '.join(result['figures']) or 'none'}")
+                for name, why in result["not_drawn"].items():
+                    print(f"  not drawn: {name}: {why}")
                 return 0
         elif args.command == "merge":
             result = api.merge(args.a, args.b, args.out)

@@ -114,7 +114,8 @@ class DataSource:
                 x, y = x[keep], y[keep]
             if self.whitening is not None and not raw:
                 mu, a = self.whitening
-                x = (x - mu) @ a.T
+                with _one_thread():  # the same bits in every process, whatever its BLAS threads
+                    x = (x - mu) @ a.T
             for b in range(0, len(y), batch):
                 yield np.ascontiguousarray(x[b:b + batch]), np.ascontiguousarray(y[b:b + batch])
 
@@ -232,12 +233,19 @@ def _scan_cached(x: ArrayReader, y: ArrayReader) -> Scan:
             xc = xb - shift
             count += len(xc)
             s1 += xc.sum(axis=0)
-            s2 += xc.T @ xc
+            with _one_thread():  # the whitening (and so every statistic) must not depend on the driver's threads
+                s2 += xc.T @ xc
     if count < 2:
         raise DataSizeError(f"source.data: {x.url} has {count} usable rows; give more data")
     m = s1 / count
     cov = s2 / count - np.outer(m, m)
     return Scan(np.concatenate(bad) if bad else np.empty(0, np.int64), shift + m, (cov + cov.T) / 2, sha.hexdigest())
+
+
+def _one_thread():
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def describe(source: DataSource) -> dict[str, Any]:

@@ -508,6 +508,32 @@ class RunStore:
         with _object_store_errors(self.url, "read"):
             return sorted(k for k in self._root("r")[head].group_keys())
 
+    # ------------------------------------------------------------------ records
+    def add_record(self, kind: str, doc: Mapping[str, Any]) -> str:
+        """Keep a JSON document beside the statistics (``records/<kind>-<UTC time>.json``; e.g. what a learn on
+        the store found, for ``relulearn report``). Records are outside every generation: a commit never
+        touches them."""
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        key = f"records/{kind}-{stamp}.json"
+        with _object_store_errors(self.url, "write"):
+            sync(self._store(read_only=False).set(key, _json_buffer(dict(doc, recorded=stamp))))
+        return key
+
+    def records(self, kind: str) -> list[dict]:
+        """The records of ``kind``, oldest first (empty for a store without any)."""
+        async def read() -> list[dict]:
+            store = self._store(read_only=True)
+            keys = sorted([k async for k in store.list_prefix("records/") if k.startswith(f"records/{kind}-")])
+            out = []
+            for k in keys:
+                buf = await store.get(k, default_buffer_prototype())
+                if buf is not None:
+                    out.append(json.loads(buf.to_bytes()))
+            return out
+
+        with _object_store_errors(self.url, "read"):
+            return sync(read())
+
     # ------------------------------------------------------------------ writing
     def commit(self, meta: dict, groups: Mapping[str, Mapping[str, ArrayData]]) -> str:
         """Write ``groups`` as a new generation and make it the head, atomically.
