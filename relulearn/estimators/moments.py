@@ -114,8 +114,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         holds; 0: no refinement).
     biases
         Learn hidden biases and an output bias (``api`` sets it unless the source is known to be bias-free).
-        The streamed refinement does not fit biases yet: a biased network is polished on the bounded sample
-        only, and inputs too large for that sample (:data:`LARGE_INPUT_BYTES`) are refused.
+        The streamed refinement of a biased network is preconditioned by the Gram of the bounded sample, so
+        inputs too large for that sample (:data:`LARGE_INPUT_BYTES`) are refused.
     mapper
         ``map``-like callable used to evaluate candidate batches (a cluster's map in a run).
 
@@ -165,8 +165,8 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
     if large and biases:
         raise ValueError(
             f"a network with biases at d = {d}, width {wanted}: its bounded sample of {n_train + n_val:,} inputs does "
-            f"not fit {LARGE_INPUT_BYTES / 2**30:.0f} GiB, and the streamed refinement does not fit biases yet; learn "
-            "without biases (--no-biases) or with a smaller width")
+            f"not fit {LARGE_INPUT_BYTES / 2**30:.0f} GiB, and a biased network's refinement needs it (its "
+            "Gauss–Newton matrix has no closed form); learn without biases (--no-biases) or with a smaller width")
     if large and hasattr(samples, "part") and total > 0:
         net, merged = _learn_large(basis, samples, wanted, total, mapper, seed, budget, report)
     else:
@@ -202,15 +202,11 @@ def _refined(net: Network, samples: Any, total: int, smp: Samples, mapper: Calla
     if report["validation_relative_loss"][report["chosen"]] < EXACT_LOSS:
         report["refinement"] = {"skipped": "polish is exact on the validation samples"}
         return net
-    if net.biases is not None:
-        report["refinement"] = {"skipped": "the streamed refinement does not fit biases yet: the network is the "
-                                           "polish of a bounded sample"}
-        return net
     if total <= 0 or not hasattr(samples, "part"):
         report["refinement"] = {"skipped": "no samples to stream" if total <= 0 else
                                 "the sample draw has no independent parts to stream"}
         return net
-    refined, rep = refine_streamed(net, samples, total, mapper=mapper)
+    refined, rep = refine_streamed(net, samples, total, mapper=mapper, gram_x=smp.x_train)
     rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
         smp.y_val, net.forward(smp.x_val)[:, 0], refined.forward(smp.x_val)[:, 0])
     report["refinement"] = rep

@@ -33,8 +33,9 @@ from ..network import Network
 from .base import part_batches, part_sum
 from .refine import PART_ROWS, parts
 
-__all__ = ["GradientSums", "gradient_sums", "PartGradient", "ProjectedPart", "pair_second_moment", "PopulationGram",
-           "refine_streamed", "part_rows_for", "projected_sample", "MAX_PASSES"]
+__all__ = ["GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "PartGradientBiased",
+           "ProjectedPart", "pair_second_moment", "PopulationGram", "SampleGram", "refine_streamed", "part_rows_for",
+           "projected_sample", "MAX_PASSES"]
 
 #: iterates the Anderson mixing of the steps remembers (:func:`_anderson`)
 ANDERSON_MEMORY = 5
@@ -216,6 +217,83 @@ class PopulationGram:
         return d_out + d_in @ self.q.T
 
 
+@dataclass(frozen=True)
+class PartGradientBiased:
+    """:class:`PartGradient` of a biased network on lifted inputs ``[x, 1]`` (see :func:`_split_biased`):
+    rows ``0..k−1`` of ``w`` are units, the last row ``[0, …, 0, c]`` the output bias."""
+
+    draw: Any
+    w: np.ndarray
+    s: np.ndarray
+
+    def __call__(self, item: tuple[int, int]) -> GradientSums:
+        p, n = item
+        return part_sum(lambda x, y: gradient_sums_biased(x, y, self.w, self.s), self.draw, p, n)
+
+
+def gradient_sums_biased(x: np.ndarray, y: np.ndarray, w: np.ndarray, s: np.ndarray) -> GradientSums:
+    """The gradient statistics of ``Σ (y − Σ_i s_i relu(<w_i, [x, 1]>) − c)²`` on one batch: ``g`` is
+    ``(k + 1) × (d + 1)``, its last row ``[0, …, 0, Σ r]`` (the output bias ``c = w[k, d]``)."""
+    y = np.asarray(y, dtype=np.float64).reshape(len(x))
+    k = len(s) - 1
+    xt = np.column_stack([x, np.ones(len(x))])
+    z = xt @ w[:k].T
+    r = y - np.maximum(z, 0.0) @ s[:k] - w[k, -1]
+    weight = (z > 0) * (s[:k] * r[:, None])
+    g = np.zeros_like(w)
+    g[:k] = weight.T @ xt
+    g[k, -1] = r.sum()
+    return GradientSums(g, float(r @ r), float(y @ y), len(x))
+
+
+#: rows of the bounded sample the Gram of a biased network is formed on: this many per unknown (its error
+#: against the population Gram, O(√(1/ratio)), is the contraction per pass), at least 2,000
+GRAM_ROWS_PER_UNKNOWN = 8
+
+
+class SampleGram:
+    """The Gauss–Newton matrix of a biased network (:func:`_split_biased`) on a bounded sample ``x``: with
+    biases the patterns are halfspaces off the origin, with no closed form as in :class:`PopulationGram`,
+    so ``JᵀJ / m`` is formed on at most ``GRAM_ROWS_PER_UNKNOWN`` rows per unknown of the sample."""
+
+    def __init__(self, x: np.ndarray, w: np.ndarray, s: np.ndarray):
+        k, dt = len(s) - 1, w.shape[1]
+        unknowns = k * dt + 1
+        m = int(min(len(x), max(2_000, GRAM_ROWS_PER_UNKNOWN * unknowns)))
+        xt = np.column_stack([x[:m], np.ones(m)])
+        act = (xt @ w[:k].T > 0) * s[:k]  # m × k
+        jac = np.column_stack([(act[:, :, None] * xt[:, None, :]).reshape(m, k * dt), np.ones(m)])
+        self.h, self.k, self.dt = jac.T @ jac / m, k, dt
+
+    def solve(self, g: np.ndarray) -> np.ndarray:
+        rhs = np.r_[g[:self.k].ravel(), g[self.k, -1]]
+        sol = np.linalg.lstsq(self.h, rhs, rcond=1e-12)[0]
+        out = np.zeros_like(g)
+        out[:self.k] = sol[:-1].reshape(self.k, self.dt)
+        out[self.k, -1] = sol[-1]
+        return out
+
+
+def _split_biased(net: Network) -> tuple[np.ndarray, np.ndarray]:
+    """``(W, s)`` of ``f = Σ s_i relu(<w_i, [x, 1]>) + c`` from a biased ``Network((U, λ), (b, [c]))``:
+    rows ``|λ_i| [u_i, b_i]``, then the row ``[0, …, 0, c]``; ``s`` ends with +1 for that row."""
+    u, lam = net.weights[0], net.weights[1][0]
+    b, c = net.biases[0], float(net.biases[1][0])
+    keep = lam != 0
+    rows = np.abs(lam[keep])[:, None] * np.column_stack([u[keep], b[keep]])
+    last = np.zeros((1, rows.shape[1]))
+    last[0, -1] = c
+    return np.vstack([rows, last]), np.r_[np.sign(lam[keep]), 1.0]
+
+
+def _join_biased(w: np.ndarray, s: np.ndarray) -> Network:
+    k = len(s) - 1
+    norms = np.linalg.norm(w[:k], axis=1)
+    rows = w[:k] / norms[:, None]
+    return Network((rows[:, :-1], (s[:k] * norms)[None, :]), (rows[:, -1].copy(), np.array([w[k, -1]])),
+                   activation="relu")
+
+
 def _split(net: Network) -> tuple[np.ndarray, np.ndarray]:
     """``(W, s)`` with ``f = Σ s_i relu(<w_i, x>)`` from a ``Network((U, λ))`` without biases."""
     if net.activation != "relu" or len(net.weights) != 2 or net.weights[1].shape[0] != 1 or net.biases:
@@ -249,13 +327,15 @@ def _accumulate(draw: Any, items: list[tuple[int, int]], w: np.ndarray, s: np.nd
 
 def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = map,
                     max_passes: int = MAX_PASSES, part_rows: Optional[int] = None,
-                    first_part: int = 2) -> tuple[Network, dict[str, Any]]:
+                    first_part: int = 2, gram_x: Optional[np.ndarray] = None) -> tuple[Network, dict[str, Any]]:
     """Preconditioned Gauss–Newton on ``total`` streamed samples, from ``net``.
 
     Parameters
     ----------
     net
-        Starting ``Network((U, λ), "relu")``, one output, no biases.
+        Starting ``Network((U, λ), "relu")``, one output; with biases ``(b, [c])``, the units act on
+        ``[x, 1]``, the output bias is one more unknown, and the step is preconditioned by the Gram of the
+        bounded sample ``gram_x`` (:class:`SampleGram`) instead of the closed-form population Gram.
     draw
         A :class:`~.base.SampleDraw`; its parts ``first_part, first_part + 1, …`` are streamed (the same
         ones every pass).
@@ -267,6 +347,8 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         Passes at most (each streams ``total`` samples once).
     part_rows
         Rows per part (default :func:`part_rows_for` d).
+    gram_x
+        Inputs of a bounded sample (n × d): the preconditioner of a biased network (required for one).
 
     Returns
     -------
@@ -274,9 +356,33 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         The refined network and a report: ``samples``, ``parts``, ``passes``, ``stop`` (why it
         stopped), ``relative_loss`` and per pass ``relative_loss``, ``relative_step``, ``accepted``.
     """
-    w, s = _split(net)
-    items = parts(total, part_rows or part_rows_for(w.shape[1]), first=first_part)
-    cur = _accumulate(draw, items, w, s, mapper)
+    if net.biases is not None:
+        if net.activation != "relu" or len(net.weights) != 2 or net.weights[1].shape[0] != 1:
+            raise ValueError("the streamed refinement takes a one-hidden-layer ReLU network with one output")
+        if gram_x is None:
+            raise ValueError("the streamed refinement of a biased network needs a bounded sample (gram_x) for its "
+                             "Gauss–Newton matrix")
+        w, s = _split_biased(net)
+
+        def accumulate(w_: np.ndarray) -> GradientSums:
+            return mapped_sum(PartGradientBiased(draw, w_, s), items, mapper)
+
+        def solver(w_: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+            return SampleGram(gram_x, w_, s).solve
+
+        join = _join_biased
+    else:
+        w, s = _split(net)
+
+        def accumulate(w_: np.ndarray) -> GradientSums:
+            return _accumulate(draw, items, w_, s, mapper)
+
+        def solver(w_: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+            return PopulationGram(w_, s).solve
+
+        join = _join
+    items = parts(total, part_rows or part_rows_for(net.input_dim), first=first_part)
+    cur = accumulate(w)
     y2 = cur.y2 or 1.0
     history: list[dict[str, Any]] = [{"relative_loss": cur.loss / y2}]
     passes, stop, scale, mixed = 1, "max_passes", 1.0, 0
@@ -286,7 +392,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         if cur.loss / y2 < ROUNDING_LOSS * w.shape[1]:
             stop = "loss at rounding level"
             break
-        step = PopulationGram(w, s).solve(cur.g / cur.n)
+        step = solver(w)(cur.g / cur.n)
         predicted = float(np.sum(step * cur.g)) / cur.n  # first-order decrease of the mean loss (×½ of ∂)
         rel_step = float(np.linalg.norm(step) / np.linalg.norm(w))
         if rel_step * scale < RELATIVE_STEP:
@@ -298,7 +404,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         iterates, steps = (iterates + [w])[-ANDERSON_MEMORY - 1:], (steps + [step])[-ANDERSON_MEMORY - 1:]
         mix = _anderson(iterates, steps) if scale == 1.0 else None
         if mix is not None:
-            new = _accumulate(draw, items, mix, s, mapper)
+            new = accumulate(mix)
             passes += 1
             history.append({"relative_loss": new.loss / y2, "relative_step": float(np.linalg.norm(mix - w)
                                                                                   / np.linalg.norm(w)),
@@ -311,7 +417,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
                 break
         for _ in range(MAX_BACKTRACKS + 1):
             w_new = w + scale * step
-            new = _accumulate(draw, items, w_new, s, mapper)
+            new = accumulate(w_new)
             passes += 1
             accepted = new.loss <= cur.loss
             history.append({"relative_loss": new.loss / y2, "relative_step": rel_step * scale,
@@ -325,7 +431,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         w, cur, scale = w_new, new, min(1.0, 2 * scale)
     report = {"samples": int(cur.n), "parts": len(items), "passes": passes, "stop": stop,
               "relative_loss": cur.loss / y2, "mixed_steps": mixed, "iterations": history}
-    return _join(w, s), report
+    return join(w, s), report
 
 
 def _anderson(iterates: list[np.ndarray], steps: list[np.ndarray]) -> Optional[np.ndarray]:
