@@ -356,8 +356,17 @@ def _model_shape(model: Any) -> dict[str, Any]:
     if isinstance(model, PolynomialModel):
         return {"kind": "polynomial", "degree": model.degree, "input_dim": model.input_dim,
                 "subspace_rank": None if model.basis is None else model.dim}
-    return {"kind": "network", "width": int(model.weights[0].shape[0]), "depth": int(model.depth),
-            "input_dim": model.input_dim}
+    out = {"kind": "network", "width": int(model.weights[0].shape[0]), "depth": int(model.depth),
+           "input_dim": model.input_dim}
+    if model.depth == 1 and model.output_dim == 1 and out["width"] <= 64:
+        # the units at a glance, in the scale-free form compare uses: λ_i ‖u_i‖ and b_i / ‖u_i‖
+        norms = np.linalg.norm(model.weights[0], axis=1)
+        units = {"output_weights": (model.weights[1][0] * norms).tolist()}
+        if model.biases is not None:
+            units["offsets"] = (model.biases[0] / np.where(norms > 0, norms, 1.0)).tolist()
+            units["output_bias"] = float(model.biases[1][0])
+        out["units"] = units
+    return out
 
 
 def learn(store: str, method: str = "moments", *, width: Optional[int] = None, depth: Optional[int] = None,

@@ -58,11 +58,25 @@ def _subspace(rep: Mapping[str, Any]) -> Optional[str]:
     return line
 
 
-def _units(rep: Mapping[str, Any]) -> Optional[str]:
+def _units(result: Mapping[str, Any], rep: Mapping[str, Any]) -> Optional[str]:
+    units = result.get("units")
+    if isinstance(units, Mapping) and units.get("output_weights"):
+        line = f"λ‖u‖ = {_nums(units['output_weights'])}"
+        if units.get("offsets") is not None:
+            line += f"; offsets b/‖u‖ = {_nums(units['offsets'])}; output bias {_num(units['output_bias'])}"
+        return line
     enum = rep.get("enumeration")
     if isinstance(enum, Mapping) and enum.get("weights"):
         return f"output weights λ = {_nums(enum['weights'])}"
     return None
+
+
+def _data(est: Any) -> Optional[str]:
+    data = est.get("data") if isinstance(est, Mapping) else None
+    if not isinstance(data, Mapping):
+        return None
+    return (f"{data['rows']:,} usable rows, {data['skipped_rows']:,} skipped (NaN/inf), "
+            + ("whitened (the model maps raw inputs)" if data.get("whitened") else "not whitened"))
 
 
 def _losses(rep: Mapping[str, Any]) -> Optional[str]:
@@ -109,8 +123,9 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
                     + (f", {_num(est['samples_per_second'])} samples/s)" if est.get("samples_per_second") else ")"))
     rows.append(("samples", samples))
     rows.append(("input d", _num(result["input_dim"]) if "input_dim" in result else None))
+    rows.append(("data", _data(est)))
     rows.append(("subspace", _subspace(rep)))
-    rows.append(("units", _units(rep)))
+    rows.append(("units", _units(result, rep)))
     rows.append(("held-out loss", _losses(rep)))
     rows.append(("polish", _stage(rep.get("polish"))))
     rows.append(("refinement", _stage(rep.get("refinement"))))
