@@ -98,7 +98,8 @@ def test_a_dataset_at_an_fsspec_memory_url(tmp_path):
 
 def test_chunks_read_on_workers_are_the_bytes_read_in_process(client, tmp_path):
     """The statistics of a data source (d = 24, where BLAS blocks) are bitwise equal in process and on two
-    workers: a chunk is the same rows, whitened the same way, wherever it is read."""
+    workers: the scan (mean, covariance) is the same whether the driver or the workers read the blocks, and a
+    chunk is the same rows, whitened the same way, wherever it is read."""
     rng = np.random.default_rng(3)
     x = 0.5 + rng.standard_normal((60_000, 24)) @ np.diag(np.linspace(1, 3, 24))
     y = np.maximum(x[:, :3].sum(axis=1), 0)
@@ -106,7 +107,18 @@ def test_chunks_read_on_workers_are_the_bytes_read_in_process(client, tmp_path):
     cfg = config_from_dict({"seed": 0, "samples": 60_000, "chunk_size": 10_000, "source": {"d": 24, "data": data},
                             "statistics": {"basic": {}, "contracted": {"orders": [2], "directions": 2}},
                             "run": {"chunks_per_block": 1}})
-    api.estimate(cfg, str(tmp_path / "a.zarr"), client="local", progress=None)
+    from relulearn.pipeline import data as data_module
+    from relulearn.pipeline.sources import prime_data_scan
+
+    api.estimate(cfg, str(tmp_path / "a.zarr"), client="local", progress=None)  # scanned in this process
+    here = dict(data_module._SCANS)
+    data_module._SCANS.clear()
+    prime_data_scan(cfg, client)  # the workers read the blocks
+    (key, on_workers), = data_module._SCANS.items()
+    for field in ("bad_rows", "mean", "cov"):
+        assert np.array_equal(getattr(here[key], field), getattr(on_workers, field))
+    assert here[key].digest == on_workers.digest
+    data_module._SCANS.clear()
     api.estimate(cfg, str(tmp_path / "b.zarr"), client=client, progress=None)
     a, b = open_store(str(tmp_path / "a.zarr")), open_store(str(tmp_path / "b.zarr"))
     for name in ("basic", "contracted"):

@@ -10,8 +10,8 @@ columns (:mod:`.arrays`), local or at fsspec URLs. Rows are laid out as a run ne
   from row 0, so a refinement over the store's sample count reads every row of the statistics. A draw larger
   than the data gets all its rows (training and validation samples then overlap).
 
-A scan of the data when the source is made (one read, on the driver, O(d²) memory) finds the rows with NaN or
-inf (refused by row number, or skipped and counted with ``nan_rows: skip``) and the mean and covariance of
+A scan of the data before the source is made (one read in blocks, by the workers of a run's cluster —
+:func:`scan_on` — or in process; O(d²) memory; the same bits either way) finds the rows with NaN or inf (refused by row number, or skipped and counted with ``nan_rows: skip``) and the mean and covariance of
 ``x``; with ``whiten: true`` (the default) every batch is whitened on the fly, ``z = A (x − μ)`` with
 ``A = L⁻¹`` for the Cholesky factor ``L`` of the covariance, so the methods see inputs of mean 0 and identity
 covariance, and :meth:`DataSource.to_raw` maps a learned network back to raw coordinates.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Iterator, Optional
 
 import numpy as np
@@ -205,41 +204,102 @@ def check_rows(usable: int, samples: int, chunk_size: int, url: str) -> None:
             "or give more data")
 
 
-def _scan(x: ArrayReader, y: ArrayReader) -> Scan:
-    return _scan_cached(x, y)
+@dataclass(frozen=True)
+class BlockScan:
+    """One block's part of a :class:`Scan`: usable rows, ``Σ (x − shift)``, ``Σ (x − shift)(x − shift)ᵀ``, the
+    raw numbers of its NaN / inf rows and the SHA-256 of its bytes."""
+
+    count: int
+    s1: np.ndarray
+    s2: np.ndarray
+    bad: np.ndarray
+    digest: str
 
 
-@lru_cache(maxsize=8)
-def _scan_cached(x: ArrayReader, y: ArrayReader) -> Scan:
-    """One read of all rows in blocks: NaN / inf rows, a SHA-256 of the bytes, sums for the mean and covariance
-    (shifted by the first row, so that a large mean does not cost precision)."""
-    d, rows = x.shape[1], x.rows
-    block = max(1, READ_BYTES // (8 * d))
-    sha = hashlib.sha256(repr((x.url, x.shape, x.columns, y.url, y.shape, y.columns)).encode())
-    bad: list[np.ndarray] = []
-    count, s1, s2, shift = 0, np.zeros(d), np.zeros((d, d)), None
-    for lo in range(0, rows, block):
-        hi = min(lo + block, rows)
+def scan_blocks(x: ArrayReader) -> list[tuple[int, int]]:
+    """The row ranges a scan reads, one :data:`READ_BYTES` of inputs each (a function of the data only)."""
+    block = max(1, READ_BYTES // (8 * x.shape[1]))
+    return [(lo, min(lo + block, x.rows)) for lo in range(0, x.rows, block)]
+
+
+def scan_block(x: ArrayReader, y: ArrayReader, lo: int, hi: int, shift: np.ndarray) -> BlockScan:
+    """The scan of rows ``[lo, hi)``: what a worker computes of its block (one BLAS thread, so the same bits
+    anywhere)."""
+    xb, yb = x.read(lo, hi), y.read(lo, hi).reshape(hi - lo)
+    sha = hashlib.sha256(xb.tobytes())
+    sha.update(yb.tobytes())
+    ok = np.isfinite(xb).all(axis=1) & np.isfinite(yb)
+    xc = xb[ok] - shift
+    with _one_thread():
+        s2 = xc.T @ xc
+    return BlockScan(len(xc), xc.sum(axis=0), s2, (lo + np.flatnonzero(~ok)).astype(np.int64), sha.hexdigest())
+
+
+def first_finite_row(x: ArrayReader, y: ArrayReader) -> np.ndarray:
+    """The first row of ``x`` with finite x and y: the shift of the scan's sums (a large mean costs no
+    precision); zeros when there is none (the scan then refuses the data)."""
+    for lo in range(0, x.rows, 1024):
+        hi = min(lo + 1024, x.rows)
         xb, yb = x.read(lo, hi), y.read(lo, hi).reshape(hi - lo)
-        sha.update(xb.tobytes())
-        sha.update(yb.tobytes())
-        ok = np.isfinite(xb).all(axis=1) & np.isfinite(yb)
-        if not ok.all():
-            bad.append(lo + np.flatnonzero(~ok))
-            xb = xb[ok]
-        if shift is None and len(xb):
-            shift = xb[0].copy()
-        if len(xb):
-            xc = xb - shift
-            count += len(xc)
-            s1 += xc.sum(axis=0)
-            with _one_thread():  # the whitening (and so every statistic) must not depend on the driver's threads
-                s2 += xc.T @ xc
+        ok = np.flatnonzero(np.isfinite(xb).all(axis=1) & np.isfinite(yb))
+        if len(ok):
+            return xb[ok[0]].copy()
+    return np.zeros(x.shape[1])
+
+
+def combine_scan(x: ArrayReader, y: ArrayReader, shift: np.ndarray, blocks: list[BlockScan]) -> Scan:
+    """The :class:`Scan` of the blocks, added in row order (so it does not depend on where they ran)."""
+    d = x.shape[1]
+    count, s1, s2 = 0, np.zeros(d), np.zeros((d, d))
+    sha = hashlib.sha256(repr((x.url, x.shape, x.columns, y.url, y.shape, y.columns)).encode())
+    for b in blocks:
+        count, s1, s2 = count + b.count, s1 + b.s1, s2 + b.s2
+        sha.update(b.digest.encode())
     if count < 2:
         raise DataSizeError(f"source.data: {x.url} has {count} usable rows; give more data")
     m = s1 / count
     cov = s2 / count - np.outer(m, m)
-    return Scan(np.concatenate(bad) if bad else np.empty(0, np.int64), shift + m, (cov + cov.T) / 2, sha.hexdigest())
+    bad = np.concatenate([b.bad for b in blocks]) if blocks else np.empty(0, np.int64)
+    return Scan(bad, shift + m, (cov + cov.T) / 2, sha.hexdigest())
+
+
+#: scans made in this process, by reader pair (the readers carry the files' stamps: a rewritten file is new)
+_SCANS: dict[tuple[ArrayReader, ArrayReader], Scan] = {}
+
+
+def _scan(x: ArrayReader, y: ArrayReader, mapper: Any = None) -> Scan:
+    """The scan of the data: one read of every row in blocks (:func:`scan_block`), through ``mapper`` (a
+    cluster's map: the workers read the blocks) or in this process; kept for the process."""
+    key = (x, y)
+    if key not in _SCANS:
+        shift = first_finite_row(x, y)
+        items = scan_blocks(x)
+        if mapper is None:
+            blocks = [scan_block(x, y, lo, hi, shift) for lo, hi in items]
+        else:
+            blocks = list(mapper(lambda item: scan_block(x, y, item[0], item[1], shift), items))
+        if len(_SCANS) >= 8:
+            _SCANS.pop(next(iter(_SCANS)))
+        _SCANS[key] = combine_scan(x, y, shift, blocks)
+    return _SCANS[key]
+
+
+def scan_on(client: Any, spec: Any, d: int, where: Any) -> None:
+    """Scan a config's data on the workers of ``client`` before the source is made (which then finds the scan
+    made): the driver reads one row, the workers every block. ``where`` resolves a path of the config."""
+    from ..aligned import fresh
+
+    x = open_reader(where(spec.x), columns=spec.x_columns, storage_options=spec.storage_options, what="source.data.x")
+    y = open_reader(where(spec.y), columns=[spec.y_column] if spec.y_column is not None else None,
+                    storage_options=spec.storage_options, what="source.data.y")
+    if len(x.shape) != 2 or x.shape[1] != d or x.rows != y.rows:
+        return  # data_source refuses it with the message that says why
+
+    def mapper(fn, items):
+        futures = client.map(fn, items, pure=False)
+        return [fresh(f.result()) for f in futures]
+
+    _scan(x, y, mapper)
 
 
 def _one_thread():

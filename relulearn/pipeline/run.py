@@ -310,6 +310,10 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         committed first.
     """
     t0 = time.perf_counter()
+    if client is not None and cfg.source.data is not None:  # the workers read the data, not the driver
+        from .sources import prime_data_scan
+
+        prime_data_scan(cfg, client)
     source = make_source(cfg)
     modules = getattr(source, "required_modules", None)
     if client is not None and modules:  # a black-box teacher is imported where its labels are made

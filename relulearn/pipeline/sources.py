@@ -428,15 +428,30 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     return TeacherSource(net, float(src.noise_std), src.output)
 
 
-def _data_source(src: SourceConfig, run: Optional[RunConfig]) -> Any:
+def _resolver(run: Optional[RunConfig]):
+    """Where a data path of the config is: a URL as it is, a path from the config file's folder."""
     from ..config import is_url
-    from .data import data_source
-
-    spec = src.data
 
     def where(path: str) -> str:
         return path if is_url(path) or run is None else str(run.resolve_path(path))
 
+    return where
+
+
+def prime_data_scan(cfg: RunConfig, client: Any) -> None:
+    """For a data source: its scan (NaN rows, mean and covariance, digest) made by the workers of ``client``,
+    so that the driver reads no more than one row when the source is made next."""
+    if cfg.source.data is not None:
+        from .data import scan_on
+
+        scan_on(client, cfg.source.data, cfg.source.d, _resolver(cfg))
+
+
+def _data_source(src: SourceConfig, run: Optional[RunConfig]) -> Any:
+    from .data import data_source
+
+    spec = src.data
+    where = _resolver(run)
     return data_source(where(spec.x), where(spec.y), src.d, x_columns=spec.x_columns, y_column=spec.y_column,
                        whiten=spec.whiten, nan_rows=spec.nan_rows, storage_options=spec.storage_options,
                        samples=None if run is None else run.samples, chunk_size=None if run is None else run.chunk_size)
