@@ -156,6 +156,19 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
     return options
 
 
+def _setting_source(cfg: RunConfig) -> Any:
+    """What :func:`_check_setting` looks at, before a run: the source itself, or for data (whose scan the
+    run's workers make, not the driver) its width, scalar label and whitening."""
+    from types import SimpleNamespace
+
+    from .pipeline.sources import make_source
+
+    if cfg.source.data is None:
+        return make_source(cfg)
+    return SimpleNamespace(d=cfg.source.d, outputs=None, network=None,
+                           whitening=True if cfg.source.data.whiten else None)
+
+
 def _check_landscape_teacher(net: Optional[Network]) -> None:
     """Refuse a planted or file teacher outside Ge–Lee–Ma's setting ``y = aᵀ relu(B x)``, ``a ≥ 0``,
     ``B`` of full row rank ``m ≤ d``, naming what differs and what to use instead."""
@@ -427,9 +440,8 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
                        degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    from .pipeline.sources import make_source
 
-    _check_setting(method, make_source(cfg), options)  # before anything is written
+    _check_setting(method, _setting_source(cfg), options)  # before anything is written
     plan = None
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
