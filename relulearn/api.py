@@ -440,7 +440,6 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
                        degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-
     _check_setting(method, _setting_source(cfg), options)  # before anything is written
     plan = None
     if "statistics" not in cfg.model_fields_set:
