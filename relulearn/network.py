@@ -93,8 +93,9 @@ def read_arrays(path: str | Path, kind: str, holds: str) -> dict[str, np.ndarray
     if path.suffix.lower() in PICKLE_SUFFIXES or (path.is_file() and _is_pickle(path)):
         raise NetworkFileError(
             f"{path} is a pickle (or joblib / torch.save) file; relulearn never loads pickles, which run code when "
-            f"loaded. Save the model's weights as an .npz {kind} file ({holds}; np.savez), or serve the model as a "
-            "function of a batch x through source.teacher.callable ('package.module:function')"
+            f"loaded. Export the model to ONNX and give source.teacher.onnx (scikit-learn: skl2onnx.to_onnx; "
+            f"PyTorch: torch.onnx.export), save its weights as an .npz {kind} file ({holds}; np.savez), or serve it "
+            "as a function of a batch x through source.teacher.callable ('package.module:function')"
         )
     if path.is_file() and not zipfile.is_zipfile(path):  # np.load would call it "pickled data"
         raise NetworkFileError(f"{path} is not an .npz {kind} file (not a zip archive of arrays {holds})")
