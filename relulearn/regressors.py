@@ -41,6 +41,13 @@ def chunking(rows: int) -> tuple[int, int]:
     return size, size * chunks
 
 
+def _keep(estimator: Any, params: dict[str, Any]) -> None:
+    """``__init__``'s parameters as attributes of the same names, unchanged (scikit-learn's convention)."""
+    for name, value in params.items():
+        if name not in ("self", "__class__"):
+            setattr(estimator, name, value)
+
+
 class _Regressor(RegressorMixin, BaseEstimator):
     """Shared machinery; subclasses set ``_method`` and declare their options in ``__init__``."""
 
@@ -191,14 +198,7 @@ class MomentsRegressor(_Regressor):
     def __init__(self, width: Optional[int] = None, *, biases: Optional[bool] = None,
                  refine_samples: Optional[int] = None, whiten: bool = True, seed: int = 0,
                  chunk_size: Optional[int] = None, client: Any = None, store: Optional[str] = None) -> None:
-        self.width = width
-        self.biases = biases
-        self.refine_samples = refine_samples
-        self.whiten = whiten
-        self.seed = seed
-        self.chunk_size = chunk_size
-        self.client = client
-        self.store = store
+        _keep(self, locals())
 
 
 class FilteredPCARegressor(_Regressor):
@@ -214,15 +214,7 @@ class FilteredPCARegressor(_Regressor):
     def __init__(self, width: Optional[int] = None, *, depth: Optional[int] = None, budget: Optional[int] = None,
                  refine_samples: Optional[int] = None, whiten: bool = True, seed: int = 0,
                  chunk_size: Optional[int] = None, client: Any = None, store: Optional[str] = None) -> None:
-        self.width = width
-        self.depth = depth
-        self.budget = budget
-        self.refine_samples = refine_samples
-        self.whiten = whiten
-        self.seed = seed
-        self.chunk_size = chunk_size
-        self.client = client
-        self.store = store
+        _keep(self, locals())
 
 
 class ExactRegressor(_Regressor):
@@ -239,15 +231,7 @@ class ExactRegressor(_Regressor):
                  exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, whiten: bool = True,
                  seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
                  store: Optional[str] = None) -> None:
-        self.width = width
-        self.activation = activation
-        self.exact_samples = exact_samples
-        self.refine_samples = refine_samples
-        self.whiten = whiten
-        self.seed = seed
-        self.chunk_size = chunk_size
-        self.client = client
-        self.store = store
+        _keep(self, locals())
 
 
 class LandscapeRegressor(_Regressor):
@@ -260,14 +244,7 @@ class LandscapeRegressor(_Regressor):
     def __init__(self, width: Optional[int] = None, *, starts: Optional[int] = None, route: Optional[str] = None,
                  whiten: bool = True, seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
                  store: Optional[str] = None) -> None:
-        self.width = width
-        self.starts = starts
-        self.route = route
-        self.whiten = whiten
-        self.seed = seed
-        self.chunk_size = chunk_size
-        self.client = client
-        self.store = store
+        _keep(self, locals())
 
 
 class PolynomialRegressor(_Regressor):
@@ -285,15 +262,7 @@ class PolynomialRegressor(_Regressor):
                  subspace: Optional[bool] = None, residual: Optional[bool] = None, whiten: bool = True,
                  seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
                  store: Optional[str] = None) -> None:
-        self.degree = degree
-        self.shrink = shrink
-        self.subspace = subspace
-        self.residual = residual
-        self.whiten = whiten
-        self.seed = seed
-        self.chunk_size = chunk_size
-        self.client = client
-        self.store = store
+        _keep(self, locals())
 
     def _whiten_source(self) -> bool:
         return False

@@ -33,8 +33,7 @@ from ..network import Network
 from .base import part_batches, part_sum
 from .refine import PART_ROWS, parts
 
-__all__ = ["GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "PartGradientBiased",
-           "ProjectedPart", "pair_second_moment", "PopulationGram", "SampleGram", "refine_streamed", "part_rows_for",
+__all__ = ["GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "ProjectedPart", "pair_second_moment", "PopulationGram", "SampleGram", "refine_streamed", "part_rows_for",
            "projected_sample", "MAX_PASSES"]
 
 #: iterates the Anderson mixing of the steps remembers (:func:`_anderson`)
@@ -110,15 +109,18 @@ def gradient_sums(x: np.ndarray, y: np.ndarray, w: np.ndarray, s: np.ndarray) ->
 @dataclass(frozen=True)
 class PartGradient:
     """Picklable function of a part ``(p, n)``: draws it from ``draw`` and returns its
-    :class:`GradientSums` (what a mapper runs on a worker)."""
+    :class:`GradientSums` (what a mapper runs on a worker); ``biased``: of a biased network on ``[x, 1]``
+    (:func:`gradient_sums_biased`)."""
 
     draw: Any
     w: np.ndarray
     s: np.ndarray
+    biased: bool = False
 
     def __call__(self, item: tuple[int, int]) -> GradientSums:
         p, n = item
-        return part_sum(lambda x, y: gradient_sums(x, y, self.w, self.s), self.draw, p, n)
+        fn = gradient_sums_biased if self.biased else gradient_sums
+        return part_sum(lambda x, y: fn(x, y, self.w, self.s), self.draw, p, n)
 
 
 @dataclass(frozen=True)
@@ -215,20 +217,6 @@ class PopulationGram:
         d_out = np.linalg.lstsq(self.p, outside, rcond=1e-12)[0]
         d_in = np.linalg.lstsq(self.k, inside.ravel(), rcond=1e-12)[0].reshape(k, -1)
         return d_out + d_in @ self.q.T
-
-
-@dataclass(frozen=True)
-class PartGradientBiased:
-    """:class:`PartGradient` of a biased network on lifted inputs ``[x, 1]`` (see :func:`_split_biased`):
-    rows ``0..k−1`` of ``w`` are units, the last row ``[0, …, 0, c]`` the output bias."""
-
-    draw: Any
-    w: np.ndarray
-    s: np.ndarray
-
-    def __call__(self, item: tuple[int, int]) -> GradientSums:
-        p, n = item
-        return part_sum(lambda x, y: gradient_sums_biased(x, y, self.w, self.s), self.draw, p, n)
 
 
 def gradient_sums_biased(x: np.ndarray, y: np.ndarray, w: np.ndarray, s: np.ndarray) -> GradientSums:
@@ -365,7 +353,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         w, s = _split_biased(net)
 
         def accumulate(w_: np.ndarray) -> GradientSums:
-            return mapped_sum(PartGradientBiased(draw, w_, s), items, mapper)
+            return mapped_sum(PartGradient(draw, w_, s, biased=True), items, mapper)
 
         def solver(w_: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
             return SampleGram(gram_x, w_, s).solve
