@@ -319,6 +319,12 @@ class ContractedConfig(_Section):
     directions_seed: Optional[int] = Field(
         None, ge=0, description="seed of the random direction bank (default: the run's seed)"
     )
+    control: Optional[bool] = Field(
+        None, description="subtract from the labels their expansion of degree ≤ 1, ȳ + βᵀx, estimated on a pilot "
+        "pass: the same M_l^g (E[He_l] = E[x He_l] = 0 for l ≥ 2), far less variance when E[y] or E[y x] is "
+        "large (networks with biases, whose mean is large next to their spread)"
+    )
+    control_samples: int = Field(100_000, ge=1000, description="samples of the pilot pass of `control`")
 
     @field_validator("orders")
     @classmethod

@@ -65,7 +65,7 @@ def required_statistics(d: int, width: Optional[int] = None, sketched: bool = Fa
     plan of :data:`DENSE_FAMILIES` under ``run.worker_memory``), the sketch of ``M_2`` alone: the
     subspace passes sharpen it, so no contracted direction is needed, and ``basic`` is dropped."""
     if not sketched:
-        return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}
+        return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True}}
     return {"basic": None, "sketch": {"rank": sketch_rank(d, width), "second": {}}}
 
 
@@ -148,7 +148,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         g = spectral.directions_in_subspace(sub.basis, max(4, 2 * sub.rank), seed)
         return PassRequest(
             "adaptive-1",
-            {"contracted": {"orders": [2, 4, 6], "directions": g.tolist()}},
+            {"contracted": {"orders": [2, 4, 6], "directions": g.tolist(), "control": True}},
             f"the noise floor supports {sub.rank} of {wanted} directions with random g; "
             "one pass with directions inside the found subspace",
         )
@@ -184,8 +184,9 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
         net = _refined(net, samples, total, smp, mapper, report)
         merged = enum.merged
     # units that could not be told apart at this sample count, each with the final unit it went into
-    report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],
-                               "angle_to_into": float(g["angle_to_into"])} for g in merged]
+    report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],  # into −1: no final unit left
+                               "angle_to_into": None if g.get("angle_to_into") is None else float(g["angle_to_into"])}
+                              for g in merged]
     found = int(np.count_nonzero(net.weights[1]))
     report["width_requested"], report["width_found"] = wanted, found
     if found < wanted:

@@ -399,11 +399,15 @@ class ContractedMoments(Statistic):
 
     name = "contracted"
 
-    def __init__(self, directions: np.ndarray, orders: Iterable[int]):
+    def __init__(self, directions: np.ndarray, orders: Iterable[int],
+                 control: Optional[tuple[np.ndarray, np.ndarray]] = None):
         self.directions = np.asarray(directions, dtype=np.float64)
         self.orders = [int(o) for o in orders]
         self.d = self.directions.shape[1]
         self.n_pairs = len(self.orders) * len(self.directions)
+        # (ȳ, β): the labels' expansion of degree ≤ 1 from the pilot pass, subtracted from every label
+        self.control = None if control is None else (float(np.asarray(control[0])),
+                                                     np.asarray(control[1], dtype=np.float64).reshape(self.d))
 
     def sums_schema(self):
         p, d = self.n_pairs, self.d
@@ -411,13 +415,19 @@ class ContractedMoments(Statistic):
 
     def coords(self):
         g = len(self.directions)
-        return {
+        out = {
             "direction": (("direction", "i"), self.directions),
             "pair_order": (("pair",), np.repeat(np.asarray(self.orders, dtype=np.int64), g)),
             "pair_direction": (("pair",), np.tile(np.arange(g, dtype=np.int64), len(self.orders))),
         }
+        if self.control is not None:
+            out["control_mean"] = ((), np.float64(self.control[0]))
+            out["control_beta"] = (("i",), self.control[1])
+        return out
 
     def update(self, acc, x, y):
+        if self.control is not None:  # same expectations for orders ≥ 2, less variance
+            y = y - self.control[0] - x @ self.control[1]
         acc["M"] += hermite.contracted_matrix_sums(x, y, self.directions, self.orders)
         acc["v"] += hermite.contracted_vector_sums(x, y, self.directions, self.orders)
         acc["s"] += hermite.contracted_scalar_sums(x, y, self.directions, self.orders)
@@ -448,6 +458,20 @@ def _label_scores(source: Source, score: Callable[[np.ndarray, np.ndarray], np.n
     if m is None:
         return score
     return lambda x, y: np.stack([score(x, y[:, j]) for j in range(m)])
+
+
+def linear_control(source: Source, seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ȳ, β)`` with ``β = E[y x]`` over the pilot pass: the labels' expansion of degree ≤ 1 under Gaussian
+    inputs (per output, stacked, for a vector source: shapes (m,) and (m, d))."""
+    count, s0, s1 = 0, 0.0, 0.0
+    row = 0
+    for x, y in pilot_batches(source, seed, n):
+        check_finite(x, y, None, row)
+        row += len(y)
+        count += len(y)
+        s0 = s0 + y.sum(axis=0)
+        s1 = s1 + (y.T @ x if y.ndim == 2 else y @ x)
+    return np.asarray(s0 / count, dtype=np.float64), np.asarray(s1 / count, dtype=np.float64)
 
 
 def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
@@ -774,6 +798,16 @@ def _of_output(values: Optional[np.ndarray], j: Optional[int], ndim: int) -> Opt
 
 def build_statistics(cfg: RunConfig, source: Optional[Source],
                      stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
+    """The statistics a configuration asks for (:func:`_build_statistics`), their pilot passes (τ grids, the
+    control variate) on one BLAS thread: the same grids in any process, whatever its thread count."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _build_statistics(cfg, source, stored)
+
+
+def _build_statistics(cfg: RunConfig, source: Optional[Source],
+                      stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
     """The statistics a configuration asks for, with resolved direction banks and τ grids.
 
     ``stored(name)``, when given, returns a committed statistic's arrays: its direction
@@ -810,7 +844,13 @@ def build_statistics(cfg: RunConfig, source: Optional[Source],
             out.append(family(lambda j: HermiteTensors(d, section)))
         elif name == "contracted":
             g = stored(name)["direction"] if stored else direction_bank(section, d, cfg.seed)
-            out.append(family(lambda j: ContractedMoments(g, section.orders)))
+            control = None
+            if section.control:
+                control = ((stored(name)["control_mean"], stored(name)["control_beta"]) if stored else
+                           linear_control(source, cfg.seed, section.control_samples))
+            out.append(family(lambda j: ContractedMoments(
+                g, section.orders, None if control is None else (_of_output(control[0], j, 0),
+                                                                 _of_output(control[1], j, 1)))))
         elif name == "filtered":
             if stored:
                 arrays = stored(name)
