@@ -5,7 +5,9 @@ byte offset (addresses ≡ 11 mod 64 were seen). numpy then treats it as unalign
 multiplies without BLAS, in another summation order, so the same block gives other bits
 on another worker. Every task therefore copies what it computes with into fresh,
 C-contiguous, 64-byte-aligned buffers before use — in a worker and in this process alike,
-so that all of them do the same arithmetic.
+so that all of them do the same arithmetic. For the same reason every product that decides a result
+runs on one BLAS thread (:func:`one_blas_thread`): OpenBLAS splits a product's sums by its thread count,
+which differs between processes (a worker, the CLI, a notebook, a test runner).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-__all__ = ["ALIGNMENT", "aligned_copy", "fresh", "fresh_call", "fresh_map", "is_aligned"]
+__all__ = ["ALIGNMENT", "aligned_copy", "fresh", "fresh_call", "fresh_map", "is_aligned", "one_blas_thread"]
 
 #: byte alignment of every copied array (a cache line; enough for any SIMD width in use)
 ALIGNMENT = 64
@@ -25,6 +27,13 @@ ALIGNMENT = 64
 T = TypeVar("T")
 
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), np.generic, np.dtype, type)
+
+
+def one_blas_thread():
+    """A context in which BLAS (and OpenBLAS's LAPACK) runs on one thread: the same bits in any process."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def aligned_copy(a: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:

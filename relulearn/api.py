@@ -14,12 +14,13 @@ from typing import Any, Callable, Iterator, Optional, TextIO
 
 import numpy as np
 
-from .aligned import fresh, fresh_map
+from .aligned import fresh, fresh_map, one_blas_thread
 from .config import RunConfig, load_config
 from .estimators.base import PassRequest, Samples
 from .network import Network
 from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepare
 from .pipeline.run import RunSummary, merge_stores
+from .pipeline.sources import data_of
 from .pipeline.run import estimate as _estimate
 from .storage import open_store
 
@@ -220,10 +221,8 @@ def _mapper(client: Any) -> Callable:
     """
     if client is None:
         def local_map(fn: Callable, items: Any) -> list:
-            from threadpoolctl import threadpool_limits
-
             # one BLAS thread, as on a worker (pipeline.worker): multi-threaded BLAS sums in another order
-            with threadpool_limits(limits=1, user_api="blas"):
+            with one_blas_thread():
                 return [fresh(r) for r in map(fresh_map(fn), items)]
 
         return local_map
@@ -293,7 +292,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     passes: list[dict] = []
     pass_info: list[dict] = []
     for _ in range(getattr(mod, "MAX_PASSES", 3) + 1):  # a method asks for a bounded number of passes
-        with _one_blas_thread():  # the driver's products give the same bits in any process (CLI, notebook, tests)
+        with one_blas_thread():  # the driver's products give the same bits in any process (CLI, notebook, tests)
             result = mod.learn(stats, passes, samples, mapper=_mapper(client), seed=cfg.seed, **options)
         if not isinstance(result, PassRequest):
             break
@@ -307,7 +306,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     else:
         raise RuntimeError(f"method {method} kept asking for passes; this is a bug, please report it")
     net = result.network
-    if hasattr(source, "to_raw") and isinstance(net, Network):  # whitened data: back to the raw inputs
+    if data_of(source) is not None and isinstance(net, Network):  # whitened data: back to the raw inputs
         net = source.to_raw(net)
     if out is not None:
         net.save(out)
@@ -351,14 +350,6 @@ def _record_learn(store: str, done: dict[str, Any], net: Any) -> None:
         RunStore(store).add_record("learn", doc)
     except (StoreError, OSError):
         pass
-
-
-def _one_blas_thread():
-    """One BLAS thread for the driver's side of a method: OpenBLAS splits products (and so their rounding) by
-    its thread count, which differs between processes (a notebook, the CLI, a test runner)."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _model_shape(model: Any) -> dict[str, Any]:
@@ -499,7 +490,7 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         source, seed = make_source(cfg), cfg.seed
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
-    if hasattr(source, "test_rows"):  # data: its last rows, raw (the model maps raw inputs)
+    if data_of(source) is not None:  # data: its last rows, raw (the model maps raw inputs)
         samples = min(samples, source.rows)
         x, y = source.test_rows(samples)
     else:
@@ -532,7 +523,7 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
                     "parameter_error_note": "the model is a polynomial (improper learner): compare by test error"})
         return out
     out.update({"model_kind": "network", "model_width": int(net.weights[0].shape[0]), "model_depth": int(net.depth)})
-    if t_net is None and hasattr(source, "test_rows"):
+    if t_net is None and data_of(source) is not None:
         out["parameter_error"] = None
         out["parameter_error_note"] = (f"the source is data: the test error is on its last {samples:,} rows (held out "
                                        "only if the run used fewer rows); no teacher weights to compare with")

@@ -218,7 +218,7 @@ class DataConfig(_Section):
     whiten: bool = Field(True, description="estimate the inputs' mean and covariance and whiten them on the fly; "
                          "the learned network is mapped back to raw coordinates")
     nan_rows: Literal["refuse", "skip"] = Field("refuse", description="rows with NaN or inf: refuse (naming the "
-                                                "first row) or skip them (counted in `relulearn status`)")
+                                                "first row) or skip them (counted in `estimate`'s `data`)")
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for URLs")
 
 

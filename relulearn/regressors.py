@@ -7,8 +7,9 @@ raw coordinates (``model_``). A ``MomentsRegressor(seed=s)`` fitted on ``X, y`` 
 ``relulearn fit`` gives on a config reading the same rows with the same seed and chunk size
 (:meth:`_Regressor.run_config` is that config).
 
-The methods need many samples (10⁴–10⁷ rows); on fewer rows than a method's bounded samples, ``fit`` raises a
-``ValueError`` saying how many rows it needs.
+The methods need many samples (10⁴–10⁷ rows). On fewer rows than a method's bounded samples, those samples
+are all the rows (training and validation overlap); when the statistics then hold nothing above their noise
+floor, ``fit`` warns and the model is the constant ``mean(y)``.
 """
 
 from __future__ import annotations
@@ -153,7 +154,6 @@ class _Regressor(RegressorMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = False
         # the methods learn networks of Gaussian-like inputs from 10⁴ rows and more; scikit-learn's score check
         # fits 200 rows of a linear target (degree 1: no second-moment signal), where they find only the mean
         tags.regressor_tags.poor_score = True
@@ -270,11 +270,8 @@ class PolynomialRegressor(_Regressor):
     def _prepare(self, X: np.ndarray) -> tuple[np.ndarray, Optional[tuple[np.ndarray, np.ndarray]]]:
         if not self.whiten:
             return X, None
-        mu = X.mean(axis=0)
-        cov = np.cov(X, rowvar=False, bias=True).reshape(X.shape[1], X.shape[1])
-        try:
-            a = np.linalg.inv(np.linalg.cholesky(cov))
-        except np.linalg.LinAlgError:
-            raise ValueError("the covariance of X is singular (a constant column, or one a combination of others); "
-                             "drop such columns, or set whiten=False") from None
+        from .pipeline.data import whitening_map
+
+        mu, a = whitening_map(X.mean(axis=0), np.cov(X, rowvar=False, bias=True).reshape(X.shape[1], X.shape[1]),
+                              "the covariance of X", "set whiten=False")
         return (X - mu) @ a.T, (mu, a)

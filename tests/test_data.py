@@ -192,9 +192,9 @@ def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
         make_source(config_from_dict(cfg))
 
 
-def test_fit_on_data_through_the_cli_prints_a_summary_and_writes_raw_coordinates(tmp_path):
+def test_fit_on_data_through_the_cli_reads_relative_paths_and_writes_raw_coordinates(tmp_path):
     teacher, mean, chol, x, y = planted_data(seed=8, rows=200_000)
-    data = write("npy", tmp_path, x, y)
+    write("npy", tmp_path, x, y)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data_config({"x": "x.npy", "y": "y.npy"}, samples=200_000)))  # relative paths
     out = tmp_path / "m.npz"
@@ -204,7 +204,6 @@ def test_fit_on_data_through_the_cli_prints_a_summary_and_writes_raw_coordinates
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["estimate"]["data"]["whitened"] is True
     assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8
-    assert data  # the files the relative paths name
     ev = api.evaluate(out, cfg, samples=50_000)  # on the data's last rows, in raw coordinates
     assert ev["relative_test_error"] <= 1e-8 and ev["samples"] == 50_000 and "data" in ev["parameter_error_note"]
 

@@ -33,8 +33,9 @@ from ..network import Network
 from .base import part_batches, part_sum
 from .refine import PART_ROWS, parts
 
-__all__ = ["GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "ProjectedPart", "pair_second_moment", "PopulationGram", "SampleGram", "refine_streamed", "part_rows_for",
-           "projected_sample", "MAX_PASSES"]
+__all__ = ["GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "ProjectedPart",
+           "pair_second_moment", "PopulationGram", "SampleGram", "refine_streamed", "part_rows_for", "projected_sample",
+           "MAX_PASSES"]
 
 #: iterates the Anderson mixing of the steps remembers (:func:`_anderson`)
 ANDERSON_MEMORY = 5
@@ -309,8 +310,8 @@ def mapped_sum(fn: Callable[[tuple[int, int]], Any], items: list[tuple[int, int]
 
 
 def _accumulate(draw: Any, items: list[tuple[int, int]], w: np.ndarray, s: np.ndarray,
-                mapper: Callable) -> GradientSums:
-    return mapped_sum(PartGradient(draw, w, s), items, mapper)
+                mapper: Callable, biased: bool = False) -> GradientSums:
+    return mapped_sum(PartGradient(draw, w, s, biased), items, mapper)
 
 
 def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = map,
@@ -344,32 +345,23 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         The refined network and a report: ``samples``, ``parts``, ``passes``, ``stop`` (why it
         stopped), ``relative_loss`` and per pass ``relative_loss``, ``relative_step``, ``accepted``.
     """
-    if net.biases is not None:
+    biased = net.biases is not None
+    if biased:
         if net.activation != "relu" or len(net.weights) != 2 or net.weights[1].shape[0] != 1:
             raise ValueError("the streamed refinement takes a one-hidden-layer ReLU network with one output")
         if gram_x is None:
             raise ValueError("the streamed refinement of a biased network needs a bounded sample (gram_x) for its "
                              "Gauss–Newton matrix")
         w, s = _split_biased(net)
-
-        def accumulate(w_: np.ndarray) -> GradientSums:
-            return mapped_sum(PartGradient(draw, w_, s, biased=True), items, mapper)
-
-        def solver(w_: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-            return SampleGram(gram_x, w_, s).solve
-
-        join = _join_biased
+        gram, join = (lambda w_: SampleGram(gram_x, w_, s)), _join_biased
     else:
         w, s = _split(net)
-
-        def accumulate(w_: np.ndarray) -> GradientSums:
-            return _accumulate(draw, items, w_, s, mapper)
-
-        def solver(w_: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-            return PopulationGram(w_, s).solve
-
-        join = _join
+        gram, join = (lambda w_: PopulationGram(w_, s)), _join
     items = parts(total, part_rows or part_rows_for(net.input_dim), first=first_part)
+
+    def accumulate(w_: np.ndarray) -> GradientSums:
+        return _accumulate(draw, items, w_, s, mapper, biased)
+
     cur = accumulate(w)
     y2 = cur.y2 or 1.0
     history: list[dict[str, Any]] = [{"relative_loss": cur.loss / y2}]
@@ -380,7 +372,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         if cur.loss / y2 < ROUNDING_LOSS * w.shape[1]:
             stop = "loss at rounding level"
             break
-        step = solver(w)(cur.g / cur.n)
+        step = gram(w).solve(cur.g / cur.n)
         predicted = float(np.sum(step * cur.g)) / cur.n  # first-order decrease of the mean loss (×½ of ∂)
         rel_step = float(np.linalg.norm(step) / np.linalg.norm(w))
         if rel_step * scale < RELATIVE_STEP:

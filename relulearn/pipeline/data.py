@@ -25,10 +25,11 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 
+from ..aligned import one_blas_thread
 from ..network import Network
 from .arrays import ArrayReader, open_reader
 
-__all__ = ["DataSource", "DataSizeError", "data_source", "check_rows", "READ_BYTES"]
+__all__ = ["DataSource", "DataSizeError", "data_source", "open_data", "whitening_map", "check_rows", "READ_BYTES"]
 
 #: rows are read in blocks of about this many bytes of inputs (a Parquet row group is read once per block)
 READ_BYTES = 64 * 2**20
@@ -99,7 +100,8 @@ class DataSource:
 
     def row_batches(self, start: int, n: int, batch: int, raw: bool = False) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Usable rows ``[start, start + n)`` as ``(x, y)`` batches of ``batch`` rows, whitened when set (and
-        not ``raw``)."""
+        not ``raw``). Callers run it on one BLAS thread (a block task, a method's learn, a pilot pass), so the
+        whitening product gives the same bits everywhere."""
         if start < 0 or start + n > self.rows:
             raise DataSizeError(f"rows {start:,}..{start + n:,} were asked of data with {self.rows:,} usable rows "
                                 f"({self.x.url}); use fewer samples or more data")
@@ -108,18 +110,20 @@ class DataSource:
             hi = min(lo + block, start + n)
             raw_lo, raw_hi = self._raw(lo), self._raw(hi - 1) + 1
             x, y = self.x.read(raw_lo, raw_hi), self.y.read(raw_lo, raw_hi).reshape(raw_hi - raw_lo)
-            if len(self.bad_rows):
-                keep = ~np.isin(np.arange(raw_lo, raw_hi), self.bad_rows)
+            bad = self.bad_rows[np.searchsorted(self.bad_rows, raw_lo):np.searchsorted(self.bad_rows, raw_hi)]
+            if len(bad):
+                keep = np.ones(raw_hi - raw_lo, dtype=bool)
+                keep[bad - raw_lo] = False
                 x, y = x[keep], y[keep]
             if self.whitening is not None and not raw:
                 mu, a = self.whitening
-                with _one_thread():  # the same bits in every process, whatever its BLAS threads
-                    x = (x - mu) @ a.T
+                x = (x - mu) @ a.T
             for b in range(0, len(y), batch):
                 yield np.ascontiguousarray(x[b:b + batch]), np.ascontiguousarray(y[b:b + batch])
 
     def window(self, stream: str, part: int, n: int) -> int:
-        """First usable row of an auxiliary draw of ``n`` rows (see the module's docstring; :meth:`clip` first)."""
+        """First usable row of an auxiliary draw of ``n`` rows, ``n`` at most :attr:`rows` (the callers clip
+        larger draws to all rows; see the module's docstring)."""
         if n > self.rows:
             raise DataSizeError(f"a {stream} sample of {n:,} rows was asked of data with {self.rows:,} usable rows "
                                 f"({self.x.url}); use more data")
@@ -161,6 +165,26 @@ def data_source(x_url: str, y_url: str, d: int, *, x_columns: Optional[list[str]
         than one column, a NaN row (with ``nan_rows: refuse``), fewer usable rows than ``samples``, a singular
         covariance.
     """
+    x, y = open_data(x_url, y_url, d, x_columns=x_columns, y_column=y_column, storage_options=storage_options)
+    scan = _scan(x, y)
+    if len(scan.bad_rows) and nan_rows != "skip":
+        r = int(scan.bad_rows[0])
+        raise ValueError(f"source.data: row {r} (counting from 0) of the data has NaN or inf ({len(scan.bad_rows)} "
+                         f"such row(s), in {x_url} or {y_url}); remove them, or set source.data.nan_rows: skip to "
+                         "leave them out (counted in the store's fingerprint)")
+    if samples is not None:
+        check_rows(x.rows - len(scan.bad_rows), samples, chunk_size or 1, x_url)
+    whitening = whitening_map(scan.mean, scan.cov, f"source.data.x: the covariance of {x_url}",
+                              "set source.data.whiten: false") if whiten else None
+    opts = {"whiten": bool(whiten), "nan_rows": nan_rows, "x_columns": x_columns, "y_column": y_column}
+    digest = hashlib.sha256((scan.digest + repr(sorted(opts.items()))).encode()).hexdigest()
+    return DataSource(x, y, scan.bad_rows if nan_rows == "skip" else np.empty(0, np.int64), whitening, digest)
+
+
+def open_data(x_url: str, y_url: str, d: int, *, x_columns: Optional[list[str]] = None,
+              y_column: Optional[str] = None, storage_options: Optional[dict] = None
+              ) -> tuple[ArrayReader, ArrayReader]:
+    """Readers of the inputs and labels, checked against each other and ``d`` (messages name key and file)."""
     x = open_reader(x_url, columns=x_columns, storage_options=storage_options, what="source.data.x")
     y = open_reader(y_url, columns=[y_column] if y_column is not None else None, storage_options=storage_options,
                     what="source.data.y")
@@ -172,25 +196,19 @@ def data_source(x_url: str, y_url: str, d: int, *, x_columns: Optional[list[str]
                          "source.data.y_column)")
     if y.rows != x.rows:
         raise ValueError(f"source.data: {x_url} has {x.rows:,} rows but {y_url} has {y.rows:,}; give one label per row")
-    scan = _scan(x, y)
-    if len(scan.bad_rows) and nan_rows != "skip":
-        r = int(scan.bad_rows[0])
-        raise ValueError(f"source.data: row {r} (counting from 0) of the data has NaN or inf ({len(scan.bad_rows)} "
-                         f"such row(s), in {x_url} or {y_url}); remove them, or set source.data.nan_rows: skip to "
-                         "leave them out (counted in the store's fingerprint)")
-    if samples is not None:
-        check_rows(x.rows - len(scan.bad_rows), samples, chunk_size or 1, x_url)
-    whitening = None
-    if whiten:
-        try:
-            chol = np.linalg.cholesky(scan.cov)
-        except np.linalg.LinAlgError:
-            raise ValueError(f"source.data.x: the covariance of {x_url} is singular (a column is constant or a "
-                             "combination of others); drop such columns, or set source.data.whiten: false") from None
-        whitening = (scan.mean, np.linalg.inv(chol))
-    opts = {"whiten": bool(whiten), "nan_rows": nan_rows, "x_columns": x_columns, "y_column": y_column}
-    digest = hashlib.sha256((scan.digest + repr(sorted(opts.items()))).encode()).hexdigest()
-    return DataSource(x, y, scan.bad_rows if nan_rows == "skip" else np.empty(0, np.int64), whitening, digest)
+    return x, y
+
+
+def whitening_map(mean: np.ndarray, cov: np.ndarray, what: str, instead: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(μ, A)`` with ``z = A (x − μ)`` of identity covariance: ``A = L⁻¹`` for the Cholesky factor ``L`` of
+    ``cov`` (one BLAS thread: the same map in any process). A singular ``cov`` is refused: ``what`` names it,
+    ``instead`` says what else to do."""
+    try:
+        with one_blas_thread():
+            return np.asarray(mean, dtype=np.float64), np.linalg.inv(np.linalg.cholesky(cov))
+    except np.linalg.LinAlgError:
+        raise ValueError(f"{what} is singular (a column is constant or a combination of others); drop such columns, "
+                         f"or {instead}") from None
 
 
 def check_rows(usable: int, samples: int, chunk_size: int, url: str) -> None:
@@ -230,7 +248,7 @@ def scan_block(x: ArrayReader, y: ArrayReader, lo: int, hi: int, shift: np.ndarr
     sha.update(yb.tobytes())
     ok = np.isfinite(xb).all(axis=1) & np.isfinite(yb)
     xc = xb[ok] - shift
-    with _one_thread():
+    with one_blas_thread():
         s2 = xc.T @ xc
     return BlockScan(len(xc), xc.sum(axis=0), s2, (lo + np.flatnonzero(~ok)).astype(np.int64), sha.hexdigest())
 
@@ -289,23 +307,14 @@ def scan_on(client: Any, spec: Any, d: int, where: Any) -> None:
     made): the driver reads one row, the workers every block. ``where`` resolves a path of the config."""
     from ..aligned import fresh
 
-    x = open_reader(where(spec.x), columns=spec.x_columns, storage_options=spec.storage_options, what="source.data.x")
-    y = open_reader(where(spec.y), columns=[spec.y_column] if spec.y_column is not None else None,
-                    storage_options=spec.storage_options, what="source.data.y")
-    if len(x.shape) != 2 or x.shape[1] != d or x.rows != y.rows:
-        return  # data_source refuses it with the message that says why
+    x, y = open_data(where(spec.x), where(spec.y), d, x_columns=spec.x_columns, y_column=spec.y_column,
+                     storage_options=spec.storage_options)
 
     def mapper(fn, items):
         futures = client.map(fn, items, pure=False)
         return [fresh(f.result()) for f in futures]
 
     _scan(x, y, mapper)
-
-
-def _one_thread():
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def describe(source: DataSource) -> dict[str, Any]:

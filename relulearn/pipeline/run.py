@@ -23,7 +23,7 @@ import numpy as np
 from ..aligned import fresh
 from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, LEDGER_COLUMNS, RunStore, StoreError, diff_fields, ledger_platforms
-from .sources import Source, SourceDataError, make_source
+from .sources import Source, SourceDataError, data_of, make_source
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .plan import check_partial_bytes
 from .worker import platform_id, tune_malloc
@@ -321,7 +321,7 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
 
         check_imports(client, modules, f"{getattr(source, 'label', 'the teacher')} needs '{modules[0]}' on every "
                                        "worker")
-    if samples is not None and hasattr(source, "row_batches"):  # data: --samples cannot exceed its rows
+    if samples is not None and data_of(source) is not None:  # data: --samples cannot exceed its rows
         from .data import check_rows
 
         check_rows(source.rows, samples, cfg.chunk_size, source.x.url)
@@ -404,7 +404,7 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
 
 
 def _data_summary(source: Source) -> Optional[dict[str, Any]]:
-    if not hasattr(source, "row_batches"):
+    if data_of(source) is None:
         return None
     from .data import describe
 

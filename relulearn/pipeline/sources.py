@@ -41,6 +41,7 @@ __all__ = [
     "draw",
     "draw_batches",
     "check_finite",
+    "data_of",
 ]
 
 #: rows per generated batch at most; part of the definition of a chunk's bytes (format version).
@@ -310,15 +311,17 @@ class OutputColumn:
             yield x, y[:, self.output]
 
 
-def _rows_of(source: Source) -> Any:
-    """The data source behind ``source`` (itself, or the one an output column reads), None for a teacher."""
-    return source if hasattr(source, "row_batches") else None
+def data_of(source: Any) -> Any:
+    """``source`` when it reads a user's data (:class:`~relulearn.pipeline.data.DataSource`), None for a teacher."""
+    from .data import DataSource
+
+    return source if isinstance(source, DataSource) else None
 
 
 def chunk_batches(source: Source, seed: int, chunk_id: int, chunk_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The batches of chunk ``chunk_id`` of a run with seed ``seed``: the same bytes everywhere (for data, rows
     ``[chunk_id·chunk_size, (chunk_id + 1)·chunk_size)``)."""
-    data = _rows_of(source)
+    data = data_of(source)
     if data is not None:
         return data.row_batches(chunk_id * chunk_size, chunk_size, batch_rows(data.d))
     return source.batches(generator(seed, Stream.INPUTS, chunk_id), generator(seed, Stream.NOISE, chunk_id), chunk_size)
@@ -326,7 +329,7 @@ def chunk_batches(source: Source, seed: int, chunk_id: int, chunk_size: int) -> 
 
 def pilot_batches(source: Source, seed: int, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Samples of the pilot pass (independent of every chunk of the run; for data, its first rows)."""
-    data = _rows_of(source)
+    data = data_of(source)
     if data is not None:
         n = min(n, data.rows)
         return data.row_batches(data.window("pilot", 0, n), n, batch_rows(data.d))
@@ -340,7 +343,7 @@ def draw_batches(source: Source, seed: int, stream: int, n: int, part: int = 0
                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The samples :func:`draw` returns, batch by batch, each checked (NaN / inf named by row)."""
     row = 0
-    data = _rows_of(source)
+    data = data_of(source)
     if data is not None:  # data smaller than the draw: all its rows (see DataSource.window)
         n = min(n, data.rows)
         batches = data.row_batches(data.window(_STREAM_NAMES.get(stream, "held_out"), part, n), n, batch_rows(data.d))
@@ -360,7 +363,7 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
     independent of every chunk of the run; ``part`` selects independent draws of one stream."""
     xs: Optional[np.ndarray] = None
     ys, row = [], 0
-    if _rows_of(source) is not None:
+    if data_of(source) is not None:
         n = min(n, source.rows)
     for x, y in draw_batches(source, seed, stream, n, part):
         if row == 0 and len(y) == n:  # one batch: no copy

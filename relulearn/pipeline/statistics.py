@@ -800,9 +800,9 @@ def build_statistics(cfg: RunConfig, source: Optional[Source],
                      stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
     """The statistics a configuration asks for (:func:`_build_statistics`), their pilot passes (τ grids, the
     control variate) on one BLAS thread: the same grids in any process, whatever its thread count."""
-    from threadpoolctl import threadpool_limits
+    from ..aligned import one_blas_thread
 
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         return _build_statistics(cfg, source, stored)
 
 
