@@ -74,7 +74,7 @@ def merge(a: str, b: str, out: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ learning
 
-METHODS = ("moments", "filtered-pca", "exact", "landscape", "polynomial")
+METHODS = ("moments", "tensor", "filtered-pca", "exact", "landscape", "polynomial")
 
 
 def _method(name: str):
@@ -82,6 +82,10 @@ def _method(name: str):
         from .estimators import moments
 
         return moments
+    if name == "tensor":
+        from .estimators import tensor
+
+        return tensor
     if name == "filtered-pca":
         from .estimators import filtered_pca
 
@@ -112,6 +116,8 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
     from .pipeline.sources import label_outputs
 
     outputs = label_outputs(source)
+    if method == "tensor":
+        return _check_tensor(source, options)
     if method != "exact" and outputs:
         raise ValueError(
             f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "
@@ -154,6 +160,22 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
         exact.check_activation(options["activation"])
     if options.get("exact_samples") is not None and options.get("width") is not None:
         exact.check_exact_samples(options["exact_samples"], source.d, options["width"], outputs or 1)
+    return options
+
+
+def _check_tensor(source: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``tensor``'s setting: one hidden ReLU layer (biases and vector outputs allowed), width at most d."""
+    from .estimators import tensor
+
+    net = getattr(source, "network", None)
+    if net is not None and (net.depth != 1 or net.activation != "relu"):
+        raise ValueError(
+            f"--method tensor learns one hidden ReLU layer; the teacher has {net.depth} hidden layer(s) with activation "
+            f"{net.activation!r}; use --method filtered-pca for deep networks"
+            + (", --method exact for other rectified activations" if net.depth == 1 else ""))
+    tensor.check_width(options.get("width"), source.d)
+    if net is not None and options.get("width") is None:
+        tensor.check_width(int(net.weights[0].shape[0]), source.d)
     return options
 
 

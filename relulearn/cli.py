@@ -129,7 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_learn_options(q: argparse.ArgumentParser) -> None:
         q.add_argument("--method", default="moments", choices=list(api.METHODS),
-                       help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default); "
+                       help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default; narrow: "
+                       "the enumeration grows as exp(width)); tensor = wide one-hidden-layer ReLU nets (width up to d) "
+                       "with biases and any number of outputs, by a CP decomposition of contracted moments of orders "
+                       "2-6; "
                        "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace; "
                        "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
                        "(tensor step, signs, null vectors of the row span, refinement); landscape = one-hidden-layer ReLU nets "
@@ -145,8 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="filtered-pca: hidden layers of the candidate networks; architectures of depth 1.."
                        "DEPTH are enumerated (default 1)")
         q.add_argument("--budget", type=_positive,
-                       help="filtered-pca: largest number of candidate networks the enumeration may fit "
-                       "(default 256); a larger --depth/--width is refused before any work")
+                       help="candidate evaluations the enumeration may spend. filtered-pca: candidate networks "
+                       "fitted (default 256; a larger --depth/--width is refused before any work). moments: "
+                       "directions scored over the k+1 stages of its search (default 200000; a width whose search "
+                       "needs more is refused with the budget it needs; --method tensor needs no enumeration)")
         q.add_argument("--activation", choices=["relu", "relu2", "relu3"],
                        help="exact: the rectified activation f(z) = max(z,0)^c of the network learned (default: the "
                        "teacher's, relu for other sources)")

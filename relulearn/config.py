@@ -325,6 +325,11 @@ class ContractedConfig(_Section):
         "large (networks with biases, whose mean is large next to their spread)"
     )
     control_samples: int = Field(100_000, ge=1000, description="samples of the pilot pass of `control`")
+    expansion: Optional[Union[ExpansionConfig, list[ExpansionConfig]]] = Field(
+        None, description="a degree-≤2 expansion subtracted from the labels (residual labels: orders ≥ 3 unchanged, "
+        "far less variance; order 2 then holds the residual's T_2); one per output for a source with several "
+        "outputs; not together with `control`"
+    )
 
     @field_validator("orders")
     @classmethod
@@ -342,6 +347,13 @@ class ContractedConfig(_Section):
         if isinstance(value, int) and value < 1:
             raise ValueError("directions must be a positive count or a list of direction vectors")
         return value
+
+    @model_validator(mode="after")
+    def _one_control(self) -> "ContractedConfig":
+        if self.control and self.expansion is not None:
+            raise ValueError("give `control` (a linear control variate from a pilot pass) or `expansion` (a given "
+                             "degree-≤2 expansion), not both")
+        return self
 
 
 def _check_grid(quantiles: Optional[list[float]], thresholds: Optional[list[float]]) -> None:

@@ -263,47 +263,53 @@ class Comparison:
     unit_errors: tuple[float, ...]
 
 
-def _unit_products(net: Network) -> tuple[np.ndarray, np.ndarray, float]:
-    """``λ_i [u_i, b_i]`` per hidden unit (``b_i = 0`` without biases), the signs of ``λ_i``, and the output
-    bias ``c`` (0 without biases): invariant under the rescaling ``(λ, u, b) -> (λ s, u / s, b / s)``."""
-    if net.depth != 1 or net.output_dim != 1 or net.activation != "relu":
+def _unit_products(net: Network) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per hidden unit the products ``λ_ji [u_i, b_i]`` of its output weights and its row (``b_i = 0`` without
+    biases), flattened over the m outputs; the rows ``[u_i, b_i]`` (their orientation tells ``relu(s)`` from
+    ``relu(−s)``, which the products cannot); and the output biases ``c`` (zeros without biases). The products
+    are invariant under the rescaling ``(λ, u, b) -> (λ s, u / s, b / s)``."""
+    if net.depth != 1 or net.activation != "relu":
         raise ValueError(
-            "symmetry-aware comparison is defined for one-hidden-layer ReLU networks with one output; "
-            "compare other networks by their test error"
+            "symmetry-aware comparison is defined for one-hidden-layer ReLU networks; compare other networks by "
+            "their test error"
         )
-    u, lam = net.weights[0], net.weights[1][0]
-    b, c = (np.zeros(len(lam)), 0.0) if net.biases is None else (net.biases[0], float(net.biases[1][0]))
-    return lam[:, None] * np.column_stack([u, b]), np.sign(lam), c
+    u, lam = net.weights[0], net.weights[1]
+    if net.biases is None:
+        b, c = np.zeros(len(u)), np.zeros(lam.shape[0])
+    else:
+        b, c = net.biases[0], np.asarray(net.biases[1], dtype=np.float64)
+    rows = np.column_stack([u, b])
+    return (lam.T[:, :, None] * rows[:, None, :]).reshape(len(u), -1), rows, c
 
 
 def compare(reference: Network, learned: Network) -> Comparison:
-    """Match the hidden units of two one-hidden-layer ReLU networks (Hungarian algorithm).
+    """Match the hidden units of two one-hidden-layer ReLU networks (Hungarian algorithm), any number of outputs.
 
-    The products ``λ_i u_i`` identify a unit up to the network's symmetries (permutation
+    The products ``λ_ji [u_i, b_i]`` identify a unit up to the network's symmetries (permutation
     of units, positive rescaling ``(λ, u) -> (λ s, u / s)``); a unit is only matched to one
-    whose output weight has the same sign.
+    whose row points the same way (for one output: whose output weight has the same sign).
     """
     from scipy.optimize import linear_sum_assignment
 
-    w, s, c_ref = _unit_products(reference)
-    v, t, c_learned = _unit_products(learned)
-    if w.shape[1] != v.shape[1]:
-        raise ValueError(f"input dimensions differ: {w.shape[1]} vs {v.shape[1]}")
+    w, rw, c_ref = _unit_products(reference)
+    v, rv, c_learned = _unit_products(learned)
+    if rw.shape[1] != rv.shape[1] or w.shape[1] != v.shape[1]:
+        raise ValueError(f"shapes differ: {reference.input_dim}→{reference.output_dim} inputs→outputs vs "
+                         f"{learned.input_dim}→{learned.output_dim}")
     k, m = len(w), len(v)
     n = max(k, m)
     # pad with zero units: matching a unit to a padding unit costs its whole norm
-    wp = np.zeros((n, w.shape[1]))
-    vp = np.zeros((n, v.shape[1]))
+    wp, vp = np.zeros((n, w.shape[1])), np.zeros((n, v.shape[1]))
     wp[:k], vp[:m] = w, v
-    sp, tp = np.zeros(n), np.zeros(n)
-    sp[:k], tp[:m] = s, t
+    same = np.ones((n, n), dtype=bool)
+    same[:k, :m] = (rw @ rv.T) > 0
     diff = ((wp[:, None, :] - vp[None, :, :]) ** 2).sum(-1)
     apart = (wp**2).sum(1)[:, None] + (vp**2).sum(1)[None, :]
-    cost = np.where((sp[:, None] == tp[None, :]) | (sp[:, None] == 0) | (tp[None, :] == 0), diff, apart)
+    cost = np.where(same, diff, apart)
     rows, cols = linear_sum_assignment(cost)
     total = float(cost[rows, cols].sum())
-    total += (c_ref - c_learned) ** 2  # the output biases (0 for bias-free networks)
-    norm = float((w**2).sum()) + c_ref**2
+    total += float(np.sum((c_ref - c_learned) ** 2))  # the output biases (0 for bias-free networks)
+    norm = float((w**2).sum()) + float(np.sum(c_ref**2))
     matching = [-1] * k
     errors = [1.0] * k
     for r, c in zip(rows, cols):

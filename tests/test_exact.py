@@ -24,7 +24,7 @@ from relulearn.estimators.fixed_parameter import samples_needed
 from relulearn.estimators.rectified import check_activation, kappas
 from relulearn.estimators.refine import normal_equations, parts, refine
 from relulearn.estimators.spectral import relevant_subspace
-from relulearn.estimators.tensor import decompose
+from relulearn.estimators.cp import decompose
 from relulearn.network import Network, compare_two_layer
 
 # ------------------------------------------------------------------ helpers

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..network import Network
 
-__all__ = ["Arrays", "MissingStatisticError", "NoSignalError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
+__all__ = ["Arrays", "BudgetError", "MissingStatisticError", "NoSignalError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -37,6 +37,15 @@ class MissingStatisticError(ValueError):
 class NoSignalError(ValueError):
     """The statistics hold no direction above their noise floor: nothing but the mean can be learned from
     them at this sample count (the message says how to get more samples)."""
+
+
+class BudgetError(ValueError):
+    """An enumeration does not fit its budget of candidate evaluations; ``needed`` is the smallest budget
+    that pays for one stage and ``wanted`` the one that pays for every stage."""
+
+    def __init__(self, message: str, needed: int, wanted: int):
+        super().__init__(message)
+        self.needed, self.wanted = int(needed), int(wanted)
 
 
 @dataclass(frozen=True)

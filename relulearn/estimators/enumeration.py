@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from ..network import Network
+from .base import BudgetError
 
 __all__ = [
     "sphere_net",
@@ -755,11 +756,11 @@ class _Search:
         lower = 2 if r == 1 else _min_net(r) + _cap_count(r)
         one = stage_cost(r, opts.seed) if opts.budget >= lower or _min_net(r) <= 4**8 else lower
         if opts.budget < one:
-            raise ValueError(
+            raise BudgetError(
                 f"budget={opts.budget} candidate evaluations does not pay for one enumeration stage in r={r} "
                 f"dimensions: a stage scores at least {one} directions (a net of {_min_net(r)} plus local "
                 f"refinement of one peak); give budget >= {one} (>= {(opts.k + 1) * one} to allow k + 1 = "
-                f"{opts.k + 1} stages)")
+                f"{opts.k + 1} stages)", one, (opts.k + 1) * one)
         levels = _levels(_net_scale(r, _min_net(r), opts.seed)) if r > 1 else 0
         per_stage = opts.budget // (opts.k + 1) - levels * self.cap_n
         self.n_net = _ladder(min(max(per_stage, _min_net(r)), _max_net(r)), r)

@@ -6,7 +6,7 @@ Tensor path (``m ≥ k`` outputs, ``rank U = k``):
 1. Subspace: the span of the ``ν_i = v_i/|v_i|`` from the per-output ``T2_j = E[A_j (x xᵀ − I)]``
    against their noise floors (:func:`.spectral.relevant_subspace`).
 2. Tensor step: ``T2_j = Σ_i κ2 U_ji |v_i|^c ν_i ν_iᵀ`` decomposed by simultaneous
-   diagonalisation inside the subspace (:mod:`.tensor`).
+   diagonalisation inside the subspace (:mod:`.cp`).
 3. Signs from ``T1_j = E[A_j x]`` (:mod:`.signs`); the moment estimate ``V0 = s_i ν̂_i``, ``U0 = α/κ2``.
 4. Exact step on a bounded sample: null vectors of the labels' row span on each unit's inactive
    samples (:mod:`.exact_step`); exact on noiseless labels, checked on fresh samples.
@@ -28,7 +28,7 @@ import numpy as np
 from ..network import Network
 from . import exact_step as _exact_step
 from . import fixed_parameter as _fixed
-from . import orthants, refine as _refine, signs as _signs, spectral, tensor
+from . import cp, orthants, refine as _refine, signs as _signs, spectral
 from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
 
@@ -161,7 +161,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         return _fixed_path(samples, d, k, act, exact_samples, seed, report, width_known=width is not None)
 
     w = _basis(sub, t2, k, report)
-    dec = tensor.decompose(t2, w, seed=seed)
+    dec = cp.decompose(t2, w, seed=seed)
     report["tensor"] = dec.to_dict()
     if dec.weight_condition > ALPHA_CONDITION_LIMIT:
         report["path"] = "fixed-parameter"

@@ -26,14 +26,14 @@ import numpy as np
 from ..network import Network
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 from . import biased, enumeration, spectral, subspace
-from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
-from .polish import polish_and_select, refinement_verdict
-from .streamed import projected_sample, refine_streamed
+from .base import Arrays, BudgetError, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .polish import polish_and_select
+from .streamed import projected_sample, refine_streamed, refine_unless_exact
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "refine_samples", "biases")
+OPTIONS = ("width", "refine_samples", "biases", "budget")
 
 #: passes a run may ask for: the adaptive contracted pass, or the subspace passes of a sketch
 MAX_PASSES = 6
@@ -48,9 +48,6 @@ SKETCH_PASSES = (3, 5)
 
 #: an angle bound at or above this many radians says nothing (the noise reaches the gap): the passes go on
 VACUOUS_ANGLE = 1.0
-
-#: a validation relative loss below this is exact up to rounding: nothing left to refine
-EXACT_LOSS = 1e-20
 
 #: bounded training and validation inputs (``40·k·d`` rows of d floats), or polish's design matrix on them
 #: (``40·k·d`` rows of ``k d`` floats: 8 GB at k = 5, d = 1000), above this many bytes are not formed: the
@@ -174,14 +171,14 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
         z, z_val = smp.x_train @ basis, smp.x_val @ basis
         if biases:  # directions and offsets: the enumeration on [z, 1], with room for an affine part
             z, z_val = biased.lift(z), biased.lift(z_val)
-        enum = enumeration.enumerate_network(z, smp.y_train, z_val, smp.y_val, budget=budget, mapper=mapper,
-                                             seed=seed, k=wanted + (biased.EXTRA_UNITS if biases else 0))
+        enum = _enumerate(z, smp.y_train, z_val, smp.y_val, budget=budget, mapper=mapper, seed=seed,
+                          k=wanted + (biased.EXTRA_UNITS if biases else 0))
         report["enumeration"] = enum.to_dict()
         a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
         start = (biased.to_biased(a, lam, basis, wanted) if biases
                  else Network((a @ basis.T, lam[None, :]), activation="relu"))
         best, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
-        net = _refined(net, samples, total, smp, mapper, report)
+        net = refine_unless_exact(net, samples, total, smp, mapper, report)
         merged = enum.merged
     # units that could not be told apart at this sample count, each with the final unit it went into
     report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],  # into −1: no final unit left
@@ -197,24 +194,19 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
     return LearnResult(net, report)
 
 
-def _refined(net: Network, samples: Any, total: int, smp: Samples, mapper: Callable, report: dict) -> Network:
-    """The streamed refinement of ``net`` on ``total`` samples, kept unless the validation samples say
-    it is worse (its paired loss difference more than two standard errors above zero)."""
-    if report["validation_relative_loss"][report["chosen"]] < EXACT_LOSS:
-        report["refinement"] = {"skipped": "polish is exact on the validation samples"}
-        return net
-    if total <= 0 or not hasattr(samples, "part"):
-        report["refinement"] = {"skipped": "no samples to stream" if total <= 0 else
-                                "the sample draw has no independent parts to stream"}
-        return net
-    refined, rep = refine_streamed(net, samples, total, mapper=mapper, gram_x=smp.x_train)
-    rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
-        smp.y_val, net.forward(smp.x_val)[:, 0], refined.forward(smp.x_val)[:, 0])
-    report["refinement"] = rep
-    if rep["kept"]:
-        report["chosen"] = "refined"
-        return refined
-    return net
+def _enumerate(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, k: int, budget: int,
+               **options: Any) -> enumeration.EnumerationResult:
+    """The enumeration of ``k`` units on the subspace coordinates ``z``; a budget too small for it is refused
+    naming ``--budget`` and the method that needs no enumeration."""
+    try:
+        return enumeration.enumerate_network(z, y, z_val, y_val, k=k, budget=budget, **options)
+    except BudgetError as err:
+        raise BudgetError(
+            f"the moments method enumerates a net of the {z.shape[1]}-dimensional subspace for each of {k} units, "
+            f"which needs a budget of {err.wanted:,} candidate evaluations (at least {err.needed:,}); this run has "
+            f"{budget:,}. Give --budget {err.wanted} (time grows with it, exponentially in the width), or learn "
+            "the same store with --method tensor, which needs no enumeration (one hidden layer, biases, any "
+            "number of outputs, width up to d)", err.needed, err.wanted) from None
 
 
 def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mapper: Callable, seed: int,
@@ -226,7 +218,7 @@ def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mappe
     n_train, n_val = sample_sizes(r, wanted)
     z, y, nxt = projected_sample(samples, basis, n_train, 2, mapper)
     z_val, y_val, nxt = projected_sample(samples, basis, n_val, nxt, mapper)
-    enum = enumeration.enumerate_network(z, y, z_val, y_val, k=wanted, budget=budget, mapper=mapper, seed=seed)
+    enum = _enumerate(z, y, z_val, y_val, k=wanted, budget=budget, mapper=mapper, seed=seed)
     report["enumeration"] = enum.to_dict()
     a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
     start = Network((a @ basis.T, lam[None, :]), activation="relu")

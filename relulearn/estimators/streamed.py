@@ -31,9 +31,14 @@ import numpy as np
 
 from ..network import Network
 from .base import part_batches, part_sum
+from .polish import refinement_verdict
 from .refine import PART_ROWS, parts
 
-__all__ = ["GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "ProjectedPart",
+
+#: a validation relative loss below this is exact up to rounding: nothing left to refine
+EXACT_LOSS = 1e-20
+
+__all__ = ["EXACT_LOSS", "refine_unless_exact", "GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "ProjectedPart",
            "pair_second_moment", "PopulationGram", "SampleGram", "refine_streamed", "part_rows_for", "projected_sample",
            "MAX_PASSES"]
 
@@ -429,3 +434,25 @@ def _anderson(iterates: list[np.ndarray], steps: list[np.ndarray]) -> Optional[n
     df = np.stack([(a - b).ravel() for a, b in zip(steps[1:], steps[:-1])], axis=1)
     gamma, *_ = np.linalg.lstsq(df, f.ravel(), rcond=1e-10)
     return w + f - ((dw + df) @ gamma).reshape(w.shape)
+
+
+def refine_unless_exact(net: Network, samples: Any, total: int, smp: Any, mapper: Callable, report: dict) -> Network:
+    """The streamed refinement of ``net`` (one output) on ``total`` samples, kept unless the validation samples
+    say it is worse (its paired loss difference more than two standard errors above zero); skipped when the
+    network is already exact on them (``report["validation_relative_loss"][report["chosen"]]`` below
+    :data:`EXACT_LOSS`). Records ``refinement`` (and ``chosen = "refined"`` when kept) in ``report``."""
+    if report["validation_relative_loss"][report["chosen"]] < EXACT_LOSS:
+        report["refinement"] = {"skipped": "polish is exact on the validation samples"}
+        return net
+    if total <= 0 or not hasattr(samples, "part"):
+        report["refinement"] = {"skipped": "no samples to stream" if total <= 0 else
+                                "the sample draw has no independent parts to stream"}
+        return net
+    refined, rep = refine_streamed(net, samples, total, mapper=mapper, gram_x=smp.x_train)
+    rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
+        smp.y_val, net.forward(smp.x_val)[:, 0], refined.forward(smp.x_val)[:, 0])
+    report["refinement"] = rep
+    if rep["kept"]:
+        report["chosen"] = "refined"
+        return refined
+    return net

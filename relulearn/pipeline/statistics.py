@@ -400,7 +400,8 @@ class ContractedMoments(Statistic):
     name = "contracted"
 
     def __init__(self, directions: np.ndarray, orders: Iterable[int],
-                 control: Optional[tuple[np.ndarray, np.ndarray]] = None):
+                 control: Optional[tuple[np.ndarray, np.ndarray]] = None,
+                 expansion: Optional[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = None):
         self.directions = np.asarray(directions, dtype=np.float64)
         self.orders = [int(o) for o in orders]
         self.d = self.directions.shape[1]
@@ -408,6 +409,8 @@ class ContractedMoments(Statistic):
         # (ȳ, β): the labels' expansion of degree ≤ 1 from the pilot pass, subtracted from every label
         self.control = None if control is None else (float(np.asarray(control[0])),
                                                      np.asarray(control[1], dtype=np.float64).reshape(self.d))
+        # (t0, t1, V, θ): a given expansion of degree ≤ 2, T_2 = V diag(θ) Vᵀ (low rank: O(d s) per sample)
+        self.expansion = expansion
 
     def sums_schema(self):
         p, d = self.n_pairs, self.d
@@ -428,12 +431,20 @@ class ContractedMoments(Statistic):
     def update(self, acc, x, y):
         if self.control is not None:  # same expectations for orders ≥ 2, less variance
             y = y - self.control[0] - x @ self.control[1]
+        if self.expansion is not None:  # the same for orders ≥ 3
+            t0, t1, v, theta = self.expansion
+            z = x @ v
+            y = y - (t0 + x @ t1 + 0.5 * ((z * z - 1.0) @ theta))
         acc["M"] += hermite.contracted_matrix_sums(x, y, self.directions, self.orders)
         acc["v"] += hermite.contracted_vector_sums(x, y, self.directions, self.orders)
         acc["s"] += hermite.contracted_scalar_sums(x, y, self.directions, self.orders)
 
     def config(self):
-        return {"orders": self.orders, "directions": self.directions.tolist()}
+        out = {"orders": self.orders, "directions": self.directions.tolist()}
+        if self.expansion is not None:  # only when set: stores made before the option keep their fingerprint
+            t0, t1, v, theta = self.expansion
+            out["expansion"] = {"t0": t0, "t1": t1.tolist(), "t2_vectors": v.T.tolist(), "t2_values": theta.tolist()}
+        return out
 
 
 # --------------------------------------------------------------------- filtered
@@ -796,6 +807,24 @@ def _of_output(values: Optional[np.ndarray], j: Optional[int], ndim: int) -> Opt
     return values[j] if values.ndim == ndim + 1 else values
 
 
+def _contracted_expansion(section: ContractedConfig, d: int, m: Optional[int], j: Optional[int]) -> Optional[tuple]:
+    """Output ``j``'s expansion ``(t0, t1, V, θ)`` of a ``contracted`` section (None: none given); a list gives
+    one per output, a single one serves a scalar label."""
+    where = "statistics.contracted"
+    exp = section.expansion
+    if exp is None:
+        return None
+    if isinstance(exp, list):
+        if len(exp) != (m or 1):
+            raise ValueError(f"{where}.expansion has {len(exp)} entries; the source has {m or 1} output(s): give "
+                             "one expansion per output")
+        exp, where = exp[j or 0], f"{where}.expansion[{j or 0}]"
+    elif m is not None:
+        raise ValueError(f"{where}.expansion is a single expansion but the source has {m} outputs: give a list, one "
+                         "per output")
+    return low_rank_expansion(exp, d, where)
+
+
 def build_statistics(cfg: RunConfig, source: Optional[Source],
                      stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
     """The statistics a configuration asks for (:func:`_build_statistics`), their pilot passes (τ grids, the
@@ -850,7 +879,8 @@ def _build_statistics(cfg: RunConfig, source: Optional[Source],
                            linear_control(source, cfg.seed, section.control_samples))
             out.append(family(lambda j: ContractedMoments(
                 g, section.orders, None if control is None else (_of_output(control[0], j, 0),
-                                                                 _of_output(control[1], j, 1)))))
+                                                                 _of_output(control[1], j, 1)),
+                _contracted_expansion(section, d, m, j))))
         elif name == "filtered":
             if stored:
                 arrays = stored(name)

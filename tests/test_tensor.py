@@ -1,0 +1,150 @@
+"""Method ``tensor``: wide one-hidden-layer ReLU networks (biases, vector outputs) by a joint CP decomposition of
+contracted Hermite moments of several orders, then polish."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numpy.polynomial.hermite_e import hermeval
+
+from relulearn import api
+from relulearn.config import config_from_dict
+from relulearn.estimators import tensor
+from relulearn.estimators.base import BudgetError
+from relulearn.estimators.polish import polish_outputs
+from relulearn.network import Network, compare
+from relulearn.pipeline.sources import Stream, generator
+
+
+def test_the_offset_profile_is_the_hermite_coefficient_of_a_shifted_relu():
+    """f_l(β) = E[relu(z + β) He_l(z)] (DESIGN.md §3) against adaptive quadrature from the kink (z = −β) on,
+    orders 2–7."""
+    from scipy.integrate import quad
+
+    for beta in (-1.3, 0.0, 0.4, 2.0):
+        for order in range(2, 8):
+            he = np.eye(order + 1)[order]
+            want = quad(lambda z: (z + beta) * hermeval(z, he) * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi),
+                        -beta, np.inf, epsabs=1e-12, epsrel=1e-12, limit=200)[0]
+            assert abs(tensor.profile(order, beta) - want) <= 1e-11, (beta, order)
+
+
+def planted(seed: int, d: int, k: int, m: int) -> Network:
+    """A random network with biases: unit-scale rows, offsets of order one, signed output weights on m outputs,
+    output biases."""
+    rng = np.random.default_rng(seed)
+    u = rng.standard_normal((k, d)) / np.sqrt(d)
+    a = rng.choice([-1.0, 1.0], (m, k)) * rng.uniform(0.5, 1.5, (m, k))
+    return Network((u, a), (0.6 * rng.standard_normal(k), rng.standard_normal(m)))
+
+
+def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off():
+    """Hidden rows shared by m = 4 outputs, biases everywhere: from every row turned by 0.1 rad, output weights
+    10 % off and output biases 0.1 off, Gauss–Newton on fixed patterns converges to the teacher's rounding."""
+    net = planted(3, 15, 7, 4)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((30_000, 15))
+    y = net.forward(x)
+    rows = np.column_stack([net.weights[0], net.biases[0]])
+    noise = rng.standard_normal(rows.shape)
+    noise -= np.sum(noise * rows, axis=1, keepdims=True) * rows / np.sum(rows**2, axis=1, keepdims=True)
+    turned = rows + 0.1 * noise * np.linalg.norm(rows, axis=1, keepdims=True) / np.linalg.norm(noise, axis=1,
+                                                                                                 keepdims=True)
+    start = Network((turned[:, :-1], net.weights[1] * rng.uniform(0.9, 1.1, net.weights[1].shape)),
+                    (turned[:, -1], net.biases[1] + 0.1), activation="relu")
+    assert compare(net, start).relative_error > 0.05
+    out, rep = polish_outputs(start, x, y)
+    assert rep.converged and compare(net, out).relative_error <= 1e-12
+    assert np.max(np.abs(out.forward(x) - y)) <= 1e-12 * np.max(np.abs(y))
+
+
+def test_compare_counts_every_output_and_is_blind_to_the_symmetries():
+    """Permuted, positively rescaled units and the same output biases: error 0; one output weight changed by
+    δ: the closed-form error δ²|u,b|² / (Σ|A_ji [u_i, b_i]|² + |c|²), square-rooted."""
+    net = planted(5, 8, 4, 3)
+    perm, s = np.array([2, 0, 3, 1]), np.array([0.5, 2.0, 1.5, 3.0])
+    same = Network((net.weights[0][perm] * s[:, None], net.weights[1][:, perm] / s[None, :]),
+                   (net.biases[0][perm] * s, net.biases[1]), activation="relu")
+    assert compare(net, same).relative_error <= 1e-15
+    a = net.weights[1].copy()
+    a[1, 2] += 0.3
+    off = Network((net.weights[0], a), net.biases, activation="relu")
+    rows = np.column_stack([net.weights[0], net.biases[0]])
+    norm = np.sum((net.weights[1].T[:, :, None] * rows[:, None, :]) ** 2) + np.sum(net.biases[1] ** 2)
+    want = np.sqrt(0.09 * np.sum(rows[2] ** 2) / norm)
+    assert np.isclose(compare(net, off).relative_error, want, rtol=1e-12)
+
+
+def file_config(path, d: int, samples: int, **extra) -> dict:
+    return {"seed": 2, "samples": samples, "chunk_size": 50_000,
+            "source": {"d": d, "teacher": {"file": str(path)}, **extra}, "run": {"commit_interval": 1e9}}
+
+
+def test_a_planted_network_with_biases_and_three_outputs_is_learned_exactly(tmp_path):
+    """Width 6 at d = 12, three outputs of mixed signs, biases: the fit's own statistics, the higher-order pass,
+    the decomposition and polish give every parameter to machine precision."""
+    teacher = planted(7, 12, 6, 3)
+    teacher.save(tmp_path / "t.npz")
+    out = str(tmp_path / "m.npz")
+    done = api.fit(config_from_dict(file_config(tmp_path / "t.npz", 12, 400_000)), str(tmp_path / "s.zarr"),
+                   "tensor", out=out, client="local", progress=None)
+    learned = Network.load(out)
+    assert done["report"]["width_found"] == 6 and [p["name"] for p in done["passes"]] == ["tensor-1"]
+    assert compare(teacher, learned).relative_error <= 1e-10
+    x = generator(9, Stream.TEST, 0).standard_normal((50_000, 12))
+    y = teacher.forward(x)
+    assert np.sum((y - learned.forward(x)) ** 2) / np.sum(y**2) <= 1e-20
+
+
+def test_an_enumeration_past_its_budget_names_the_budget_it_needs_and_the_tensor_method(tmp_path):
+    """moments takes --budget; a search that does not fit it is refused with the budget that would do, and the
+    same store is then learned by --method tensor, which needs no enumeration."""
+    teacher = planted(8, 10, 6, 1)
+    teacher.save(tmp_path / "t.npz")
+    cfg = config_from_dict(file_config(tmp_path / "t.npz", 10, 200_000))
+    with pytest.raises(BudgetError, match=r"needs a budget of [\d,]+ .*this run has 1,000\. Give --budget \d+ .*"
+                                          r"--method tensor"):
+        api.fit(cfg, str(tmp_path / "s.zarr"), "moments", budget=1000, client="local", progress=None)
+    done = api.learn(str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), client="local", progress=None)
+    assert done["width"] == 6 and compare(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-10
+
+
+def test_a_scikit_learn_mlp_of_width_8_on_the_wine_data_is_extracted_on_two_workers(client, tmp_path):
+    """scikit-learn's MLPRegressor trained on its wine data (d = 13, 8 hidden units, intercepts), exported by
+    skl2onnx (float32): fit --method tensor on the ONNX model gives its float64 weights to parameter error
+    ≤ 1e-6 (biases and output weights included) and relative test error ≤ 1e-10 on Gaussian inputs."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_wine
+    from sklearn.neural_network import MLPRegressor
+
+    x, y = load_wine(return_X_y=True)
+    x = (x - x.mean(axis=0)) / x.std(axis=0)
+    mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=3000, random_state=0).fit(x, (y - y.mean()) / y.std())
+    (tmp_path / "wine.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
+    net = Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
+                                                                       mlp.intercepts_[1].copy()))
+    cfg = {"seed": 1, "samples": 2_000_000, "chunk_size": 100_000,
+           "source": {"d": 13, "teacher": {"onnx": str(tmp_path / "wine.onnx")}}, "run": {"commit_interval": 1e9}}
+    out = str(tmp_path / "m.npz")
+    api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=out, client=client, progress=None)
+    learned = Network.load(out)
+    assert learned.weights[0].shape == (8, 13)
+    assert compare(net, learned).relative_error <= 1e-6
+    xt = generator(9, Stream.TEST, 0).standard_normal((100_000, 13))
+    yt = net.forward(xt)
+    assert np.sum((yt - learned.forward(xt)) ** 2) / np.sum(yt**2) <= 1e-10
+
+
+def test_settings_outside_the_method_are_refused_before_any_store_is_written(tmp_path):
+    """A deep teacher names filtered-pca; another activation names exact; nothing is written."""
+    rng = np.random.default_rng(0)
+    Network((rng.standard_normal((4, 6)), rng.standard_normal((3, 4)), rng.standard_normal((1, 3)))).save(
+        tmp_path / "deep.npz")
+    with pytest.raises(ValueError, match=r"one hidden ReLU layer.*2 hidden layer.*--method filtered-pca"):
+        api.fit(config_from_dict(file_config(tmp_path / "deep.npz", 6, 100_000)), str(tmp_path / "a.zarr"),
+                "tensor", client="local", progress=None)
+    Network((rng.standard_normal((4, 6)), rng.standard_normal((1, 4))), activation="relu2").save(tmp_path / "r2.npz")
+    with pytest.raises(ValueError, match=r"activation 'relu2'.*--method exact"):
+        api.fit(config_from_dict(file_config(tmp_path / "r2.npz", 6, 100_000)), str(tmp_path / "b.zarr"),
+                "tensor", client="local", progress=None)
+    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
