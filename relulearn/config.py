@@ -305,9 +305,9 @@ class HermiteConfig(_Section):
     max_entries: int = Field(
         2_000_000, ge=1, description="refuse when the packed tensors would have more entries than this (large d)"
     )
-    expansion: Optional[ExpansionConfig] = Field(
+    expansion: Optional[Union[ExpansionConfig, list[ExpansionConfig]]] = Field(
         None, description="degree-≤2 expansion subtracted from the labels (residual labels: orders ≥ 3 unchanged, "
-        "lower variance); omitted: raw labels"
+        "lower variance); one per output for a source with several outputs; omitted: raw labels"
     )
 
 

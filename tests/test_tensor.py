@@ -148,3 +148,119 @@ def test_settings_outside_the_method_are_refused_before_any_store_is_written(tmp
         api.fit(config_from_dict(file_config(tmp_path / "r2.npz", 6, 100_000)), str(tmp_path / "b.zarr"),
                 "tensor", client="local", progress=None)
     assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
+
+
+# ------------------------------------------------------------------------------ wider than d
+
+
+def unit_rows(rng: np.random.Generator, k: int, d: int) -> np.ndarray:
+    u = rng.standard_normal((k, d))
+    return u / np.linalg.norm(u, axis=1, keepdims=True)
+
+
+def largest_angle(found: np.ndarray, truth: np.ndarray) -> float:
+    """The largest angle between a true unit direction and the nearest found one (signs ignored)."""
+    return float(np.max(np.arccos(np.clip(np.max(np.abs(found @ truth.T), axis=0), 0.0, 1.0))))
+
+
+def test_the_subspace_power_method_separates_more_units_than_dimensions():
+    """20 units in d = 8 (Sym² has dimension 36): from the exact T_4 flattening, SPM gives every direction to
+    rounding and the weights, of both signs."""
+    from relulearn.estimators import lifted
+
+    rng = np.random.default_rng(1)
+    u, w = unit_rows(rng, 20, 8), rng.choice([-1.0, 1.0], 20) * rng.uniform(0.5, 1.5, 20)
+    v = lifted.embed(u)
+    m = (v.T * w) @ v
+    mu, vec = np.linalg.eigh(m)
+    q = vec[:, np.argsort(-np.abs(mu))[:20]]
+    dirs, lam = lifted.spm(q.T @ m @ q, q, 8, seed=0)
+    assert largest_angle(dirs, u) <= 1e-6
+    match = np.argmax(np.abs(dirs @ u.T), axis=0)
+    assert np.allclose(lam[match], w, rtol=1e-6)
+
+
+def test_lifted_slices_of_full_tensors_decompose_an_overcomplete_network_exactly():
+    """A network of width 15 at d = 5 (k ≤ d(d+1)/2 = 15): its exact T_4, T_5 and T_6, flattened and contracted
+    on symmetric matrices, decompose into its directions, and the profile over orders 2–6 gives every offset
+    and output weight (DESIGN.md §3's f_l)."""
+    from relulearn import hermite
+    from relulearn.estimators import lifted
+
+    rng = np.random.default_rng(2)
+    k, d = 15, 5
+    u, beta = unit_rows(rng, k, d), rng.uniform(-1.0, 1.0, k)
+    amp = rng.choice([-1.0, 1.0], k) * rng.uniform(0.5, 1.5, k)
+    arrays = {}
+    for l in range(3, 7):
+        idx = hermite.unique_indices(d, l)
+        arrays[f"T{l}"] = np.einsum("i,ip->p", amp * tensor.profile(l, beta), np.prod(u[:, idx], axis=2))
+        arrays[f"T{l}_se"] = np.full(len(idx), 1e-9)
+    m2 = (u.T * (amp * tensor.profile(2, beta))) @ u
+    sl = tensor._lifted_slices([(m2, np.full((d, d), 1e-9))], [arrays], d, seed=0)
+    sub = tensor.spectral.relevant_subspace(list(sl.matrices), list(sl.ses))
+    assert sub.rank == k
+    units, report = tensor._decompose(sl.matrices, sl, sub.basis, 0, d, 1)
+    assert report["algorithm"].startswith("Jennrich") and largest_angle(units.directions, u) <= 1e-6
+    match = np.argmax(np.abs(units.directions @ u.T), axis=0)
+    sign = np.sign(np.sum(units.directions[match] * u, axis=1))  # a direction found as −û has offset −β
+    assert np.allclose(sign * units.beta[match], beta, atol=2e-3)  # the β grid's step is 2.5e-3
+    assert np.allclose(units.amp[0, match], amp, rtol=1e-2)
+
+
+@pytest.mark.parametrize("k, d, m, route", [(8, 12, 1, "least squares"), (20, 10, 1, "enumeration"),
+                                             (40, 10, 1, "lattice"), (12, 5, 3, "least squares")])
+def test_orientation_finds_the_flipped_units_from_the_linear_term(k, d, m, route):
+    """Σ_{i ∈ F} A_i u_iᵀ = −L for a random F, with the weights known to 10⁻⁷ (a float32 teacher's rounding):
+    the set F comes back exactly, by least squares when m·d ≥ k, enumeration for a few more unknowns, and the
+    lattice search for many more."""
+    from relulearn.estimators.orient import orient
+
+    rng = np.random.default_rng(k + d)
+    u, a = rng.standard_normal((k, d)), rng.standard_normal((m, k))
+    flip = rng.random(k) < 0.5
+    lin = -(a[:, flip] @ u[flip])
+    lin += 1e-7 * np.linalg.norm(lin) * rng.standard_normal(lin.shape)
+    got = orient(a, u, lin, precision=1e-7)
+    assert got.method == route and np.array_equal(got.flip, flip), got.to_dict()
+
+
+def test_a_trained_mlp_wider_than_its_input_is_extracted(client, tmp_path):
+    """scikit-learn's MLPRegressor of width 16 on the wine data (d = 13 < 16), skl2onnx float32: fit --method
+    tensor finds the full rank, asks for the Hermite tensors to order 6, separates the units on symmetric
+    matrices, orients them (16 unknowns, 13 equations: enumeration) and polishes: parameter error ≤ 1e-6 and
+    test error ≤ 1e-10 against the float64 weights."""
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_wine
+    from sklearn.neural_network import MLPRegressor
+
+    x, y = load_wine(return_X_y=True)
+    x = (x - x.mean(axis=0)) / x.std(axis=0)
+    mlp = MLPRegressor(hidden_layer_sizes=(16,), max_iter=3000, random_state=0).fit(x, (y - y.mean()) / y.std())
+    (tmp_path / "wine.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
+    net = Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
+                                                                       mlp.intercepts_[1].copy()))
+    cfg = {"seed": 1, "samples": 4_000_000, "chunk_size": 200_000,
+           "source": {"d": 13, "teacher": {"onnx": str(tmp_path / "wine.onnx")}}, "run": {"commit_interval": 1e9}}
+    out = str(tmp_path / "m.npz")
+    done = api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=out, client=client,
+                   progress=None)
+    assert done["report"]["route"] == "lifted" and [p["name"] for p in done["passes"]] == ["tensor-lifted"]
+    learned = Network.load(out)
+    assert learned.weights[0].shape == (16, 13)
+    assert compare(net, learned).relative_error <= 1e-6
+    xt = generator(9, Stream.TEST, 0).standard_normal((100_000, 13))
+    yt = net.forward(xt)
+    assert np.sum((yt - learned.forward(xt)) ** 2) / np.sum(yt**2) <= 1e-10
+
+
+def test_a_width_past_the_identifiable_limit_is_refused_before_any_store_is_written(tmp_path):
+    """d = 4: at most d(d+1)/2 = 10 units; width 11 is refused naming the limit and the orders that would lift
+    it, and nothing is written."""
+    teacher = planted(9, 4, 3, 1)
+    teacher.save(tmp_path / "t.npz")
+    with pytest.raises(tensor.WidthError, match=r"at most d\(d\+1\)/2 = 10 units at d = 4 \(width 11 asked\).*"
+                                                r"orders 6 and 8"):
+        api.fit(config_from_dict(file_config(tmp_path / "t.npz", 4, 100_000)), str(tmp_path / "s.zarr"), "tensor",
+                width=11, client="local", progress=None)
+    assert not (tmp_path / "s.zarr").exists()

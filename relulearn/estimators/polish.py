@@ -35,6 +35,7 @@ class PolishReport:
     samples_used: int
     pattern_changes: tuple[int, ...]
     stop_reason: str = "fixed point"  # or "cycle" (patterns repeat), or "max_iter"
+    linear: Optional[np.ndarray] = None  # with ``affine``: the free linear term, (m, d)
 
 
 def _split(net: Network) -> tuple[np.ndarray, np.ndarray, Optional[float]]:
@@ -47,7 +48,7 @@ def _split(net: Network) -> tuple[np.ndarray, np.ndarray, Optional[float]]:
 
 
 def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30,
-           ) -> tuple[Network, PolishReport]:
+           affine: bool = False) -> tuple[Network, PolishReport]:
     """Refine ``net`` on samples ``(x, y)`` by alternating pattern fixing and least squares.
 
     Parameters
@@ -63,12 +64,19 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
         their patterns are not trusted.
     max_iter
         Bound on the number of pattern refreshes.
+    affine
+        Fit a free linear term ``Lᵀx`` beside the units (and an output bias, which it implies): then a unit
+        held as ``relu(−s)`` where the labels have ``relu(s) = relu(−s) + s`` is still fitted exactly, so
+        units whose orientation is not known yet converge; ``L`` is returned in the report (``linear``) and is
+        not part of the network.
 
     Returns
     -------
     (Network, PolishReport)
         The refined network, with unit-norm hidden rows (``[u_i, b_i]`` with biases), and a report.
     """
+    if affine and net.biases is None:
+        net = Network(net.weights, (np.zeros(len(net.weights[0])), np.zeros(1)), activation=net.activation)
     u, lam, c = _split(net)
     biased = c is not None
     d_in = x.shape[1]
@@ -81,12 +89,14 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
     dirs = u / np.linalg.norm(u, axis=1, keepdims=True)
     y_norm = float(np.linalg.norm(y)) or 1.0
 
-    def residual(dirs_: np.ndarray, w_: np.ndarray, c_: Optional[float]) -> float:
+    lin = np.zeros(d_in)
+
+    def residual(dirs_: np.ndarray, w_: np.ndarray, c_: Optional[float], lin_: np.ndarray) -> float:
         pred = np.maximum(x @ dirs_.T, 0.0) @ (sign * np.linalg.norm(w_, axis=1))
-        return float(np.linalg.norm(y - pred - (c_ or 0.0)) / y_norm)
+        return float(np.linalg.norm(y - pred - (c_ or 0.0) - x[:, :d_in] @ lin_) / y_norm)
 
     w = (lam * np.linalg.norm(u, axis=1))[:, None] * dirs
-    best = (residual(dirs, w, c), dirs, w, c)
+    best = (residual(dirs, w, c, lin), dirs, w, c, lin)
     seen: set[bytes] = set()
     changes: list[int] = []
     prev = None
@@ -98,7 +108,7 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
         trusted = np.all(np.abs(proj) >= margin, axis=1)
         pattern = proj[trusted] > 0
         used = int(trusted.sum())
-        unknowns = k * d + int(biased)
+        unknowns = k * d + int(biased) + (d_in if affine else 0)
         if used < unknowns:
             raise ValueError(f"polish needs more than {unknowns} samples (the unknowns) away from the unit "
                              f"boundaries; got {used}")
@@ -107,15 +117,18 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
         phi = (pattern[:, :, None] * xs[:, None, :]).reshape(used, k * d)
         if biased:
             phi = np.column_stack([phi, np.ones(used)])
+        if affine:
+            phi = np.column_stack([phi, xs[:, :d_in]])
         sol, *_ = np.linalg.lstsq(phi, y[trusted], rcond=None)
         w = sol[:k * d].reshape(k, d)
-        c = float(sol[-1]) if biased else None
+        c = float(sol[k * d]) if biased else None
+        lin = sol[k * d + 1:] if affine else lin
         norms = np.linalg.norm(w, axis=1)
         alive = norms > 0
         dirs = np.where(alive[:, None], sign[:, None] * w / np.where(alive, norms, 1.0)[:, None], dirs)
-        res = residual(dirs, w, c)
+        res = residual(dirs, w, c, lin)
         if res < best[0]:
-            best = (res, dirs, w, c)
+            best = (res, dirs, w, c, lin)
         full_pattern = (x @ dirs.T) > 0
         if prev is not None:
             changes.append(int((full_pattern != prev).sum()))
@@ -128,13 +141,14 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
             break
         seen.add(key)
         prev = full_pattern
-    res, dirs, w, c = best
+    res, dirs, w, c, lin = best
     lam_out = (sign * np.linalg.norm(w, axis=1))[None, :]
     if biased:
         out = Network((dirs[:, :d_in], lam_out), (dirs[:, d_in], np.array([c])), activation="relu")
     else:
         out = Network((dirs, lam_out), activation="relu")
-    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop)
+    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop,
+                             lin[None, :].copy() if affine else None)
 
 
 def polish_and_select(start: Network, x: np.ndarray, y: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
@@ -169,7 +183,7 @@ def refinement_verdict(y_val: np.ndarray, before: np.ndarray, after: np.ndarray)
 
 
 def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30,
-                   ) -> tuple[Network, PolishReport]:
+                   affine: bool = False) -> tuple[Network, PolishReport]:
     """Refine a one-hidden-layer ReLU network with ``m ≥ 1`` outputs and biases on samples ``(x, y)``.
 
     With several outputs the label is no longer linear in one product per unit (the hidden rows are shared by
@@ -185,8 +199,8 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
         Start (one hidden ReLU layer; with or without biases, which are learned either way).
     x, y
         ``(n, d)`` and ``(n, m)`` (or ``(n,)``) samples; ``n`` should exceed the unknowns several times.
-    margin, max_iter
-        As for :func:`polish`.
+    margin, max_iter, affine
+        As for :func:`polish` (``affine``: a free linear term ``L x``, ``L`` m × d, in the report).
 
     Returns
     -------
@@ -205,19 +219,20 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     c = np.zeros(m) if net.biases is None else net.biases[1].astype(np.float64).copy()
     keep = np.linalg.norm(a, axis=0) > 0
     h, a = h[keep], a[:, keep]
-    k = len(h)
-    p = k * d1 + m * k + m
+    k, d = len(h), d1 - 1
+    p = k * d1 + m * k + m + (m * d if affine else 0)
+    lin = np.zeros((m, d))
     if n < 2 * p:
         raise ValueError(f"polish needs more than {2 * p} samples (twice the unknowns); got {n}")
     y_norm = float(np.linalg.norm(y)) or 1.0
 
-    def predict(h_: np.ndarray, a_: np.ndarray, c_: np.ndarray) -> np.ndarray:
-        return np.maximum(xt @ h_.T, 0.0) @ a_.T + c_
+    def predict(h_: np.ndarray, a_: np.ndarray, c_: np.ndarray, lin_: np.ndarray) -> np.ndarray:
+        return np.maximum(xt @ h_.T, 0.0) @ a_.T + c_ + x @ lin_.T
 
-    def residual(h_: np.ndarray, a_: np.ndarray, c_: np.ndarray) -> float:
-        return float(np.linalg.norm(y - predict(h_, a_, c_)) / y_norm)
+    def residual(h_: np.ndarray, a_: np.ndarray, c_: np.ndarray, lin_: np.ndarray) -> float:
+        return float(np.linalg.norm(y - predict(h_, a_, c_, lin_)) / y_norm)
 
-    best = (residual(h, a, c), h, a, c)
+    best = (residual(h, a, c, lin), h, a, c, lin)
     changes: list[int] = []
     prev = None
     stop, used, it = "max_iter", 0, 0
@@ -229,7 +244,7 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
             raise ValueError(f"polish needs more than {2 * p} samples away from the unit boundaries; got {used}")
         xs, pat = xt[trusted], (proj[trusted] > 0).astype(np.float64)
         act = proj[trusted] * pat
-        r = y[trusted] - act @ a.T - c
+        r = y[trusted] - act @ a.T - c - xs[:, :d] @ lin.T
         gram = np.zeros((p, p))
         rhs = np.zeros(p)
         for j in range(m):  # J_j = [A_ji P_i x̃ | relu(·) in output j's columns | 1 in c_j]
@@ -237,6 +252,8 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
             jac[:, :k * d1] = ((pat * a[j])[:, :, None] * xs[:, None, :]).reshape(used, k * d1)
             jac[:, k * d1 + j * k:k * d1 + (j + 1) * k] = act
             jac[:, k * d1 + m * k + j] = 1.0
+            if affine:
+                jac[:, k * d1 + m * k + m + j * d:k * d1 + m * k + m + (j + 1) * d] = xs[:, :d]
             gram += jac.T @ jac
             rhs += jac.T @ r[:, j]
         # the rescaling (u, b, A) -> (s u, s b, A / s) leaves the model unchanged: the normal matrix has a
@@ -244,13 +261,15 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
         step = np.linalg.lstsq(gram, rhs, rcond=1e-13)[0]
         h = h + step[:k * d1].reshape(k, d1)
         a = a + step[k * d1:k * d1 + m * k].reshape(m, k)
-        c = c + step[k * d1 + m * k:]
+        c = c + step[k * d1 + m * k:k * d1 + m * k + m]
+        if affine:
+            lin = lin + step[k * d1 + m * k + m:].reshape(m, d)
         norms = np.linalg.norm(h, axis=1)
         h, a = h / norms[:, None], a * norms[None, :]
-        res = residual(h, a, c)
+        res = residual(h, a, c, lin)
         stalled = res >= 0.5 * best[0]  # Gauss–Newton gains far more than this per step until it converges
         if res < best[0]:
-            best = (res, h, a, c)
+            best = (res, h, a, c, lin)
         full = (xt @ h.T) > 0
         if prev is not None:
             changes.append(int((full != prev).sum()))
@@ -258,6 +277,7 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
                 stop = "fixed point"
                 break
         prev = full
-    res, h, a, c = best
+    res, h, a, c, lin = best
     out = Network((h[:, :-1].copy(), a.copy()), (h[:, -1].copy(), c.copy()), activation="relu")
-    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop)
+    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop,
+                             lin.copy() if affine else None)

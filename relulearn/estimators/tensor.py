@@ -1,53 +1,59 @@
 """Method ``tensor``: wide one-hidden-layer ReLU networks with biases and any number of outputs, by a joint
-symmetric CP decomposition of contracted Hermite moments of several orders.
+symmetric CP decomposition of Hermite moments of several orders.
 
 For ``y_j = Σ_i A_ji relu(<û_i, x> + β_i) + c_j`` (unit ``û_i``; a unit ``a relu(<u, x> + b)`` is
-``A = a|u|``, ``β = b/|u|``) every contracted moment of order ``l ≥ 2`` along a direction ``g`` shares the
-same rank-one factors (DESIGN.md §3):
+``A = a|u|``, ``β = b/|u|``) every Hermite moment of order ``l ≥ 2`` has the same rank-one factors
+(DESIGN.md §3): ``T_l[j] = Σ_i A_ji f_l(β_i) û_i^{⊗l}`` with ``f_l(β) = (−1)^l He_{l−2}(β) φ(β)``. So, whatever
+the signs of the output weights and however many outputs there are:
 
-    M_l^g[j] = Σ_i A_ji f_l(β_i) <û_i, g>^{l−2} û_i û_iᵀ,      f_l(β) = (−1)^l He_{l−2}(β) φ(β).
+* **complete widths** (``k ≤ d``): the contracted moments ``M_l^g[j] = T_l[j](g, …, g, ·, ·)`` (orders 2–6,
+  directions ``g`` inside the relevant subspace, d × d each) form one symmetric CP tensor with factors
+  ``û_i``, decomposed in the k-dimensional subspace;
+* **overcomplete widths** (``d < k ≤ d(d+1)/2``): the full tensors ``T_4``, ``T_5(g)``, ``T_6(g, g)``
+  flattened to ``D × D`` matrices on ``Sym²(R^d)`` form one with factors ``û_i û_iᵀ`` (:mod:`.lifted`).
 
-So the stack of all of them — outputs × orders × directions — is one symmetric CP tensor whose factors are
-the units' directions, whatever the signs of the output weights and however many outputs there are. The
-method:
+The method:
 
-1. The relevant subspace ``W`` (d × k) from the stored ``M_2`` and ``M_4^g`` of every output, its rank set by
-   their noise floor (:func:`.spectral.relevant_subspace`) or by ``width``.
-2. One requested pass: contracted orders 3–6 along directions inside ``W`` (there ``<û_i, g>`` is O(1)), on
-   residual labels ``y − P_{≤2} y`` (the degree-≤2 expansion from the first pass: orders ≥ 3 unchanged, their
-   variance cut by about an order of magnitude).
-3. The slices ``Wᵀ M W`` (k × k), each divided by its noise level, decomposed by Jennrich's algorithm and
-   alternating least squares from several starts (:func:`.cp.decompose`): the directions ``±û_i``.
-4. Each unit's offset and output weights from its weights across the slices (its *profile* over orders, e.g.
-   ``f_3/f_2 = −β``), a 1-D least-squares fit in ``β``.
-5. A direction's sign is invisible to orders ≥ 2: ``relu(s) − relu(−s) = s``, so flipping a unit changes the
-   network by an affine function. A least-squares fit of the units and an affine part on a bounded sample
-   finds that part; writing it as ``−Σ_{flipped} A_i û_i`` (k unknowns, ``m·d`` equations: complete widths)
-   tells which units to flip.
-6. Polish on activation patterns to machine precision (:func:`.polish.polish` for one output,
-   :func:`.polish.polish_outputs` for several), then, with one output and noisy labels, the streamed
-   refinement on every sample.
-
-Complete widths only (``k ≤ d``): the slices live in the k-dimensional subspace. Wider networks (the
-overcomplete case, up to about d(d+1)/2 units with order 4) need the full tensors of orders 4 and 6 and a
-subspace power method; they are refused by name.
+1. The relevant subspace ``W`` from the stored ``M_2`` and ``M_4^g`` of every output, its rank set by their
+   noise floor (:func:`.spectral.relevant_subspace`) or by ``width``; a full rank (or ``width > d``) means
+   the network may be wider than d.
+2. One requested pass on residual labels ``y − P_{≤2} y`` (the degree-≤2 expansion from the first pass:
+   orders ≥ 3 unchanged, their variance cut about tenfold): contracted orders 3–6 along directions inside
+   ``W`` (complete), or the full Hermite tensors up to order 6, 5 or 4 by d (:func:`.lifted.max_order`).
+3. The slices, each divided by its noise level, decomposed by Jennrich's algorithm and alternating least
+   squares from several starts (:func:`.cp.decompose`): the directions ``±û_i``.
+4. Each unit's offset and output weights from its weights across the slices (its *profile*, e.g.
+   ``f_3/f_2 = −β``): a least-squares fit in ``β``.
+5. Polish with a free affine part (:func:`.polish.polish` with ``affine``): orders ≥ 2 cannot tell ``relu(s)``
+   from ``relu(−s) = relu(s) − s``, so the units are fitted as found and the affine part takes up the rest;
+   then the units whose flip removes its linear term (:func:`.orient.orient`: least squares, enumeration or a
+   lattice search), and polish again without it: machine precision on noiseless labels.
+6. Residual rounds: while the network does not fit the validation samples, the slices of the network found
+   are subtracted from the stored ones (closed form, no new samples) and what is left is decomposed at its
+   own noise-floor rank: its components are the units missed (and, negated, the ones found wrongly), which
+   are swapped in before polishing again.
+7. With one output and noisy labels, the streamed refinement on every sample.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 from scipy.special import eval_hermitenorm
 
+from .. import hermite
 from ..network import Network
-from . import cp, spectral
+from . import cp, lifted, spectral
 from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .orient import orient
 from .polish import polish, polish_outputs
 from .streamed import refine_unless_exact
 
-__all__ = ["OPTIONS", "MAX_PASSES", "HIGHER_ORDERS", "WidthError", "check_width", "required_statistics",
-           "sample_sizes", "profile", "learn"]
+__all__ = ["OPTIONS", "MAX_PASSES", "HIGHER_ORDERS", "WidthError", "identifiable_width", "check_width",
+           "required_statistics", "sample_sizes", "profile", "learn"]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width", "refine_samples")
@@ -55,7 +61,7 @@ OPTIONS = ("width", "refine_samples")
 #: the pass of higher orders, and nothing more
 MAX_PASSES = 1
 
-#: orders of the requested pass: every c_l(β) with l ≥ 3 has zeros, neighbouring orders do not share them
+#: orders of the complete route's pass: every f_l(β) with l ≥ 3 has zeros, neighbouring orders do not share them
 HIGHER_ORDERS = (3, 4, 5, 6)
 
 #: Jennrich draws, ALS runs from the best of them, and ALS sweeps (measured on trained width-8 MLPs at
@@ -65,19 +71,42 @@ DRAWS, STARTS, SWEEPS = 30, 10, 200
 #: the β grid of the profile fit (a unit with |β| > 6 is on or off for all but 10⁻⁹ of the inputs)
 BETA_GRID = np.linspace(-6.0, 6.0, 4801)
 
+#: residual rounds after the first decomposition, at most
+RESIDUAL_ROUNDS = 4
+
+#: a validation relative loss below this is an exact fit (float32 teachers round at about 10⁻¹⁴ relative)
+FIT_LOSS = 1e-11
+
+#: contraction directions of the overcomplete route's pass (T_5(g) and T_6(g, g) slices)
+LIFTED_DIRECTIONS = 8
+
 
 class WidthError(ValueError):
     """A width the stored orders cannot identify (the message names the limit and what would lift it)."""
 
 
+def identifiable_width(d: int) -> int:
+    """The widest network this method separates at input dimension ``d``: ``d(d+1)/2`` when the full tensors of
+    order 5 or 6 are affordable there (:func:`.lifted.max_order`), else ``d``."""
+    return lifted.lifted_dimension(d) if lifted.max_order(d) >= 5 else d
+
+
 def check_width(width: Optional[int], d: int) -> None:
-    """Refuse, before any work, a width past what this method identifies (``k ≤ d``)."""
-    if width is not None and width > d:
+    """Refuse, before any work, a width past what this method identifies."""
+    limit = identifiable_width(d)
+    if width is None or width <= limit:
+        return
+    if limit == d:
         raise WidthError(
-            f"--method tensor learns complete widths, at most the input dimension (width {width} > d = {d}): the "
-            "contracted moments live in a subspace of dimension at most d, so they hold at most d distinct units. "
-            f"Wider (overcomplete) networks are identifiable from the full tensors of orders 4 (up to about "
-            f"d(d+1)/2 = {d * (d + 1) // 2} units) and 6, which this version does not decompose; use a width ≤ {d}")
+            f"--method tensor separates at most d = {d} units at this input dimension (width {width} asked): wider "
+            f"networks need the full Hermite tensors of orders 4 and 5 or 6 flattened on symmetric matrices, and at "
+            f"d = {d} order 5 alone has {math.comb(d + 4, 5):,} entries per sample, past what this version "
+            "estimates; use a width ≤ d")
+    raise WidthError(
+        f"--method tensor separates at most d(d+1)/2 = {limit} units at d = {d} (width {width} asked): the full "
+        "tensors of orders 4–6 flattened on symmetric matrices hold at most that many rank-one terms apart; orders "
+        f"6 and 8 flattened on symmetric 3-tensors would lift the limit to d(d+1)(d+2)/6 = "
+        f"{d * (d + 1) * (d + 2) // 6}, which this version does not estimate")
 
 
 def required_statistics(d: int, width: Optional[int] = None) -> dict:
@@ -87,8 +116,9 @@ def required_statistics(d: int, width: Optional[int] = None) -> dict:
 
 
 def sample_sizes(d: int, k: int, m: int) -> tuple[int, int]:
-    """Training and validation samples of the bounded sample: polish solves for ``k(d+1) + m(k+1)`` unknowns."""
-    unknowns = k * (d + 1) + m * (k + 1)
+    """Training and validation samples of the bounded sample: polish with a free affine part solves for
+    ``k(d+1) + m(k+1) + m·d`` unknowns."""
+    unknowns = k * (d + 1) + m * (k + 1) + m * d
     return max(20_000, 40 * unknowns), max(10_000, 10 * unknowns)
 
 
@@ -98,19 +128,25 @@ def profile(order: int | np.ndarray, beta: float | np.ndarray) -> np.ndarray:
     return (-1.0) ** order * eval_hermitenorm(order - 2, beta) * np.exp(-0.5 * beta**2) / np.sqrt(2 * np.pi)
 
 
+# ------------------------------------------------------------------------------------------ statistics
+
+
+#: dimensions of the arrays this method reads, for one output (a per-output group stacks the estimands, and
+#: the coordinates that differ between outputs, along a leading ``output`` axis)
+_NDIM = {"M": 3, "M_se": 3, "control_mean": 0, "control_beta": 1, "y": 0, "y_se": 0, "yx": 1, "yx_se": 1,
+         **{f"T{l}{s}": 1 for l in range(9) for s in ("", "_se")}}
+
+
 def _per_output(arrays: Arrays) -> list[dict[str, np.ndarray]]:
-    """A contracted (or basic) group as one dict per output: arrays stacked along a leading ``output`` axis
-    are sliced, shared ones repeated (a scalar label: one dict)."""
+    """A per-output group as one dict per output (a scalar label: one dict)."""
     if "output" not in arrays:
         return [dict(arrays)]
-    m = len(np.asarray(arrays["output"]))
-    scalar_ndim = {"M": 3, "M_se": 3, "control_mean": 0, "control_beta": 1, "y": 0, "y_se": 0, "yx": 1, "yx_se": 1}
     out = []
-    for j in range(m):
+    for j in range(len(np.asarray(arrays["output"]))):
         part = {}
         for key, value in arrays.items():
             value = np.asarray(value)
-            part[key] = value[j] if key in scalar_ndim and value.ndim == scalar_ndim[key] + 1 else value
+            part[key] = value[j] if key in _NDIM and value.ndim == _NDIM[key] + 1 else value
         out.append(part)
     return out
 
@@ -125,6 +161,15 @@ def _check(stats: Mapping[str, Arrays]) -> None:
                                     f"{sorted(orders)}; set statistics.contracted.orders: [2, 4]")
 
 
+def _first_matrices(outputs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """Every output's stored ``M_2`` and ``M_l^g`` with their standard errors."""
+    mats, ses = [], []
+    for arrays in outputs:
+        m, s, _ = spectral.matrices_from_store(arrays)
+        mats, ses = mats + m, ses + s
+    return np.asarray(mats), np.asarray(ses)
+
+
 def _subspace(outputs: list[dict], width: Optional[int]) -> spectral.Subspace:
     mats, ses, names = [], [], []
     for j, arrays in enumerate(outputs):
@@ -133,9 +178,24 @@ def _subspace(outputs: list[dict], width: Optional[int]) -> spectral.Subspace:
     return spectral.relevant_subspace(mats, ses, rank=width, names=names)
 
 
+def _widened(sub: spectral.Subspace, mats: np.ndarray, ses: np.ndarray, width: Optional[int], report: dict
+             ) -> np.ndarray:
+    """The subspace's basis, or, when ``width`` asks for more directions than clear the noise floor, the
+    ``width`` strongest directions of the matrices each divided by its noise level (the weakest units lie a
+    little under the floor more often than in the noise: the polish and the validation samples judge them)."""
+    if width is None or sub.rank >= width:
+        return sub.basis
+    scale = np.sqrt(np.mean(ses**2, axis=(1, 2)))
+    stack = np.concatenate(list(mats / np.where(scale > 0, scale, 1.0)[:, None, None]), axis=1)
+    basis = np.linalg.svd(stack, full_matrices=False)[0][:, :width]
+    report.setdefault("below_noise_floor", []).append(
+        {"dimension": int(mats.shape[1]), "above_floor": int(sub.rank), "taken": int(width)})
+    return basis
+
+
 def _order2(arrays: dict) -> tuple[np.ndarray, np.ndarray]:
     """``M_2`` and its standard errors of one output."""
-    mats, ses, names = spectral.matrices_from_store(arrays, orders=[2])
+    mats, ses, _ = spectral.matrices_from_store(arrays, orders=[2])
     return mats[0], ses[0]
 
 
@@ -153,43 +213,178 @@ def _expansion(arrays: dict, basic: Optional[dict], basis: np.ndarray) -> dict[s
     return {"t0": t0, "t1": t1.tolist(), "t2_vectors": (basis @ q).T.tolist(), "t2_values": theta.tolist()}
 
 
-def _slices(outputs: list[dict], passed: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
-                                                              np.ndarray, np.ndarray]:
-    """Every slice of the CP tensor: order 2 of each output (first pass) and each (order, direction) of the
-    higher-order pass; returns matrices, standard errors, and per slice its output, order and direction
-    index (−1 for order 2), with the direction bank."""
-    mats, ses, out_of, order_of, dir_of = [], [], [], [], []
+def _pass_request(stats: Mapping[str, Arrays], outputs: list[dict], basis: np.ndarray, overcomplete: bool,
+                  seed: int) -> PassRequest:
+    basic = _per_output(stats["basic"]) if "basic" in stats else [None] * len(outputs)
+    expansions = [_expansion(a, b, basis) for a, b in zip(outputs, basic)]
+    expansion = expansions if len(outputs) > 1 else expansions[0]
+    d, k = basis.shape
+    if overcomplete:
+        order = lifted.max_order(d)
+        return PassRequest(
+            "tensor-lifted", {"hermite": {"max_order": order, "expansion": expansion}},
+            f"the full Hermite tensors up to order {order} on residual labels: the subspace has full rank d = {d}, "
+            "so the network may be wider than d; its units are separated on symmetric matrices")
+    g = spectral.directions_in_subspace(basis, max(8, 2 * k), seed)
+    return PassRequest(
+        "tensor-1",
+        {"contracted": {"orders": list(HIGHER_ORDERS), "directions": g.tolist(), "expansion": expansion}},
+        f"contracted orders {list(HIGHER_ORDERS)} along {len(g)} directions inside the {k}-dimensional subspace, "
+        "on residual labels: the slices of the tensor the units are read from")
+
+
+# ------------------------------------------------------------------------------------------ slices
+
+
+@dataclass(frozen=True)
+class Slices:
+    """The CP tensor: ``matrices`` (P, n, n) with standard errors, per slice its output, order and contraction
+    directions (rows ``g``, each contributing ``<û, g>``), and ``n``: d (complete) or d(d+1)/2 (lifted)."""
+
+    matrices: np.ndarray
+    ses: np.ndarray
+    out_of: np.ndarray
+    order_of: np.ndarray
+    contractions: tuple[np.ndarray, ...]
+    lifted: bool
+    #: lifted only: lower orders as vectors of the slices' space, linear in the factors (``Σ_i w_i v_i``)
+    vectors: Optional[Slices] = None
+
+    def factors(self, directions: np.ndarray) -> np.ndarray:
+        """``(P, k)``: ``Π_g <û_i, g>`` over each slice's contraction directions."""
+        return np.stack([np.prod(g @ directions.T, axis=0) if len(g) else np.ones(len(directions))
+                         for g in self.contractions])
+
+    def embed(self, directions: np.ndarray) -> np.ndarray:
+        """The factor of each unit in the slices' space: ``û`` (complete) or ``vec(û ûᵀ)`` (lifted)."""
+        return lifted.embed(directions) if self.lifted else directions
+
+    def of_network(self, directions: np.ndarray, beta: np.ndarray, amp: np.ndarray) -> np.ndarray:
+        """The slices of ``Σ_i A_ji relu(<û_i, x> + β_i)`` in closed form."""
+        w = amp[self.out_of] * profile(self.order_of[:, None], beta[None, :]) * self.factors(directions)
+        v = self.embed(directions)
+        return np.einsum("pi,ia,ib->pab", w, v, v, optimize=True)
+
+
+def _complete_slices(outputs: list[dict], passed: list[dict]) -> Slices:
+    """Order 2 of each output (first pass) and each (order, direction) of the higher-order pass."""
+    mats, ses, out_of, order_of, conts = [], [], [], [], []
     for j, arrays in enumerate(outputs):
         m2, s2 = _order2(arrays)
-        mats.append(m2), ses.append(s2), out_of.append(j), order_of.append(2), dir_of.append(-1)
-    g = np.asarray(passed[0]["direction"], dtype=np.float64)
+        mats.append(m2), ses.append(s2), out_of.append(j), order_of.append(2), conts.append(np.zeros((0, len(m2))))
     for j, arrays in enumerate(passed):
+        g = np.asarray(arrays["direction"], dtype=np.float64)
         po, pd = np.asarray(arrays["pair_order"]).astype(int), np.asarray(arrays["pair_direction"]).astype(int)
         for p in range(len(po)):
             if po[p] == 2:
                 continue
             mats.append(np.asarray(arrays["M"][p])), ses.append(np.asarray(arrays["M_se"][p]))
-            out_of.append(j), order_of.append(int(po[p])), dir_of.append(int(pd[p]))
-    return (np.asarray(mats), np.asarray(ses), np.asarray(out_of), np.asarray(order_of), np.asarray(dir_of), g)
+            out_of.append(j), order_of.append(int(po[p])), conts.append(np.repeat(g[pd[p]][None, :], po[p] - 2, 0))
+    return Slices(np.asarray(mats), np.asarray(ses), np.asarray(out_of), np.asarray(order_of), tuple(conts), False)
 
 
-def _fit_profiles(weights: np.ndarray, scale: np.ndarray, directions: np.ndarray, out_of: np.ndarray,
-                  order_of: np.ndarray, dir_of: np.ndarray, g: np.ndarray, m: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Offsets ``β_i`` and output weights ``A`` (m × k) from the decomposition's weights on the noise-scaled
-    slices: slice p holds ``A_{j_p i} f_{l_p}(β_i) <û_i, g_p>^{l_p−2} / scale_p``. For each unit, ``A`` is the
-    least-squares answer at each β of :data:`BETA_GRID`, and the β of least residual is kept. Returns
-    ``(β, A, relative residual per unit)``."""
-    k = directions.shape[0]
+def _lifted_slices(order2: list[tuple[np.ndarray, np.ndarray]], passed: list[dict], d: int, seed: int) -> Slices:
+    """``T_4`` and ``T_5(g)``, ``T_6(g, g)`` of each output, flattened on symmetric matrices; as vectors, each
+    output's ``T_2`` (``order2``: matrix and standard errors) and ``T_3(g)``."""
+    rng = np.random.default_rng((int(seed), _LIFTED_STREAM))
+    g = rng.standard_normal((LIFTED_DIRECTIONS, d))
+    g /= np.linalg.norm(g, axis=1, keepdims=True)
+    parts = [lifted.slices(arrays, d, g) for arrays in passed]
+    vec, vse, vout, vorder, vcont = [], [], [], [], []
+    for j, ((m2, s2), arrays) in enumerate(zip(order2, passed)):
+        v3, s3, c3 = lifted.vectors(arrays, d, g)
+        vec += [lifted.lift_vector(m2), *v3]
+        vse += [lifted.lift_vector(s2), *s3]
+        vout += [j] * (1 + len(v3))
+        vorder += [2] + [3] * len(v3)
+        vcont += [np.zeros((0, d)), *c3]
+    vectors = Slices(np.asarray(vec), np.asarray(vse), np.asarray(vout), np.asarray(vorder), tuple(vcont), True)
+    return Slices(np.concatenate([p.matrices for p in parts]), np.concatenate([p.ses for p in parts]),
+                  np.concatenate([np.full(len(p.orders), j) for j, p in enumerate(parts)]),
+                  np.concatenate([p.orders for p in parts]), tuple(c for p in parts for c in p.contractions), True,
+                  vectors)
+
+
+_LIFTED_STREAM = 0x11F7ED  # separates the lifted directions' stream from others keyed by the same seed
+
+
+def _noise_scale(sl: Slices, basis: np.ndarray) -> np.ndarray:
+    """Each slice's noise inside the subspace (entries roughly independent): slices divided by it have equal
+    noise, so the decomposition weighs them by their evidence."""
+    scale = np.sqrt(np.einsum("da,pde,eb->p", basis**2, sl.ses**2, basis**2, optimize=True))
+    return np.where(scale > 0, scale, 1.0)
+
+
+# ------------------------------------------------------------------------------------------ units
+
+
+@dataclass(frozen=True)
+class Units:
+    """Units read off a decomposition: unit directions (orientation arbitrary), offsets, output weights (m, k)."""
+
+    directions: np.ndarray
+    beta: np.ndarray
+    amp: np.ndarray
+
+
+def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d: int, m: int
+               ) -> tuple[Units, dict]:
+    """Decompose noise-scaled slices in ``span(basis)`` (Jennrich and ALS; the subspace power method when each
+    output has one slice, ``T_4``) and fit each unit's profile."""
+    scale = _noise_scale(sl, basis)
+    scaled = matrices / scale[:, None, None]
+    report: dict[str, Any] = {"slices": int(len(matrices)), "rank": int(basis.shape[1])}
+    if len(matrices) == m:  # T_4 of each output alone: SPM on a random combination of the outputs
+        rng = np.random.default_rng((int(seed), _LIFTED_STREAM, 1))
+        mix = np.tensordot(rng.standard_normal(m) if m > 1 else np.ones(1), scaled, 1)
+        dirs, _ = lifted.spm(basis.T @ mix @ basis, basis, d, seed)
+        weights, res = cp.fit_weights(np.einsum("da,pde,eb->pab", basis, scaled, basis, optimize=True),
+                                      basis.T @ lifted.embed(dirs).T)
+        report.update(algorithm="subspace power method", relative_residual=res)
+        quality = np.ones(len(dirs))
+    else:
+        dec = cp.decompose(scaled, basis, seed=seed, draws=DRAWS, starts=STARTS, sweeps=SWEEPS)
+        report.update(algorithm="Jennrich and alternating least squares", relative_residual=dec.relative_residual)
+        dirs, weights = dec.directions, dec.weights
+        if sl.lifted:
+            dirs, _, quality = lifted.units(dec.directions, d)
+    if sl.lifted:
+        report["rank_one_quality"] = quality.tolist()
+    scale = np.broadcast_to(scale[:, None], weights.shape)
+    factors, out_of, order_of = sl.factors(dirs), sl.out_of, sl.order_of
+    if sl.vectors is not None:  # lower orders: each vector's weights by least squares on the factors
+        vw, vs = _vector_weights(sl.vectors, sl.embed(dirs))
+        weights, scale = np.vstack([weights, vw / vs]), np.vstack([scale, vs])
+        factors = np.vstack([factors, sl.vectors.factors(dirs)])
+        out_of, order_of = np.r_[out_of, sl.vectors.out_of], np.r_[order_of, sl.vectors.order_of]
+    beta, amp, res = _fit_profiles(weights, scale, factors, out_of, order_of, m)
+    report.update(profile_residuals=res.tolist(), offsets=beta.tolist(), output_weights=amp.tolist())
+    return Units(dirs, beta, amp), report
+
+
+def _vector_weights(vec: Slices, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weights ``w`` (Q, k) with ``vector_q ≈ Σ_i w_qi v_i`` for factors ``v`` (k, D), and their noise levels
+    (the rows of ``(Vᵀ)⁺`` times each vector's noise)."""
+    pinv = np.linalg.pinv(v.T)  # (k, D)
+    w = vec.matrices @ pinv.T
+    noise = np.sqrt((vec.ses**2) @ (pinv**2).T)
+    return w, np.where(noise > 0, noise, 1.0)
+
+
+def _fit_profiles(weights: np.ndarray, scale: np.ndarray, factors: np.ndarray, out_of: np.ndarray,
+                  order_of: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Offsets ``β_i`` and output weights ``A`` (m × k) from the weights of the noise-scaled slices: slice p
+    holds ``A_{j_p i} f_{l_p}(β_i) factor_{p i} / scale_{p i}``. For each unit, ``A`` is the least-squares answer
+    at each β of :data:`BETA_GRID`, and the β of least residual is kept. Returns ``(β, A, relative residual per
+    unit)``."""
+    k = weights.shape[1]
     f = profile(order_of[:, None], BETA_GRID[None, :])  # (P, grid)
     onehot = (out_of[:, None] == np.arange(m)[None, :]).astype(np.float64)  # (P, m)
     beta, amp, resid = np.zeros(k), np.zeros((m, k)), np.zeros(k)
     for i in range(k):
-        c = np.where(dir_of >= 0, (g @ directions[i])[np.maximum(dir_of, 0)], 1.0)
-        base = c ** (order_of - 2) / scale  # (P,)
+        bf = (factors[:, i] / scale[:, i])[:, None] * f  # (P, grid)
         target = weights[:, i]
         # per output j and grid point: A_j = Σ_p∈j t_p b_p f_p / Σ_p∈j (b_p f_p)²
-        bf = base[:, None] * f  # (P, grid)
         num = onehot.T @ (target[:, None] * bf)  # (m, grid)
         den = onehot.T @ (bf * bf)
         a = num / np.where(den > 0, den, 1.0)
@@ -200,40 +395,131 @@ def _fit_profiles(weights: np.ndarray, scale: np.ndarray, directions: np.ndarray
     return beta, amp, resid
 
 
-def _orient(dirs: np.ndarray, beta: np.ndarray, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                      np.ndarray, dict]:
-    """Which units to flip: fit the units (fixed directions and offsets) and an affine part on ``(x, y)``; the
-    affine part's linear term is ``−Σ_{flipped} A_i û_i``. Returns the oriented directions, offsets, the flip
-    indicators ``t`` (least squares, before rounding) and a report."""
-    n, d = x.shape
-    k = len(dirs)
-    feats = np.maximum(x @ dirs.T + beta, 0.0)
-    design = np.column_stack([feats, x, np.ones(n)])
-    sol = np.linalg.lstsq(design, y, rcond=None)[0]  # (k + d + 1, m)
-    amp, lin = sol[:k], sol[k:k + d]  # (k, m), (d, m)
-    # lin[:, j] = −Σ_i t_i A_ij û_i: column i of the system is −vec(û_i A_iᵀ) over (d, m)
-    system = -(dirs[:, :, None] * amp[:, None, :]).reshape(k, -1).T
-    t = np.linalg.lstsq(system, lin.reshape(-1), rcond=None)[0]
-    flip = t > 0.5
-    sign = np.where(flip, -1.0, 1.0)
-    report = {"flip_indicators": t.tolist(), "flipped": np.flatnonzero(flip).tolist(),
-              "affine_norm": float(np.linalg.norm(lin)),
-              "affine_left": float(np.linalg.norm(lin.reshape(-1) - system @ flip.astype(float)))}
-    return sign[:, None] * dirs, sign * beta, t, report
+# ------------------------------------------------------------------------------------------ networks
 
 
-def _start(dirs: np.ndarray, beta: np.ndarray, x: np.ndarray, y: np.ndarray) -> Network:
-    """The network of oriented units, its output weights and biases by least squares on ``(x, y)``."""
-    feats = np.column_stack([np.maximum(x @ dirs.T + beta, 0.0), np.ones(len(x))])
+def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]:
+    """Polish the units with a free affine part, orient them, and polish again: the network, and a report."""
+    m = y.shape[1]
+    report: dict[str, Any] = {}
+    # output weights, output bias and the affine part by least squares on the units as found
+    feats = np.column_stack([np.maximum(x @ units.directions.T + units.beta, 0.0), x, np.ones(len(x))])
     sol = np.linalg.lstsq(feats, y, rcond=None)[0]
-    return Network((dirs.copy(), sol[:-1].T.copy()), (beta.copy(), sol[-1].copy()), activation="relu")
+    k = len(units.beta)
+    start = Network((units.directions.copy(), sol[:k].T.copy()), (units.beta.copy(), sol[-1].copy()),
+                    activation="relu")
+    try:
+        loose, prep = (polish(start, x, y[:, 0], affine=True) if m == 1 else
+                       polish_outputs(start, x, y, affine=True))
+    except (ValueError, np.linalg.LinAlgError) as err:
+        report["affine_polish"] = {"error": str(err)}
+        return start, report
+    report["affine_polish"] = {k_: v for k_, v in prep.__dict__.items() if k_ != "linear"}
+    u, b, a, c = loose.weights[0], loose.biases[0], loose.weights[1], loose.biases[1]
+    got = orient(a, u, prep.linear, precision=max(prep.relative_residual, 1e-15))
+    report["orientation"] = got.to_dict()
+    sign = np.where(got.flip, -1.0, 1.0)
+    # A relu(s) = A relu(−s) + A s: the flipped units' linear parts cancel the affine term, their offsets
+    # move into the output bias
+    c = c + a[:, got.flip] @ b[got.flip]
+    oriented = Network((sign[:, None] * u, a.copy()), (sign * b, c), activation="relu")
+    try:
+        net, prep = polish(oriented, x, y[:, 0]) if m == 1 else polish_outputs(oriented, x, y)
+        report["polish"] = prep.__dict__
+    except (ValueError, np.linalg.LinAlgError) as err:
+        report["polish"] = {"error": str(err)}
+        net = oriented
+    return net, report
+
+
+def _units_of(net: Network) -> Units:
+    """A network's units in the decomposition's terms: unit directions, offsets, output weights ``A = a|u|``."""
+    u = net.weights[0]
+    norms = np.linalg.norm(u, axis=1)
+    b = np.zeros(len(u)) if net.biases is None else net.biases[0]
+    return Units(u / norms[:, None], b / norms, net.weights[1] * norms[None, :])
+
+
+#: a residual component within this angle (radians) of a unit of the network is that unit's own correction,
+#: not a unit it misses
+NEW_UNIT_ANGLE = 0.2
+
+#: samples of a residual round's tensors (parts of :data:`.refine.PART_ROWS` rows; their spread gives the
+#: standard errors), and the first part id it draws (parts 0 and 1 are the training and validation samples)
+RESIDUAL_SAMPLES, RESIDUAL_PART = 2_000_000, 2
+
+#: after polish, a unit whose output weights are below this fraction of the largest unit's is dropped
+PRUNE = 1e-6
+
+#: two units whose unit-norm hidden rows ``[u, b]`` differ by less than this in ``1 − cos`` are one unit split
+SAME_ROW = 1e-10
+
+
+def _missing_units(net: Network, samples: Any, mapper: Callable, d: int, m: int, seed: int, report: dict
+                   ) -> Optional[Units]:
+    """Units the network misses: the lifted decomposition, at its own noise-floor rank, of the tensors of the
+    labels it leaves (fresh samples; small labels, so far less noise than the stored tensors), less the
+    components that are corrections of its own units. None when nothing is found."""
+    from .refine import parts
+
+    arrays = lifted.residual_tensors(samples, net, lifted.max_order(d), parts(RESIDUAL_SAMPLES, first=RESIDUAL_PART),
+                                     mapper)
+    order2 = [(hermite.unpack(a["T2"], d, 2), hermite.unpack(a["T2_se"], d, 2)) for a in arrays]
+    sl = _lifted_slices(order2, arrays, d, seed)
+    sub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses))
+    report["rank"] = int(sub.rank)
+    if sub.rank == 0:
+        return None
+    found, dec = _decompose(sl.matrices, sl, sub.basis, seed, d, m)
+    report["decomposition"] = dec
+    own = _units_of(net)
+    # a unit the network misses is a rank-one factor away from all of its units; a component near one of them
+    # (or not rank one: a mixture of the small turns of several) is their correction
+    cos = np.abs(found.directions @ own.directions.T)
+    new = np.flatnonzero((cos.max(axis=1) <= np.cos(NEW_UNIT_ANGLE)) & (np.asarray(dec["rank_one_quality"]) >= 0.98))
+    new = new[np.argsort(-np.linalg.norm(found.amp[:, new], axis=0))][:max(1, len(own.beta) // 8)]
+    report["new"] = int(len(new))
+    if len(new) == 0:
+        return None
+    return Units(found.directions[new], found.beta[new], found.amp[:, new])
+
+
+def _pruned(net: Network, width: Optional[int]) -> tuple[Network, list[int]]:
+    """Merge units that are one unit split in two (hidden rows ``[u, b]`` parallel to :data:`SAME_ROW`: their
+    output weights add up), drop units whose output weights vanish (below :data:`PRUNE` of the largest:
+    spurious units a polish switched off) and, past ``width``, the weakest."""
+    rows = np.column_stack([net.weights[0], np.zeros(len(net.weights[0])) if net.biases is None else net.biases[0]])
+    norms = np.linalg.norm(rows, axis=1)
+    unit = rows / norms[:, None]
+    out = net.weights[1] * norms[None, :]  # output weights of the unit-norm rows
+    for i in range(len(rows)):
+        for j in range(i):
+            if np.linalg.norm(out[:, j]) > 0 and unit[i] @ unit[j] > 1.0 - SAME_ROW:
+                out[:, j] += out[:, i]
+                out[:, i] = 0.0
+                break
+    net = Network((unit[:, :-1], out), (unit[:, -1], np.zeros(net.output_dim) if net.biases is None else
+                                        net.biases[1]), activation="relu")
+    strength = np.linalg.norm(out, axis=0)
+    keep = np.flatnonzero(strength > PRUNE * strength.max())
+    if width is not None and len(keep) > width:
+        keep = keep[np.argsort(-strength[keep])[:width]]
+    keep = np.sort(keep)
+    dropped = sorted(set(range(len(strength))) - set(keep.tolist()))
+    if not dropped:
+        return net, []
+    biases = None if net.biases is None else (net.biases[0][keep], net.biases[1])
+    return Network((net.weights[0][keep], net.weights[1][:, keep]), biases, activation="relu"), dropped
+
+
+# ------------------------------------------------------------------------------------------ learn
 
 
 def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
           samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
-          refine_samples: Optional[int] = None, mapper: Callable = map,
-          seed: int = 0) -> LearnResult | PassRequest:
-    """Learn ``y = A relu(U x + b) + c`` (one hidden ReLU layer, biases, m ≥ 1 outputs) of width ≤ d.
+          refine_samples: Optional[int] = None, mapper: Callable = map, seed: int = 0) -> LearnResult | PassRequest:
+    """Learn ``y = A relu(U x + b) + c`` (one hidden ReLU layer, biases, m ≥ 1 outputs) of width up to
+    :func:`identifiable_width`.
 
     Parameters
     ----------
@@ -244,7 +530,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     samples
         ``samples(n_train, n_val)`` draws bounded held-out samples from the source.
     width
-        Hidden units wanted (default: the rank the noise floor supports); at most d.
+        Hidden units wanted (default: the rank the noise floor supports).
     refine_samples
         Samples of the streamed refinement (one output, noisy labels; default: as many as the store holds).
     mapper
@@ -258,67 +544,85 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     """
     _check(stats)
     outputs = _per_output(stats["contracted"])
+    m = len(outputs)
     d = np.asarray(outputs[0]["M"]).shape[-1]
     check_width(width, d)
-    sub = _subspace(outputs, width)
-    report: dict[str, Any] = {"subspace": sub.to_dict()}
+    sub = _subspace(outputs, width if width is None or width <= d else d)
     if sub.rank == 0:
         raise NoSignalError(
             "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
             "sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
-    k, basis = sub.rank, sub.basis
+    overcomplete = (width is not None and width > d) or (width is None and sub.rank == d)
+    report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "lifted" if overcomplete else "complete"}
+    mats, ses = _first_matrices(outputs)
+    basis_first = sub.basis if overcomplete else _widened(sub, mats, ses, width, report)
     if not passes:
-        basic = _per_output(stats["basic"]) if "basic" in stats else [None] * len(outputs)
-        g = spectral.directions_in_subspace(basis, max(8, 2 * k), seed)
-        expansions = [_expansion(a, b, basis) for a, b in zip(outputs, basic)]
-        return PassRequest(
-            "tensor-1",
-            {"contracted": {"orders": list(HIGHER_ORDERS), "directions": g.tolist(),
-                            "expansion": expansions if "output" in stats["contracted"] else expansions[0]}},
-            f"contracted orders {list(HIGHER_ORDERS)} along {len(g)} directions inside the {k}-dimensional subspace, "
-            "on residual labels: the slices of the tensor the units are read from")
-    passed = _per_output(passes[0]["contracted"])
-    mats, ses, out_of, order_of, dir_of, g = _slices(outputs, passed)
-    m = len(outputs)
-    # each slice's noise in the subspace (entries of E roughly independent): slices of equal noise
-    scale = np.sqrt(np.einsum("da,pde,eb->p", basis**2, ses**2, basis**2))
-    scale = np.where(scale > 0, scale, 1.0)
-    dec = cp.decompose(mats / scale[:, None, None], basis, seed=seed, draws=DRAWS, starts=STARTS, sweeps=SWEEPS)
-    snr = np.linalg.norm(np.einsum("da,pde,eb->pab", basis, mats, basis), axis=(1, 2)) / scale
-    beta, amp, prof_res = _fit_profiles(dec.weights, scale, dec.directions, out_of, order_of, dir_of, g, m)
-    report["decomposition"] = {
-        "slices": int(len(mats)), "relative_residual": dec.relative_residual, "weight_condition": dec.weight_condition,
-        "slice_snr_by_order": {str(o): float(np.median(snr[order_of == o])) for o in sorted(set(order_of.tolist()))},
-        "profile_residuals": prof_res.tolist(), "offsets": beta.tolist(), "output_weights": amp.tolist()}
+        return _pass_request(stats, outputs, basis_first, overcomplete, seed)
+    passed = _per_output(passes[0]["hermite" if overcomplete else "contracted"])
+    if overcomplete:
+        sl = _lifted_slices([_order2(a) for a in outputs], passed, d, seed)
+        lsub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width)
+        report["lifted_subspace"] = lsub.to_dict(include_basis=False)
+        basis = _widened(lsub, sl.matrices, sl.ses, width, report)
+    else:
+        sl = _complete_slices(outputs, passed)
+        basis = basis_first
+    k = basis.shape[1]
+    if k == 0:
+        raise NoSignalError("no unit stands above the noise floor of the higher orders at this sample count; "
+                            "estimate with more samples")
+    units, report["decomposition"] = _decompose(sl.matrices, sl, basis, seed, d, m)
 
     n_train, n_val = sample_sizes(d, k, m)
     smp = samples(n_train, n_val)
     y, y_val = smp.y_train.reshape(n_train, -1), smp.y_val.reshape(len(smp.y_val), -1)
-    dirs, beta, _, report["orientation"] = _orient(dec.directions, beta, smp.x_train, y)
-    start = _start(dirs, beta, smp.x_train, y)
-    candidates = {"decomposition": start}
-    try:
-        if m == 1:
-            polished, prep = polish(start, smp.x_train, y[:, 0])
-        else:
-            polished, prep = polish_outputs(start, smp.x_train, y)
-        candidates["polish"] = polished
-        report["polish"] = prep.__dict__
-    except (ValueError, np.linalg.LinAlgError) as err:
-        report["polish"] = {"error": str(err)}
     y2 = float(np.mean(y_val**2)) or 1.0
-    losses = {name: float(np.mean((y_val - n.forward(smp.x_val)) ** 2) / y2) for name, n in candidates.items()}
+
+    def loss(net: Network) -> float:
+        return float(np.mean((y_val - net.forward(smp.x_val)) ** 2) / y2)
+
+    net, report["network"] = _network(units, smp.x_train, y)
+    net, report["dropped"] = _pruned(net, width)
+    if report["dropped"]:
+        net, report["network_pruned"] = _network(_units_of(net), smp.x_train, y)
+    losses = {"decomposition": loss(net)}
+    rounds: list[dict] = []
+    for r in range(RESIDUAL_ROUNDS if overcomplete else 0):
+        if min(losses.values()) < FIT_LOSS:
+            break
+        round_report: dict[str, Any] = {}
+        rounds.append(round_report)
+        missing = _missing_units(net, samples, mapper, d, m, seed + 1 + r, round_report)
+        if missing is None:
+            round_report["stop"] = "nothing in what the network leaves separates from its own units"
+            break
+        have = _units_of(net)
+        grown = Units(np.vstack([have.directions, missing.directions]), np.r_[have.beta, missing.beta],
+                      np.hstack([have.amp, missing.amp]))
+        candidate, round_report["network"] = _network(grown, smp.x_train, y)
+        candidate, round_report["dropped"] = _pruned(candidate, width)
+        if round_report["dropped"]:
+            candidate, round_report["network_pruned"] = _network(_units_of(candidate), smp.x_train, y)
+        name = f"residual-{r + 1}"
+        losses[name] = round_report["validation_relative_loss"] = loss(candidate)
+        if losses[name] < min(v for key, v in losses.items() if key != name):
+            net = candidate
+        else:
+            break
+    report["residual_rounds"] = rounds
     report["validation_relative_loss"] = losses
     report["chosen"] = min(losses, key=losses.get)
-    net = candidates[report["chosen"]]
-    if m == 1:
+    if min(losses.values()) < FIT_LOSS:
+        report["refinement"] = {"skipped": "polish fits the validation samples to the teacher's rounding"}
+    elif m == 1:
         total = int(np.asarray(stats["contracted"]["count"])) if refine_samples is None else int(refine_samples)
         net = refine_unless_exact(net, samples, total, smp, mapper, report)
     else:
         report["refinement"] = {"skipped": "the streamed refinement fits one output; polish fitted all outputs on "
                                            "the bounded sample"}
+    k = int(net.weights[0].shape[0])
     report["width_requested"], report["width_found"] = width if width is not None else k, k
     if width is not None and k < width:
-        report["unresolved"] = (f"{width} units were requested but the noise floor supports {k} directions at this "
-                                "sample count: more samples raise the weaker units above it")
+        report["unresolved"] = (f"{width} units were requested but the noise floor supports {k} at this sample "
+                                "count: more samples raise the weaker units above it")
     return LearnResult(net, report)

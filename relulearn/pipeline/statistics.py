@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import numpy as np
 
@@ -313,7 +313,7 @@ class HermiteTensors(Statistic):
 
     name = "hermite"
 
-    def __init__(self, d: int, cfg: HermiteConfig):
+    def __init__(self, d: int, cfg: HermiteConfig, expansion: Optional[tuple] = None):
         self.d, self.max_order = d, cfg.max_order
         self.sizes = [_n_unique(d, m) for m in range(self.max_order + 1)]
         total = sum(self.sizes)
@@ -323,7 +323,7 @@ class HermiteTensors(Statistic):
                 f"max_entries={cfg.max_entries:,}; lower max_order, raise max_entries, or use the "
                 "`contracted` statistic, which never forms the full tensor"
             )
-        self.expansion = expansion_setup(cfg.expansion, d, "statistics.hermite")
+        self.expansion = expansion
 
     def sums_schema(self):
         return {f"raw{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
@@ -807,22 +807,34 @@ def _of_output(values: Optional[np.ndarray], j: Optional[int], ndim: int) -> Opt
     return values[j] if values.ndim == ndim + 1 else values
 
 
-def _contracted_expansion(section: ContractedConfig, d: int, m: Optional[int], j: Optional[int]) -> Optional[tuple]:
-    """Output ``j``'s expansion ``(t0, t1, V, θ)`` of a ``contracted`` section (None: none given); a list gives
-    one per output, a single one serves a scalar label."""
-    where = "statistics.contracted"
+def _output_expansion(section: Any, m: Optional[int], j: Optional[int], where: str
+                      ) -> tuple[Optional[ExpansionConfig], str]:
+    """Output ``j``'s expansion of a section's ``expansion`` key (None: none given) and the key's name: a list
+    gives one per output, a single one serves a scalar label."""
     exp = section.expansion
     if exp is None:
-        return None
+        return None, where
     if isinstance(exp, list):
         if len(exp) != (m or 1):
             raise ValueError(f"{where}.expansion has {len(exp)} entries; the source has {m or 1} output(s): give "
                              "one expansion per output")
-        exp, where = exp[j or 0], f"{where}.expansion[{j or 0}]"
-    elif m is not None:
+        return exp[j or 0], f"{where}.expansion[{j or 0}]"
+    if m is not None:
         raise ValueError(f"{where}.expansion is a single expansion but the source has {m} outputs: give a list, one "
                          "per output")
-    return low_rank_expansion(exp, d, where)
+    return exp, where
+
+
+def _contracted_expansion(section: ContractedConfig, d: int, m: Optional[int], j: Optional[int]) -> Optional[tuple]:
+    """Output ``j``'s expansion ``(t0, t1, V, θ)`` of a ``contracted`` section (None: none given)."""
+    exp, where = _output_expansion(section, m, j, "statistics.contracted")
+    return None if exp is None else low_rank_expansion(exp, d, where)
+
+
+def _hermite_expansion(section: HermiteConfig, d: int, m: Optional[int], j: Optional[int]) -> Optional[tuple]:
+    """Output ``j``'s expansion ``(t0, t1, t2)`` of a ``hermite`` section (None: none given)."""
+    exp, where = _output_expansion(section, m, j, "statistics.hermite")
+    return expansion_setup(exp, d, where)
 
 
 def build_statistics(cfg: RunConfig, source: Optional[Source],
@@ -870,7 +882,7 @@ def _build_statistics(cfg: RunConfig, source: Optional[Source],
         elif name == "output_moments":
             out.append(OutputMoments(d, m or 1))
         elif name == "hermite":
-            out.append(family(lambda j: HermiteTensors(d, section)))
+            out.append(family(lambda j: HermiteTensors(d, section, _hermite_expansion(section, d, m, j))))
         elif name == "contracted":
             g = stored(name)["direction"] if stored else direction_bank(section, d, cfg.seed)
             control = None
