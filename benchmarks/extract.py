@@ -2,7 +2,8 @@
 side with what a user would do instead — distil a same-width ``MLPRegressor`` on the same number of queries.
 
 For each teacher (an ``MLPRegressor`` trained on a data set scikit-learn ships, inputs standardised, exported by
-skl2onnx in float32, intercepts kept), on ONE shared two-worker ``LocalCluster``:
+skl2onnx in float32, intercepts kept; or a PyTorch network trained on the same data and exported by
+``torch.onnx``), on ONE shared two-worker ``LocalCluster``:
 
 * relulearn: ``api.fit(config, store, "tensor")`` on the ONNX teacher; the queries it used (both passes, the
   bounded samples of polish and of the residual rounds, the streamed refinement's passes), its wall time, and
@@ -41,14 +42,15 @@ from relulearn.pipeline.sources import Stream, generator  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "extract.json"
 
-#: (name, data set, width, samples of each pass)
+#: (name, data set, width, samples of each pass, trainer: scikit-learn's MLPRegressor or a PyTorch module)
 TEACHERS = [
-    ("wine-8", "wine", 8, 2_000_000),
-    ("wine-16", "wine", 16, 4_000_000),
-    ("wine-32", "wine", 32, 10_000_000),
-    ("wine-64", "wine", 64, 100_000_000),
-    ("cancer-16", "breast_cancer", 16, 2_000_000),
-    ("cancer-64", "breast_cancer", 64, 20_000_000),
+    ("wine-8", "wine", 8, 2_000_000, "sklearn"),
+    ("wine-16", "wine", 16, 4_000_000, "sklearn"),
+    ("wine-32", "wine", 32, 10_000_000, "sklearn"),
+    ("wine-64", "wine", 64, 100_000_000, "sklearn"),
+    ("cancer-16", "breast_cancer", 16, 2_000_000, "sklearn"),
+    ("cancer-64", "breast_cancer", 64, 20_000_000, "sklearn"),
+    ("torch-wine-24", "wine", 24, 10_000_000, "torch"),
 ]
 
 TEST_ROWS = 100_000
@@ -70,6 +72,32 @@ def trained_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]
     net = Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
                                                                        mlp.intercepts_[1].copy()))
     return net, path
+
+
+def torch_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
+    """A PyTorch ``Linear(d, width) → ReLU → Linear(width, 1)`` trained (Adam, 2000 full-batch steps) on a
+    scikit-learn data set, exported by ``torch.onnx`` with a variable batch size: its float64 network and the
+    file."""
+    import torch
+    from sklearn import datasets
+
+    x, y = getattr(datasets, f"load_{data}")(return_X_y=True)
+    x = torch.tensor((x - x.mean(axis=0)) / x.std(axis=0), dtype=torch.float32)
+    y = torch.tensor((y - y.mean()) / y.std(), dtype=torch.float32)[:, None]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(2000):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    path = folder / f"torch-{data}-{width}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x[:2],), str(path), input_names=["input"], output_names=["y"],
+                          dynamic_axes={"input": {0: "n"}, "y": {0: "n"}}, dynamo=False)
+    w = [p.detach().double().numpy() for p in model.parameters()]
+    return Network((w[0], w[2]), (w[1], w[3])), path
 
 
 def queries(done: dict[str, Any]) -> int:
@@ -166,14 +194,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
     for ax, key, label in ((axes[0], "parameter_error", "relative parameter error"),
                            (axes[1], "relative_test_error", "relative test error (Gaussian inputs)")):
-        for data, marker in (("wine", "o"), ("breast_cancer", "s")):
-            sel = [r for r in rows if r["data"] == data]
+        for data, trainer, marker in (("wine", "sklearn", "o"), ("breast_cancer", "sklearn", "s"),
+                                      ("wine", "torch", "*")):
+            sel = [r for r in rows if r["data"] == data and r.get("trainer", "sklearn") == trainer]
             if not sel:
                 continue
             widths = [r["width"] for r in sel]
             for who, color in (("relulearn", "C0"), ("student", "C3")):
                 ys = [max(r[who].get(key) or np.nan, 1e-18) for r in sel]
-                ax.semilogy(widths, ys, marker + "-", color=color, label=f"{who}, {data} (d = {sel[0]['d']})")
+                ax.semilogy(widths, ys, marker + "-", color=color, ms=9 if marker == "*" else 5,
+                            label=f"{who}, {data} (d = {sel[0]['d']}, {trainer})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("hidden width")
         ax.set_ylabel(label)
@@ -206,7 +236,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", default="", help="comma-separated teacher names (default: all)")
     ap.add_argument("--quick", action="store_true", help="smoke run: a tenth of the samples")
-    ap.add_argument("--student-seconds", type=float, default=300.0, help="time cap of the distilled student")
+    ap.add_argument("--student-seconds", type=float, default=180.0, help="time cap of the distilled student")
     args = ap.parse_args(argv)
     chosen = [t for t in TEACHERS if not args.only or t[0] in args.only.split(",")]
     result: dict[str, Any] = {"started": utc_now(), "machine": {"cpu": cpu_model(), "workers": 2},
@@ -216,10 +246,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         result["teachers"] = [r for r in previous.get("teachers", []) if r["name"] not in {t[0] for t in chosen}]
     with tempfile.TemporaryDirectory(prefix="relulearn-bench-extract-") as tmp, connect(workers=2) as client:
         workdir = Path(tmp)
-        for name, data, width, samples in chosen:
+        for name, data, width, samples, trainer in chosen:
             samples = samples // 10 if args.quick else samples
-            teacher, onnx = trained_teacher(data, width, workdir)
-            rec = {"name": name, "data": data, "d": teacher.input_dim, "width": width}
+            teacher, onnx = (trained_teacher if trainer == "sklearn" else torch_teacher)(data, width, workdir)
+            rec = {"name": name, "data": data, "trainer": trainer, "d": teacher.input_dim, "width": width}
             rec["relulearn"] = run_relulearn(teacher, onnx, samples, client, workdir)
             rec["student"] = run_student(teacher, onnx, width, rec["relulearn"]["queries"], args.student_seconds)
             result["teachers"].append(rec)

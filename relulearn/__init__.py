@@ -13,7 +13,7 @@ from .storage import StoreError, StoredRun
 __version__ = "0.1.0"
 
 #: scikit-learn estimators (relulearn.regressors), imported on first use: scikit-learn is an optional dependency
-REGRESSORS = ("MomentsRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
+REGRESSORS = ("MomentsRegressor", "TensorRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
               "LandscapeRegressor")
 
 __all__ = ["estimate", "merge", "open_store", "status", "learn", "fit", "evaluate", "predict", "load_config",

@@ -130,9 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     def add_learn_options(q: argparse.ArgumentParser) -> None:
         q.add_argument("--method", default="moments", choices=list(api.METHODS),
                        help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default; narrow: "
-                       "the enumeration grows as exp(width)); tensor = wide one-hidden-layer ReLU nets (width up to d) "
-                       "with biases and any number of outputs, by a CP decomposition of contracted moments of orders "
-                       "2-6; "
+                       "the enumeration grows as exp(width)); tensor = wide one-hidden-layer ReLU nets with biases and any "
+                       "number of outputs, by a CP decomposition of Hermite moments of orders 2-6 (widths up to d, and "
+                       "up to d(d+1)/2 for d <= 50 on symmetric matrices); "
                        "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace; "
                        "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
                        "(tensor step, signs, null vectors of the row span, refinement); landscape = one-hidden-layer ReLU nets "
@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "network (e.g. random Xavier nets) by its Hermite expansion truncated at a degree L, read off "
                        "the stored T_0..T_L (Daniely–Srebro–Vardi; the model is a polynomial, not a network)")
         q.add_argument("--width", type=_positive,
-                       help="moments: hidden units wanted (default: the rank the noise floor supports); "
+                       help="moments, tensor: hidden units wanted (default: the rank the noise floor supports; "
+                       "tensor refuses a width the floor does not support, naming the samples that would); "
                        "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
                        "for --depth 1, else twice it, at least 4)")
         q.add_argument("--depth", type=_positive,
@@ -159,9 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="exact: samples of the bounded exact step (default: chosen from d and the width; too few is "
                        "refused with the number needed)")
         q.add_argument("--refine-samples", type=_nonnegative,
-                       help="moments, exact, filtered-pca: samples streamed through the refinement, each pass "
-                       "regenerating them on the workers; 0 turns it off. moments: preconditioned Gauss-Newton, 3·k·d "
-                       "flops per sample and pass (default: as many as the store holds). exact: Levenberg-Marquardt, "
+                       help="moments, tensor, exact, filtered-pca: samples streamed through the refinement, each pass "
+                       "regenerating them on the workers; 0 turns it off. moments and tensor (one output, labels not "
+                       "fitted exactly by polish): preconditioned Gauss-Newton, 3·k·d flops per sample and pass "
+                       "(default: as many as the store holds). exact: Levenberg-Marquardt, "
                        "(k·d)^2 flops per sample and pass (default: as many as the store holds, at most 10^7 and at "
                        "most 2e13/(k·d)^2). filtered-pca (depth >= 2): Levenberg-Marquardt on the network and its "
                        "subspace basis, 4·d·r + P^2 flops per sample and pass for P weights (default: as many as the "
@@ -201,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("learn", help="learn a model (a network, or a polynomial) from a store's statistics",
                        description="Learn a network from the statistics in a store with a learning method. "
                        "Extra passes the method asks for (moments: contracted moments along directions inside the "
-                       "found subspace; filtered-pca: residual-filtered matrices of its candidate networks; landscape: the fourth "
+                       "found subspace; tensor: contracted orders 3-6 inside the subspace, or the full Hermite tensors for networks "
+                       "wider than d; filtered-pca: residual-filtered matrices of its candidate networks; landscape: the fourth "
                        "moment on the subspace of T_2, on residual labels) are "
                        "run and stored under STORE/passes/.")
     p.add_argument("store", help="store location")

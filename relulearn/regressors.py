@@ -23,7 +23,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-__all__ = ["MomentsRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
+__all__ = ["MomentsRegressor", "TensorRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
            "LandscapeRegressor"]
 
 #: rows per chunk at most; fewer so that every row is used when the data is small (chunks are equal)
@@ -198,6 +198,23 @@ class MomentsRegressor(_Regressor):
     def __init__(self, width: Optional[int] = None, *, biases: Optional[bool] = None,
                  refine_samples: Optional[int] = None, whiten: bool = True, seed: int = 0,
                  chunk_size: Optional[int] = None, client: Any = None, store: Optional[str] = None) -> None:
+        _keep(self, locals())
+
+
+class TensorRegressor(_Regressor):
+    """Wide one-hidden-layer ReLU networks with biases, ``Σ λ_i relu(u_i·x + b_i) + c``, by a joint CP
+    decomposition of Hermite moments (``--method tensor``): widths up to d, and on symmetric matrices up to
+    d(d+1)/2 where d is small.
+
+    Parameters are those of :class:`MomentsRegressor` without ``biases`` (always learned).
+    """
+
+    _method = "tensor"
+    _options = ("width", "refine_samples")
+
+    def __init__(self, width: Optional[int] = None, *, refine_samples: Optional[int] = None, whiten: bool = True,
+                 seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
+                 store: Optional[str] = None) -> None:
         _keep(self, locals())
 
 

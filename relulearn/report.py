@@ -146,6 +146,9 @@ def _curves(record: Optional[dict]) -> list[tuple[str, list[float]]]:
     passes = [v for v in passes if v is not None]
     if passes:
         out.append(("refinement passes", passes))
+    rounds = rep.get("validation_relative_loss")
+    if isinstance(rounds, dict) and len(rounds) > 1:  # e.g. tensor's decomposition and its residual rounds
+        out.append(("answers in turn: " + ", ".join(rounds), [v for v in rounds.values() if v is not None]))
     cands = [c.get("heldout_loss") for c in rep.get("candidates", []) if c.get("heldout_loss") is not None]
     if cands:
         out.append(("candidate networks (held-out)", cands))

@@ -79,3 +79,24 @@ def test_partial_fit_learns_from_every_row_seen_and_a_client_gives_the_same_netw
     assert np.array_equal(whole.predict(x[:5000]), on_cluster.predict(x[:5000]))
     with pytest.raises(ValueError, match=r"X has 9 features, but MomentsRegressor is expecting 10"):
         whole.predict(x[:10, :9])
+
+
+def test_the_tensor_regressor_keeps_the_conventions_and_learns_a_network_wider_than_its_input():
+    """TensorRegressor shares the others' machinery (checked in full above); its own parameters pass the
+    checks of construction, get_params/set_params and repr, and it learns from rows a planted network of 8 units
+    on d = 6 inputs (the lifted route), to machine precision on the rows."""
+    from sklearn.utils import estimator_checks as ec
+
+    est = R.TensorRegressor()
+    for check in (ec.check_parameters_default_constructible, ec.check_get_params_invariance, ec.check_set_params,
+                  ec.check_no_attributes_set_in_init, ec.check_estimator_repr,
+                  ec.check_do_not_raise_errors_in_init_or_set_params):
+        check(type(est).__name__, est)
+    rng = np.random.default_rng(3)
+    teacher = Network((rng.standard_normal((8, 6)) / np.sqrt(6), rng.choice([-1.0, 1.0], (1, 8))),
+                      (0.5 * rng.standard_normal(8), np.array([0.3])))
+    x = rng.standard_normal((400_000, 6))
+    y = teacher.forward(x)[:, 0]
+    fitted = R.TensorRegressor(width=8).fit(x, y)
+    assert fitted.width_ == 8 and fitted.report_["route"] == "lifted"
+    assert np.max(np.abs(fitted.predict(x[:2000]) - y[:2000])) <= 1e-9 * np.max(np.abs(y))

@@ -10,7 +10,7 @@ from numpy.polynomial.hermite_e import hermeval
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.estimators import tensor
-from relulearn.estimators.base import BudgetError
+from relulearn.estimators.base import BudgetError, TooFewSamplesError
 from relulearn.estimators.polish import polish_outputs
 from relulearn.network import Network, compare
 from relulearn.pipeline.sources import Stream, generator
@@ -109,30 +109,43 @@ def test_an_enumeration_past_its_budget_names_the_budget_it_needs_and_the_tensor
     assert done["width"] == 6 and compare(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-10
 
 
-def test_a_scikit_learn_mlp_of_width_8_on_the_wine_data_is_extracted_on_two_workers(client, tmp_path):
-    """scikit-learn's MLPRegressor trained on its wine data (d = 13, 8 hidden units, intercepts), exported by
-    skl2onnx (float32): fit --method tensor on the ONNX model gives its float64 weights to parameter error
-    ≤ 1e-6 (biases and output weights included) and relative test error ≤ 1e-10 on Gaussian inputs."""
+def wine_mlp(width: int, folder) -> Network:
+    """scikit-learn's MLPRegressor of ``width`` ReLU units trained on its wine data (d = 13, standardised, with
+    intercepts), exported by skl2onnx (float32) to ``folder / 'wine.onnx'``; returns its float64 network."""
     from skl2onnx import to_onnx
     from sklearn.datasets import load_wine
     from sklearn.neural_network import MLPRegressor
 
     x, y = load_wine(return_X_y=True)
     x = (x - x.mean(axis=0)) / x.std(axis=0)
-    mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=3000, random_state=0).fit(x, (y - y.mean()) / y.std())
-    (tmp_path / "wine.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
-    net = Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
-                                                                       mlp.intercepts_[1].copy()))
-    cfg = {"seed": 1, "samples": 2_000_000, "chunk_size": 100_000,
-           "source": {"d": 13, "teacher": {"onnx": str(tmp_path / "wine.onnx")}}, "run": {"commit_interval": 1e9}}
-    out = str(tmp_path / "m.npz")
-    api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=out, client=client, progress=None)
+    mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=3000, random_state=0).fit(x, (y - y.mean()) / y.std())
+    (folder / "wine.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
+    return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
+                                                                        mlp.intercepts_[1].copy()))
+
+
+def extract_wine(width: int, samples: int, client, folder) -> tuple[dict, Network, Network]:
+    """``fit --method tensor`` on :func:`wine_mlp`'s ONNX file: the result, the teacher and the network learned,
+    checked against the teacher's float64 weights: parameter error ≤ 1e-6 (biases and output weights included,
+    up to permutation and positive rescaling) and relative test error ≤ 1e-10 on Gaussian inputs."""
+    net = wine_mlp(width, folder)
+    cfg = {"seed": 1, "samples": samples, "chunk_size": samples // 20,
+           "source": {"d": 13, "teacher": {"onnx": str(folder / "wine.onnx")}}, "run": {"commit_interval": 1e9}}
+    out = str(folder / "m.npz")
+    done = api.fit(config_from_dict(cfg), str(folder / "s.zarr"), "tensor", out=out, client=client, progress=None)
     learned = Network.load(out)
-    assert learned.weights[0].shape == (8, 13)
+    assert learned.weights[0].shape == (width, 13)
     assert compare(net, learned).relative_error <= 1e-6
     xt = generator(9, Stream.TEST, 0).standard_normal((100_000, 13))
     yt = net.forward(xt)
     assert np.sum((yt - learned.forward(xt)) ** 2) / np.sum(yt**2) <= 1e-10
+    return done, net, learned
+
+
+def test_a_scikit_learn_mlp_of_width_8_on_the_wine_data_is_extracted_on_two_workers(client, tmp_path):
+    """Width 8 < d = 13 (the complete route: contracted orders 2–6 in the subspace), from 2·10⁶ samples."""
+    done, _, _ = extract_wine(8, 2_000_000, client, tmp_path)
+    assert done["report"]["route"] == "complete" and [p["name"] for p in done["passes"]] == ["tensor-1"]
 
 
 def test_settings_outside_the_method_are_refused_before_any_store_is_written(tmp_path):
@@ -185,7 +198,6 @@ def test_lifted_slices_of_full_tensors_decompose_an_overcomplete_network_exactly
     on symmetric matrices, decompose into its directions, and the profile over orders 2–6 gives every offset
     and output weight (DESIGN.md §3's f_l)."""
     from relulearn import hermite
-    from relulearn.estimators import lifted
 
     rng = np.random.default_rng(2)
     k, d = 15, 5
@@ -226,32 +238,11 @@ def test_orientation_finds_the_flipped_units_from_the_linear_term(k, d, m, route
 
 
 def test_a_trained_mlp_wider_than_its_input_is_extracted(client, tmp_path):
-    """scikit-learn's MLPRegressor of width 16 on the wine data (d = 13 < 16), skl2onnx float32: fit --method
-    tensor finds the full rank, asks for the Hermite tensors to order 6, separates the units on symmetric
-    matrices, orients them (16 unknowns, 13 equations: enumeration) and polishes: parameter error ≤ 1e-6 and
-    test error ≤ 1e-10 against the float64 weights."""
-    from skl2onnx import to_onnx
-    from sklearn.datasets import load_wine
-    from sklearn.neural_network import MLPRegressor
-
-    x, y = load_wine(return_X_y=True)
-    x = (x - x.mean(axis=0)) / x.std(axis=0)
-    mlp = MLPRegressor(hidden_layer_sizes=(16,), max_iter=3000, random_state=0).fit(x, (y - y.mean()) / y.std())
-    (tmp_path / "wine.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
-    net = Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
-                                                                       mlp.intercepts_[1].copy()))
-    cfg = {"seed": 1, "samples": 4_000_000, "chunk_size": 200_000,
-           "source": {"d": 13, "teacher": {"onnx": str(tmp_path / "wine.onnx")}}, "run": {"commit_interval": 1e9}}
-    out = str(tmp_path / "m.npz")
-    done = api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=out, client=client,
-                   progress=None)
+    """Width 16 > d = 13: fit finds the full rank, asks for the Hermite tensors to order 6, separates the units on
+    symmetric matrices, orients them (16 unknowns, 13 equations: enumeration) and polishes, from 2·10⁶ samples."""
+    done, _, _ = extract_wine(16, 2_000_000, client, tmp_path)
     assert done["report"]["route"] == "lifted" and [p["name"] for p in done["passes"]] == ["tensor-lifted"]
-    learned = Network.load(out)
-    assert learned.weights[0].shape == (16, 13)
-    assert compare(net, learned).relative_error <= 1e-6
-    xt = generator(9, Stream.TEST, 0).standard_normal((100_000, 13))
-    yt = net.forward(xt)
-    assert np.sum((yt - learned.forward(xt)) ** 2) / np.sum(yt**2) <= 1e-10
+    assert done["report"]["network"]["orientation"]["method"] == "enumeration"
 
 
 def test_a_width_past_the_identifiable_limit_is_refused_before_any_store_is_written(tmp_path):
@@ -264,3 +255,35 @@ def test_a_width_past_the_identifiable_limit_is_refused_before_any_store_is_writ
         api.fit(config_from_dict(file_config(tmp_path / "t.npz", 4, 100_000)), str(tmp_path / "s.zarr"), "tensor",
                 width=11, client="local", progress=None)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_width_the_noise_floor_does_not_support_names_the_samples_needed_and_writes_no_pass(tmp_path):
+    """One unit of six has output weight 0.01: at 10⁵ samples it is under the noise floor, so --width 6 is
+    refused before the higher-order pass, with the count of samples at which it would clear the floor."""
+    teacher = planted(4, 12, 6, 1)
+    a = teacher.weights[1].copy()
+    a[0, 0] = 0.01
+    Network((teacher.weights[0], a), teacher.biases).save(tmp_path / "t.npz")
+    with pytest.raises(TooFewSamplesError, match=r"--width 6 asks for more units than the noise floor supports at "
+                                                 r"100,000 samples: 5 directions .*Estimate with about [\d,]+ samples"):
+        api.fit(config_from_dict(file_config(tmp_path / "t.npz", 12, 100_000)), str(tmp_path / "s.zarr"), "tensor",
+                width=6, client="local", progress=None)
+    assert not (tmp_path / "s.zarr" / "passes").exists()
+
+
+def test_noisy_labels_reach_the_least_squares_ideal(tmp_path):
+    """Labels with noise σ = 0.1 (d = 12, width 6, biases): the answer of the decomposition and polish is refined
+    on every sample; its excess test error E[(f̂ − f)²] is within 2× of the least-squares ideal σ²·p/n (p = 85
+    parameters, n = 4·10⁵ samples)."""
+    teacher = planted(7, 12, 6, 1)
+    teacher.save(tmp_path / "t.npz")
+    sigma, n = 0.1, 400_000
+    cfg = config_from_dict(file_config(tmp_path / "t.npz", 12, n, noise_std=sigma))
+    done = api.fit(cfg, str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), client="local",
+                   progress=None)
+    assert done["report"]["refinement"]["samples"] == n and done["report"]["chosen"] == "refined"
+    learned = Network.load(tmp_path / "m.npz")
+    x = generator(9, Stream.TEST, 0).standard_normal((400_000, 12))
+    excess = float(np.mean((teacher.forward(x) - learned.forward(x)) ** 2))
+    p = 6 * (12 + 1) + 6 + 1
+    assert excess <= 2 * sigma**2 * p / n

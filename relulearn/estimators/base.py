@@ -15,7 +15,7 @@ import numpy as np
 
 from ..network import Network
 
-__all__ = ["Arrays", "BudgetError", "MissingStatisticError", "NoSignalError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
+__all__ = ["Arrays", "BudgetError", "TooFewSamplesError", "MissingStatisticError", "NoSignalError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -37,6 +37,11 @@ class MissingStatisticError(ValueError):
 class NoSignalError(ValueError):
     """The statistics hold no direction above their noise floor: nothing but the mean can be learned from
     them at this sample count (the message says how to get more samples)."""
+
+
+class TooFewSamplesError(ValueError):
+    """The statistics are too noisy at this sample count for what was asked; the message gives the count
+    needed."""
 
 
 class BudgetError(ValueError):

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..network import Network
+from . import base
 from .rectified import output_weights
 
 __all__ = ["fixed_parameter", "samples_needed", "TooFewSamplesError", "FIXED_MARGIN", "FIXED_SAFETY"]
@@ -73,7 +74,7 @@ PAIR_ITERATIONS = 30
 _CLUSTER_STREAM = 0xC1A57  # seeds the random projection that orders the unit columns
 
 
-class TooFewSamplesError(ValueError):
+class TooFewSamplesError(base.TooFewSamplesError):
     """Too few samples for every unit to be alone on enough of them; ``needed`` is an estimate."""
 
     def __init__(self, message: str, needed: int) -> None:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import hermite
 from ..network import Network
-from . import spectral
+from . import base, spectral
 from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .objective_g import GParameters, StartResult, best_start, distinct_rows, minimize_g
 from .polish import polish_and_select
@@ -64,7 +64,7 @@ class NegativeWeightsError(ValueError):
     """The statistics show a negative output weight: outside the setting of Ge–Lee–Ma."""
 
 
-class TooFewSamplesError(ValueError):
+class TooFewSamplesError(base.TooFewSamplesError):
     """The fourth moment is too noisy at this sample count; the message gives the count needed."""
 
 

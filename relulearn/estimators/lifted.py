@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import hermite
 
-__all__ = ["spm", "LiftedSlices", "lifted_dimension", "max_order", "lift_matrix", "lift_vector", "embed", "slices", "vectors", "units"]
+__all__ = ["lifted_route", "spm", "LiftedSlices", "lifted_dimension", "max_order", "lift_matrix", "lift_vector", "embed", "slices", "vectors", "units"]
 
 #: a full tensor is unpacked to contract it: at most this many entries (d^l), 1.6·10⁸ bytes
 UNPACK_ENTRIES = 20_000_000
@@ -37,6 +37,12 @@ ORDER_ENTRIES = 300_000
 def lifted_dimension(d: int) -> int:
     """``D = d(d+1)/2``: the dimension of ``Sym²(R^d)`` and the most units the lifted slices hold apart."""
     return d * (d + 1) // 2
+
+
+def lifted_route(d: int) -> bool:
+    """Whether networks wider than ``d`` can be separated here: the full ``T_4`` (``C(d+3, 4)`` entries per
+    sample) within :data:`ORDER_ENTRIES` and its unpacking within :data:`UNPACK_ENTRIES` (d ≤ 50)."""
+    return comb(d + 3, 4) <= ORDER_ENTRIES and d**4 <= UNPACK_ENTRIES
 
 
 def max_order(d: int) -> int:

@@ -47,7 +47,8 @@ from scipy.special import eval_hermitenorm
 from .. import hermite
 from ..network import Network
 from . import cp, lifted, spectral
-from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .base import (Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples,
+                   TooFewSamplesError)
 from .orient import orient
 from .polish import polish, polish_outputs
 from .streamed import refine_unless_exact
@@ -86,9 +87,9 @@ class WidthError(ValueError):
 
 
 def identifiable_width(d: int) -> int:
-    """The widest network this method separates at input dimension ``d``: ``d(d+1)/2`` when the full tensors of
-    order 5 or 6 are affordable there (:func:`.lifted.max_order`), else ``d``."""
-    return lifted.lifted_dimension(d) if lifted.max_order(d) >= 5 else d
+    """The widest network this method separates at input dimension ``d``: ``d(d+1)/2`` where the full tensor
+    ``T_4`` is affordable (:func:`.lifted.lifted_route`), else ``d``."""
+    return lifted.lifted_dimension(d) if lifted.lifted_route(d) else d
 
 
 def check_width(width: Optional[int], d: int) -> None:
@@ -99,9 +100,9 @@ def check_width(width: Optional[int], d: int) -> None:
     if limit == d:
         raise WidthError(
             f"--method tensor separates at most d = {d} units at this input dimension (width {width} asked): wider "
-            f"networks need the full Hermite tensors of orders 4 and 5 or 6 flattened on symmetric matrices, and at "
-            f"d = {d} order 5 alone has {math.comb(d + 4, 5):,} entries per sample, past what this version "
-            "estimates; use a width ≤ d")
+            f"networks need the full Hermite tensor T_4 flattened on symmetric matrices, and at d = {d} it has "
+            f"{math.comb(d + 3, 4):,} entries per sample, past the {lifted.ORDER_ENTRIES:,} this version estimates; "
+            "use a width ≤ d")
     raise WidthError(
         f"--method tensor separates at most d(d+1)/2 = {limit} units at d = {d} (width {width} asked): the full "
         "tensors of orders 4–6 flattened on symmetric matrices hold at most that many rank-one terms apart; orders "
@@ -161,21 +162,31 @@ def _check(stats: Mapping[str, Arrays]) -> None:
                                     f"{sorted(orders)}; set statistics.contracted.orders: [2, 4]")
 
 
-def _first_matrices(outputs: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """Every output's stored ``M_2`` and ``M_l^g`` with their standard errors."""
-    mats, ses = [], []
-    for arrays in outputs:
-        m, s, _ = spectral.matrices_from_store(arrays)
-        mats, ses = mats + m, ses + s
-    return np.asarray(mats), np.asarray(ses)
-
-
 def _subspace(outputs: list[dict], width: Optional[int]) -> spectral.Subspace:
     mats, ses, names = [], [], []
     for j, arrays in enumerate(outputs):
         m, s, n = spectral.matrices_from_store(arrays)
         mats, ses, names = mats + m, ses + s, names + [f"y{j}:{x}" for x in n]
     return spectral.relevant_subspace(mats, ses, rank=width, names=names)
+
+
+#: the count of samples a refusal asks for is this many times the one at which the weakest unit wanted would
+#: just reach the noise floor
+SAMPLES_MARGIN = 2.0
+
+
+def _too_few(sub: spectral.Subspace, width: int, n: int) -> TooFewSamplesError:
+    """The refusal of a width the first pass's noise floor does not support, with the samples that would: the
+    stack's singular values grow as √n against the floor, so the width-th reaches the threshold at
+    ``n·(threshold/s)²``."""
+    s = float(sub.singular_values[width - 1]) if len(sub.singular_values) >= width else 0.0
+    ratio = s / sub.threshold if s > 0 else 0.0
+    need = f"about {int(math.ceil(SAMPLES_MARGIN * n / ratio**2)):,}" if ratio > 0.05 else "far more than"
+    return TooFewSamplesError(
+        f"--width {width} asks for more units than the noise floor supports at {n:,} samples: {sub.rank} directions "
+        f"stand above it (the {width}-th is at {ratio:.2f} of the threshold). Estimate with {need} samples "
+        f"(`relulearn estimate CONFIG --store STORE --samples N`, then learn again), or leave out --width to learn the "
+        f"{sub.rank} units the floor supports")
 
 
 def _widened(sub: spectral.Subspace, mats: np.ndarray, ses: np.ndarray, width: Optional[int], report: dict
@@ -416,6 +427,9 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
         return start, report
     report["affine_polish"] = {k_: v for k_, v in prep.__dict__.items() if k_ != "linear"}
     u, b, a, c = loose.weights[0], loose.biases[0], loose.weights[1], loose.biases[1]
+    if len(u) == 0:
+        raise NoSignalError("no unit keeps a nonzero output weight on the bounded sample: the statistics support "
+                            "only the mean at this sample count; estimate with more samples")
     got = orient(a, u, prep.linear, precision=max(prep.relative_residual, 1e-15))
     report["orientation"] = got.to_dict()
     sign = np.where(got.flip, -1.0, 1.0)
@@ -552,12 +566,12 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         raise NoSignalError(
             "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
             "sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
-    overcomplete = (width is not None and width > d) or (width is None and sub.rank == d)
+    overcomplete = lifted.lifted_route(d) and ((width is not None and width > d) or (width is None and sub.rank == d))
     report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "lifted" if overcomplete else "complete"}
-    mats, ses = _first_matrices(outputs)
-    basis_first = sub.basis if overcomplete else _widened(sub, mats, ses, width, report)
+    if not overcomplete and width is not None and sub.rank < width:
+        raise _too_few(sub, width, int(np.asarray(stats["contracted"]["count"])))
     if not passes:
-        return _pass_request(stats, outputs, basis_first, overcomplete, seed)
+        return _pass_request(stats, outputs, sub.basis, overcomplete, seed)
     passed = _per_output(passes[0]["hermite" if overcomplete else "contracted"])
     if overcomplete:
         sl = _lifted_slices([_order2(a) for a in outputs], passed, d, seed)
@@ -566,7 +580,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         basis = _widened(lsub, sl.matrices, sl.ses, width, report)
     else:
         sl = _complete_slices(outputs, passed)
-        basis = basis_first
+        basis = sub.basis
     k = basis.shape[1]
     if k == 0:
         raise NoSignalError("no unit stands above the noise floor of the higher orders at this sample count; "
@@ -575,7 +589,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
 
     n_train, n_val = sample_sizes(d, k, m)
     smp = samples(n_train, n_val)
-    y, y_val = smp.y_train.reshape(n_train, -1), smp.y_val.reshape(len(smp.y_val), -1)
+    y, y_val = smp.y_train.reshape(len(smp.y_train), -1), smp.y_val.reshape(len(smp.y_val), -1)
     y2 = float(np.mean(y_val**2)) or 1.0
 
     def loss(net: Network) -> float:
@@ -612,6 +626,11 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     report["residual_rounds"] = rounds
     report["validation_relative_loss"] = losses
     report["chosen"] = min(losses, key=losses.get)
+    source = report if report["chosen"] == "decomposition" else rounds[int(report["chosen"][len("residual-"):]) - 1]
+    chosen = source.get("network_pruned") or source["network"]
+    report["polish"] = chosen.get("polish", {})
+    report["summary"] = {"route": report["route"], "orientation": chosen.get("orientation", {}).get("method"),
+                         "residual rounds": len(rounds)}
     if min(losses.values()) < FIT_LOSS:
         report["refinement"] = {"skipped": "polish fits the validation samples to the teacher's rounding"}
     elif m == 1:
