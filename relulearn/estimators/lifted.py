@@ -25,7 +25,8 @@ import numpy as np
 
 from .. import hermite
 
-__all__ = ["lifted_route", "spm", "LiftedSlices", "lifted_dimension", "max_order", "lift_matrix", "lift_vector", "embed", "slices", "vectors", "units"]
+__all__ = ["lifted_route", "lifted_dimension", "max_order", "lift_matrix", "lift_vector", "embed", "LiftedSlices",
+           "slices", "vectors", "units", "spm", "ResidualTensors", "residual_tensors"]
 
 #: a full tensor is unpacked to contract it: at most this many entries (d^l), 1.6·10⁸ bytes
 UNPACK_ENTRIES = 20_000_000
@@ -89,12 +90,6 @@ class LiftedSlices:
     ses: np.ndarray
     orders: np.ndarray
     contractions: tuple[np.ndarray, ...]
-    names: tuple[str, ...]
-
-    def factors(self, directions: np.ndarray) -> np.ndarray:
-        """``(P, k)``: ``Π_g <û_i, g>`` of each slice's contractions, for unit rows ``directions`` (k, d)."""
-        return np.stack([np.prod(g @ directions.T, axis=0) if len(g) else np.ones(len(directions))
-                         for g in self.contractions])
 
 
 def _contract(full: np.ndarray, g: np.ndarray, times: int) -> np.ndarray:
@@ -109,21 +104,20 @@ def slices(arrays: Mapping[str, np.ndarray], d: int, directions: np.ndarray) -> 
 
     Standard errors are propagated as for independent entries (``se² ↦ Σ g² se²`` per contraction).
     """
-    mats, ses, orders, conts, names = [], [], [], [], []
+    mats, ses, orders, conts = [], [], [], []
     stored = [l for l in (4, 5, 6) if f"T{l}" in arrays]
     if 4 not in stored:
         raise ValueError("the lifted slices need the full tensor T_4 (statistics.hermite with max_order ≥ 4)")
     for l in stored:
         t = hermite.unpack(np.asarray(arrays[f"T{l}"], dtype=np.float64), d, l)
         s2 = hermite.unpack(np.asarray(arrays[f"T{l}_se"], dtype=np.float64), d, l) ** 2
-        for gi, g in enumerate(directions if l > 4 else directions[:1]):
+        for g in directions if l > 4 else directions[:1]:
             times = l - 4
             mats.append(lift_matrix(_contract(t, g, times)))
             ses.append(lift_matrix(np.sqrt(_contract(s2, g * g, times))))
             orders.append(l)
             conts.append(np.repeat(g[None, :], times, axis=0))
-            names.append(f"T_{l}" if times == 0 else f"T_{l}(g{gi})")
-    return LiftedSlices(np.asarray(mats), np.asarray(ses), np.asarray(orders), tuple(conts), tuple(names))
+    return LiftedSlices(np.asarray(mats), np.asarray(ses), np.asarray(orders), tuple(conts))
 
 
 def vectors(arrays: Mapping[str, np.ndarray], d: int, directions: np.ndarray) -> tuple[np.ndarray, np.ndarray,

@@ -270,12 +270,6 @@ class Slices:
         """The factor of each unit in the slices' space: ``û`` (complete) or ``vec(û ûᵀ)`` (lifted)."""
         return lifted.embed(directions) if self.lifted else directions
 
-    def of_network(self, directions: np.ndarray, beta: np.ndarray, amp: np.ndarray) -> np.ndarray:
-        """The slices of ``Σ_i A_ji relu(<û_i, x> + β_i)`` in closed form."""
-        w = amp[self.out_of] * profile(self.order_of[:, None], beta[None, :]) * self.factors(directions)
-        v = self.embed(directions)
-        return np.einsum("pi,ia,ib->pab", w, v, v, optimize=True)
-
 
 def _complete_slices(outputs: list[dict], passed: list[dict]) -> Slices:
     """Order 2 of each output (first pass) and each (order, direction) of the higher-order pass."""
