@@ -173,6 +173,12 @@ def _check_tensor(source: Any, options: dict[str, Any]) -> dict[str, Any]:
             f"--method tensor learns one hidden ReLU layer; the teacher has {net.depth} hidden layer(s) with activation "
             f"{net.activation!r}; use --method filtered-pca for deep networks"
             + (", --method exact for other rectified activations" if net.depth == 1 else ""))
+    acts = source.activations() if hasattr(source, "activations") else None
+    if acts is not None and acts != ["Relu"]:
+        raise ValueError(
+            f"--method tensor learns one hidden ReLU layer; the ONNX model {source.path} has "
+            f"{len(acts)} activation layer(s) ({', '.join(acts) or 'none'}): use --method filtered-pca for deep ReLU "
+            "networks, --method polynomial for other activations")
     tensor.check_width(options.get("width"), source.d)
     if net is not None and options.get("width") is None:
         tensor.check_width(int(net.weights[0].shape[0]), source.d)

@@ -149,7 +149,8 @@ def test_a_scikit_learn_mlp_of_width_8_on_the_wine_data_is_extracted_on_two_work
 
 
 def test_settings_outside_the_method_are_refused_before_any_store_is_written(tmp_path):
-    """A deep teacher names filtered-pca; another activation names exact; nothing is written."""
+    """A deep teacher names filtered-pca — a network file, or an ONNX model whose graph has two activation
+    layers; another activation names exact; nothing is written."""
     rng = np.random.default_rng(0)
     Network((rng.standard_normal((4, 6)), rng.standard_normal((3, 4)), rng.standard_normal((1, 3)))).save(
         tmp_path / "deep.npz")
@@ -160,7 +161,31 @@ def test_settings_outside_the_method_are_refused_before_any_store_is_written(tmp
     with pytest.raises(ValueError, match=r"activation 'relu2'.*--method exact"):
         api.fit(config_from_dict(file_config(tmp_path / "r2.npz", 6, 100_000)), str(tmp_path / "b.zarr"),
                 "tensor", client="local", progress=None)
-    assert not (tmp_path / "a.zarr").exists() and not (tmp_path / "b.zarr").exists()
+    deep_onnx(tmp_path / "deep.onnx", 6)
+    cfg = {"seed": 1, "samples": 100_000, "chunk_size": 50_000,
+           "source": {"d": 6, "teacher": {"onnx": str(tmp_path / "deep.onnx")}}}
+    with pytest.raises(ValueError, match=r"the ONNX model .*deep.onnx has 2 activation layer\(s\) \(Relu, Relu\).*"
+                                         r"--method filtered-pca"):
+        api.fit(config_from_dict(cfg), str(tmp_path / "c.zarr"), "tensor", client="local", progress=None)
+    assert not any((tmp_path / n).exists() for n in ("a.zarr", "b.zarr", "c.zarr"))
+
+
+def deep_onnx(path, d: int) -> None:
+    """A float64 ONNX graph of two hidden ReLU layers (MatMul, Relu, MatMul, Relu, MatMul)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    ws = [rng.standard_normal((d, 5)), rng.standard_normal((5, 4)), rng.standard_normal((4, 1))]
+    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h0"]), helper.make_node("Relu", ["h0"], ["r0"]),
+             helper.make_node("MatMul", ["r0", "w1"], ["h1"]), helper.make_node("Relu", ["h1"], ["r1"]),
+             helper.make_node("MatMul", ["r1", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [None, d])],
+                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [None, 1])],
+                              [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    path.write_bytes(model.SerializeToString())
 
 
 # ------------------------------------------------------------------------------ wider than d

@@ -562,6 +562,9 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
             "sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
     overcomplete = lifted.lifted_route(d) and ((width is not None and width > d) or (width is None and sub.rank == d))
     report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "lifted" if overcomplete else "complete"}
+    if not overcomplete and sub.rank == d:
+        report["unresolved"] = (f"the subspace has full rank d = {d}: the network may be wider than d, and at d = {d} "
+                                "this method separates at most d units (the full T_4 is too large to estimate)")
     if not overcomplete and width is not None and sub.rank < width:
         raise _too_few(sub, width, int(np.asarray(stats["contracted"]["count"])))
     if not passes:
@@ -636,6 +639,9 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     k = int(net.weights[0].shape[0])
     report["width_requested"], report["width_found"] = width if width is not None else k, k
     if width is not None and k < width:
-        report["unresolved"] = (f"{width} units were requested but the noise floor supports {k} at this sample "
-                                "count: more samples raise the weaker units above it")
+        report["unresolved"] = "; ".join(filter(None, [report.get("unresolved"), (
+            f"{width} units were requested but the noise floor supports {k} at this sample count: more samples raise "
+            "the weaker units above it")]))
+    if report.get("unresolved"):
+        report["summary"]["unresolved"] = report["unresolved"]
     return LearnResult(net, report)

@@ -234,6 +234,20 @@ class OnnxSource(_BlackBox):
     def raw_answers(self, x: np.ndarray) -> Any:
         return _session(self.model).run([self.output_name], {self.input_name: x.astype(self.input_type)})[0]
 
+    def activations(self) -> Optional[list[str]]:
+        """The activation nodes of the model's graph in order (``["Relu"]`` for one hidden ReLU layer), or None
+        where the ``onnx`` package that reads graphs is not installed."""
+        try:
+            import onnx
+        except ImportError:
+            return None
+        return [n.op_type for n in onnx.load_from_string(self.model).graph.node if n.op_type in _ACTIVATIONS]
+
+
+#: ONNX operators that are a network's nonlinearity (one per hidden layer)
+_ACTIVATIONS = {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Gelu",
+                "HardSigmoid", "HardSwish", "Mish", "ThresholdedRelu", "Erf"}
+
 
 def onnx_source(path: Path, d: int, noise_std: float, output: Optional[int]) -> OnnxSource:
     """The source of ``source.teacher.onnx``: the model read, its one input checked against ``d``, its
