@@ -12,6 +12,7 @@ from relulearn.config import config_from_dict
 from relulearn.estimators import tensor
 from relulearn.estimators.base import BudgetError, TooFewSamplesError
 from relulearn.estimators.polish import polish_outputs
+from relulearn.estimators.polish_cg import DENSE_UNKNOWNS, polish_outputs_cg
 from relulearn.network import Network, compare
 from relulearn.pipeline.sources import Stream, generator
 
@@ -38,24 +39,61 @@ def planted(seed: int, d: int, k: int, m: int) -> Network:
     return Network((u, a), (0.6 * rng.standard_normal(k), rng.standard_normal(m)))
 
 
-def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off():
-    """Hidden rows shared by m = 4 outputs, biases everywhere: from every row turned by 0.1 rad, output weights
-    10 % off and output biases 0.1 off, Gauss–Newton on fixed patterns converges to the teacher's rounding."""
-    net = planted(3, 15, 7, 4)
-    rng = np.random.default_rng(4)
-    x = rng.standard_normal((30_000, 15))
-    y = net.forward(x)
+def turned_start(net: Network, rng: np.random.Generator, angle: float) -> Network:
+    """``net`` with every hidden row ``[u, b]`` turned by ``angle`` rad, output weights up to 10 % off and output
+    biases 0.1 off."""
     rows = np.column_stack([net.weights[0], net.biases[0]])
     noise = rng.standard_normal(rows.shape)
     noise -= np.sum(noise * rows, axis=1, keepdims=True) * rows / np.sum(rows**2, axis=1, keepdims=True)
-    turned = rows + 0.1 * noise * np.linalg.norm(rows, axis=1, keepdims=True) / np.linalg.norm(noise, axis=1,
-                                                                                                 keepdims=True)
-    start = Network((turned[:, :-1], net.weights[1] * rng.uniform(0.9, 1.1, net.weights[1].shape)),
-                    (turned[:, -1], net.biases[1] + 0.1), activation="relu")
+    noise /= np.linalg.norm(noise, axis=1, keepdims=True)
+    turned = np.cos(angle) * rows + np.sin(angle) * noise * np.linalg.norm(rows, axis=1, keepdims=True)
+    return Network((turned[:, :-1], net.weights[1] * rng.uniform(0.9, 1.1, net.weights[1].shape)),
+                   (turned[:, -1], net.biases[1] + 0.1), activation="relu")
+
+
+@pytest.mark.parametrize("d, k, m, n, matrix_free", [(15, 7, 4, 30_000, False), (90, 64, 10, 3_000, True)])
+def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off(d, k, m, n, matrix_free):
+    """Hidden rows shared by m outputs, biases everywhere: from every row turned by 0.1 rad, output weights
+    10 % off and output biases 0.1 off, Gauss–Newton on fixed patterns converges to the teacher's rounding —
+    with a dense normal matrix, and past :data:`DENSE_UNKNOWNS` (6,474 unknowns here, from 3,000 samples of 10
+    outputs) by conjugate gradients."""
+    net = planted(3, d, k, m)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, d))
+    y = net.forward(x)
+    start = turned_start(net, rng, 0.1)
     assert compare(net, start).relative_error > 0.05
+    assert (k * (d + 1) + m * (k + 1) > DENSE_UNKNOWNS) == matrix_free
     out, rep = polish_outputs(start, x, y)
     assert rep.converged and compare(net, out).relative_error <= 1e-12
     assert np.max(np.abs(out.forward(x) - y)) <= 1e-12 * np.max(np.abs(y))
+    assert bool(rep.cg_iterations) == matrix_free
+    x_test = np.random.default_rng(5).standard_normal((20_000, d))
+    assert np.linalg.norm(out.forward(x_test) - net.forward(x_test)) <= 1e-13 * np.linalg.norm(net.forward(x_test))
+
+
+def test_the_matrix_free_polish_takes_the_affine_part_and_matches_the_dense_one():
+    """With a free linear term (the units' orientation not known yet) both solvers reach the same fit: the
+    labels of a network with some units flipped (``relu(s) = relu(−s) + s``) to the teacher's rounding."""
+    net = planted(7, 20, 10, 3)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((12_000, 20))
+    y = net.forward(x)
+    flip = np.array([1, 0, 0, 1, 0, 0, 0, 1, 0, 0], bool)
+    s = np.where(flip, -1.0, 1.0)
+    flipped = Network((s[:, None] * net.weights[0], net.weights[1]), (s * net.biases[0], net.biases[1]),
+                      activation="relu")
+    start = turned_start(flipped, rng, 0.05)
+    dense, rep_dense = polish_outputs(start, x, y, affine=True)
+    free, rep_free = polish_outputs_cg(start, x, y, affine=True)
+    assert rep_free.cg_iterations and not rep_dense.cg_iterations
+    for out, rep in [(dense, rep_dense), (free, rep_free)]:
+        assert rep.converged and rep.relative_residual <= 1e-13
+        fit = out.forward(x) + x @ rep.linear.T
+        assert np.max(np.abs(fit - y)) <= 1e-12 * np.max(np.abs(y))
+        # the linear term is exactly the flipped units' linear parts
+        want = net.weights[1][:, flip] @ net.weights[0][flip]
+        assert np.max(np.abs(rep.linear - want)) <= 1e-10 * np.max(np.abs(want))
 
 
 def test_compare_counts_every_output_and_is_blind_to_the_symmetries():

@@ -16,6 +16,7 @@ from typing import Optional
 import numpy as np
 
 from ..network import Network
+from .polish_cg import DENSE_UNKNOWNS, polish_outputs_cg, start_rows, trusted_samples
 
 __all__ = ["PolishReport", "polish", "polish_outputs"]
 
@@ -34,8 +35,9 @@ class PolishReport:
     relative_residual: float
     samples_used: int
     pattern_changes: tuple[int, ...]
-    stop_reason: str = "fixed point"  # or "cycle" (patterns repeat), or "max_iter"
+    stop_reason: str = "fixed point"  # or "cycle" (patterns repeat), "no descent" (matrix-free), or "max_iter"
     linear: Optional[np.ndarray] = None  # with ``affine``: the free linear term, (m, d)
+    cg_iterations: tuple[int, ...] = ()  # matrix-free steps (:mod:`.polish_cg`): conjugate-gradient iterations
 
 
 def _split(net: Network) -> tuple[np.ndarray, np.ndarray, Optional[float]]:
@@ -191,7 +193,9 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     output weights ``A`` (m × k) and output biases — with the activation patterns fixed on the samples away
     from every unit's boundary, then the patterns are refreshed. The model is bilinear once the patterns are
     fixed, and the steps converge quadratically near the answer: noiseless labels reach machine precision.
-    The normal matrix is summed output by output (``n·p²`` flops per output, ``p = k(d+1) + m(k+1)``).
+    The normal matrix is summed output by output (``n·p²`` flops per output, ``p = k(d+1) + m(k+1)``); past
+    :data:`.polish_cg.DENSE_UNKNOWNS` unknowns each step is solved matrix-free instead
+    (:func:`.polish_cg.polish_outputs_cg`: ``4ndk`` flops per conjugate-gradient iteration, no ``p × p`` matrix).
 
     Parameters
     ----------
@@ -207,20 +211,12 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     (Network, PolishReport)
         The network with unit-norm hidden rows ``[u_i, b_i]`` and its output biases, and the report.
     """
-    if net.depth != 1 or net.activation != "relu":
-        raise ValueError("polish applies to one-hidden-layer ReLU networks")
-    y = np.asarray(y, dtype=np.float64).reshape(len(x), -1)
-    n, m = y.shape
-    xt = np.column_stack([x, np.ones(n)])
-    d1 = xt.shape[1]
-    b0 = np.zeros(len(net.weights[0])) if net.biases is None else net.biases[0]
-    h = np.column_stack([net.weights[0], b0])
-    a = net.weights[1].copy()
-    c = np.zeros(m) if net.biases is None else net.biases[1].astype(np.float64).copy()
-    keep = np.linalg.norm(a, axis=0) > 0
-    h, a = h[keep], a[:, keep]
-    k, d = len(h), d1 - 1
+    y, xt, h, a, c = start_rows(net, x, y)
+    (n, m), (k, d1) = y.shape, h.shape
+    d = d1 - 1
     p = k * d1 + m * k + m + (m * d if affine else 0)
+    if p > DENSE_UNKNOWNS:
+        return polish_outputs_cg(net, x, y, margin=margin, max_iter=max_iter, affine=affine)
     lin = np.zeros((m, d))
     if n < 2 * p:
         raise ValueError(f"polish needs more than {2 * p} samples (twice the unknowns); got {n}")
@@ -237,8 +233,7 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     prev = None
     stop, used, it = "max_iter", 0, 0
     for it in range(1, max_iter + 1):
-        proj = xt @ h.T
-        trusted = np.all(np.abs(proj) >= margin * np.linalg.norm(h[:, :-1], axis=1), axis=1)
+        proj, trusted = trusted_samples(xt, h, margin)
         used = int(trusted.sum())
         if used < 2 * p:
             raise ValueError(f"polish needs more than {2 * p} samples away from the unit boundaries; got {used}")

@@ -51,6 +51,7 @@ from .base import (Arrays, LearnResult, MissingStatisticError, NoSignalError, Pa
                    TooFewSamplesError)
 from .orient import orient
 from .polish import polish, polish_outputs
+from .polish_cg import DENSE_UNKNOWNS
 from .streamed import refine_unless_exact
 
 __all__ = ["OPTIONS", "MAX_PASSES", "HIGHER_ORDERS", "WidthError", "identifiable_width", "check_width",
@@ -118,8 +119,12 @@ def required_statistics(d: int, width: Optional[int] = None) -> dict:
 
 def sample_sizes(d: int, k: int, m: int) -> tuple[int, int]:
     """Training and validation samples of the bounded sample: polish with a free affine part solves for
-    ``k(d+1) + m(k+1) + m·d`` unknowns."""
+    ``p = k(d+1) + m(k+1) + m·d`` unknowns. Past :data:`.polish_cg.DENSE_UNKNOWNS` the polish is matrix-free,
+    each sample gives m equations and each of its iterations costs a pass over the samples: ``8p/m`` of them
+    (``40p`` would be 4·10⁶ rows of 784 inputs for a width-128 network with 10 outputs)."""
     unknowns = k * (d + 1) + m * (k + 1) + m * d
+    if unknowns > DENSE_UNKNOWNS:
+        return max(20_000, 8 * unknowns // m), max(10_000, 2 * unknowns // m)
     return max(20_000, 40 * unknowns), max(10_000, 10 * unknowns)
 
 
@@ -406,15 +411,18 @@ def _fit_profiles(weights: np.ndarray, scale: np.ndarray, factors: np.ndarray, o
 def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]:
     """Polish the units with a free affine part, orient them, and polish again: the network, and a report."""
     m = y.shape[1]
+    k, d = units.directions.shape
+    # one output: the products' least squares (a dense n × k(d+1) design) while it is small, else the matrix-free
+    # Gauss–Newton polish
+    single = m == 1 and k * (d + 1) + d + 1 <= DENSE_UNKNOWNS
     report: dict[str, Any] = {}
     # output weights, output bias and the affine part by least squares on the units as found
     feats = np.column_stack([np.maximum(x @ units.directions.T + units.beta, 0.0), x, np.ones(len(x))])
     sol = np.linalg.lstsq(feats, y, rcond=None)[0]
-    k = len(units.beta)
     start = Network((units.directions.copy(), sol[:k].T.copy()), (units.beta.copy(), sol[-1].copy()),
                     activation="relu")
     try:
-        loose, prep = (polish(start, x, y[:, 0], affine=True) if m == 1 else
+        loose, prep = (polish(start, x, y[:, 0], affine=True) if single else
                        polish_outputs(start, x, y, affine=True))
     except (ValueError, np.linalg.LinAlgError) as err:
         report["affine_polish"] = {"error": str(err)}
@@ -432,7 +440,7 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
     c = c + a[:, got.flip] @ b[got.flip]
     oriented = Network((sign[:, None] * u, a.copy()), (sign * b, c), activation="relu")
     try:
-        net, prep = polish(oriented, x, y[:, 0]) if m == 1 else polish_outputs(oriented, x, y)
+        net, prep = polish(oriented, x, y[:, 0]) if single else polish_outputs(oriented, x, y)
         report["polish"] = prep.__dict__
     except (ValueError, np.linalg.LinAlgError) as err:
         report["polish"] = {"error": str(err)}
