@@ -9,9 +9,10 @@ is applied as two products with the samples, ``J v`` and ``Jᵀ w`` (``4 n d k``
 conjugate gradients with a two-part preconditioner:
 
 * *coarse* unknowns — each unit's row along its own direction and its offset, the output weights and the output
-  biases, ``2k + m(k+1)`` in all — solved exactly (their Gram is summed from ``n × (3k+1)`` designs). They hold
-  the near-collinear pairs of the problem: a rarely active unit's slope and offset, an always-active unit's
-  offset and the output biases, a unit's output weights and its row's length;
+  biases, ``2k + m(k+1)`` in all — solved exactly (their Gram from products of the samples' ``n × 2k`` and
+  ``n × (k+1)`` designs, shared by all outputs). They hold the near-collinear pairs of the problem: a rarely
+  active unit's slope and offset, an always-active unit's offset and the output biases, a unit's output weights
+  and its row's length;
 * the rest of each hidden row (off its unit's plane): ``(AᵀA ⊙ PᵀP)⁻¹ ⊗ I`` (``P`` the patterns), the
   expected normal matrix of those components for Gaussian ``x``;
 * with ``affine``, the linear term: ``(XᵀX)⁻¹``.
@@ -109,7 +110,7 @@ def _gauge(h: np.ndarray, a: np.ndarray, weight: float) -> Callable[[_Step], _St
 def _preconditioner(des: _Design, a: np.ndarray, h: np.ndarray, gauge: float) -> Callable[[_Step], _Step]:
     """The preconditioner of the module docstring: exact on the *coarse* unknowns — each unit's row along its own
     direction and its offset, the output weights and the output biases, ``2k + m(k+1)`` unknowns whose Gram is
-    summed from ``n × (3k+1)`` designs — and ``(AᵀA ⊙ PᵀP)⁻¹ ⊗ I`` on the rest of the hidden rows (each row
+    built from two designs every output shares — and ``(AᵀA ⊙ PᵀP)⁻¹ ⊗ I`` on the rest of the hidden rows (each row
     projected off its unit's plane). The coarse part holds the near-collinear pairs of the problem: a rarely
     active unit's slope and offset, an always-active unit's offset and the output bias. ``gauge`` weighs the
     penalty on each unit's rescaling, as in :func:`_gauge`."""
