@@ -72,6 +72,45 @@ def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off(
     assert np.linalg.norm(out.forward(x_test) - net.forward(x_test)) <= 1e-13 * np.linalg.norm(net.forward(x_test))
 
 
+def test_rarely_active_units_get_their_rows_and_the_polish_then_reaches_machine_precision():
+    """A unit active on 1 % of Gaussian inputs (β = −2.3) has ~20 of 2,000 samples for its 61 unknowns: its row
+    is not determined and polish stops far off. :func:`.coverage.cover` streams further queries of the source and
+    keeps those on the rarer side of each short unit (active for β < 0, inactive for the always-on unit β = 2.3)
+    until each has 4(d+1); on that sample polish from 0.1 rad reaches the teacher's rounding."""
+    from relulearn.api import HeldOut
+    from relulearn.estimators.coverage import cover, side_counts
+    from relulearn.pipeline.sources import TeacherSource
+
+    d, k, m = 60, 8, 3
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal((k, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    beta = np.array([-2.3, 2.3, -0.5, 0.0, 0.4, 1.0, -1.0, 0.2])
+    net = Network((1.5 * u, rng.standard_normal((m, k))), (1.5 * beta, rng.standard_normal(m)), activation="relu")
+    draw = HeldOut(TeacherSource(net), 7)
+    smp = draw(2_000, 10)
+    start = turned_start(net, np.random.default_rng(4), 0.1)
+    _, have = side_counts(smp.x_train, u, beta)
+    assert have[:2].max() < d + 1 <= have[2:].min()
+    x_test = rng.standard_normal((20_000, d))
+
+    def errors(x, y):
+        out, _ = polish_outputs(start, x, y)
+        return compare(net, out).relative_error, (np.linalg.norm(out.forward(x_test) - net.forward(x_test))
+                                                  / np.linalg.norm(net.forward(x_test)))
+
+    assert errors(smp.x_train, smp.y_train)[0] > 1e-3  # rank-deficient rows: no exact answer on this sample
+    x_add, y_add, cov = cover(draw, smp.x_train, u, beta)
+    assert cov.needed == 4 * (d + 1) and not cov.short_units and cov.rows_added == len(x_add) == len(y_add)
+    assert cov.queries <= 1.2 * cov.needed / 0.0107 + 1_000  # the rarer side of |β| = 2.3 holds 1.07 %
+    x, y = np.vstack([smp.x_train, x_add]), np.vstack([smp.y_train, y_add])
+    assert side_counts(x, u, beta)[1].min() >= cov.needed
+    # the source's own labels for the kept queries (to the rounding of a product over another batch)
+    assert np.max(np.abs(y_add - net.forward(x_add))) <= 1e-14 * np.max(np.abs(y_add))
+    param, test = errors(x, y)
+    assert param <= 1e-13 and test <= 1e-13
+
+
 def test_the_matrix_free_polish_takes_the_affine_part_and_matches_the_dense_one():
     """With a free linear term (the units' orientation not known yet) both solvers reach the same fit: the
     labels of a network with some units flipped (``relu(s) = relu(−s) + s``) to the teacher's rounding."""

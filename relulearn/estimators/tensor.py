@@ -51,6 +51,7 @@ from .base import (Arrays, LearnResult, MissingStatisticError, NoSignalError, Pa
                    TooFewSamplesError)
 from .orient import orient
 from .polish import polish, polish_outputs
+from .coverage import COVER_PART, cover
 from .polish_cg import DENSE_UNKNOWNS
 from .streamed import refine_unless_exact
 
@@ -121,7 +122,8 @@ def sample_sizes(d: int, k: int, m: int) -> tuple[int, int]:
     """Training and validation samples of the bounded sample: polish with a free affine part solves for
     ``p = k(d+1) + m(k+1) + m·d`` unknowns. Past :data:`.polish_cg.DENSE_UNKNOWNS` the polish is matrix-free,
     each sample gives m equations and each of its iterations costs a pass over the samples: ``8p/m`` of them
-    (``40p`` would be 4·10⁶ rows of 784 inputs for a width-128 network with 10 outputs)."""
+    (``40p`` would be 4·10⁶ rows of 784 inputs for a width-128 network with 10 outputs). Units active (or inactive)
+    on a small fraction of inputs get further rows from :func:`.coverage.cover`."""
     unknowns = k * (d + 1) + m * (k + 1) + m * d
     if unknowns > DENSE_UNKNOWNS:
         return max(20_000, 8 * unknowns // m), max(10_000, 2 * unknowns // m)
@@ -448,6 +450,25 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
     return net, report
 
 
+#: part ids between the coverage draws of successive rounds (a draw without ``part_batches`` uses consecutive ids)
+COVER_STRIDE = 10_000
+
+
+def _covered(samples: Any, x: np.ndarray, y: np.ndarray, units: Units, report: dict, part: int
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """The polish's sample with the rows :func:`.coverage.cover` adds for the units' smaller sides; what it did
+    in ``report["coverage"]``, and units still short in ``report["short_units"]``."""
+    x_add, y_add, cov = cover(samples, x, units.directions, units.beta, part=part)
+    report["coverage"] = cov.to_dict()
+    if cov.short_units:
+        report["short_units"] = (f"{len(cov.short_units)} units have fewer than {cov.needed} samples on their rarer "
+                                 f"side after {cov.queries:,} further queries (fewest: {cov.smallest_side}): their "
+                                 "rows may not be determined")
+    if len(x_add) == 0:
+        return x, y
+    return np.vstack([x, x_add]), np.vstack([y, y_add.reshape(len(x_add), -1)])
+
+
 def _units_of(net: Network) -> Units:
     """A network's units in the decomposition's terms: unit directions, offsets, output weights ``A = a|u|``."""
     u = net.weights[0]
@@ -600,10 +621,11 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     def loss(net: Network) -> float:
         return float(np.mean((y_val - net.forward(smp.x_val)) ** 2) / y2)
 
-    net, report["network"] = _network(units, smp.x_train, y)
+    x_train, y = _covered(samples, smp.x_train, y, units, report, part=COVER_PART)
+    net, report["network"] = _network(units, x_train, y)
     net, report["dropped"] = _pruned(net, width)
     if report["dropped"]:
-        net, report["network_pruned"] = _network(_units_of(net), smp.x_train, y)
+        net, report["network_pruned"] = _network(_units_of(net), x_train, y)
     losses = {"decomposition": loss(net)}
     rounds: list[dict] = []
     for r in range(RESIDUAL_ROUNDS if overcomplete else 0):
@@ -618,10 +640,11 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         have = _units_of(net)
         grown = Units(np.vstack([have.directions, missing.directions]), np.r_[have.beta, missing.beta],
                       np.hstack([have.amp, missing.amp]))
-        candidate, round_report["network"] = _network(grown, smp.x_train, y)
+        x_train, y = _covered(samples, x_train, y, grown, round_report, part=COVER_PART + COVER_STRIDE * (r + 1))
+        candidate, round_report["network"] = _network(grown, x_train, y)
         candidate, round_report["dropped"] = _pruned(candidate, width)
         if round_report["dropped"]:
-            candidate, round_report["network_pruned"] = _network(_units_of(candidate), smp.x_train, y)
+            candidate, round_report["network_pruned"] = _network(_units_of(candidate), x_train, y)
         name = f"residual-{r + 1}"
         losses[name] = round_report["validation_relative_loss"] = loss(candidate)
         if losses[name] < min(v for key, v in losses.items() if key != name):
@@ -650,6 +673,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         report["unresolved"] = "; ".join(filter(None, [report.get("unresolved"), (
             f"{width} units were requested but the noise floor supports {k} at this sample count: more samples raise "
             "the weaker units above it")]))
+    if source.get("short_units") and min(losses.values()) >= FIT_LOSS:
+        report["unresolved"] = "; ".join(filter(None, [report.get("unresolved"), source["short_units"]]))
     if report.get("unresolved"):
         report["summary"]["unresolved"] = report["unresolved"]
     return LearnResult(net, report)
