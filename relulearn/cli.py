@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from . import api
+from .atomic import write_text
 from .config import ConfigError
 from .network import NetworkFileError
 from .pipeline.cluster import ClusterLostError
@@ -295,7 +296,7 @@ def _check_report_path(path: Optional[str]) -> None:
 
 
 def _write_report(path: str, result: dict[str, Any]) -> None:
-    Path(path).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_text(path, json.dumps(result, indent=2, default=str) + "\n")
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .atomic import save_npz
+
 __all__ = ["Network", "NetworkFileError", "ACTIVATIONS", "RELU_POWERS", "compare", "compare_two_layer", "input_gradients", "gradient_subspace", "subspace_angle"]
 
 
@@ -199,7 +201,7 @@ class Network:
 
     def save(self, path: str | Path) -> None:
         """Write the network as an ``.npz`` file (no pickled objects)."""
-        np.savez(Path(path), **self.to_arrays())
+        save_npz(path, self.to_arrays())
 
     @classmethod
     def load(cls, path: str | Path) -> "Network":

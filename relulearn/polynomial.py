@@ -17,6 +17,7 @@ from typing import Optional, Union
 import numpy as np
 
 from . import hermite
+from .atomic import save_npz
 from .network import Network, NetworkFileError, read_arrays
 
 __all__ = ["PolynomialModel", "load_model", "Model"]
@@ -107,7 +108,7 @@ class PolynomialModel:
 
     def save(self, path: str | Path) -> None:
         """Write the model as an ``.npz`` file (no pickled objects)."""
-        np.savez(Path(path), **self.to_arrays())
+        save_npz(path, self.to_arrays())
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "polynomial model") -> "PolynomialModel":

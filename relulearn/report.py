@@ -26,6 +26,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .atomic import write_text
+
 __all__ = ["Figure", "FIGURES", "report_figures", "render_html", "write_report"]
 
 #: the figures of a report, in order: (name, title)
@@ -307,7 +309,7 @@ def write_report(store: str, out: str | Path, *, model: Optional[str] = None,
     if teacher is not None:
         facts.append(("teacher", str(teacher)))
     page = render_html(figs, f"relulearn report: {Path(store).name}", facts)
-    Path(out).write_text(page)
+    write_text(out, page)
     return {"out": str(out), "bytes": len(page.encode()),
             "figures": [f.name for f in figs if f.png is not None],
             "not_drawn": {f.name: f.caption for f in figs if f.png is None}}
