@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Optional, TextIO
 import numpy as np
 
 from .aligned import fresh, fresh_map, one_blas_thread
-from .config import RunConfig, load_config
+from .config import ConfigError, RunConfig, load_config
 from .estimators.base import PassRequest, Samples
 from .network import Network
 from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepare
@@ -513,9 +513,13 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     teacher = Path(teacher)
     if teacher.suffix == ".npz":
         source, seed = TeacherSource(Network.load(teacher)), 0
-    else:
+    elif teacher.suffix.lower() in (".yaml", ".yml", ".json", ""):
         cfg = load_config(teacher)
         source, seed = make_source(cfg), cfg.seed
+    else:
+        raise ConfigError(f"teacher {teacher}: a {teacher.suffix} file is not a teacher; give a network file (.npz) "
+                          "or a run configuration (.yaml) whose source is the teacher (an ONNX model or a callable "
+                          "goes in its `teacher:` section)")
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
     if data_of(source) is not None:  # data: its last rows, raw (the model maps raw inputs)

@@ -22,6 +22,7 @@ import yaml
 
 from relulearn.api import estimate, status
 from relulearn.config import load_config
+from relulearn.network import Network
 from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
 from relulearn.storage import FORMAT_VERSION
 
@@ -209,10 +210,21 @@ def test_unreadable_configuration_files(store, tmp_path):
     broken = tmp_path / "broken.yaml"
     broken.write_text("seed: 3\nsource: {d: 4\n")
     scalar = write_yaml(tmp_path / "scalar.yaml", [1, 2, 3])
-    procs = cli_parallel(*(("estimate", c, "--store", path, "--in-process") for c in (missing, broken, scalar)))
+    twice = tmp_path / "twice.yaml"
+    twice.write_text(write_yaml(tmp_path / "ok.yaml", config()).read_text() + "seed: 99\n")
+    model = tmp_path / "model.npz"
+    Network((np.eye(4), np.ones((1, 4))), activation="relu").save(model)
+    binary = tmp_path / "model.yaml"
+    binary.write_bytes(b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xb7\xac")
+    procs = cli_parallel(*(("estimate", c, "--store", path, "--in-process")
+                           for c in (missing, broken, scalar, twice, binary)),
+                         ("evaluate", model, "--teacher", tmp_path / "teacher.pkl"))
     assert_user_error(procs[0], "cannot read configuration file", str(missing))
     assert_user_error(procs[1], str(broken), "not valid YAML")
     assert_user_error(procs[2], str(scalar), "expected a mapping of keys, got list")
+    assert_user_error(procs[3], str(twice), "the key 'seed' is given twice")  # YAML alone keeps the last silently
+    assert_user_error(procs[4], str(binary), "not a text file", "byte 10")
+    assert_user_error(procs[5], "teacher.pkl", "a .pkl file is not a teacher", ".npz", ".yaml")
     assert_intact(path, before)
 
 
