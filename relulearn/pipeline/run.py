@@ -90,14 +90,17 @@ def statistics_from_store(cfg: RunConfig, store: RunStore) -> list[Statistic]:
 def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, list[list]]:
     """The committed sums as a :class:`Partial`, and the ledger rows
     ``[seed, start, stop, commit, platform]`` (platform: see :func:`worker.platform_id`)."""
-    ledger_arrays = store.read_group("ledger")
+    # one generation: the ledger, the sums and the metadata of the same commit (a store being extended
+    # while it is merged, for instance, is read as one of its commits)
+    meta, groups = store.read_head(["ledger"] + [s.name for s in stats])
+    ledger_arrays = groups["ledger"]
     ledger = np.stack([ledger_arrays[k][1] for k in LEDGER_COLUMNS], axis=1).astype(np.int64)
-    names = ledger_platforms(ledger_arrays, store.meta() or {})
+    names = ledger_platforms(ledger_arrays, meta)
     ledger_rows = [row + [name] for row, name in zip(ledger.tolist(), names)]
     # merged stores hold several seeds' ranges: the state covers their total count
     part = Partial(0, int((ledger[:, 2] - ledger[:, 1]).sum()))
     for s in stats:
-        arrays = store.read_group(s.name)
+        arrays = groups[s.name]
         part.sums[s.name] = {k: np.array(arrays[f"sum_{k}"][1]) for k in s.sums_schema()}
         part.sumsq[s.name] = {k: np.array(arrays[f"sumsq_{k}"][1]) for k in s.terms_schema()}
     return part, ledger_rows

@@ -32,7 +32,9 @@ only the one-object switch makes them current. A crash (SIGKILL, lost connection
 instant therefore leaves the last committed state readable; an unfinished generation, or an
 old one not yet deleted, is an orphan no reader follows, removed by the next writer (a new
 commit, or ``clean()`` when a run resumes). Only one writer (the driver) may commit to a
-store at a time. A reader holding a generation open (a lazy xarray dataset) while a commit
+store at a time. :meth:`RunStore.read_head` reads ``head`` again after the arrays and reads anew
+when a commit moved it meanwhile (step (3) may have deleted chunks under it, which zarr would
+read as zeros). A reader holding a generation open (a lazy xarray dataset) while a commit
 deletes it loses its chunks: readers of a store that is being written re-open it per read.
 
 Consolidated metadata
@@ -480,26 +482,53 @@ class RunStore:
         return None if meta is None else meta.get("head")
 
     def read_group(self, name: str) -> dict[str, ArrayData]:
-        """All arrays of one statistic (or ``ledger``) in the committed generation.
+        """All arrays of one statistic (or ``ledger``) in the committed generation (see :meth:`read_head`)."""
+        return self.read_head([name])[1][name]
 
-        Reads the root document once (``head`` and the consolidated metadata), then every
-        chunk of the group concurrently.
+    def read_head(self, names: list[str], *, attempts: int = 10) -> tuple[dict, dict[str, dict[str, ArrayData]]]:
+        """The metadata and the arrays of ``names`` (statistics or ``ledger``) of one committed generation.
+
+        Reads the root document once (``head`` and the consolidated metadata), every chunk of the groups
+        concurrently, then the root document again: when ``head`` has not moved, no commit deleted the
+        generation while it was read (a commit deletes a generation only after switching ``head`` away from
+        it, and never back), so every array is the committed one — a chunk deleted under a reader would read
+        as zeros. When it has moved, the read is done again on the new head.
+
+        Raises
+        ------
+        StoreError
+            When the store holds no committed statistics, or was committed to during each of ``attempts``
+            reads.
         """
         if self.meta() is None:
             raise StoreError(f"{self.url} holds no committed statistics yet")
 
-        async def read() -> dict[str, ArrayData]:
-            root = await zasync.open_group(self._store(read_only=True), mode="r", zarr_format=3)
-            head = root.attrs["relulearn"]["head"]  # the same document the metadata came from
-            grp = await root.getitem(f"{head}/{name}")
-            arrays = [arr async for _, arr in grp.arrays()]
-            values = await asyncio.gather(*(arr.getitem(Ellipsis) for arr in arrays))
-            return {arr.basename: (tuple(arr.metadata.dimension_names or ()), np.asarray(v))
-                    for arr, v in zip(arrays, values)}
+        async def read() -> tuple[dict, dict[str, dict[str, ArrayData]], Optional[str]]:
+            store = self._store(read_only=True)
+            root = await zasync.open_group(store, mode="r", zarr_format=3)
+            meta = dict(root.attrs["relulearn"])  # the same document the consolidated metadata came from
+            head = meta["head"]
+
+            async def group(name: str) -> dict[str, ArrayData]:
+                grp = await root.getitem(f"{head}/{name}")
+                arrays = [arr async for _, arr in grp.arrays()]
+                values = await asyncio.gather(*(arr.getitem(Ellipsis) for arr in arrays))
+                return dict(sorted((arr.basename, (tuple(arr.metadata.dimension_names or ()), np.asarray(v)))
+                                   for arr, v in zip(arrays, values)))
+
+            groups = dict(zip(names, await asyncio.gather(*(group(n) for n in names))))
+            raw = await store.get("zarr.json", default_buffer_prototype())
+            after = None if raw is None else json.loads(raw.to_bytes()).get("attributes", {}).get(
+                "relulearn", {}).get("head")
+            return meta, groups, after
 
         with _object_store_errors(self.url, "read"):
-            out = sync(read())
-        return dict(sorted(out.items()))
+            for _ in range(attempts):
+                meta, groups, after = sync(read())
+                if after == meta["head"]:
+                    return meta, groups
+        raise StoreError(f"{self.url} was committed to during each of {attempts} reads; read it again, or when "
+                         "its writer has stopped (`relulearn status` names it)")
 
     def groups(self) -> list[str]:
         head = self.head()
