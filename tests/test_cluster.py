@@ -197,8 +197,9 @@ def test_driver_sigkill_with_external_cluster_resumes_bitwise(long_run, external
     """Three SIGKILLs of the driver with commits in between; a new driver on the same cluster resumes."""
     cfg_path, ref = long_run
     url = str(tmp_path / "killed.zarr")
+    # a killed driver leaves its lease behind: each new driver breaks it (the previous one is dead)
     cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler", external.file,
-           "--quiet", "--commit-interval", "0"]
+           "--quiet", "--commit-interval", "0", "--break-lock"]
     progress = _kill_driver_until(cmd, url, 3, np.random.default_rng(8))
     assert len(progress) == 3 and 0 < progress[0] < progress[1] < progress[2] < LONG["samples"], progress
     done = subprocess.run(cmd + ["--json"], env=cli_env(), capture_output=True, text=True, timeout=300)

@@ -202,6 +202,8 @@ def test_readers_see_whole_commits_while_a_writer_commits(tmp_path):
     by rename), and every read of a generation, taken while commits delete the one before, holds the arrays
     its head claims: the sample count, the ledger and the sums agree (a chunk deleted under a reader would
     read as zeros)."""
+    from relulearn import api
+
     cfg_path = write_config(tmp_path / "run.yaml", COMMITS)
     url = str(tmp_path / "run.zarr")
     writer = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
@@ -212,6 +214,7 @@ def test_readers_see_whole_commits_while_a_writer_commits(tmp_path):
     while not root.exists():
         assert writer.poll() is None and time.monotonic() < deadline, writer.stderr.read()
         time.sleep(0.02)
+    assert api.status(url)["lease"]["pid"] == writer.pid  # status names the writer
     heads, reads = set(), 0
     while writer.poll() is None:
         json.loads(root.read_bytes())  # never a half-written document
