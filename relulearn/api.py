@@ -30,7 +30,8 @@ __all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluat
 def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
              workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
              progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
-             on_start: Optional[Callable[[dict], None]] = None, break_lock: bool = False) -> RunSummary:
+             on_start: Optional[Callable[[dict], None]] = None, break_lock: bool = False,
+             dashboard: Optional[str] = None) -> RunSummary:
     """Start, resume or extend the run described by ``config`` in ``store``.
 
     Parameters
@@ -50,6 +51,9 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
         process without Dask.
     break_lock
         Break a stale lease on the store (left by a writer that died) before taking it.
+    dashboard
+        ``HOST:PORT`` of a local cluster's dashboard (default: the config's ``run.dashboard``,
+        else 127.0.0.1 on a free port).
 
     Raises
     ------
@@ -66,7 +70,7 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
         if client is not None:
             prepare(client)  # a client the caller made: same checks and worker setup as connect()
             return _estimate(cfg, store, client=client, **kw)
-        with connect(workers=workers, scheduler=scheduler) as c:
+        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
             return _estimate(cfg, store, client=c, **kw)
 
 
@@ -430,7 +434,8 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
           degree: Optional[int] = None, shrink: Optional[str] = None, subspace: Optional[bool] = None,
           residual: Optional[bool] = None, biases: Optional[bool] = None, out: Optional[str] = None,
           workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-          progress: Optional[TextIO] = sys.stderr, break_lock: bool = False) -> dict[str, Any]:
+          progress: Optional[TextIO] = sys.stderr, break_lock: bool = False,
+          dashboard: Optional[str] = None) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
     Runs the extra passes the method asks for (stored under ``STORE/passes/``), evaluates
@@ -450,6 +455,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
 
     The store is only read (learn takes no lease on it); each extra pass is a store of its own,
     written under its own lease (``break_lock``: break a stale one, left by a learn that died).
+    ``dashboard``: ``HOST:PORT`` of a local cluster's dashboard (default 127.0.0.1, a free port).
 
     Returns
     -------
@@ -464,7 +470,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     if client is not None:
         prepare(client)
         return _learn_with(client, store, method, options, out, progress, break_lock)
-    with connect(workers=workers, scheduler=scheduler) as c:
+    with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard) as c:
         return _learn_with(c, store, method, options, out, progress, break_lock)
 
 
@@ -476,7 +482,8 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         out: Optional[str] = None,
         samples: Optional[int] = None,
         workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-        progress: Optional[TextIO] = sys.stderr, break_lock: bool = False) -> dict[str, Any]:
+        progress: Optional[TextIO] = sys.stderr, break_lock: bool = False,
+        dashboard: Optional[str] = None) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
     A configuration without a ``statistics`` section gets the method's own choice. The
@@ -517,7 +524,7 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         if client is not None:
             prepare(client)
             return run(client, lease)
-        with connect(workers=workers, scheduler=scheduler) as c:
+        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
             return run(c, lease)
 
 
@@ -689,7 +696,7 @@ def exact_arbitrary(inputs: str | Path, labels: str | Path, width: int, *, activ
 
 def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0, store: Optional[str] = None,
          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-         progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+         progress: Optional[TextIO] = sys.stderr, dashboard: Optional[str] = None) -> dict[str, Any]:
     """Plant a one-hidden-layer ReLU network, estimate, learn, polish, evaluate.
 
     Returns the teacher's and the learned network's units side by side (matched up to
@@ -711,7 +718,7 @@ def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0
         url = store or str(Path(tmp) / "demo.zarr")
         model = str(Path(tmp) / "model.npz")
         fitted = fit(cfg, url, "moments", out=model, workers=workers, scheduler=scheduler, client=client,
-                     progress=progress)
+                     progress=progress, dashboard=dashboard)
         learned = Network.load(model)
     teacher = make_source(cfg).network
     cmp = compare(teacher, learned)

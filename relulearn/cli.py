@@ -61,6 +61,10 @@ def _non_negative_float(text: str) -> float:
 _BREAK_LOCK_HELP = ("break a stale lease on the store: one whose process is no longer running on this host, or "
                     "without a heartbeat for RELULEARN_LEASE_TIMEOUT seconds (default 600), as a writer killed with "
                     "SIGKILL or on a lost machine leaves; a live lease is never broken")
+_DASHBOARD_HELP = ("HOST:PORT where the local cluster's Dask dashboard listens (default: the config's run.dashboard, "
+                   "else 127.0.0.1:0, this machine only on a free port). An address on another interface, e.g. "
+                   "0.0.0.0:8787, lets anyone who reaches this host read the cluster's pages (task names, worker "
+                   "logs and memory); ignored with --scheduler and --in-process")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-interval", type=_non_negative_float,
                    help="seconds between commits (default: the config's run.commit_interval, 30)")
     p.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP)
+    p.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
 
@@ -133,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "candidate batches and extra passes all run there (default: DASK_SCHEDULER_ADDRESS if set, "
                        "else a local cluster)")
         w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
+        q.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
 
     def add_learn_options(q: argparse.ArgumentParser) -> None:
         q.add_argument("--method", default="moments", choices=list(api.METHODS),
@@ -309,7 +315,13 @@ def _write_report(path: str, result: dict[str, Any]) -> None:
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"workers": args.workers, "scheduler": args.scheduler, "client": "local" if args.in_process else None,
-            "progress": None if args.quiet else sys.stderr}
+            "progress": None if args.quiet else sys.stderr, "dashboard": _dashboard(args)}
+
+
+def _dashboard(args: argparse.Namespace) -> Optional[str]:
+    from .pipeline.cluster import check_dashboard
+
+    return None if args.dashboard is None else check_dashboard(args.dashboard)
 
 
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -443,7 +455,7 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
     summary = api.estimate(args.config, args.store, samples=args.samples, workers=args.workers,
                            scheduler=args.scheduler, client=client, commit_interval=args.commit_interval,
                            progress=None if args.quiet else sys.stderr, on_start=on_start,
-                           break_lock=args.break_lock)
+                           break_lock=args.break_lock, dashboard=_dashboard(args))
     return summary.to_dict()
 
 
