@@ -22,7 +22,7 @@ from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepar
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.sources import data_of
 from .pipeline.run import estimate as _estimate
-from .storage import open_store
+from .storage import LeaseInfo, StoreError, open_store, read_lease, writing
 
 __all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate", "predict", "exact_arbitrary"]
 
@@ -30,7 +30,8 @@ __all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluat
 def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
              workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
              progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
-             on_start: Optional[Callable[[dict], None]] = None) -> RunSummary:
+             on_start: Optional[Callable[[dict], None]] = None, break_lock: bool = False,
+             dashboard: Optional[str] = None) -> RunSummary:
     """Start, resume or extend the run described by ``config`` in ``store``.
 
     Parameters
@@ -48,28 +49,52 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
     client
         An existing ``distributed.Client``, or the string ``"local"`` to run in this
         process without Dask.
+    break_lock
+        Break a stale lease on the store (left by a writer that died) before taking it.
+    dashboard
+        ``HOST:PORT`` of a local cluster's dashboard (default: the config's ``run.dashboard``,
+        else 127.0.0.1 on a free port).
+
+    Raises
+    ------
+    StoreLockedError
+        Before any cluster starts, when another writer holds the store's lease, or a
+        stale lease is left and ``break_lock`` is not given.
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    if client == "local":
-        return _estimate(cfg, store, samples=samples, client=None, progress=progress,
-                         commit_interval=commit_interval, on_start=on_start)
-    if client is not None:
-        prepare(client)  # a client the caller made: same checks and worker setup as connect()
-        return _estimate(cfg, store, samples=samples, client=client, progress=progress,
-                         commit_interval=commit_interval, on_start=on_start)
-    with connect(workers=workers, scheduler=scheduler) as c:
-        return _estimate(cfg, store, samples=samples, client=c, progress=progress,
-                         commit_interval=commit_interval, on_start=on_start)
+    with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
+        kw = dict(samples=samples, progress=progress, commit_interval=commit_interval, on_start=on_start,
+                  lease=lease)
+        if client == "local":
+            return _estimate(cfg, store, client=None, **kw)
+        if client is not None:
+            prepare(client)  # a client the caller made: same checks and worker setup as connect()
+            return _estimate(cfg, store, client=client, **kw)
+        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
+            return _estimate(cfg, store, client=c, **kw)
 
 
 def status(store: str) -> dict[str, Any]:
-    """What a store holds: samples, statistics, fingerprint, last commit."""
-    return open_store(store).summary()
+    """What a store holds: samples, statistics, fingerprint, last commit, and ``lease``: the writer
+    holding the store (host, pid, start, last heartbeat, and ``stale``: why it is stale, or None),
+    or None when no writer holds it."""
+    try:
+        out = open_store(store).summary()
+    except StoreError as err:
+        found = read_lease(store) if "no relulearn store" in str(err) else None
+        if not isinstance(found, LeaseInfo):
+            raise
+        raise StoreError(f"{err}; its first run is being written by {found.describe()}") from None
+    found = read_lease(store)
+    out["lease"] = (found.to_dict() if isinstance(found, LeaseInfo)
+                    else None if found is None else {"holder": None, "stale": "its lease document cannot be read"})
+    return out
 
 
-def merge(a: str, b: str, out: str) -> dict[str, Any]:
-    """Merge two stores of the same source with different seeds into a new store ``out``."""
-    return merge_stores(a, b, out)
+def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, Any]:
+    """Merge two stores of the same source with different seeds into a new store ``out``
+    (``break_lock``: break a stale lease on ``out`` first)."""
+    return merge_stores(a, b, out, break_lock=break_lock)
 
 
 # ------------------------------------------------------------------ learning
@@ -304,7 +329,7 @@ def _pass_url(store: str, name: str, statistics: dict) -> str:
 
 
 def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], out: Optional[str],
-                progress: Optional[TextIO]) -> dict[str, Any]:
+                progress: Optional[TextIO], break_lock: bool = False) -> dict[str, Any]:
     from .config import config_from_dict
     from .pipeline.sources import make_source
 
@@ -328,7 +353,9 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
         pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
         if progress is not None:
             print(f"pass '{result.name}': {result.reason}", file=progress)
-        summary = _estimate(pass_cfg, url, samples=run.samples, client=client, progress=progress)
+        # a pass is a store of its own, written under its own lease
+        summary = _estimate(pass_cfg, url, samples=run.samples, client=client, progress=progress,
+                            break_lock=break_lock)
         pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
         passes.append({name: open_store(url).arrays(name) for name in open_store(url).statistics})
     else:
@@ -405,8 +432,10 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
           budget: Optional[int] = None, activation: Optional[str] = None, exact_samples: Optional[int] = None,
           refine_samples: Optional[int] = None, starts: Optional[int] = None, route: Optional[str] = None,
           degree: Optional[int] = None, shrink: Optional[str] = None, subspace: Optional[bool] = None,
-          residual: Optional[bool] = None, biases: Optional[bool] = None, out: Optional[str] = None, workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-          progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+          residual: Optional[bool] = None, biases: Optional[bool] = None, out: Optional[str] = None,
+          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
+          progress: Optional[TextIO] = sys.stderr, break_lock: bool = False,
+          dashboard: Optional[str] = None) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
     Runs the extra passes the method asks for (stored under ``STORE/passes/``), evaluates
@@ -424,6 +453,10 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     model is a :class:`~relulearn.polynomial.PolynomialModel`; ``biases`` of ``moments`` (learn hidden and
     output biases; default: unless the source is a planted or file network without biases).
 
+    The store is only read (learn takes no lease on it); each extra pass is a store of its own,
+    written under its own lease (``break_lock``: break a stale one, left by a learn that died).
+    ``dashboard``: ``HOST:PORT`` of a local cluster's dashboard (default 127.0.0.1, a free port).
+
     Returns
     -------
     dict
@@ -433,12 +466,12 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
                        degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
     if client == "local":
-        return _learn_with(None, store, method, options, out, progress)
+        return _learn_with(None, store, method, options, out, progress, break_lock)
     if client is not None:
         prepare(client)
-        return _learn_with(client, store, method, options, out, progress)
-    with connect(workers=workers, scheduler=scheduler) as c:
-        return _learn_with(c, store, method, options, out, progress)
+        return _learn_with(client, store, method, options, out, progress, break_lock)
+    with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard) as c:
+        return _learn_with(c, store, method, options, out, progress, break_lock)
 
 
 def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
@@ -449,11 +482,13 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         out: Optional[str] = None,
         samples: Optional[int] = None,
         workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-        progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+        progress: Optional[TextIO] = sys.stderr, break_lock: bool = False,
+        dashboard: Optional[str] = None) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
     A configuration without a ``statistics`` section gets the method's own choice. The
-    options are those of :func:`learn`.
+    options are those of :func:`learn` and :func:`estimate`; the store's lease is taken before
+    a cluster starts and held until the learn ends.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
@@ -475,21 +510,22 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         stats = mod.required_statistics(cfg.source.d, width, **extra)
         cfg = config_from_dict(dict(cfg.to_dict(), statistics=stats), base_dir=cfg.base_dir)
 
-    def run(c: Any) -> dict[str, Any]:
-        summary = _estimate(cfg, store, samples=samples, client=c, progress=progress)
-        result = _learn_with(c, store, method, options, out, progress)
+    def run(c: Any, lease: Any) -> dict[str, Any]:
+        summary = _estimate(cfg, store, samples=samples, client=c, progress=progress, lease=lease)
+        result = _learn_with(c, store, method, options, out, progress, break_lock)
         result["estimate"] = summary.to_dict()
         if plan is not None:
             result["statistics_plan"] = plan
         return result
 
-    if client == "local":
-        return run(None)
-    if client is not None:
-        prepare(client)
-        return run(client)
-    with connect(workers=workers, scheduler=scheduler) as c:
-        return run(c)
+    with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
+        if client == "local":
+            return run(None, lease)
+        if client is not None:
+            prepare(client)
+            return run(client, lease)
+        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
+            return run(c, lease)
 
 
 def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int = 200_000) -> dict[str, Any]:
@@ -664,7 +700,7 @@ def exact_arbitrary(inputs: str | Path, labels: str | Path, width: int, *, activ
 
 def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0, store: Optional[str] = None,
          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-         progress: Optional[TextIO] = sys.stderr) -> dict[str, Any]:
+         progress: Optional[TextIO] = sys.stderr, dashboard: Optional[str] = None) -> dict[str, Any]:
     """Plant a one-hidden-layer ReLU network, estimate, learn, polish, evaluate.
 
     Returns the teacher's and the learned network's units side by side (matched up to
@@ -686,7 +722,7 @@ def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0
         url = store or str(Path(tmp) / "demo.zarr")
         model = str(Path(tmp) / "model.npz")
         fitted = fit(cfg, url, "moments", out=model, workers=workers, scheduler=scheduler, client=client,
-                     progress=progress)
+                     progress=progress, dashboard=dashboard)
         learned = Network.load(model)
     teacher = make_source(cfg).network
     cmp = compare(teacher, learned)

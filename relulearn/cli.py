@@ -59,6 +59,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+_BREAK_LOCK_HELP = ("break a stale lease on the store: one whose process is no longer running on this host, or "
+                    "without a heartbeat for RELULEARN_LEASE_TIMEOUT seconds (default 600), as a writer killed with "
+                    "SIGKILL or on a lost machine leaves; a live lease is never broken")
+_DASHBOARD_HELP = ("HOST:PORT where the local cluster's Dask dashboard listens (default: the config's run.dashboard, "
+                   "else 127.0.0.1:0, this machine only on a free port). An address on another interface, e.g. "
+                   "0.0.0.0:8787, lets anyone who reaches this host read the cluster's pages (task names, worker "
+                   "logs and memory); ignored with --scheduler and --in-process")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="relulearn",
@@ -91,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the blocks in this process without Dask (same results, no parallelism)")
     p.add_argument("--commit-interval", type=_non_negative_float,
                    help="seconds between commits (default: the config's run.commit_interval, 30)")
+    p.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP)
+    p.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
 
@@ -119,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", help="first store")
     p.add_argument("b", help="second store")
     p.add_argument("--out", required=True, help="location of the new merged store")
+    p.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP.replace("the store", "the --out store"))
     p.add_argument("--json", action="store_true", help="print as JSON")
     def add_cluster_options(q: argparse.ArgumentParser) -> None:
         w = q.add_mutually_exclusive_group()
@@ -127,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "candidate batches and extra passes all run there (default: DASK_SCHEDULER_ADDRESS if set, "
                        "else a local cluster)")
         w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
+        q.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
 
     def add_learn_options(q: argparse.ArgumentParser) -> None:
         q.add_argument("--method", default="moments", choices=list(api.METHODS),
@@ -197,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--out", required=True, help="where to write the learned model (.npz: a network, or a "
                        "polynomial model for --method polynomial)")
         add_cluster_options(q)
+        q.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP + "; learn: on the stores of the "
+                       "extra passes it writes (learn only reads STORE), fit: on STORE and those")
         q.add_argument("--quiet", action="store_true", help="no progress output")
         q.add_argument("--json", action="store_true", help="print the full result as JSON (default: a short summary)")
         add_report_option(q)
@@ -301,7 +316,13 @@ def _write_report(path: str, result: dict[str, Any]) -> None:
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"workers": args.workers, "scheduler": args.scheduler, "client": "local" if args.in_process else None,
-            "progress": None if args.quiet else sys.stderr}
+            "progress": None if args.quiet else sys.stderr, "dashboard": _dashboard(args)}
+
+
+def _dashboard(args: argparse.Namespace) -> Optional[str]:
+    from .pipeline.cluster import check_dashboard
+
+    return None if args.dashboard is None else check_dashboard(args.dashboard)
 
 
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -375,6 +396,16 @@ def _print_status(st: dict[str, Any]) -> None:
     if st.get("mixed_platforms"):
         print("note: blocks were computed under different numpy versions or BLAS kernels; the sums agree with a "
               "single-platform run within rounding, not bitwise")
+    lease = st.get("lease")
+    if lease is not None:
+        if lease.get("holder") is None:
+            print("locked       by a lease whose document cannot be read (stale; --break-lock breaks it)")
+        else:
+            who = f"process {lease['pid']}" + (f" ({lease['command']})" if lease.get("command") else "")
+            print(f"locked       by {who} on {lease['host']}, since {lease['started']}, last heartbeat "
+                  f"{lease['heartbeat']}")
+            if lease["stale"]:
+                print(f"             stale: {lease['stale']} (the next writer needs --break-lock)")
     print("(the fingerprint and the rest: --json)")
 
 
@@ -424,7 +455,8 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
     client = "local" if args.in_process else None
     summary = api.estimate(args.config, args.store, samples=args.samples, workers=args.workers,
                            scheduler=args.scheduler, client=client, commit_interval=args.commit_interval,
-                           progress=None if args.quiet else sys.stderr, on_start=on_start)
+                           progress=None if args.quiet else sys.stderr, on_start=on_start,
+                           break_lock=args.break_lock, dashboard=_dashboard(args))
     return summary.to_dict()
 
 
@@ -451,12 +483,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print(f"  not drawn: {name}: {why}")
                 return 0
         elif args.command == "merge":
-            result = api.merge(args.a, args.b, args.out)
+            result = api.merge(args.a, args.b, args.out, break_lock=args.break_lock)
         elif args.command == "learn":
-            result = api.learn(args.store, args.method, out=args.out, **_method_kwargs(args), **_cluster_kwargs(args))
+            result = api.learn(args.store, args.method, out=args.out, break_lock=args.break_lock,
+                               **_method_kwargs(args), **_cluster_kwargs(args))
         elif args.command == "fit":
             result = api.fit(args.config, args.store, args.method, out=args.out, samples=args.samples,
-                             **_method_kwargs(args), **_cluster_kwargs(args))
+                             break_lock=args.break_lock, **_method_kwargs(args), **_cluster_kwargs(args))
         elif args.command == "exact-arbitrary":
             result = api.exact_arbitrary(args.inputs, args.labels, args.width, activation=args.activation,
                                          out=args.out)

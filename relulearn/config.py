@@ -566,6 +566,11 @@ class RunOptions(_Section):
         "a worker; a run needing more is refused before any work, with the bytes needed, and `fit` sketches the "
         "d × d families to fit it (default 4 GiB)"
     )
+    dashboard: Optional[str] = Field(
+        None, pattern=r"^\S*:\d{1,5}$", description="HOST:PORT where a local cluster's Dask dashboard listens "
+        "(default 127.0.0.1:0: this machine only, any free port); 0.0.0.0:8787 exposes it on every interface, "
+        "where anyone who reaches the host can read the cluster's pages. --dashboard overrides it"
+    )
 
 
 class RunConfig(_Section):

@@ -197,8 +197,9 @@ def test_driver_sigkill_with_external_cluster_resumes_bitwise(long_run, external
     """Three SIGKILLs of the driver with commits in between; a new driver on the same cluster resumes."""
     cfg_path, ref = long_run
     url = str(tmp_path / "killed.zarr")
+    # a killed driver leaves its lease behind: each new driver breaks it (the previous one is dead)
     cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler", external.file,
-           "--quiet", "--commit-interval", "0"]
+           "--quiet", "--commit-interval", "0", "--break-lock"]
     progress = _kill_driver_until(cmd, url, 3, np.random.default_rng(8))
     assert len(progress) == 3 and 0 < progress[0] < progress[1] < progress[2] < LONG["samples"], progress
     done = subprocess.run(cmd + ["--json"], env=cli_env(), capture_output=True, text=True, timeout=300)
@@ -380,3 +381,79 @@ def test_symmetric_dense_and_blocked_sketch_updates_are_bitwise_equal_in_process
     assert_bitwise_equal(url, ref)
     t2 = open_store(ref).estimate("output_moments", "T2")[0]
     assert np.array_equal(t2, np.swapaxes(t2, -1, -2))  # exactly symmetric
+
+
+def _listeners(pid: int) -> dict[int, list[tuple[str, int]]]:
+    """The listening TCP sockets of process ``pid`` and its descendants (scheduler, nannies, workers)."""
+    import psutil  # a dependency of distributed
+
+    root = psutil.Process(pid)
+    out = {}
+    for p in [root] + root.children(recursive=True):
+        try:
+            conns = p.net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        out[p.pid] = [(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _loopback(ip: str) -> bool:
+    return ip.startswith("127.") or ip == "::1"
+
+
+def _listeners_of_a_running_estimate(tmp_path: Path, *extra: str) -> tuple[dict[int, list[tuple[str, int]]], str]:
+    """Start `relulearn estimate --workers 2` as a user would, read the sockets its process tree listens on
+    once the cluster is up (the dashboard line is printed), then stop it with Ctrl-C."""
+    tmp_path.mkdir()
+    cfg = write_config(tmp_path / "run.yaml", all_families(samples=100_000_000, statistics={"basic": {}}))
+    proc = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", str(tmp_path / "s.zarr"),
+                             "--workers", "2", *extra], env=cli_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while not line.startswith("dashboard: "):
+            line = proc.stderr.readline()
+            assert line or proc.poll() is None, f"the run ended: {proc.stderr.read()}"
+        listening = _listeners(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return listening, line.split("dashboard: ", 1)[1].strip()
+
+
+def test_the_local_cluster_listens_on_loopback_only_unless_the_dashboard_is_exposed(tmp_path):
+    """By default no process of a local run (driver with its scheduler and dashboard, nannies, workers) listens
+    on an address other than 127.0.0.1; `--dashboard 0.0.0.0:0` exposes the dashboard alone."""
+    from urllib.parse import urlsplit
+
+    listening, link = _listeners_of_a_running_estimate(tmp_path / "default")
+    # the driver (scheduler, dashboard, the two nannies) and the two worker processes
+    assert sum(bool(addrs) for addrs in listening.values()) >= 3, listening
+    exposed = {pid: [a for a in addrs if not _loopback(a[0])] for pid, addrs in listening.items()}
+    assert not any(exposed.values()), exposed
+    port = urlsplit(link).port
+    assert ("127.0.0.1", port) in next(iter(listening.values())), (link, listening)  # the driver's dashboard
+
+    listening, link = _listeners_of_a_running_estimate(tmp_path / "exposed", "--dashboard", "0.0.0.0:0")
+    exposed = [(pid, a) for pid, addrs in listening.items() for a in addrs if not _loopback(a[0])]
+    driver = next(iter(listening))
+    assert len(exposed) == 1 and exposed[0][0] == driver and exposed[0][1][1] == urlsplit(link).port, exposed
+
+
+def test_a_dashboard_address_is_checked():
+    from relulearn.config import ConfigError, config_from_dict
+    from relulearn.pipeline.cluster import check_dashboard
+
+    base = all_families()
+    assert config_from_dict(dict(base, run={"dashboard": "0.0.0.0:8787"})).run.dashboard == "0.0.0.0:8787"
+    with pytest.raises(ConfigError, match="dashboard"):
+        config_from_dict(dict(base, run={"dashboard": "8787"}))
+    for bad in ("8787", "localhost:http", "host:99999"):
+        with pytest.raises(ValueError, match="expected HOST:PORT"):
+            check_dashboard(bad)
+    proc = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", "x.yaml", "--store", "s.zarr", "--dashboard",
+                           "8787"], env=cli_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "expected HOST:PORT" in proc.stderr, proc.stderr

@@ -412,7 +412,7 @@ BAD_TEACHERS = [  # (arrays, source.d, needles)
 
 def test_bad_teacher_files_name_the_file_and_the_arrays(store, tmp_path):
     path, before = store
-    argvs, teachers = [], []
+    argvs, teachers, paths = [], [], []
     for i, (arrays, d, _) in enumerate(BAD_TEACHERS):
         case = tmp_path / f"case{i}"
         case.mkdir()
@@ -423,13 +423,17 @@ def test_bad_teacher_files_name_the_file_and_the_arrays(store, tmp_path):
             teacher.write_text("W0 = [[1, 2]]\n")
         # a relative path, read from the configuration's folder
         cfg = write_yaml(case / "run.yaml", config(**{"source.d": d, "source.teacher": {"file": "teacher.npz"}}))
-        argvs.append(("estimate", cfg, "--store", path, "--in-process"))
+        # a copy of the store per command: they run at once, and a store takes one writer at a time
+        shutil.copytree(path, case / "run.zarr")
+        paths.append(case / "run.zarr")
+        argvs.append(("estimate", cfg, "--store", case / "run.zarr", "--in-process"))
         teachers.append(teacher)
     for proc, teacher, (_, _, needles) in zip(cli_parallel(*argvs), teachers, BAD_TEACHERS):
         err = assert_user_error(proc, *needles)
         assert str(teacher) in err, err
         assert "pickle" not in err, err
-    assert_intact(path, before)
+    for p in paths:
+        assert_intact(p, before)
 
 
 # --------------------------------------------------------- NaN / inf in samples

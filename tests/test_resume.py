@@ -94,7 +94,9 @@ def test_sigkill_resume_is_bitwise_exact(reference, tmp_path):
     """SIGKILL the `relulearn estimate` process group at random moments, resume, compare bits."""
     cfg_path, ref_url = reference
     url = str(tmp_path / "killed.zarr")
-    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--workers", "2", "--quiet"]
+    # a killed driver leaves its lease behind: each new driver breaks it (the previous one is dead)
+    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--workers", "2", "--quiet",
+           "--break-lock"]
     rng = np.random.default_rng(20261202)
     kills, progress = 0, []
     for attempt in range(8):
@@ -122,9 +124,9 @@ def test_sigkill_resume_is_bitwise_exact(reference, tmp_path):
     n_chunks = KILL_CONFIG["samples"] // KILL_CONFIG["chunk_size"]
     assert_each_chunk_once(url, n_chunks)
     assert open_store(url).samples == KILL_CONFIG["samples"]
-    # the store holds only the committed generation: no leftovers of killed commits
+    # the store holds only the committed generation: no leftovers of killed commits, and no lease
     gens = [p.name for p in Path(url).iterdir() if p.is_dir()]
-    assert gens == [open_store(url).head]
+    assert gens == [open_store(url).head] and not (Path(url) / "lease.json").exists()
 
 
 def test_extend_equals_one_long_run(client, tmp_path):

@@ -263,8 +263,9 @@ def test_learn_from_s3_with_a_pass_stored_under_the_store(s3, tmp_path):
 def test_sigkill_at_random_moments_resumes_bitwise(s3, local_reference, tmp_path):
     cfg = write_yaml(tmp_path / "kill.yaml", KILL)
     url, prefix = s3.url("kill/random"), "kill/random"
+    # a killed driver leaves its lease behind: each new driver breaks it (the previous one is dead)
     cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", url, "--in-process", "--quiet",
-           "--commit-interval", "0"]
+           "--commit-interval", "0", "--break-lock"]
     rng = np.random.default_rng(20261203)
     kills, in_commit, progress, failure = 0, 0, [], ""
     for _ in range(6):
@@ -294,7 +295,7 @@ def test_sigkill_at_random_moments_resumes_bitwise(s3, local_reference, tmp_path
     print(f"{kills} kills, {in_commit} inside a commit; committed samples after each: {progress}")
     # resume (in-process: the code of the CLI's --in-process without another interpreter start; one
     # commit at the end, which changes only the ledger's commit numbers, not the statistics)
-    api.estimate(config_from_dict(KILL), url, client="local", progress=None, commit_interval=1e9)
+    api.estimate(config_from_dict(KILL), url, client="local", progress=None, commit_interval=1e9, break_lock=True)
     assert_bitwise_equal(url, local_reference["kill"])
     assert_each_chunk_once(url, KILL["samples"] // KILL["chunk_size"])
     # only the committed generation is left: leftovers of killed commits were removed
@@ -346,7 +347,7 @@ def test_sigkill_inside_a_commit_leaves_the_previous_commit(s3, local_reference,
     url, prefix = s3.url("kill/commit"), "kill/commit"
     driver = tmp_path / "stalling_driver.py"
     driver.write_text(STALLING_DRIVER)
-    args = ["estimate", str(cfg), "--store", url, "--in-process", "--quiet", "--commit-interval", "0"]
+    args = ["estimate", str(cfg), "--store", url, "--in-process", "--quiet", "--commit-interval", "0", "--break-lock"]
     objects_per_generation = None
     for commit, after in ((2, 12), (1, -1)):
         proc = subprocess.Popen([PYTHON, str(driver), str(commit), str(after), *args], env=cli_env(),
@@ -375,7 +376,8 @@ def test_sigkill_inside_a_commit_leaves_the_previous_commit(s3, local_reference,
         api.estimate(config_from_dict(KILL), ref, samples=after_kill.samples, client="local", progress=None,
                      commit_interval=1e9)
         assert_bitwise_equal(url, ref)
-    api.estimate(config_from_dict(KILL), url, client="local", progress=None, commit_interval=1e9)  # resume
+    api.estimate(config_from_dict(KILL), url, client="local", progress=None, commit_interval=1e9,
+                 break_lock=True)  # resume (the killed driver left its lease)
     assert_bitwise_equal(url, local_reference["kill"])
     assert_each_chunk_once(url, KILL["samples"] // KILL["chunk_size"])
     assert s3.generations(prefix) == {open_store(url).head: objects_per_generation}
@@ -437,6 +439,27 @@ def test_refused_commands_are_one_line_errors_and_leave_the_store_intact(s3, bas
     # the existing store is intact (every object, by ETag) and still reads
     assert s3.objects("base") == before
     assert open_store(base).samples == 12_000
+
+
+def test_the_lease_on_s3_is_taken_with_a_conditional_put(s3, base, tmp_path):
+    """On S3 the lease is one PUT with If-None-Match: *: the server refuses it when lease.json exists. A second
+    writer is refused naming the holder, a refused writer leaves every object as it was, and `status` names
+    the holder."""
+    import fsspec
+
+    from relulearn.storage.lease import Lease, StoreLockedError
+
+    before = s3.objects("base")
+    with Lease.acquire(base, heartbeat=0) as lease:
+        fs, path = fsspec.core.url_to_fs(base + "/lease.json")
+        with pytest.raises(OSError):  # the server's answer to a second exclusive PUT: 412 Precondition Failed
+            with fs.open(path, "xb") as f:
+                f.write(b"{}")
+        assert json.loads(fs.cat_file(path))["holder"] == lease.info.holder
+        with pytest.raises(StoreLockedError, match=f"is locked: process {os.getpid()}"):
+            api.estimate(config_from_dict(RUN), base, samples=24_000, client="local", progress=None)
+        assert api.status(base)["lease"]["holder"] == lease.info.holder
+    assert s3.objects("base") == before  # the lease is gone again, and nothing else was touched
 
 
 # --------------------------------------------------------------------------- xarray

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from relulearn.pipeline.run import estimate
 from relulearn.storage import FORMAT_VERSION, RunStore
 
 from conftest import PYTHON, cli_env, make_config
+from test_resume import write_config
 
 
 @pytest.fixture(scope="module")
@@ -181,3 +183,51 @@ def test_first_commit_in_progress_reads_as_an_empty_store(tmp_path):
     estimate(make_config(samples=10_000), str(url), client=None, progress=None)
     assert open_store(str(url)).samples == 10_000
     assert not stale.exists() and sorted(p.name for p in url.iterdir()) == ["g000000", "zarr.json"]
+
+
+#: d = 20, a commit after every one-chunk block
+COMMITS = {
+    "seed": 11,
+    "samples": 24_000,
+    "chunk_size": 2_000,
+    "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.1},
+    "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 2},
+                   "filtered": {"quantiles": [0.5, 0.9]}},
+    "run": {"chunks_per_block": 1, "commit_interval": 0},
+}
+
+
+def test_readers_see_whole_commits_while_a_writer_commits(tmp_path):
+    """While `relulearn estimate` commits after every block, the root document always parses (it is replaced
+    by rename), and every read of a generation, taken while commits delete the one before, holds the arrays
+    its head claims: the sample count, the ledger and the sums agree (a chunk deleted under a reader would
+    read as zeros)."""
+    from relulearn import api
+
+    cfg_path = write_config(tmp_path / "run.yaml", COMMITS)
+    url = str(tmp_path / "run.zarr")
+    writer = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
+                               "--in-process", "--quiet"], env=cli_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    root = Path(url) / "zarr.json"
+    deadline = time.monotonic() + 120
+    while not root.exists():
+        assert writer.poll() is None and time.monotonic() < deadline, writer.stderr.read()
+        time.sleep(0.02)
+    assert api.status(url)["lease"]["pid"] == writer.pid  # status names the writer
+    heads, reads = set(), 0
+    while writer.poll() is None:
+        json.loads(root.read_bytes())  # never a half-written document
+        meta, groups = RunStore(url).read_head(["basic", "filtered", "ledger"])
+        ledger = groups["ledger"]
+        chunks = int((ledger["chunk_stop"][1] - ledger["chunk_start"][1]).sum())
+        assert chunks * COMMITS["chunk_size"] == meta["samples"] > 0
+        for stat in ("basic", "filtered"):
+            assert int(groups[stat]["count"][1]) == meta["samples"]
+        basic = groups["basic"]
+        assert basic["sum_xx"][1].any() and np.array_equal(basic["xx"][1], basic["sum_xx"][1] / meta["samples"])
+        heads.add(meta["head"])
+        reads += 1
+    assert writer.returncode == 0, writer.stderr.read()
+    print(f"{reads} reads of {len(heads)} distinct commits")
+    assert len(heads) >= 3, heads

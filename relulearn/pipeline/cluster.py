@@ -27,6 +27,9 @@ and to a local cluster's scheduler; an external scheduler reads its own configur
     grew by ~0.03 MiB per second of work with it (benchmarks/scale.py), and it samples
     every 10 ms. (Passed to a local cluster's workers; give ``dask worker`` processes
     ``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False``, as the deploy/ recipes do.)
+A local cluster listens on 127.0.0.1 only, its dashboard included (:data:`DEFAULT_DASHBOARD`);
+``connect(dashboard_address=...)`` (``--dashboard``, ``run.dashboard``) puts the dashboard elsewhere.
+
 Tasks are submitted with ``retries=0``: a block is a deterministic function of its chunk
 ids, so an exception raised inside it would be raised again; only lost workers are
 retried, by the scheduler.
@@ -39,7 +42,8 @@ import os
 import time
 from typing import Any, Iterator, Optional
 
-__all__ = ["ClusterError", "ClusterLostError", "connection_lost", "DASK_SETTINGS", "connect", "default_workers", "prepare", "WORKER_COMMAND"]
+__all__ = ["ClusterError", "ClusterLostError", "connection_lost", "DASK_SETTINGS", "DEFAULT_DASHBOARD", "check_dashboard",
+           "connect", "default_workers", "prepare", "WORKER_COMMAND"]
 
 DASK_SETTINGS: dict[str, Any] = {
     "distributed.scheduler.allowed-failures": 5,
@@ -92,10 +96,25 @@ def _scheduler_kwargs(scheduler: str) -> dict[str, str]:
     )
 
 
+#: where a local cluster's dashboard listens by default: the loopback interface, any free port
+DEFAULT_DASHBOARD = "127.0.0.1:0"
+#: the interface a local cluster's scheduler, nannies and workers listen on
+LOCAL_HOST = "127.0.0.1"
+
+
+def check_dashboard(address: str) -> str:
+    """``address`` when it reads as ``HOST:PORT`` or ``:PORT`` (all interfaces), else a ValueError saying so."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535 or " " in host:
+        raise ValueError(f"dashboard address {address!r}: expected HOST:PORT, e.g. 127.0.0.1:8787 (port 0: any free "
+                         "port; 0.0.0.0:8787 or :8787 on every interface)")
+    return address
+
+
 @contextlib.contextmanager
 def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
             threads_per_worker: int = 1, memory_limit: str = "auto",
-            dashboard_address: str = ":0") -> Iterator["distributed.Client"]:  # noqa: F821
+            dashboard_address: Optional[str] = None) -> Iterator["distributed.Client"]:  # noqa: F821
     """A prepared ``distributed.Client``: on an existing scheduler, or on a new ``LocalCluster``.
 
     Parameters
@@ -110,6 +129,11 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
     threads_per_worker
         Threads of each local worker. One thread per process keeps BLAS single-threaded
         per task, which is both the fastest and the reproducible choice.
+    dashboard_address
+        Where the local cluster's dashboard listens (default :data:`DEFAULT_DASHBOARD`, the
+        loopback interface only). An address on another interface (``0.0.0.0:8787``) lets
+        anyone who reaches the host read the cluster's pages. The scheduler, nannies and
+        workers of a local cluster listen on 127.0.0.1 whatever this is.
 
     Raises
     ------
@@ -150,9 +174,10 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
     # variable disables the adaptive mmap threshold, so every few-MB batch array is mapped
     # and page-faulted afresh (measured: +30% wall time per block). Leave glibc adaptive.
     settings = dict(DASK_SETTINGS, **{"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
+    dashboard = check_dashboard(dashboard_address or DEFAULT_DASHBOARD)
     with dask.config.set(settings), LocalCluster(
         n_workers=n, threads_per_worker=threads_per_worker, processes=True, memory_limit=memory_limit,
-        dashboard_address=dashboard_address, silence_logs=40,
+        host=LOCAL_HOST, dashboard_address=dashboard, silence_logs=40,
     ) as cluster, Client(cluster) as client:
         prepare(client)
         yield client

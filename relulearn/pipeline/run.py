@@ -23,6 +23,7 @@ import numpy as np
 from ..aligned import fresh
 from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, LEDGER_COLUMNS, RunStore, StoreError, diff_fields, ledger_platforms
+from ..storage.lease import Lease, StoreLockedError, writing
 from .sources import Source, SourceDataError, data_of, make_source
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .plan import check_partial_bytes
@@ -90,14 +91,17 @@ def statistics_from_store(cfg: RunConfig, store: RunStore) -> list[Statistic]:
 def load_partial(store: RunStore, stats: Sequence[Statistic]) -> tuple[Partial, list[list]]:
     """The committed sums as a :class:`Partial`, and the ledger rows
     ``[seed, start, stop, commit, platform]`` (platform: see :func:`worker.platform_id`)."""
-    ledger_arrays = store.read_group("ledger")
+    # one generation: the ledger, the sums and the metadata of the same commit (a store being extended
+    # while it is merged, for instance, is read as one of its commits)
+    meta, groups = store.read_head(["ledger"] + [s.name for s in stats])
+    ledger_arrays = groups["ledger"]
     ledger = np.stack([ledger_arrays[k][1] for k in LEDGER_COLUMNS], axis=1).astype(np.int64)
-    names = ledger_platforms(ledger_arrays, store.meta() or {})
+    names = ledger_platforms(ledger_arrays, meta)
     ledger_rows = [row + [name] for row, name in zip(ledger.tolist(), names)]
     # merged stores hold several seeds' ranges: the state covers their total count
     part = Partial(0, int((ledger[:, 2] - ledger[:, 1]).sum()))
     for s in stats:
-        arrays = store.read_group(s.name)
+        arrays = groups[s.name]
         part.sums[s.name] = {k: np.array(arrays[f"sum_{k}"][1]) for k in s.sums_schema()}
         part.sumsq[s.name] = {k: np.array(arrays[f"sumsq_{k}"][1]) for k in s.terms_schema()}
     return part, ledger_rows
@@ -277,7 +281,7 @@ def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statist
 def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, client: Any = None,
              progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
              max_blocks_in_flight: Optional[int] = None, on_start: Optional[Callable[[dict], None]] = None,
-             ) -> RunSummary:
+             break_lock: bool = False, lease: Optional[Lease] = None) -> RunSummary:
     """Accumulate the configured statistics into the store at ``store_url``.
 
     Starts a new run, resumes an interrupted one, or extends a finished one when
@@ -299,9 +303,18 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         Seconds between commits (default ``cfg.run.commit_interval``); 0 commits after
         every block. The last merged state is always committed when the run ends, fails
         or is interrupted.
+    break_lock
+        Break a stale lease on the store (:mod:`relulearn.storage.lease`) before taking it.
+    lease
+        The caller's lease on ``store_url``, taken before it started a cluster; by default the
+        lease is taken here, before anything else, and released when the run ends.
 
     Raises
     ------
+    StoreLockedError
+        When another writer holds the store's lease (or a stale one is left and ``break_lock``
+        is not given); :class:`~relulearn.storage.lease.LeaseLostError` when another writer broke
+        and took it during the run (nothing more is committed).
     StoreError
         For a store with another fingerprint, a newer format, or an unwritable path; for a subspace
         pass (``statistics.sketch.refines``) that would not draw the chunks of the store it refines.
@@ -310,6 +323,16 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         committed first.
     """
     t0 = time.perf_counter()
+    with writing(store_url, break_lock=break_lock, held=lease) as held:
+        return _estimate(cfg, store_url, held, t0, samples=samples, client=client, progress=progress,
+                         commit_interval=commit_interval, max_blocks_in_flight=max_blocks_in_flight,
+                         on_start=on_start)
+
+
+def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, samples: Optional[int], client: Any,
+              progress: Optional[TextIO], commit_interval: Optional[float], max_blocks_in_flight: Optional[int],
+              on_start: Optional[Callable[[dict], None]]) -> RunSummary:
+    """:func:`estimate`, with the store's lease held."""
     if client is not None and cfg.source.data is not None:  # the workers read the data, not the driver
         from .sources import prime_data_scan
 
@@ -353,7 +376,8 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     def commit() -> None:
         nonlocal commit_no
         with interrupts.held():
-            store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger))
+            store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger),
+                         lease=lease)
             commit_no += 1
             committed_at[0] = time.perf_counter()
 
@@ -378,8 +402,8 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         else:
             _run_distributed(client, blocks, stats, source, cfg, merge, max_blocks_in_flight)
     except BaseException as err:
-        if state.chunk_stop > _committed_chunks(store):
-            commit()  # keep every merged block: a failure or interruption loses nothing
+        if not isinstance(err, StoreLockedError) and state.chunk_stop > _committed_chunks(store):
+            commit()  # keep every merged block: a failure or interruption loses nothing (unless the lease is lost)
         if isinstance(err, ClusterLostError):
             raise ClusterLostError(
                 f"{err}; every merged block is committed: {state.chunk_stop * cfg.chunk_size:,} of "
@@ -551,12 +575,14 @@ def _block_error(err: BaseException, block: tuple[int, int]) -> BaseException:
 # -------------------------------------------------------------------- merge
 
 
-def merge_stores(a_url: str, b_url: str, out_url: str) -> dict[str, Any]:
+def merge_stores(a_url: str, b_url: str, out_url: str, *, break_lock: bool = False) -> dict[str, Any]:
     """Merge the stores of two runs of the same source with different seeds into ``out_url``.
 
     The sums of A come first, then B's (the order fixes the bits). Both must agree on
     everything but the seed: source, statistics with their direction banks and τ grids,
-    chunk size.
+    chunk size. A and B are only read, each as one of its commits; once they are checked,
+    the lease of ``out_url`` is taken (``break_lock``: break a stale one first) and held
+    until the merged store is committed.
     """
     a, b, out = RunStore(a_url), RunStore(b_url), RunStore(out_url)
     ma, mb = a.meta(), b.meta()
@@ -584,15 +610,17 @@ def merge_stores(a_url: str, b_url: str, out_url: str) -> dict[str, Any]:
                         "quantile": "give statistics.filtered.thresholds explicitly to both runs",
                         "omega": "give statistics.sketch.seed explicitly (same value) to both runs"}.get(k, "")
                 raise StoreError(f"cannot merge: the '{sa.name}' statistic's {k} differs between the stores; {hint}")
-    out.check_writable()
-    pa, la = load_partial(a, stats_a)
-    pb, lb = load_partial(b, stats_b)
-    # The ledgers are per-seed ranges; the sums simply add.
-    pb.chunk_start, pb.chunk_stop = pa.chunk_stop, pa.chunk_stop + pb.n_chunks
-    pa.add(pb)
-    ledger = [r[:3] + [0, r[4]] for r in la + lb]
-    meta = _meta(cfg, dict(ma["fingerprint"], seed=sorted(ma["seeds"] + mb["seeds"])), stats_a, ledger,
-                 pa.chunk_stop)
-    meta["merged_from"] = [a_url, b_url]
-    out.commit(meta, _groups(stats_a, pa, cfg.chunk_size, ledger))
+    with writing(out_url, break_lock=break_lock) as lease:
+        if out.meta() is not None:  # (a merge into the same path that finished meanwhile)
+            raise StoreError(f"{out_url} already holds a run; merge into a new path")
+        pa, la = load_partial(a, stats_a)
+        pb, lb = load_partial(b, stats_b)
+        # The ledgers are per-seed ranges; the sums simply add.
+        pb.chunk_start, pb.chunk_stop = pa.chunk_stop, pa.chunk_stop + pb.n_chunks
+        pa.add(pb)
+        ledger = [r[:3] + [0, r[4]] for r in la + lb]
+        meta = _meta(cfg, dict(ma["fingerprint"], seed=sorted(ma["seeds"] + mb["seeds"])), stats_a, ledger,
+                     pa.chunk_stop)
+        meta["merged_from"] = [a_url, b_url]
+        out.commit(meta, _groups(stats_a, pa, cfg.chunk_size, ledger), lease=lease)
     return {"store": out_url, "seeds": meta["seeds"], "samples": meta["samples"], "chunks": meta["chunks"]}

@@ -32,8 +32,11 @@ only the one-object switch makes them current. A crash (SIGKILL, lost connection
 instant therefore leaves the last committed state readable; an unfinished generation, or an
 old one not yet deleted, is an orphan no reader follows, removed by the next writer (a new
 commit, or ``clean()`` when a run resumes). Only one writer (the driver) may commit to a
-store at a time. A reader holding a generation open (a lazy xarray dataset) while a commit
-deletes it loses its chunks: readers of a store that is being written re-open it per read.
+store at a time: it holds the store's lease (``lease.json``, :mod:`relulearn.storage.lease`).
+:meth:`RunStore.read_head` reads ``head`` again after the arrays and reads anew when a commit
+moved it meanwhile (step (3) may have deleted chunks under it, which zarr would read as zeros).
+A reader holding a generation open (a lazy xarray dataset) while a commit deletes it loses its
+chunks: readers of a store that is being written re-open it per read.
 
 Consolidated metadata
 ---------------------
@@ -147,6 +150,14 @@ _PARTIAL = re.compile(r".+\.[0-9a-f]{32}\.partial")
 #: what a writer may leave behind when killed before a store's first commit completed (or is
 #: leaving right now: a first commit in progress shows its root document as a .partial file)
 _LEFTOVER = re.compile(rf"g\d{{6}}|{re.escape(_PROBE)}|{_PARTIAL.pattern}")
+#: the writer's lease at the store's root (:mod:`relulearn.storage.lease`), and the temporary file it is
+#: written through; never removed by a commit's cleanup
+LEASE_KEY = "lease.json"
+_LEASE_FILES = re.compile(rf"{re.escape(LEASE_KEY)}(\.[0-9a-f]{{32}}\.tmp)?")
+
+
+def _leftover_or_lease(name: str) -> bool:
+    return bool(_LEFTOVER.fullmatch(name) or _LEASE_FILES.fullmatch(name))
 
 #: arrays up to this many bytes are one chunk; larger stacks of matrices are chunked per matrix
 _WHOLE_CHUNK_BYTES = 64 * 2**20
@@ -406,7 +417,7 @@ class RunStore:
                 children = sync(_children(store))
                 if "zarr.json" in children and attempt < 2:
                     continue  # a first commit completed between the read and the listing
-                foreign = [c for c in children if not _LEFTOVER.fullmatch(c)]
+                foreign = [c for c in children if not _leftover_or_lease(c)]
                 if foreign:
                     shown = ", ".join(sorted(foreign)[:3]) + (", ..." if len(foreign) > 3 else "")
                     raise StoreError(
@@ -424,7 +435,7 @@ class RunStore:
                 raise StoreError(f"{self.url} is a zarr array or a zarr v2 store, not a relulearn store")
             attrs = doc.get("attributes") or {}
             meta = attrs.get("relulearn")
-            if meta is None and not attrs and all(_LEFTOVER.fullmatch(c) for c in sync(_children(store))
+            if meta is None and not attrs and all(_leftover_or_lease(c) for c in sync(_children(store))
                                                   if c != "zarr.json"):
                 return None  # (stores of older versions wrote an empty root before their first generation)
         if not isinstance(meta, dict):
@@ -480,26 +491,53 @@ class RunStore:
         return None if meta is None else meta.get("head")
 
     def read_group(self, name: str) -> dict[str, ArrayData]:
-        """All arrays of one statistic (or ``ledger``) in the committed generation.
+        """All arrays of one statistic (or ``ledger``) in the committed generation (see :meth:`read_head`)."""
+        return self.read_head([name])[1][name]
 
-        Reads the root document once (``head`` and the consolidated metadata), then every
-        chunk of the group concurrently.
+    def read_head(self, names: list[str], *, attempts: int = 10) -> tuple[dict, dict[str, dict[str, ArrayData]]]:
+        """The metadata and the arrays of ``names`` (statistics or ``ledger``) of one committed generation.
+
+        Reads the root document once (``head`` and the consolidated metadata), every chunk of the groups
+        concurrently, then the root document again: when ``head`` has not moved, no commit deleted the
+        generation while it was read (a commit deletes a generation only after switching ``head`` away from
+        it, and never back), so every array is the committed one — a chunk deleted under a reader would read
+        as zeros. When it has moved, the read is done again on the new head.
+
+        Raises
+        ------
+        StoreError
+            When the store holds no committed statistics, or was committed to during each of ``attempts``
+            reads.
         """
         if self.meta() is None:
             raise StoreError(f"{self.url} holds no committed statistics yet")
 
-        async def read() -> dict[str, ArrayData]:
-            root = await zasync.open_group(self._store(read_only=True), mode="r", zarr_format=3)
-            head = root.attrs["relulearn"]["head"]  # the same document the metadata came from
-            grp = await root.getitem(f"{head}/{name}")
-            arrays = [arr async for _, arr in grp.arrays()]
-            values = await asyncio.gather(*(arr.getitem(Ellipsis) for arr in arrays))
-            return {arr.basename: (tuple(arr.metadata.dimension_names or ()), np.asarray(v))
-                    for arr, v in zip(arrays, values)}
+        async def read() -> tuple[dict, dict[str, dict[str, ArrayData]], Optional[str]]:
+            store = self._store(read_only=True)
+            root = await zasync.open_group(store, mode="r", zarr_format=3)
+            meta = dict(root.attrs["relulearn"])  # the same document the consolidated metadata came from
+            head = meta["head"]
+
+            async def group(name: str) -> dict[str, ArrayData]:
+                grp = await root.getitem(f"{head}/{name}")
+                arrays = [arr async for _, arr in grp.arrays()]
+                values = await asyncio.gather(*(arr.getitem(Ellipsis) for arr in arrays))
+                return dict(sorted((arr.basename, (tuple(arr.metadata.dimension_names or ()), np.asarray(v)))
+                                   for arr, v in zip(arrays, values)))
+
+            groups = dict(zip(names, await asyncio.gather(*(group(n) for n in names))))
+            raw = await store.get("zarr.json", default_buffer_prototype())
+            after = None if raw is None else json.loads(raw.to_bytes()).get("attributes", {}).get(
+                "relulearn", {}).get("head")
+            return meta, groups, after
 
         with _object_store_errors(self.url, "read"):
-            out = sync(read())
-        return dict(sorted(out.items()))
+            for _ in range(attempts):
+                meta, groups, after = sync(read())
+                if after == meta["head"]:
+                    return meta, groups
+        raise StoreError(f"{self.url} was committed to during each of {attempts} reads; read it again, or when "
+                         "its writer has stopped (`relulearn status` names it)")
 
     def groups(self) -> list[str]:
         head = self.head()
@@ -535,12 +573,14 @@ class RunStore:
             return sync(read())
 
     # ------------------------------------------------------------------ writing
-    def commit(self, meta: dict, groups: Mapping[str, Mapping[str, ArrayData]]) -> str:
+    def commit(self, meta: dict, groups: Mapping[str, Mapping[str, ArrayData]], *, lease: Any = None) -> str:
         """Write ``groups`` as a new generation and make it the head, atomically.
 
         ``meta`` is stored (with ``head``, ``format_version`` and ``updated`` filled in)
         as the root group's ``relulearn`` attribute, next to the consolidated metadata of
-        the new generation.
+        the new generation. ``lease`` is the writer's :class:`~relulearn.storage.lease.Lease`
+        on this store: checked before the generation is written and again before ``head``
+        switches (:class:`~relulearn.storage.lease.LeaseLostError` when another writer took it).
         """
         previous = self.meta()
         number = 0 if previous is None else int(previous.get("commits", 0)) + 1
@@ -548,9 +588,13 @@ class RunStore:
         full = dict(meta, head=gen_name, commits=number, format_version=FORMAT_VERSION, updated=_now())
         full.setdefault("created", (previous or {}).get("created", full["updated"]))
         with _object_store_errors(self.url, "write"):
+            if lease is not None:
+                lease.check()
             store = self._store(read_only=False)
             sync(store.delete_dir(gen_name))  # leftover of a crashed commit with the same number
             nodes = sync(_write_generation(store, gen_name, groups))  # (1) the new generation
+            if lease is not None:
+                lease.check()  # a writer whose lease was broken switches no head (its generation is an orphan)
             self._switch_head(store, full, nodes)  # (2) one atomic write of the root zarr.json
             self._clean(keep=gen_name, store=store)  # (3)
         return gen_name
