@@ -194,6 +194,17 @@ def test_wrong_types_and_values_name_the_key(store, tmp_path):
     assert_intact(path, before)
 
 
+def test_a_count_of_directions_past_the_memory_budget_is_refused_before_the_bank_is_drawn(tmp_path):
+    """10¹² contracted directions (a 116 TiB bank) are refused by the key, with the count that fits; nothing is
+    written."""
+    cfg = write_yaml(tmp_path / "run.yaml", config(**{"statistics.contracted.directions": 10**12}))
+    target = tmp_path / "new.zarr"
+    proc = cli("estimate", cfg, "--store", target, "--in-process")
+    assert_user_error(proc, "statistics.contracted.directions = 1,000,000,000,000", "run.worker_memory",
+                      "at most 16,777,216 fit", "Nothing was written")
+    assert not target.exists()
+
+
 def test_bad_sample_counts_on_the_command_line(store, tmp_path):
     path, before = store
     cfg = write_yaml(tmp_path / "run.yaml", config())

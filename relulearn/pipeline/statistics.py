@@ -372,6 +372,22 @@ def _n_unique(d: int, m: int) -> int:
 # ------------------------------------------------------------------- contracted
 
 
+def _check_bank(cfg: ContractedConfig, d: int, m: Optional[int], budget: int) -> None:
+    """Refuse a count of directions whose matrices alone (one d × d sum per order, direction and output) exceed
+    ``budget`` bytes, before the bank itself is drawn (10¹² directions would be a 116 TiB array)."""
+    from .plan import MemoryBudgetError
+
+    if not isinstance(cfg.directions, int):
+        return
+    need = 8 * cfg.directions * len(cfg.orders) * d * d * (m or 1)
+    if need > budget:
+        raise MemoryBudgetError(
+            f"statistics.contracted.directions = {cfg.directions:,}: one d × d matrix per order, direction and "
+            f"output is {need:,} bytes per block partial, more than run.worker_memory = {budget:,} bytes; give "
+            f"fewer directions (at most {max(1, budget // (8 * len(cfg.orders) * d * d * (m or 1))):,} fit) or "
+            "sketch the family (statistics.sketch). Nothing was written")
+
+
 def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
     """The unit directions g of the contracted statistic, shape (G, d)."""
     if isinstance(cfg.directions, int):
@@ -884,6 +900,8 @@ def _build_statistics(cfg: RunConfig, source: Optional[Source],
         elif name == "hermite":
             out.append(family(lambda j: HermiteTensors(d, section, _hermite_expansion(section, d, m, j))))
         elif name == "contracted":
+            if not stored:
+                _check_bank(section, d, m, cfg.run.worker_memory)
             g = stored(name)["direction"] if stored else direction_bank(section, d, cfg.seed)
             control = None
             if section.control:
