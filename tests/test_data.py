@@ -168,6 +168,7 @@ def test_fewer_rows_than_samples_is_refused_before_any_work(tmp_path):
     ("width", r"source.data.x: .*x.npy has 10 column\(s\) per row but source.d is 8; make them agree"),
     ("rows", r"source.data: .*x.npy has 120,000 rows but .*y.npy has 119,999; give one label per row"),
     ("missing", r"source.data.y: .*nothere.npy does not exist"),
+    ("csv", r"source.data.x: .*x.csv is a file but not a .npy file, a Parquet file or a zarr array.*np.save"),
     ("objects", r"source.data.x: .*holds Python objects .*never loads pickles"),
     ("column", r"source.data.x: .*d.parquet has no column\(s\) \['g0'\]; its columns are"),
     ("teacher", r"source.data gives the samples; source.teacher applies to teachers only"),
@@ -182,6 +183,9 @@ def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
         np.save(tmp_path / "y.npy", y[:-1])
     elif case == "missing":
         cfg["source"]["data"]["y"] = str(tmp_path / "nothere.npy")
+    elif case == "csv":
+        np.savetxt(tmp_path / "x.csv", x[:10], delimiter=",")
+        cfg["source"]["data"]["x"] = str(tmp_path / "x.csv")
     elif case == "objects":
         np.save(tmp_path / "x.npy", np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
     elif case == "column":

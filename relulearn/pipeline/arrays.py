@@ -96,6 +96,10 @@ def open_reader(url: str, *, columns: Optional[list[str]] = None, storage_option
     except ArrayFileError as err:
         raise ArrayFileError(f"{what}: {err}") from None
     except FileNotFoundError:
+        if kind == "zarr" and _is_file(url, opts):  # a file named neither .npy nor .parquet (a CSV, an .npz, …)
+            raise ArrayFileError(f"{what}: {url} is a file but not a .npy file, a Parquet file or a zarr array "
+                                 "(read by its name: .npy, .parquet/.pq, else a zarr array's folder); save the "
+                                 "array with np.save(\"x.npy\", x) and give that file") from None
         raise ArrayFileError(f"{what}: {url} does not exist; a relative path is read from the configuration "
                              "file's folder") from None
     except Exception as err:  # zarr, pyarrow and fsspec raise many kinds; name the file
@@ -114,6 +118,17 @@ def open_reader(url: str, *, columns: Optional[list[str]] = None, storage_option
         raise ArrayFileError(f"{what}: {url} holds a {dtype} array of shape {shape}; give a numeric array of "
                              "rows, (rows,) or (rows, columns)")
     return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp)
+
+
+def _is_file(url: str, opts: tuple) -> bool:
+    """Whether ``url`` is an existing file (not a folder)."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **dict(opts))
+        return bool(fs.isfile(path))
+    except Exception:  # noqa: BLE001 - only to choose the message
+        return False
 
 
 def _stamp(url: str, opts: tuple) -> str:
