@@ -310,6 +310,15 @@ def _check_report_path(path: Optional[str]) -> None:
         raise ValueError(f"--report {path}: the folder {p.parent} does not exist; create it or choose another path")
 
 
+#: what is safe after Ctrl-C, per command (others write nothing, or only the file they were asked for, whole)
+_INTERRUPTED = {
+    "estimate": "every merged block was committed. Run the same command to resume.",
+    "fit": "every merged block was committed. Run the same command to resume.",
+    "learn": "the blocks of the passes it ran were committed; run the same command to continue from them.",
+    "merge": "the output store keeps its last commit; run the same command again.",
+}
+
+
 def _write_report(path: str, result: dict[str, Any]) -> None:
     write_text(path, json.dumps(result, indent=2, default=str) + "\n")
 
@@ -523,7 +532,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"relulearn: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print("relulearn: interrupted; every merged block was committed. Run the same command to resume.",
+        print(f"relulearn: interrupted; {_INTERRUPTED.get(getattr(args, 'command', None), 'nothing was written')}",
               file=sys.stderr)
         return EXIT_INTERRUPTED
     try:

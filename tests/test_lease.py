@@ -163,17 +163,21 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
 
 
 def test_the_lease_is_released_after_ctrl_c(tmp_path):
-    """SIGINT to `relulearn estimate` on a LocalCluster: merged blocks committed, exit 130, no lease left, and
-    the next writer starts without --break-lock."""
+    """Ctrl-C as a terminal sends it (SIGINT to the whole process group: the driver and the LocalCluster's worker
+    processes) during `relulearn estimate`: one line on stderr (the workers leave the signal to the driver, no
+    tracebacks), merged blocks committed, exit 130, no lease left, and the next writer starts without
+    --break-lock."""
     cfg_path = write_config(tmp_path / "long.yaml", dict(BUSY, samples=10_000_000))
     url = str(tmp_path / "run.zarr")
     proc = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
                              "--workers", "1", "--quiet"], env=cli_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     _wait_for(lambda: _committed(url) > 0, proc, "the first commit")
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
+    assert err.splitlines() == ["relulearn: interrupted; every merged block was committed. Run the same command to "
+                                "resume."], err
     assert not (Path(url) / "lease.json").exists() and read_lease(url) is None
     assert 0 < _committed(url) < 10_000_000
     more = api.estimate(load_config(cfg_path), url, samples=_committed(url) + 2_000, client="local", progress=None)

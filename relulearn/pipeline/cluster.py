@@ -175,12 +175,35 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
     # and page-faulted afresh (measured: +30% wall time per block). Leave glibc adaptive.
     settings = dict(DASK_SETTINGS, **{"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
     dashboard = check_dashboard(dashboard_address or DEFAULT_DASHBOARD)
-    with dask.config.set(settings), LocalCluster(
-        n_workers=n, threads_per_worker=threads_per_worker, processes=True, memory_limit=memory_limit,
-        host=LOCAL_HOST, dashboard_address=dashboard, silence_logs=40,
-    ) as cluster, Client(cluster) as client:
+    with dask.config.set(settings), _workers_ignore_ctrl_c():
+        cluster = LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=True,
+                               memory_limit=memory_limit, host=LOCAL_HOST, dashboard_address=dashboard,
+                               silence_logs=40)
+    with dask.config.set(settings), cluster, Client(cluster) as client:
         prepare(client)
         yield client
+
+
+@contextlib.contextmanager
+def _workers_ignore_ctrl_c() -> Iterator[None]:
+    """SIGINT ignored while the local cluster spawns its worker processes, which keep it ignored.
+
+    Ctrl-C in a terminal interrupts the whole foreground process group, the workers included: each printed a
+    page of ``KeyboardInterrupt`` tracebacks from its event loop while the driver was already stopping the run.
+    An ignored signal stays ignored across ``exec`` (and Python then installs no handler of its own), so workers
+    spawned inside this block leave Ctrl-C to the driver, which closes them. A Ctrl-C during the cluster's start
+    (a second or two) is lost; outside the main thread this does nothing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 @contextlib.contextmanager
