@@ -202,3 +202,41 @@ def test_sigterm_commits_merged_blocks(tmp_path):
     assert sorted(arrays) == sorted(ref)
     assert all(np.array_equal(arrays[k], ref[k], equal_nan=True) for k in ref)
     assert_each_chunk_once(url, done // KILL_CONFIG["chunk_size"])
+
+
+def _mount_tmpfs(path: Path, size: int) -> bool:
+    """A tmpfs of ``size`` bytes at ``path`` (root only); False where it cannot be mounted."""
+    if os.geteuid() != 0:
+        return False
+    path.mkdir()
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+def test_a_full_disk_names_the_store_keeps_its_last_commit_and_resumes_bitwise(reference, tmp_path):
+    """A store on a tmpfs with room for one generation and a half: the second commit fails for want of space.
+    The error names the store, the samples committed and how to resume, in one line; the store reads as its
+    first commit; with the file system grown the same command resumes, and the result is bitwise the
+    uninterrupted run."""
+    cfg_path, ref_url = reference
+    generation = sum(-(-p.stat().st_size // 4096) * 4096 for p in Path(ref_url).rglob("*") if p.is_file())
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, int(1.5 * generation)):
+        pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
+    try:
+        url = str(disk / "run.zarr")
+        cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]
+        full = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert full.returncode == 2, full.stderr
+        per_block = KILL_CONFIG["chunk_size"] * KILL_CONFIG["run"]["chunks_per_block"]
+        assert full.stderr.splitlines() == [
+            f"relulearn: error: could not write {url}: No space left on device. The store {url} is intact at its "
+            f"last commit: {per_block:,} samples are committed and safe ({per_block:,} merged samples since were "
+            "not saved). Free space there, then run the same command to resume"], full.stderr
+        assert open_store(url).samples == per_block and not (Path(url) / "lease.json").exists()
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        done = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert_bitwise_equal(url, ref_url)
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)

@@ -376,8 +376,12 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
     def commit() -> None:
         nonlocal commit_no
         with interrupts.held():
-            store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger),
-                         lease=lease)
+            try:
+                store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger),
+                             lease=lease)
+            except OSError as err:  # disk full, permissions, I/O: say where, and what is safe
+                raise StoreWriteError(_write_failure(err, store_url, _committed_chunks(store) * cfg.chunk_size,
+                                                     state.chunk_stop * cfg.chunk_size)) from err
             commit_no += 1
             committed_at[0] = time.perf_counter()
 
@@ -402,7 +406,8 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
         else:
             _run_distributed(client, blocks, stats, source, cfg, merge, max_blocks_in_flight)
     except BaseException as err:
-        if not isinstance(err, StoreLockedError) and state.chunk_stop > _committed_chunks(store):
+        if (not isinstance(err, (StoreLockedError, StoreWriteError))
+                and state.chunk_stop > _committed_chunks(store)):
             commit()  # keep every merged block: a failure or interruption loses nothing (unless the lease is lost)
         if isinstance(err, ClusterLostError):
             raise ClusterLostError(
@@ -425,6 +430,25 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
         statistics=[s.name for s in stats], dashboard=dashboard,
         data=_data_summary(source),
     )
+
+
+class StoreWriteError(StoreError):
+    """A commit the file system refused (no space, no permission, an I/O error); the store keeps its last
+    commit."""
+
+
+def _write_failure(err: OSError, url: str, committed: int, merged: int) -> str:
+    """The message of a refused commit: the file, the cause, what is committed, and how to go on."""
+    import errno
+
+    where = err.filename or url
+    fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there (the disk quota is reached)",
+           errno.EFBIG: "free space there or raise the file size limit (ulimit -f)",
+           errno.EACCES: "make it writable", errno.EPERM: "make it writable",
+           errno.EROFS: "use a writable file system"}.get(err.errno, "fix the cause")
+    return (f"could not write {where}: {err.strerror or err}. The store {url} is intact at its last commit: "
+            f"{committed:,} samples are committed and safe ({merged - committed:,} merged samples since were not "
+            f"saved). {fix[0].upper() + fix[1:]}, then run the same command to resume")
 
 
 def _data_summary(source: Source) -> Optional[dict[str, Any]]:
