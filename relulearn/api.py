@@ -662,6 +662,14 @@ def _load_matrix(path: str | Path, what: str) -> np.ndarray:
     except FileNotFoundError:
         raise ValueError(f"{what} file {path} does not exist") from None
     except (OSError, ValueError) as err:
+        try:
+            with open(path, "rb") as fh:
+                head = fh.read(6)
+        except OSError:  # a folder, no permission: the error says it
+            head = b"\x93NUMPY"
+        if head != b"\x93NUMPY":  # np.load reads any other bytes as a pickle, and says so
+            raise ValueError(f"{what} file {path} is not a .npy file (it lacks numpy's header); save the array with "
+                             "np.save(PATH, x) and give that file") from None
         raise ValueError(f"{what} file {path} is not a readable .npy array of numbers: {err}") from None
     if not isinstance(arr, np.ndarray) or arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.number):
         raise ValueError(f"{what} file {path} must hold a 1-d or 2-d numeric array, got "
