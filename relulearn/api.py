@@ -339,7 +339,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
     source = make_source(cfg)
     options = _check_setting(method, source, options)
-    stats = {name: run.arrays(name) for name in run.statistics}
+    stats = run.all_arrays()  # one commit, checked against its manifest (a damaged store is refused here)
 
     samples = HeldOut(source, cfg.seed)
     passes: list[dict] = []
@@ -357,7 +357,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
         summary = _estimate(pass_cfg, url, samples=run.samples, client=client, progress=progress,
                             break_lock=break_lock)
         pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
-        passes.append({name: open_store(url).arrays(name) for name in open_store(url).statistics})
+        passes.append(open_store(url).all_arrays())
     else:
         raise RuntimeError(f"method {method} kept asking for passes; this is a bug, please report it")
     net = result.network
@@ -453,8 +453,11 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     model is a :class:`~relulearn.polynomial.PolynomialModel`; ``biases`` of ``moments`` (learn hidden and
     output biases; default: unless the source is a planted or file network without biases).
 
-    The store is only read (learn takes no lease on it); each extra pass is a store of its own,
-    written under its own lease (``break_lock``: break a stale one, left by a learn that died).
+    The store is only read (learn takes no lease on it): every statistic and the ledger from one commit,
+    checked against its manifest (a damaged store is refused with
+    :class:`~relulearn.storage.errors.StoreDamagedError`, naming the array and chunk, before any method runs);
+    each extra pass is a store of its own, written under its own lease (``break_lock``: break a stale one, left
+    by a learn that died).
     ``dashboard``: ``HOST:PORT`` of a local cluster's dashboard (default 127.0.0.1, a free port).
 
     Returns
@@ -465,6 +468,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
                        degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
+    open_store(store)  # no store, or a damaged root, is refused before a cluster starts
     if client == "local":
         return _learn_with(None, store, method, options, out, progress, break_lock)
     if client is not None:
