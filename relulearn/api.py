@@ -31,7 +31,7 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
              workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
              progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
              on_start: Optional[Callable[[dict], None]] = None, break_lock: bool = False,
-             dashboard: Optional[str] = None) -> RunSummary:
+             dashboard: Optional[str] = None, new_store_here: bool = False) -> RunSummary:
     """Start, resume or extend the run described by ``config`` in ``store``.
 
     Parameters
@@ -54,17 +54,25 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
     dashboard
         ``HOST:PORT`` of a local cluster's dashboard (default: the config's ``run.dashboard``,
         else 127.0.0.1 on a free port).
+    new_store_here
+        Start a new store in a folder that is not a readable store (other files stay as they are; the
+        relulearn data of a store whose root metadata is missing or damaged is moved into
+        ``STORE/set-aside-<time>/``, never deleted). Without it such a folder is refused.
 
     Raises
     ------
     StoreLockedError
         Before any cluster starts, when another writer holds the store's lease, or a
         stale lease is left and ``break_lock`` is not given.
+    StoreDamagedError
+        When the store is damaged (its root metadata before any cluster starts; a chunk or metadata
+        document of the committed generation when the run opens it), naming what; nothing is modified.
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
+    # before a cluster starts: a refusal is immediate
+    with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
         kw = dict(samples=samples, progress=progress, commit_interval=commit_interval, on_start=on_start,
-                  lease=lease)
+                  lease=lease, new_store_here=new_store_here)
         if client == "local":
             return _estimate(cfg, store, client=None, **kw)
         if client is not None:

@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-interval", type=_non_negative_float,
                    help="seconds between commits (default: the config's run.commit_interval, 30)")
     p.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP)
+    p.add_argument("--new-store-here", action="store_true",
+                   help="start a new store in a folder that is not a readable store: other files there are left "
+                   "as they are; the data of a relulearn store whose root metadata is missing or damaged is moved "
+                   "into STORE/set-aside-<time>/, never deleted (a readable store is resumed as without it)")
     p.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
@@ -448,6 +452,10 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
             return
         if info["dashboard"]:
             print(f"dashboard: {info['dashboard']}", file=sys.stderr)
+        if info.get("set_aside"):
+            moved = info["set_aside"]
+            print(f"set aside the damaged store's data ({', '.join(moved['moved'])}) in {moved['folder']}; nothing "
+                  "was deleted", file=sys.stderr)
         verb = "resuming" if info["resumed_from_samples"] else "starting"
         print(f"{verb} run in {info['store']}: {info['resumed_from_samples']:,} -> {info['target_samples']:,} "
               f"samples in {info['blocks']} blocks", file=sys.stderr)
@@ -456,7 +464,8 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
     summary = api.estimate(args.config, args.store, samples=args.samples, workers=args.workers,
                            scheduler=args.scheduler, client=client, commit_interval=args.commit_interval,
                            progress=None if args.quiet else sys.stderr, on_start=on_start,
-                           break_lock=args.break_lock, dashboard=_dashboard(args))
+                           break_lock=args.break_lock, dashboard=_dashboard(args),
+                           new_store_here=args.new_store_here)
     return summary.to_dict()
 
 
