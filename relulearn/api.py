@@ -24,7 +24,8 @@ from .pipeline.sources import data_of
 from .pipeline.run import estimate as _estimate
 from .storage import LeaseInfo, StoreError, open_store, read_lease, writing
 
-__all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate", "predict", "exact_arbitrary"]
+__all__ = ["estimate", "status", "verify", "merge", "open_store", "learn", "fit", "evaluate", "predict",
+           "exact_arbitrary"]
 
 
 def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
@@ -97,6 +98,30 @@ def status(store: str) -> dict[str, Any]:
     out["lease"] = (found.to_dict() if isinstance(found, LeaseInfo)
                     else None if found is None else {"holder": None, "stale": "its lease document cannot be read"})
     return out
+
+
+def verify(store: str) -> dict[str, Any]:
+    """Check every chunk and metadata document of the store's committed generation (statistics and ledger,
+    then each extra pass under ``passes/``) against the commit's manifest, and the root metadata against its
+    digest; nothing is written.
+
+    Returns
+    -------
+    dict
+        ``intact`` (bool), ``arrays`` (per array: ``array``, ``chunks`` checked, ``status``), ``damaged``
+        (every damaged object: ``array``, ``chunk``, ``key`` — its file — and ``problem``), ``checksums``
+        (False for a store written before checksums: missing and truncated chunks are found, flipped bytes
+        are not), ``root``, ``documents``, ``passes``, ``seconds``
+        (:func:`relulearn.storage.verify.verify_store`).
+
+    Raises
+    ------
+    StoreError
+        When ``store`` holds no relulearn store or no committed run, or cannot be reached.
+    """
+    from .storage.verify import verify_store
+
+    return verify_store(store)
 
 
 def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, Any]:

@@ -17,16 +17,20 @@ from .network import NetworkFileError
 from .pipeline.cluster import ClusterLostError
 from .pipeline.sources import SourceDataError
 from .storage import StoreError
+from .storage.errors import RESTORE_HINT
 from .summary import summary_lines
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+#: `relulearn verify` found damage (0: intact; 2: no store to verify, or an error)
+EXIT_DAMAGED = 1
 
 _EPILOG = """\
 examples:
   relulearn estimate examples/small.yaml --store run.zarr          # start or resume
   relulearn estimate examples/small.yaml --store run.zarr --samples 4000000   # extend
   relulearn status run.zarr --json
+  relulearn verify run.zarr                                      # check every chunk's checksum
   relulearn merge a.zarr b.zarr --out ab.zarr
 """
 
@@ -113,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "committed, statistics, fingerprint, last commit.")
     p.add_argument("store", help="store location")
     p.add_argument("--json", action="store_true", help="print as JSON")
+
+    p = sub.add_parser("verify", help="check every chunk of a store against its checksums",
+                       description="Check the store's root metadata against its digest, and every chunk and "
+                       "metadata document of its committed generation (statistics and ledger, then each extra "
+                       "pass under STORE/passes/) against the commit's manifest: a missing, truncated or altered "
+                       "chunk (crc32c, sha256) is named with its array and file. Nothing is written. Exit code: "
+                       "0 intact, 1 damaged, 2 no store to verify (or another error). A store written before "
+                       "checksums is checked for missing and truncated chunks only.")
+    p.add_argument("store", help="store location")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("report", help="an HTML report of a store: spectra, τ grid, learning curves, units",
                        description="Write one self-contained HTML file with PNG figures: the eigenvalue spectra of "
@@ -393,6 +407,8 @@ def _print_status(st: dict[str, Any]) -> None:
           f"seeds {', '.join(map(str, st['seeds']))}")
     print(f"statistics   {', '.join(st['statistics'])}")
     print(f"commits      {st['commits']:,} (created {st['created']}, last {st['last_commit']}, head {st['head']})")
+    print("checksums    " + ("crc32c in every chunk, sha256 manifest of the commit (`relulearn verify` checks all)"
+                             if st.get("checksums") else "none (written before checksums; the next commit adds them)"))
     platforms = st.get("platforms") or ["unknown"]
     print(f"computed on  {platforms[0]}")
     for p in platforms[1:]:
@@ -411,6 +427,45 @@ def _print_status(st: dict[str, Any]) -> None:
             if lease["stale"]:
                 print(f"             stale: {lease['stale']} (the next writer needs --break-lock)")
     print("(the fingerprint and the rest: --json)")
+
+
+def _print_verify(r: dict[str, Any]) -> None:
+    """The table of `relulearn verify`: one row per array (chunks checked, status), then the metadata."""
+    def rows(rep: dict[str, Any], prefix: str = "") -> list[tuple[str, str, str]]:
+        problems: dict[str, list[str]] = {}
+        for d in rep["damaged"]:
+            problems.setdefault(d["array"], []).append(
+                f"chunk {d['chunk']} ({d['key']}) {d['problem']}" if d["chunk"] else f"{d['key']} {d['problem']}")
+        out = [(prefix + a["array"], str(a["chunks"]), "ok" if a["status"] == "ok" else
+                "DAMAGED: " + "; ".join(problems.pop(a["array"], ["damaged"]))) for a in rep["arrays"]]
+        for array, found in problems.items():  # metadata documents, the root
+            out.append((prefix + ("root metadata" if array == "root" else f"{array} (metadata)"), "-",
+                        "DAMAGED: " + "; ".join(found)))
+        if not any(d["array"] != "root" and not d["chunk"] for d in rep["damaged"]):
+            out.append((prefix + "metadata documents", str(rep["documents"]), "ok"))
+        if rep["root"] == "ok":
+            out.append((prefix + "root metadata", "1", "ok"))
+        return out
+
+    checks = ("crc32c + sha256 manifest" if r["checksums"] else "unknown (no readable root metadata)"
+              if r["head"] is None else "none (written before checksums: missing and truncated chunks only)")
+    print(f"store {r['store']}: head {r['head'] or '-'}, checksums {checks}")
+    table = rows(r)
+    for p in r["passes"]:
+        table += rows(p, prefix=p["store"].removeprefix(r["store"].rstrip("/") + "/") + "/")
+    width = max(len(a) for a, _, _ in table + [("array", "", "")])
+    print(f"{'array':<{width}}  {'chunks':>6}  status")
+    for array, chunks, state in table:
+        print(f"{array:<{width}}  {chunks:>6}  {state}")
+    if r.get("found"):
+        print(f"found: {r['found'].removeprefix('it holds ')} (not checked: the manifest was in the root metadata)")
+    damaged = r["damaged"] + [d for p in r["passes"] for d in p["damaged"]]
+    if r["intact"]:
+        print(f"intact: {sum(a['chunks'] for a in r['arrays'])} chunks of {len(r['arrays'])} arrays and "
+              f"{r['documents']} metadata documents checked in {r['seconds']:.2f} s")
+    else:
+        arrays = {d["array"] for d in damaged}
+        print(f"DAMAGED: {len(damaged)} damaged object(s) in {len(arrays)} array(s) or document(s); {RESTORE_HINT}")
 
 
 def _format(v: Any) -> str:
@@ -481,6 +536,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not args.json:
                 _print_status(result)
                 return 0
+        elif args.command == "verify":
+            result = api.verify(args.store)
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                _print_verify(result)
+            sys.stdout.flush()
+            return 0 if result["intact"] else EXIT_DAMAGED
         elif args.command == "report":
             from .report import write_report
 
