@@ -243,6 +243,14 @@ def test_a_single_commit_store_without_root_is_damaged_but_an_interrupted_first_
     (url / "lease.json").write_text("{}")  # a writer killed during its first commit leaves its lease
     assert RunStore(str(url)).meta() is None
     (url / "lease.json").unlink()
+    # --new-store-here sets it aside (under its own lease, which is no sign of a first commit under way)
+    kept = snapshot(url / "g000000")
+    summary = api.estimate(config_from_dict(RUN), str(url), client="local", progress=None, new_store_here=True)
+    assert summary.set_aside["moved"] == ["g000000"]
+    assert snapshot(Path(summary.set_aside["folder"]) / "g000000") == kept
+    shutil.rmtree(url)
+    api.estimate(config_from_dict(RUN), str(url), client="local", progress=None, commit_interval=1e9)
+    (url / "zarr.json").unlink()
     (url / "g000000" / "zarr.json").unlink()  # the first commit did not finish its generation
     assert RunStore(str(url)).meta() is None
     api.estimate(config_from_dict(RUN), str(url), client="local", progress=None)

@@ -187,22 +187,23 @@ def _short(err: BaseException) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _committed_data(store: Store, children: list[str], *, root: bool) -> list[str]:
+def _committed_data(store: Store, children: list[str], *, root: bool, own_lease: bool = False) -> list[str]:
     """The relulearn data in a store folder that only a store with a committed run holds (its root
     document missing, ``root=False``, or unreadable, ``root=True``).
 
     Generations past the first, learn records and extra passes come after a first commit. The first
     generation ``g000000`` alone comes after one too when it is complete (its group document is written
-    last) and no first run is under way or was interrupted: no writer's lease, no root document being
-    written. A root document that exists but cannot be read is never a first commit under way (it is
-    replaced in one atomic write), so any generation next to it counts.
+    last) and no first run is under way or was interrupted: no writer's lease (``own_lease``: the lease
+    there is the caller's own, which says nothing), no root document being written. A root document that
+    exists but cannot be read is never a first commit under way (it is replaced in one atomic write), so
+    any generation next to it counts.
     """
     gens = sorted(c for c in children if _GENERATION.fullmatch(c))
     found = [f"{c}/" for c in children if c in _COMMITTED_ONLY]
     if root or any(g != "g000000" for g in gens):
         return [f"{g}/" for g in gens] + found
-    if gens and not any(_PARTIAL.fullmatch(c) or c == LEASE_KEY for c in children) \
-            and sync(store.get("g000000/zarr.json", default_buffer_prototype())) is not None:
+    writer = any(_PARTIAL.fullmatch(c) or (c == LEASE_KEY and not own_lease) for c in children)
+    if gens and not writer and sync(store.get("g000000/zarr.json", default_buffer_prototype())) is not None:
         found.insert(0, "g000000/")
     return found
 
@@ -761,6 +762,10 @@ class RunStore:
         root document, learn records, extra passes — into ``STORE/set-aside-<UTC time>/``, where it is kept
         as it was, so that a new run can start in the folder (``--new-store-here``). Other files stay.
 
+        Called by the writer holding the store's lease: a complete first generation without a root document
+        is set aside too (it reads as an interrupted first commit while a lease is there, but the lease is
+        the caller's own; set aside rather than deleted by the new run's first commit).
+
         Returns
         -------
         dict or None
@@ -768,8 +773,12 @@ class RunStore:
             is readable or the folder holds no relulearn data (nothing is moved then).
         """
         try:
-            self.meta()
-            return None
+            if self.meta() is not None:
+                return None
+            with _object_store_errors(self.url, "read"):
+                store = self._store(read_only=True)
+                if not _committed_data(store, sync(_children(store)), root=False, own_lease=True):
+                    return None
         except StoreDamagedError as err:
             if not err.root:
                 raise
