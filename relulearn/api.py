@@ -22,7 +22,7 @@ from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepar
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.sources import data_of
 from .pipeline.run import estimate as _estimate
-from .storage import LeaseInfo, StoreError, open_store, read_lease, writing
+from .storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
 
 __all__ = ["estimate", "status", "verify", "merge", "open_store", "learn", "fit", "evaluate", "predict",
            "exact_arbitrary"]
@@ -86,7 +86,16 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
 def status(store: str) -> dict[str, Any]:
     """What a store holds: samples, statistics, fingerprint, last commit, and ``lease``: the writer
     holding the store (host, pid, start, last heartbeat, and ``stale``: why it is stale, or None),
-    or None when no writer holds it."""
+    or None when no writer holds it; ``damaged``: the objects of the committed generation that one
+    listing shows missing or truncated (no byte is read: :func:`verify` finds altered bytes too; None
+    for a store written before checksums).
+
+    Raises
+    ------
+    StoreDamagedError
+        When the root metadata is missing, unreadable or differs from its digest (a damaged store, not
+        "no store").
+    """
     try:
         out = open_store(store).summary()
     except StoreError as err:
@@ -94,6 +103,8 @@ def status(store: str) -> dict[str, Any]:
         if not isinstance(found, LeaseInfo):
             raise
         raise StoreError(f"{err}; its first run is being written by {found.describe()}") from None
+    sizes = RunStore(store).check_sizes()
+    out["damaged"] = None if sizes is None else [d.to_dict() for d in sizes]
     found = read_lease(store)
     out["lease"] = (found.to_dict() if isinstance(found, LeaseInfo)
                     else None if found is None else {"holder": None, "stale": "its lease document cannot be read"})

@@ -403,6 +403,13 @@ def _print_status(st: dict[str, Any]) -> None:
     state = "complete" if st["complete"] else "incomplete (run `relulearn estimate` with its configuration to resume)"
     print(f"store        {st['store']}")
     print(f"samples      {st['samples']:,} of {st['target_samples'] or st['samples']:,}: {state}")
+    damaged = st.get("damaged") or []
+    if damaged:
+        first = damaged[0]
+        where = (f"array {first['array']}, chunk {first['chunk']} (file {first['key']})" if first["chunk"]
+                 else f"file {first['key']}")
+        print(f"DAMAGED      {len(damaged)} object(s) missing or truncated, e.g. {where} {first['problem']}; "
+              f"`relulearn verify {st['store']}` names them all; {RESTORE_HINT}")
     print(f"chunks       {st['chunks']:,} × {st['chunk_size']:,} samples, in {st['blocks']:,} blocks; "
           f"seeds {', '.join(map(str, st['seeds']))}")
     print(f"statistics   {', '.join(st['statistics'])}")

@@ -115,6 +115,13 @@ def test_damage_is_named_and_refused_and_the_store_is_left_as_it_was(copy, tmp_p
         expected = {"delete": "is missing", "truncate": "is truncated", "flip": "fails its crc32c"}[mode]
         assert named[0]["problem"].startswith(expected), named
 
+    # status: a lost or damaged root is a damaged store; a missing or truncated object shows in one listing
+    if kind == "root-metadata":
+        with pytest.raises(StoreDamagedError, match="root metadata"):
+            api.status(url)
+    elif mode != "flip":  # (a flipped byte needs every byte read: verify)
+        assert [(d["array"], d["key"]) for d in api.status(url)["damaged"]] == [(array, key)]
+
     # estimate (extend) and learn refuse, naming the same object; nothing is used, nothing is written
     needles = [f"file {key}", "restore the store from a copy", f"relulearn verify {url}"]
     needles += [f"array {array}, chunk {chunk}"] if chunk else []
@@ -196,6 +203,9 @@ def test_the_command_line_names_the_damage(copy, tmp_path):
                                 "root metadata (file zarr.json) is missing", "--new-store-here")
         assert "no relulearn store" not in err and len(err.strip().splitlines()) == 1
     assert verify_rootless.returncode == 1 and "zarr.json is missing" in verify_rootless.stdout
+    status = cli_parallel(("status", copy))[0]
+    assert status.returncode == 0 and "DAMAGED      1 object(s) missing or truncated, e.g. array contracted/sum_M, " \
+        f"chunk c/0/0/0 (file {head}/contracted/sum_M/c/0/0/0) is truncated" in status.stdout, status.stdout
     assert not (tmp_path / "m.npz").exists()
     for p, snap in before.items():
         assert snapshot(p) == snap, p

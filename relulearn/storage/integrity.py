@@ -8,7 +8,7 @@ in the root metadata (``attributes.relulearn.integrity``)::
 
     {"version": 1, "algorithm": "sha256",
      "chunks": {"basic/sum_xx": {"c/0/0": [2052, "<sha256 of the chunk object's bytes>"]}, ...},
-     "documents": {"zarr.json": "<sha256>", "basic/zarr.json": "<sha256>", "basic/sum_xx/zarr.json": ...},
+     "documents": {"zarr.json": [180, "<sha256>"], "basic/zarr.json": [...], "basic/sum_xx/zarr.json": ...},
      "digest": "<sha256 of the root document without this field>"}
 
 listing every chunk and metadata document of the generation (paths relative to it) with the digest of
@@ -41,7 +41,7 @@ from .errors import Damage
 
 __all__ = ["ALGORITHM", "INTEGRITY_VERSION", "array_codecs", "chunk_coords", "chunk_key", "encode_chunks",
            "new_manifest", "add_chunk", "add_document", "digest", "root_digest", "seal_root", "check_root",
-           "check_chunks", "check_documents", "ArrayInfo"]
+           "check_chunks", "check_documents", "check_sizes", "ArrayInfo"]
 
 #: the digest of chunks and documents in the manifest
 ALGORITHM = "sha256"
@@ -108,8 +108,9 @@ def add_chunk(manifest: dict[str, Any], array: str, key: str, data: bytes) -> No
 
 
 def add_document(manifest: dict[str, Any], path: str, data: bytes) -> None:
-    """Record the metadata document at ``path`` (relative to the generation, ``basic/zarr.json``) as written."""
-    manifest["documents"][path] = digest(data)
+    """Record the metadata document at ``path`` (relative to the generation, ``basic/zarr.json``) as written:
+    its size and digest."""
+    manifest["documents"][path] = [len(data), digest(data)]
 
 
 # --------------------------------------------------------------------------- the root
@@ -234,7 +235,11 @@ async def check_documents(store: Store, generation: str, paths: Sequence[str],
         elif listed is not None:
             if doc not in listed:
                 damages.append(Damage(owner, key, "", "is not in the commit's manifest"))
-            elif digest(data) != listed[doc]:
+            elif len(data) != listed[doc][0]:
+                size = listed[doc][0]
+                damages.append(Damage(owner, key, "", f"is truncated ({len(data)} of {size} bytes)" if len(data) < size
+                                      else f"has {len(data)} bytes where {size} were written"))
+            elif digest(data) != listed[doc][1]:
                 damages.append(Damage(owner, key, "", f"does not match its {ALGORITHM} in the commit's manifest"))
         else:
             try:
@@ -242,4 +247,30 @@ async def check_documents(store: Store, generation: str, paths: Sequence[str],
                     raise ValueError("not a JSON object")
             except ValueError:
                 damages.append(Damage(owner, key, "", "is not readable JSON"))
+    return damages
+
+
+def check_sizes(generation: str, listing: Mapping[str, int], manifest: Mapping[str, Any]) -> list[Damage]:
+    """The objects of ``generation`` in the manifest that a listing (``{key relative to the generation: size}``)
+    shows missing, or of another size than written: what can be told without reading a byte (a flipped byte
+    cannot; :func:`check_chunks` reads them)."""
+    damages = []
+    for array, chunks in manifest.get("chunks", {}).items():
+        for key, (size, _) in chunks.items():
+            found = listing.get(f"{array}/{key}")
+            if found == size:
+                continue
+            if found is None:
+                problem = "is missing"
+            elif found < size:
+                problem = f"is truncated ({found} of {size} bytes)"
+            else:
+                problem = f"has {found} bytes where {size} were written"
+            damages.append(Damage(array, f"{generation}/{array}/{key}", key, problem))
+    for doc, (size, _) in manifest.get("documents", {}).items():
+        found = listing.get(doc)
+        if found != size:
+            owner = doc.rsplit("/", 1)[0] if "/" in doc else generation
+            problem = "is missing" if found is None else f"has {found} bytes where {size} were written"
+            damages.append(Damage(owner, f"{generation}/{doc}", "", problem))
     return damages

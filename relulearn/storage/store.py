@@ -685,6 +685,28 @@ class RunStore:
         with _object_store_errors(self.url, "read"):
             return sorted(k for k in self._root("r")[head].group_keys())
 
+    def check_sizes(self) -> Optional[list[Damage]]:
+        """The objects of the committed generation that are missing or of another size than the commit
+        wrote, from one listing of the generation (no object is read: cheap enough for ``status``; a flipped
+        byte needs :func:`relulearn.storage.verify.verify_store`). None for a store without a manifest (written
+        before checksums) or without a run."""
+        meta = self.meta()
+        manifest = None if meta is None else meta.get("integrity")
+        if not manifest:
+            return None
+        import fsspec
+
+        head = meta["head"]
+        with _object_store_errors(self.url, "read"):
+            fs, root = fsspec.core.url_to_fs(self.url, **(storage_options(self.url) or {}))
+            base = f"{root.rstrip('/')}/{head}"
+            with contextlib.suppress(AttributeError):
+                fs.invalidate_cache(base)
+            found = fs.find(base, detail=True) if fs.exists(base) else {}
+        prefix = base.lstrip("/") + "/"
+        listing = {str(k).lstrip("/").removeprefix(prefix): int(v.get("size") or 0) for k, v in found.items()}
+        return integrity.check_sizes(head, listing, manifest)
+
     # ------------------------------------------------------------------ records
     def add_record(self, kind: str, doc: Mapping[str, Any]) -> str:
         """Keep a JSON document beside the statistics (``records/<kind>-<UTC time>.json``; e.g. what a learn on
