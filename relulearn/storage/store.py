@@ -2,8 +2,10 @@
 
 Layout::
 
-    STORE/zarr.json          root group; attrs["relulearn"] = the run's metadata, with ``head``;
-                             consolidated metadata of the head generation (below)
+    STORE/zarr.json          root group; attrs["relulearn"] = the run's metadata, with ``head`` and the
+                             manifest of the head generation (``integrity``: the size and sha256 of each
+                             of its objects, and the digest of this document); consolidated metadata of
+                             the head generation (below)
     STORE/g000007/<stat>/    the committed generation: one subgroup per statistic,
                              arrays with dimension names (xarray.open_zarr(..., group=...))
     STORE/g000007/ledger/    the blocks counted in this generation
@@ -47,6 +49,16 @@ statistic — ``xr.open_zarr(url, group=f"{head}/{statistic}")`` — reads that 
 and no other metadata. Arrays that describe a statistic rather than estimate it (τ grids,
 quantiles, direction banks, bases, ...) are listed in the statistic group's
 ``coordinates`` attribute, which xarray turns into coordinates (:func:`coordinate_names`).
+
+Checksums
+---------
+Every array's chunks end with their crc32c (zarr's ``crc32c`` codec), and each commit's manifest lists every
+object of its generation (:mod:`relulearn.storage.integrity`). :meth:`RunStore.meta` checks the root document
+against its digest; :meth:`RunStore.read_head` checks every chunk and document it reads against the manifest
+before any value is used, and raises :class:`~relulearn.storage.errors.StoreDamagedError` naming each damaged
+object (zarr alone reads a deleted chunk as the fill value). A folder whose root document is missing or
+unreadable while it holds relulearn data that only a commit leaves is damaged, not empty (:meth:`RunStore.meta`);
+``--new-store-here`` moves that data into ``set-aside-<time>/`` (:meth:`RunStore.set_aside`).
 
 Stores hold arrays and JSON only.
 """
