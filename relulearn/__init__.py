@@ -1,14 +1,15 @@
 """relulearn: learn hidden neural networks from samples with moment and spectral methods.
 
 The public API: :func:`estimate` streams samples through Dask into a zarr store of
-sufficient statistics; :func:`open_store` reads them back with standard errors.
+sufficient statistics; :func:`open_store` reads them back with standard errors; :func:`verify`
+checks every chunk of a store against its checksums.
 """
 
-from .api import estimate, evaluate, fit, learn, merge, open_store, predict, status
+from .api import estimate, evaluate, fit, learn, merge, open_store, predict, status, verify
 from .config import ConfigError, RunConfig, load_config
 from .network import Network
 from .polynomial import PolynomialModel, load_model
-from .storage import StoreError, StoredRun
+from .storage import StoreDamagedError, StoreError, StoredRun
 
 __version__ = "0.1.0"
 
@@ -16,9 +17,9 @@ __version__ = "0.1.0"
 REGRESSORS = ("MomentsRegressor", "TensorRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
               "LandscapeRegressor")
 
-__all__ = ["estimate", "merge", "open_store", "status", "learn", "fit", "evaluate", "predict", "load_config",
-           "RunConfig", "ConfigError", "Network", "PolynomialModel", "load_model", "StoreError", "StoredRun",
-           "__version__", *REGRESSORS]
+__all__ = ["estimate", "merge", "open_store", "status", "verify", "learn", "fit", "evaluate", "predict",
+           "load_config", "RunConfig", "ConfigError", "Network", "PolynomialModel", "load_model", "StoreError",
+           "StoreDamagedError", "StoredRun", "__version__", *REGRESSORS]
 
 
 def __getattr__(name: str):

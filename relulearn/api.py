@@ -22,16 +22,17 @@ from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepar
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.sources import data_of
 from .pipeline.run import estimate as _estimate
-from .storage import LeaseInfo, StoreError, open_store, read_lease, writing
+from .storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
 
-__all__ = ["estimate", "status", "merge", "open_store", "learn", "fit", "evaluate", "predict", "exact_arbitrary"]
+__all__ = ["estimate", "status", "verify", "merge", "open_store", "learn", "fit", "evaluate", "predict",
+           "exact_arbitrary"]
 
 
 def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
              workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
              progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
              on_start: Optional[Callable[[dict], None]] = None, break_lock: bool = False,
-             dashboard: Optional[str] = None) -> RunSummary:
+             dashboard: Optional[str] = None, new_store_here: bool = False) -> RunSummary:
     """Start, resume or extend the run described by ``config`` in ``store``.
 
     Parameters
@@ -54,17 +55,25 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
     dashboard
         ``HOST:PORT`` of a local cluster's dashboard (default: the config's ``run.dashboard``,
         else 127.0.0.1 on a free port).
+    new_store_here
+        Start a new store in a folder that is not a readable store (other files stay as they are; the
+        relulearn data of a store whose root metadata is missing or damaged is moved into
+        ``STORE/set-aside-<time>/``, never deleted). Without it such a folder is refused.
 
     Raises
     ------
     StoreLockedError
         Before any cluster starts, when another writer holds the store's lease, or a
         stale lease is left and ``break_lock`` is not given.
+    StoreDamagedError
+        When the store is damaged (its root metadata before any cluster starts; a chunk or metadata
+        document of the committed generation when the run opens it), naming what; nothing is modified.
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
+    # before a cluster starts: a refusal is immediate
+    with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
         kw = dict(samples=samples, progress=progress, commit_interval=commit_interval, on_start=on_start,
-                  lease=lease)
+                  lease=lease, new_store_here=new_store_here)
         if client == "local":
             return _estimate(cfg, store, client=None, **kw)
         if client is not None:
@@ -77,7 +86,16 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
 def status(store: str) -> dict[str, Any]:
     """What a store holds: samples, statistics, fingerprint, last commit, and ``lease``: the writer
     holding the store (host, pid, start, last heartbeat, and ``stale``: why it is stale, or None),
-    or None when no writer holds it."""
+    or None when no writer holds it; ``damaged``: the objects of the committed generation that one
+    listing shows missing or truncated (no byte is read: :func:`verify` finds altered bytes too; None
+    for a store written before checksums).
+
+    Raises
+    ------
+    StoreDamagedError
+        When the root metadata is missing, unreadable or differs from its digest (a damaged store, not
+        "no store").
+    """
     try:
         out = open_store(store).summary()
     except StoreError as err:
@@ -85,10 +103,36 @@ def status(store: str) -> dict[str, Any]:
         if not isinstance(found, LeaseInfo):
             raise
         raise StoreError(f"{err}; its first run is being written by {found.describe()}") from None
+    sizes = RunStore(store).check_sizes()
+    out["damaged"] = None if sizes is None else [d.to_dict() for d in sizes]
     found = read_lease(store)
     out["lease"] = (found.to_dict() if isinstance(found, LeaseInfo)
                     else None if found is None else {"holder": None, "stale": "its lease document cannot be read"})
     return out
+
+
+def verify(store: str) -> dict[str, Any]:
+    """Check every chunk and metadata document of the store's committed generation (statistics and ledger,
+    then each extra pass under ``passes/``) against the commit's manifest, and the root metadata against its
+    digest; nothing is written.
+
+    Returns
+    -------
+    dict
+        ``intact`` (bool), ``arrays`` (per array: ``array``, ``chunks`` checked, ``status``), ``damaged``
+        (every damaged object: ``array``, ``chunk``, ``key`` — its file — and ``problem``), ``checksums``
+        (False for a store written before checksums: missing and truncated chunks are found, flipped bytes
+        are not), ``root``, ``documents``, ``passes``, ``seconds``
+        (:func:`relulearn.storage.verify.verify_store`).
+
+    Raises
+    ------
+    StoreError
+        When ``store`` holds no relulearn store or no committed run, or cannot be reached.
+    """
+    from .storage.verify import verify_store
+
+    return verify_store(store)
 
 
 def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, Any]:
@@ -339,7 +383,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
     source = make_source(cfg)
     options = _check_setting(method, source, options)
-    stats = {name: run.arrays(name) for name in run.statistics}
+    stats = run.all_arrays()  # one commit, checked against its manifest (a damaged store is refused here)
 
     samples = HeldOut(source, cfg.seed)
     passes: list[dict] = []
@@ -357,7 +401,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
         summary = _estimate(pass_cfg, url, samples=run.samples, client=client, progress=progress,
                             break_lock=break_lock)
         pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
-        passes.append({name: open_store(url).arrays(name) for name in open_store(url).statistics})
+        passes.append(open_store(url).all_arrays())
     else:
         raise RuntimeError(f"method {method} kept asking for passes; this is a bug, please report it")
     net = result.network
@@ -453,8 +497,11 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     model is a :class:`~relulearn.polynomial.PolynomialModel`; ``biases`` of ``moments`` (learn hidden and
     output biases; default: unless the source is a planted or file network without biases).
 
-    The store is only read (learn takes no lease on it); each extra pass is a store of its own,
-    written under its own lease (``break_lock``: break a stale one, left by a learn that died).
+    The store is only read (learn takes no lease on it): every statistic and the ledger from one commit,
+    checked against its manifest (a damaged store is refused with
+    :class:`~relulearn.storage.errors.StoreDamagedError`, naming the array and chunk, before any method runs);
+    each extra pass is a store of its own, written under its own lease (``break_lock``: break a stale one, left
+    by a learn that died).
     ``dashboard``: ``HOST:PORT`` of a local cluster's dashboard (default 127.0.0.1, a free port).
 
     Returns
@@ -465,6 +512,7 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
                        degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
+    open_store(store)  # no store, or a damaged root, is refused before a cluster starts
     if client == "local":
         return _learn_with(None, store, method, options, out, progress, break_lock)
     if client is not None:

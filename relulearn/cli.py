@@ -17,16 +17,20 @@ from .network import NetworkFileError
 from .pipeline.cluster import ClusterLostError
 from .pipeline.sources import SourceDataError
 from .storage import StoreError
+from .storage.errors import RESTORE_HINT
 from .summary import summary_lines
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
+#: `relulearn verify` found damage (0: intact; 2: no store to verify, or an error)
+EXIT_DAMAGED = 1
 
 _EPILOG = """\
 examples:
   relulearn estimate examples/small.yaml --store run.zarr          # start or resume
   relulearn estimate examples/small.yaml --store run.zarr --samples 4000000   # extend
   relulearn status run.zarr --json
+  relulearn verify run.zarr                                      # check every chunk's checksum
   relulearn merge a.zarr b.zarr --out ab.zarr
 """
 
@@ -101,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--commit-interval", type=_non_negative_float,
                    help="seconds between commits (default: the config's run.commit_interval, 30)")
     p.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP)
+    p.add_argument("--new-store-here", action="store_true",
+                   help="start a new store in a folder that is not a readable store: other files there are left "
+                   "as they are; the data of a relulearn store whose root metadata is missing or damaged is moved "
+                   "into STORE/set-aside-<time>/, never deleted (a readable store is resumed as without it)")
     p.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
@@ -109,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "committed, statistics, fingerprint, last commit.")
     p.add_argument("store", help="store location")
     p.add_argument("--json", action="store_true", help="print as JSON")
+
+    p = sub.add_parser("verify", help="check every chunk of a store against its checksums",
+                       description="Check the store's root metadata against its digest, and every chunk and "
+                       "metadata document of its committed generation (statistics and ledger, then each extra "
+                       "pass under STORE/passes/) against the commit's manifest: a missing, truncated or altered "
+                       "chunk (crc32c, sha256) is named with its array and file. Nothing is written. Exit code: "
+                       "0 intact, 1 damaged, 2 no store to verify (or another error). A store written before "
+                       "checksums is checked for missing and truncated chunks only.")
+    p.add_argument("store", help="store location")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
     p = sub.add_parser("report", help="an HTML report of a store: spectra, τ grid, learning curves, units",
                        description="Write one self-contained HTML file with PNG figures: the eigenvalue spectra of "
@@ -394,10 +412,19 @@ def _print_status(st: dict[str, Any]) -> None:
     state = "complete" if st["complete"] else "incomplete (run `relulearn estimate` with its configuration to resume)"
     print(f"store        {st['store']}")
     print(f"samples      {st['samples']:,} of {st['target_samples'] or st['samples']:,}: {state}")
+    damaged = st.get("damaged") or []
+    if damaged:
+        first = damaged[0]
+        where = (f"array {first['array']}, chunk {first['chunk']} (file {first['key']})" if first["chunk"]
+                 else f"file {first['key']}")
+        print(f"DAMAGED      {len(damaged)} object(s) missing or truncated, e.g. {where} {first['problem']}; "
+              f"`relulearn verify {st['store']}` names them all; {RESTORE_HINT}")
     print(f"chunks       {st['chunks']:,} × {st['chunk_size']:,} samples, in {st['blocks']:,} blocks; "
           f"seeds {', '.join(map(str, st['seeds']))}")
     print(f"statistics   {', '.join(st['statistics'])}")
     print(f"commits      {st['commits']:,} (created {st['created']}, last {st['last_commit']}, head {st['head']})")
+    print("checksums    " + ("crc32c in every chunk, sha256 manifest of the commit (`relulearn verify` checks all)"
+                             if st.get("checksums") else "none (written before checksums; the next commit adds them)"))
     platforms = st.get("platforms") or ["unknown"]
     print(f"computed on  {platforms[0]}")
     for p in platforms[1:]:
@@ -416,6 +443,45 @@ def _print_status(st: dict[str, Any]) -> None:
             if lease["stale"]:
                 print(f"             stale: {lease['stale']} (the next writer needs --break-lock)")
     print("(the fingerprint and the rest: --json)")
+
+
+def _print_verify(r: dict[str, Any]) -> None:
+    """The table of `relulearn verify`: one row per array (chunks checked, status), then the metadata."""
+    def rows(rep: dict[str, Any], prefix: str = "") -> list[tuple[str, str, str]]:
+        problems: dict[str, list[str]] = {}
+        for d in rep["damaged"]:
+            problems.setdefault(d["array"], []).append(
+                f"chunk {d['chunk']} ({d['key']}) {d['problem']}" if d["chunk"] else f"{d['key']} {d['problem']}")
+        out = [(prefix + a["array"], str(a["chunks"]), "ok" if a["status"] == "ok" else
+                "DAMAGED: " + "; ".join(problems.pop(a["array"], ["damaged"]))) for a in rep["arrays"]]
+        for array, found in problems.items():  # metadata documents, the root
+            out.append((prefix + ("root metadata" if array == "root" else f"{array} (metadata)"), "-",
+                        "DAMAGED: " + "; ".join(found)))
+        if not any(d["array"] != "root" and not d["chunk"] for d in rep["damaged"]):
+            out.append((prefix + "metadata documents", str(rep["documents"]), "ok"))
+        if rep["root"] == "ok":
+            out.append((prefix + "root metadata", "1", "ok"))
+        return out
+
+    checks = ("crc32c + sha256 manifest" if r["checksums"] else "unknown (no readable root metadata)"
+              if r["head"] is None else "none (written before checksums: missing and truncated chunks only)")
+    print(f"store {r['store']}: head {r['head'] or '-'}, checksums {checks}")
+    table = rows(r)
+    for p in r["passes"]:
+        table += rows(p, prefix=p["store"].removeprefix(r["store"].rstrip("/") + "/") + "/")
+    width = max(len(a) for a, _, _ in table + [("array", "", "")])
+    print(f"{'array':<{width}}  {'chunks':>6}  status")
+    for array, chunks, state in table:
+        print(f"{array:<{width}}  {chunks:>6}  {state}")
+    if r.get("found"):
+        print(f"found: {r['found'].removeprefix('it holds ')} (not checked: the manifest was in the root metadata)")
+    damaged = r["damaged"] + [d for p in r["passes"] for d in p["damaged"]]
+    if r["intact"]:
+        print(f"intact: {sum(a['chunks'] for a in r['arrays'])} chunks of {len(r['arrays'])} arrays and "
+              f"{r['documents']} metadata documents checked in {r['seconds']:.2f} s")
+    else:
+        arrays = {d["array"] for d in damaged}
+        print(f"DAMAGED: {len(damaged)} damaged object(s) in {len(arrays)} array(s) or document(s); {RESTORE_HINT}")
 
 
 def _format(v: Any) -> str:
@@ -457,6 +523,10 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
             return
         if info["dashboard"]:
             print(f"dashboard: {info['dashboard']}", file=sys.stderr)
+        if info.get("set_aside"):
+            moved = info["set_aside"]
+            print(f"set aside the damaged store's data ({', '.join(moved['moved'])}) in {moved['folder']}; nothing "
+                  "was deleted", file=sys.stderr)
         verb = "resuming" if info["resumed_from_samples"] else "starting"
         print(f"{verb} run in {info['store']}: {info['resumed_from_samples']:,} -> {info['target_samples']:,} "
               f"samples in {info['blocks']} blocks", file=sys.stderr)
@@ -465,7 +535,8 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
     summary = api.estimate(args.config, args.store, samples=args.samples, workers=args.workers,
                            scheduler=args.scheduler, client=client, commit_interval=args.commit_interval,
                            progress=None if args.quiet else sys.stderr, on_start=on_start,
-                           break_lock=args.break_lock, dashboard=_dashboard(args))
+                           break_lock=args.break_lock, dashboard=_dashboard(args),
+                           new_store_here=args.new_store_here)
     return summary.to_dict()
 
 
@@ -481,6 +552,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if not args.json:
                 _print_status(result)
                 return 0
+        elif args.command == "verify":
+            result = api.verify(args.store)
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                _print_verify(result)
+            sys.stdout.flush()
+            return 0 if result["intact"] else EXIT_DAMAGED
         elif args.command == "report":
             from .report import write_report
 

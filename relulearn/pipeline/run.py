@@ -239,11 +239,14 @@ class RunSummary:
     dashboard: Optional[str] = None
     #: a data source's rows, rows skipped (NaN or inf, ``nan_rows: skip``) and whether it is whitened
     data: Optional[dict[str, Any]] = None
+    #: with ``new_store_here``: where the relulearn data of a damaged store was moved (``folder``, ``moved``)
+    set_aside: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
-        if out["data"] is None:
-            del out["data"]
+        for key in ("data", "set_aside"):
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -281,7 +284,7 @@ def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statist
 def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, client: Any = None,
              progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
              max_blocks_in_flight: Optional[int] = None, on_start: Optional[Callable[[dict], None]] = None,
-             break_lock: bool = False, lease: Optional[Lease] = None) -> RunSummary:
+             break_lock: bool = False, lease: Optional[Lease] = None, new_store_here: bool = False) -> RunSummary:
     """Accumulate the configured statistics into the store at ``store_url``.
 
     Starts a new run, resumes an interrupted one, or extends a finished one when
@@ -308,6 +311,11 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     lease
         The caller's lease on ``store_url``, taken before it started a cluster; by default the
         lease is taken here, before anything else, and released when the run ends.
+    new_store_here
+        Start a new store in a folder that is not a readable store: other files there are left as they
+        are, and the relulearn data of a store whose root metadata is missing or damaged is moved into
+        ``STORE/set-aside-<time>/`` (:meth:`RunStore.set_aside`), never deleted. A readable store is
+        resumed as without it.
 
     Raises
     ------
@@ -315,23 +323,27 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         When another writer holds the store's lease (or a stale one is left and ``break_lock``
         is not given); :class:`~relulearn.storage.lease.LeaseLostError` when another writer broke
         and took it during the run (nothing more is committed).
+    StoreDamagedError
+        For a store whose root metadata, chunks or metadata documents are damaged (missing, truncated,
+        failing their checksum), naming each; the store is not modified.
     StoreError
-        For a store with another fingerprint, a newer format, or an unwritable path; for a subspace
-        pass (``statistics.sketch.refines``) that would not draw the chunks of the store it refines.
+        For a store with another fingerprint, a newer format, or an unwritable path; for a folder that is
+        not a readable store (without ``new_store_here``); for a subspace pass
+        (``statistics.sketch.refines``) that would not draw the chunks of the store it refines.
     SourceDataError
         When the source produces NaN or inf; blocks merged before the failing one are
         committed first.
     """
     t0 = time.perf_counter()
-    with writing(store_url, break_lock=break_lock, held=lease) as held:
+    with writing(store_url, break_lock=break_lock, held=lease, new_store_here=new_store_here) as held:
         return _estimate(cfg, store_url, held, t0, samples=samples, client=client, progress=progress,
                          commit_interval=commit_interval, max_blocks_in_flight=max_blocks_in_flight,
-                         on_start=on_start)
+                         on_start=on_start, new_store_here=new_store_here)
 
 
 def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, samples: Optional[int], client: Any,
               progress: Optional[TextIO], commit_interval: Optional[float], max_blocks_in_flight: Optional[int],
-              on_start: Optional[Callable[[dict], None]]) -> RunSummary:
+              on_start: Optional[Callable[[dict], None]], new_store_here: bool = False) -> RunSummary:
     """:func:`estimate`, with the store's lease held."""
     if client is not None and cfg.source.data is not None:  # the workers read the data, not the driver
         from .sources import prime_data_scan
@@ -353,7 +365,8 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
         wanted = samples if samples is not None else cfg.samples
         check_refines(sketch.refines, fingerprint(cfg, source), -(-wanted // cfg.chunk_size) * cfg.chunk_size,
                       where=store_url)
-    store = RunStore(store_url)
+    store = RunStore(store_url, allow_foreign=new_store_here)
+    set_aside = store.set_aside() if new_store_here else None  # (under the lease: no other writer is here)
     stats, state, ledger, fp = _open(cfg, store, source)
     if store.meta() is not None:
         store.clean()
@@ -365,7 +378,7 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
     dashboard = getattr(client, "dashboard_link", None) if client is not None else None
     if on_start is not None:
         on_start({"store": store_url, "dashboard": dashboard, "resumed_from_samples": done0 * cfg.chunk_size,
-                  "target_samples": target * cfg.chunk_size, "blocks": len(blocks)})
+                  "target_samples": target * cfg.chunk_size, "blocks": len(blocks), "set_aside": set_aside})
 
     bar = _Progress(target * cfg.chunk_size, done0 * cfg.chunk_size, progress)
     committed_at = [time.perf_counter()]
@@ -428,7 +441,7 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
         blocks_run=len(blocks), resumed_from_samples=done0 * cfg.chunk_size, seconds=seconds,
         samples_per_second=ran / seconds if seconds > 0 else 0.0,
         statistics=[s.name for s in stats], dashboard=dashboard,
-        data=_data_summary(source),
+        data=_data_summary(source), set_aside=set_aside,
     )
 
 

@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from .errors import StoreDamagedError
 from .store import LEASE_KEY, StoreError, _is_local, _local_path, _object_store_errors, storage_options
 
 __all__ = ["HEARTBEAT_SECONDS", "LEASE_TIMEOUT", "Lease", "LeaseInfo", "StoreLockedError", "LeaseLostError",
@@ -326,7 +327,7 @@ class Lease:
 
     @classmethod
     def acquire(cls, url: str, *, break_lock: bool = False, heartbeat: float = HEARTBEAT_SECONDS,
-                timeout: Optional[float] = None) -> "Lease":
+                timeout: Optional[float] = None, new_store_here: bool = False) -> "Lease":
         """Take the lease of the store at ``url``.
 
         Parameters
@@ -339,11 +340,17 @@ class Lease:
             Seconds between heartbeats (0: none).
         timeout
             Seconds without a heartbeat after which a lease is stale (default :data:`LEASE_TIMEOUT`).
+        new_store_here
+            Take the lease of a folder that is not a readable store (other files, or a store whose root
+            metadata is damaged) too: the writer starts a new store there
+            (:meth:`~relulearn.storage.store.RunStore.set_aside`).
 
         Raises
         ------
         StoreLockedError
             When another writer holds the lease (live, or stale without ``break_lock``), naming it.
+        StoreDamagedError
+            When the store's root metadata is damaged (unless ``new_store_here``); nothing is written then.
         StoreError
             When the location cannot be written, or holds something that is not a relulearn store
             (nothing is written there then).
@@ -356,8 +363,12 @@ class Lease:
         info = LeaseInfo(holder=token, host=socket.gethostname(), pid=os.getpid(), started=stamp,
                          heartbeat=stamp, user=_user(), command=command, process_start=_process_start(os.getpid()))
         data = json.dumps(asdict(info), indent=1).encode()
-        store = RunStore(url)
-        store.meta()  # something that is not a store (or of a newer format) is refused before a lease is written
+        store = RunStore(url, allow_foreign=new_store_here)
+        try:  # something that is not a store (or of a newer format) is refused before a lease is written
+            store.meta()
+        except StoreDamagedError as err:
+            if not (new_store_here and err.root):
+                raise
         if _is_local(url):
             store.check_writable()
         found: Optional[LeaseInfo] = None
@@ -451,13 +462,14 @@ def _user() -> str:
 
 
 @contextlib.contextmanager
-def writing(url: str, *, break_lock: bool = False, held: Optional[Lease] = None) -> Iterator[Lease]:
+def writing(url: str, *, break_lock: bool = False, held: Optional[Lease] = None,
+            new_store_here: bool = False) -> Iterator[Lease]:
     """Hold the lease of ``url`` inside the block: ``held`` when it is already the lease of ``url``, else a
     new one, released when the block ends (also on an exception or KeyboardInterrupt)."""
     if held is not None and held.url == url:
         yield held
         return
-    lease = Lease.acquire(url, break_lock=break_lock)
+    lease = Lease.acquire(url, break_lock=break_lock, new_store_here=new_store_here)
     try:
         yield lease
     finally:

@@ -67,9 +67,16 @@ class StoredRun:
                 return xr.open_zarr(self.url, group=group, consolidated=False, zarr_format=3, **options)
 
     def arrays(self, statistic: str) -> dict[str, np.ndarray]:
-        """All arrays of a statistic's group, loaded as numpy arrays."""
+        """All arrays of a statistic's group, loaded as numpy arrays (checked against the commit's
+        manifest: a damaged store raises :class:`~relulearn.storage.errors.StoreDamagedError`)."""
         self._check(statistic)
         return {k: v for k, (_, v) in RunStore(self.url).read_group(statistic).items()}
+
+    def all_arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """The arrays of every statistic, ``{statistic: {name: array}}``, read from one commit, whose
+        ledger is checked too (every chunk against the commit's manifest)."""
+        _, groups = RunStore(self.url).read_head(self.statistics + ["ledger"])
+        return {name: {k: v for k, (_, v) in groups[name].items()} for name in self.statistics}
 
     def estimate(self, statistic: str, name: str) -> tuple[np.ndarray, np.ndarray]:
         """``(mean, standard error)`` of one estimand, e.g. ``estimate("filtered", "M")``."""
@@ -110,6 +117,7 @@ class StoredRun:
             "statistics": m["statistics"],
             "fingerprint": m["fingerprint"],
             "format_version": m["format_version"],
+            "checksums": bool(m.get("integrity")),
             "commits": m["commits"] + 1,
             "created": m["created"],
             "last_commit": m["updated"],
