@@ -7,7 +7,9 @@ weights and biases), noiseless labels on n Gaussian inputs, a start with every r
 ``angle`` rad, output weights up to 10 % off, output biases 0.1 off. Records the wall time, Gauss–Newton steps,
 conjugate-gradient iterations per step, the parameter error against the teacher (up to permutation and
 positive rescaling) and the relative test error on 2·10⁴ fresh inputs; for the cases marked ``dense`` the dense
-polish on the same samples in the same process, for the time ratio.
+polish on the same samples in the same process, for the time ratio. The samples are those the tensor method
+polishes on: n Gaussian queries of the teacher, and the queries :func:`relulearn.estimators.coverage.cover` adds
+so that each unit has 4(d+1) on its rarer side (recorded: the queries drawn and rows added).
 
 Writes ``benchmarks/results/polish_scale.json`` and prints the README table. ``--quick``: the smallest case only;
 ``--large``: also d = 784, k = 128, m = 10.
@@ -22,14 +24,17 @@ from pathlib import Path
 
 import numpy as np
 
+from relulearn.api import HeldOut
+from relulearn.estimators.coverage import cover
 from relulearn.estimators.polish import polish_outputs
 from relulearn.estimators.polish_cg import polish_outputs_cg
 from relulearn.network import Network, compare
+from relulearn.pipeline.sources import TeacherSource
 
 #: (d, k, m, n, angle, dense too)
 CASES = [(60, 40, 10, 8_000, 0.1, True), (300, 64, 10, 20_000, 0.1, False)]
 #: the size of a width-128 network on 28×28 images with 10 outputs, n as :func:`relulearn.estimators.tensor.
-#: sample_sizes` draws (``--large``; more than 10 minutes: see the README)
+#: sample_sizes` draws (``--large``)
 LARGE = [(784, 128, 10, 80_000, 0.1, False)]
 QUICK = CASES[:1]
 
@@ -73,12 +78,17 @@ def main() -> None:
     rows = []
     for d, k, m, n, angle, dense in QUICK if args.quick else CASES + (LARGE if args.large else []):
         net = teacher(d, k, m, seed=d + k)
-        rng = np.random.default_rng(1)
-        x, x_test = rng.standard_normal((n, d)), rng.standard_normal((20_000, d))
-        y = net.forward(x)
+        draw = HeldOut(TeacherSource(net), 1)
+        x, y = draw.part(0, n)
+        x_test = draw.part(1, 20_000)[0]
         start = start_from(net, angle, seed=2)
+        # the rows the tensor method adds for rarely active units (found from the start, as it does)
+        hidden = np.column_stack([start.weights[0], start.biases[0]])
+        hidden /= np.linalg.norm(hidden[:, :-1], axis=1, keepdims=True)
+        x_add, y_add, cov = cover(draw, x, hidden[:, :-1], hidden[:, -1])
+        x, y = np.vstack([x, x_add]), np.vstack([y, y_add.reshape(len(x_add), -1)])
         row = {"d": d, "k": k, "m": m, "n": n, "angle": angle, "unknowns": k * (d + 1) + m * (k + 1),
-               "start_parameter_error": compare(net, start).relative_error,
+               "coverage": cov.to_dict(), "start_parameter_error": compare(net, start).relative_error,
                "matrix_free": run(polish_outputs_cg, start, net, x, y, x_test)}
         if dense:
             row["dense"] = run(lambda s, x_, y_: polish_outputs(s, x_, y_, max_iter=30), start, net, x, y, x_test)
@@ -86,12 +96,15 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"cases": rows}, indent=1))
-    print("| d | k | m | unknowns | n | start | steps | CG iterations | s | param. error | test error | dense s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    print("| d | k | m | unknowns | n | rows added (queries) | start | steps | CG iterations | s | param. error | "
+          "test error | dense s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         f = r["matrix_free"]
         dense = f"{r['dense']['seconds']:.0f}" if "dense" in r else "–"
-        print(f"| {r['d']} | {r['k']} | {r['m']} | {r['unknowns']:,} | {r['n']:,} | {r['angle']} rad | {f['steps']} | "
+        cov = r["coverage"]
+        print(f"| {r['d']} | {r['k']} | {r['m']} | {r['unknowns']:,} | {r['n']:,} | {cov['rows_added']:,} "
+              f"({cov['queries']:,}) | {r['angle']} rad | {f['steps']} | "
               f"{sum(f['cg_iterations'])} ({', '.join(map(str, f['cg_iterations']))}) | {f['seconds']:.0f} | "
               f"{f['parameter_error']:.1e} | {f['relative_test_error']:.1e} | {dense} |")
 
