@@ -480,7 +480,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--quick", action="store_true", help="fewer kills and trials")
     parser.add_argument("--only", nargs="*", help="sections to run (default all): driver fit workers writers "
-                        "corruption inputs")
+                        "corruption inputs; the other sections' results in --out are kept")
     args = parser.parse_args()
     quick = args.quick
     sections = set(args.only or ["driver", "fit", "workers", "writers", "corruption", "inputs"])
@@ -489,6 +489,8 @@ def main() -> None:
     from relulearn.config import config_from_dict
 
     result: dict[str, Any] = {"date": utc_now(), "config": CONFIG, "quick": quick}
+    if args.only and Path(args.out).exists():  # some sections again: keep the others' results
+        result = dict(json.loads(Path(args.out).read_text()), **result)
     with tempfile.TemporaryDirectory(prefix="relulearn-faults-") as tmp:
         work = Path(tmp)
         cfg = write_config(work / "run.yaml", CONFIG)

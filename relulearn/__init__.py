@@ -5,13 +5,15 @@ sufficient statistics; :func:`open_store` reads them back with standard errors; 
 checks every chunk of a store against its checksums.
 """
 
-from .api import estimate, evaluate, fit, learn, merge, open_store, predict, status, verify
-from .config import ConfigError, RunConfig, load_config
-from .network import Network
-from .polynomial import PolynomialModel, load_model
-from .storage import StoreDamagedError, StoreError, StoredRun
-
 __version__ = "0.1.0"
+
+#: the public names and the modules they live in, imported on first use: `relulearn.cli` starts (and refuses a
+#: locked store) without importing numpy, zarr, dask and the methods first
+_PUBLIC = {**dict.fromkeys(("estimate", "evaluate", "fit", "learn", "merge", "open_store", "predict", "status",
+                            "verify"), "api"),
+           **dict.fromkeys(("ConfigError", "RunConfig", "load_config"), "config"), "Network": "network",
+           **dict.fromkeys(("PolynomialModel", "load_model"), "polynomial"),
+           **dict.fromkeys(("StoreDamagedError", "StoreError", "StoredRun"), "storage")}
 
 #: scikit-learn estimators (relulearn.regressors), imported on first use: scikit-learn is an optional dependency
 REGRESSORS = ("MomentsRegressor", "TensorRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
@@ -23,6 +25,10 @@ __all__ = ["estimate", "merge", "open_store", "status", "verify", "learn", "fit"
 
 
 def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
     if name in REGRESSORS:
         try:
             from . import regressors
@@ -30,3 +36,7 @@ def __getattr__(name: str):
             raise ImportError(f"relulearn.{name} needs scikit-learn: pip install 'relulearn[sklearn]' ({err})") from None
         return getattr(regressors, name)
     raise AttributeError(f"module 'relulearn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -143,7 +143,7 @@ def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, An
 
 # ------------------------------------------------------------------ learning
 
-METHODS = ("moments", "tensor", "filtered-pca", "exact", "landscape", "polynomial")
+from .methods import METHODS  # noqa: E402 - re-exported: relulearn.api.METHODS
 
 
 def _method(name: str):

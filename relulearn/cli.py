@@ -10,15 +10,52 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from . import api
-from .atomic import write_text
-from .config import ConfigError
-from .network import NetworkFileError
-from .pipeline.cluster import ClusterLostError
-from .pipeline.sources import SourceDataError
-from .storage import StoreError
-from .storage.errors import RESTORE_HINT
-from .summary import summary_lines
+from .methods import METHODS
+from .storage.errors import RESTORE_HINT, StoreError
+
+# the library (numpy, zarr, dask, the methods: most of a second to import) is imported by `_load` once the
+# arguments are read and a locked store has been refused: a second writer is turned away at once
+api: Any = None
+ConfigError = NetworkFileError = ClusterLostError = SourceDataError = StoreError
+summary_lines: Any = None
+write_text: Any = None
+
+
+def _load() -> None:
+    """Import the library into this module's names (see above)."""
+    global api, ConfigError, NetworkFileError, ClusterLostError, SourceDataError, summary_lines, write_text
+    from . import api as api_
+    from .atomic import write_text as write_text_
+    from .config import ConfigError as config_error
+    from .network import NetworkFileError as network_file_error
+    from .pipeline.cluster import ClusterLostError as cluster_lost
+    from .pipeline.sources import SourceDataError as source_data_error
+    from .summary import summary_lines as summary_lines_
+
+    api, write_text, summary_lines = api_, write_text_, summary_lines_
+    ConfigError, NetworkFileError, ClusterLostError, SourceDataError = (
+        config_error, network_file_error, cluster_lost, source_data_error)
+
+
+#: the store each writing command writes (the argument naming it)
+_WRITES = {"estimate": "store", "fit": "store", "merge": "out"}
+
+
+def _refuse_if_locked(args: argparse.Namespace) -> None:
+    """Raise the lease's refusal before anything is imported or read, when the store a writing command names is a
+    local folder whose lease another writer holds (without ``--break-lock``); the command itself refuses the
+    same way later, this only makes it immediate."""
+    where = _WRITES.get(args.command)
+    url = getattr(args, where, None) if where else None
+    if url is None or getattr(args, "break_lock", False) or "://" in str(url):
+        return
+    from .storage.lease import LEASE_KEY, LeaseInfo, StoreLockedError, read_lease
+
+    if not (Path(url) / LEASE_KEY).is_file():
+        return
+    info = read_lease(str(url))
+    if isinstance(info, LeaseInfo):
+        raise StoreLockedError(str(url), info, info.stale_reason())
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -160,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
 
     def add_learn_options(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--method", default="moments", choices=list(api.METHODS),
+        q.add_argument("--method", default="moments", choices=list(METHODS),
                        help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default; narrow: "
                        "the enumeration grows as exp(width)); tensor = wide one-hidden-layer ReLU nets with biases and any "
                        "number of outputs, by a CP decomposition of Hermite moments of orders 2-6 (widths up to d, and "
@@ -543,6 +580,14 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        _refuse_if_locked(args)
+    except StoreError as err:
+        if getattr(args, "json", False):
+            print(json.dumps({"error": str(err), "kind": type(err).__name__}))
+        print(f"relulearn: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    _load()
     try:
         _check_report_path(getattr(args, "report", None))
         if args.command == "estimate":
