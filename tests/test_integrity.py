@@ -22,23 +22,11 @@ from relulearn.config import config_from_dict
 from relulearn.storage import FORMAT_VERSION, NotAStoreError, RunStore, StoreDamagedError
 from relulearn.storage.integrity import _crc32c
 
-from test_errors import assert_user_error, cli_parallel, snapshot, write_yaml
+from test_errors import assert_user_error, cli_parallel, config, snapshot, write_yaml
 from test_resume import assert_bitwise_equal
 
-#: a small run with all four statistic families at d = 16: 4 chunks in 2 blocks, a commit after each
-RUN = {
-    "seed": 5,
-    "samples": 8_000,
-    "chunk_size": 2_000,
-    "source": {"d": 16, "teacher": {"kind": "one_hidden_relu", "width": 2, "output_weights": [1.0, -0.6]}},
-    "statistics": {
-        "basic": {},
-        "hermite": {"max_order": 3},
-        "contracted": {"orders": [2, 4], "directions": 2, "directions_seed": 1},
-        "filtered": {"thresholds": [0.1, 0.5]},
-    },
-    "run": {"chunks_per_block": 2, "commit_interval": 0},
-}
+#: the errors tests' run (all four statistic families) at d = 16: 4 chunks in 2 blocks, a commit after each
+RUN = config(**{"seed": 5, "samples": 8_000, "chunk_size": 2_000, "source.d": 16})
 MORE = 12_000  # samples asked for by an extension
 
 #: one object of each kind the store has: (array or document owner, key relative to the head generation;
