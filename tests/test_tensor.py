@@ -109,6 +109,10 @@ def test_rarely_active_units_get_their_rows_and_the_polish_then_reaches_machine_
     assert np.max(np.abs(y_add - net.forward(x_add))) <= 1e-14 * np.max(np.abs(y_add))
     param, test = errors(x, y)
     assert param <= 1e-13 and test <= 1e-13
+    # a unit on the smaller side of 10⁻⁹ of the inputs (β = −6) would need 10¹¹ queries: reported short, not drawn
+    far = np.vstack([u, u[:1]]), np.r_[beta, -6.0]
+    _, _, cov2 = cover(draw, smp.x_train, *far)
+    assert cov2.short_units == [k] and cov2.queries == cov.queries
 
 
 def test_the_matrix_free_polish_takes_the_affine_part_and_matches_the_dense_one():

@@ -10,7 +10,8 @@ Gauss–Newton polish stalls near 10⁻⁴ instead of converging quadratically.
 
 :func:`cover` draws further samples (an independent part of the source, streamed in batches) and keeps only
 those on the smaller side of a unit still short of :data:`SIDE_ROWS` ``(d+1)`` rows, until every unit has them or
-the draw reaches its cap. The polish's least squares is exact on any design of full rank, so a sample enriched
+the draw reaches its cap (a unit that would need more queries than the cap at its Gaussian rate is not drawn for,
+and stays short). The polish's least squares is exact on any design of full rank, so a sample enriched
 this way recovers a noiseless teacher as a Gaussian one does, with a design sized for its rarest unit at the cost
 of queries, not of polish time.
 """
@@ -108,20 +109,22 @@ def cover(draw: Any, x: np.ndarray, directions: np.ndarray, beta: np.ndarray, *,
     report = Coverage(needed=need)
     kept_x: list[np.ndarray] = []
     kept_y: list[np.ndarray] = []
-    if deficit.any():
-        # enough draws for the rarest short unit's side at its Gaussian rate, within the cap
-        frac = ndtr(-np.abs(beta[deficit > 0]))
-        wanted = int(min(max_queries, np.max(deficit[deficit > 0] / np.maximum(frac, 1e-300)) * 1.2 + 1_000))
+    # the queries each short unit needs at its side's Gaussian rate; a unit that needs more than the cap (|β| past
+    # about 4.5 at d = 784) stays short without a draw: its rows would not be reached anyway
+    expected = 1.2 * deficit / np.maximum(ndtr(-np.abs(beta)), 1e-300)
+    reachable = (deficit > 0) & (expected <= max_queries)
+    if reachable.any():
+        wanted = int(min(max_queries, np.max(expected[reachable]) + 1_000))
         for xb, yb in _batches(draw, part, wanted):
             report.queries += len(xb)
             side, _ = side_counts(xb, directions, beta)
-            useful = side & (deficit > 0)[None, :]
-            take = np.flatnonzero(useful.any(axis=1))
+            take = np.flatnonzero((side & reachable[None, :]).any(axis=1))
             # a sample counts for every short unit it sits on the smaller side of
             deficit = np.maximum(deficit - side[take].sum(axis=0), 0)
             kept_x.append(xb[take])
             kept_y.append(yb[take])
-            if not deficit.any():
+            reachable &= deficit > 0
+            if not reachable.any():
                 break
     x_add = np.concatenate(kept_x) if kept_x else np.empty((0, d))
     y_add = np.concatenate(kept_y) if kept_y else np.empty((0,))
