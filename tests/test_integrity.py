@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
@@ -140,6 +141,15 @@ def test_an_intact_store_verifies_and_extends(copy):
     chunk = copy / _head(copy) / "basic" / "sum_xx" / "c" / "0" / "0"
     data = chunk.read_bytes()
     assert len(data) == 16 * 16 * 8 + 4 and _crc32c(data[:-4]) == data[-4:]
+    # a checked read decodes the chunk bytes it checked: every array, dtype and shape as zarr itself reads it
+    groups = ["ledger", "basic", "hermite", "contracted", "filtered"]
+    meta, read = RunStore(url).read_head(groups)
+    head = zarr.open_group(url, mode="r")[meta["head"]]
+    for g in groups:
+        assert sorted(read[g]) == sorted(head[g].array_keys())
+        for name, (_, values) in read[g].items():
+            want = head[g][name][...]
+            assert values.dtype == want.dtype and np.array_equal(values, want, equal_nan=True), (g, name)
     summary = api.estimate(config_from_dict(RUN), url, samples=MORE, client="local", progress=None)
     assert summary.resumed_from_samples == RUN["samples"] and summary.samples == MORE
     assert api.verify(url)["intact"] and api.status(url)["checksums"] is True
