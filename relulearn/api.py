@@ -542,13 +542,15 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
                        degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    _check_setting(method, _setting_source(cfg), options)  # before anything is written
+    setting = _setting_source(cfg)
+    _check_setting(method, setting, options)  # before anything is written
     plan = None
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
 
         mod = _method(method)
         extra = {k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())}
+        extra.update({k: getattr(setting, k, None) for k in getattr(mod, "SOURCE_OPTIONS", ())})
         if hasattr(mod, "DENSE_FAMILIES"):  # dense or sketched families, from the per-worker budget
             from .pipeline.plan import plan_families
 

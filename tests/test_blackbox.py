@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -410,3 +411,21 @@ def test_bad_onnx_teachers_name_the_file_and_the_mismatch(tmp_path, case, messag
                            str(tmp_path / "s.zarr"), "--in-process"], env=cli_env(), capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr and str(path) in done.stderr, done.stderr
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_multi_output_mlp_that_skl2onnx_flattened_is_refused_with_the_fix(tmp_path):
+    """skl2onnx exports a multi-output MLPRegressor with its answers flattened to (rows·m, 1): the probe's (2m, 1)
+    is named as m outputs per row in one column, with the ways to export it as (rows, m)."""
+    from skl2onnx import to_onnx
+    from sklearn.neural_network import MLPRegressor
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((100, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mlp = MLPRegressor(hidden_layer_sizes=(4,), max_iter=20, random_state=0).fit(x, rng.standard_normal((100, 3)))
+    path = tmp_path / "mlp3.onnx"
+    path.write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
+    with pytest.raises(ValueError, match=r"returned shape \(6, 1\) .*its 3 outputs per row come flattened into one "
+                                         r"column .*Reshape to \[-1, 3\]"):
+        make_source(config_from_dict(onnx_config(path, d=6)))

@@ -12,18 +12,18 @@ from relulearn.config import config_from_dict
 from relulearn.estimators import tensor
 from relulearn.estimators.base import BudgetError, TooFewSamplesError
 from relulearn.estimators.polish import polish_outputs
-from relulearn.estimators.polish_cg import DENSE_UNKNOWNS, polish_outputs_cg
+from relulearn.estimators.polish_cg import matrix_free, polish_outputs_cg
 from relulearn.network import Network, compare
 from relulearn.pipeline.sources import Stream, generator
 
 
 def test_the_offset_profile_is_the_hermite_coefficient_of_a_shifted_relu():
     """f_l(β) = E[relu(z + β) He_l(z)] (DESIGN.md §3) against adaptive quadrature from the kink (z = −β) on,
-    orders 2–7."""
+    orders 1–7 (f_1 = Φ)."""
     from scipy.integrate import quad
 
     for beta in (-1.3, 0.0, 0.4, 2.0):
-        for order in range(2, 8):
+        for order in range(1, 8):
             he = np.eye(order + 1)[order]
             want = quad(lambda z: (z + beta) * hermeval(z, he) * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi),
                         -beta, np.inf, epsabs=1e-12, epsrel=1e-12, limit=200)[0]
@@ -51,11 +51,11 @@ def turned_start(net: Network, rng: np.random.Generator, angle: float) -> Networ
                    (turned[:, -1], net.biases[1] + 0.1), activation="relu")
 
 
-@pytest.mark.parametrize("d, k, m, n, matrix_free", [(15, 7, 4, 30_000, False), (90, 64, 10, 3_000, True)])
-def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off(d, k, m, n, matrix_free):
+@pytest.mark.parametrize("d, k, m, n, matrix_free_expected", [(15, 7, 4, 30_000, False), (90, 64, 10, 3_000, True)])
+def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off(d, k, m, n, matrix_free_expected):
     """Hidden rows shared by m outputs, biases everywhere: from every row turned by 0.1 rad, output weights
     10 % off and output biases 0.1 off, Gauss–Newton on fixed patterns converges to the teacher's rounding —
-    with a dense normal matrix, and past :data:`DENSE_UNKNOWNS` (6,474 unknowns here, from 3,000 samples of 10
+    with a dense normal matrix, and past :func:`matrix_free` (6,474 unknowns here, from 3,000 samples of 10
     outputs) by conjugate gradients."""
     net = planted(3, d, k, m)
     rng = np.random.default_rng(4)
@@ -63,11 +63,11 @@ def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off(
     y = net.forward(x)
     start = turned_start(net, rng, 0.1)
     assert compare(net, start).relative_error > 0.05
-    assert (k * (d + 1) + m * (k + 1) > DENSE_UNKNOWNS) == matrix_free
+    assert matrix_free(k * (d + 1) + m * (k + 1), m) == matrix_free_expected
     out, rep = polish_outputs(start, x, y)
     assert rep.converged and compare(net, out).relative_error <= 1e-12
     assert np.max(np.abs(out.forward(x) - y)) <= 1e-12 * np.max(np.abs(y))
-    assert bool(rep.cg_iterations) == matrix_free
+    assert bool(rep.cg_iterations) == matrix_free_expected
     x_test = np.random.default_rng(5).standard_normal((20_000, d))
     assert np.linalg.norm(out.forward(x_test) - net.forward(x_test)) <= 1e-13 * np.linalg.norm(net.forward(x_test))
 
@@ -173,6 +173,58 @@ def test_a_planted_network_with_biases_and_three_outputs_is_learned_exactly(tmp_
     assert done["report"]["width_found"] == 6 and [p["name"] for p in done["passes"]] == ["tensor-1"]
     assert compare(teacher, learned).relative_error <= 1e-10
     x = generator(9, Stream.TEST, 0).standard_normal((50_000, 12))
+    y = teacher.forward(x)
+    assert np.sum((y - learned.forward(x)) ** 2) / np.sum(y**2) <= 1e-20
+
+
+def _population_output_moments(net: Network) -> dict:
+    """Closed-form ``output_moments`` of a one-hidden-layer ReLU network with biases (DESIGN.md §3):
+    ``T_1[j] = Σ_i A_ji Φ(β_i) û_i``, ``T_2[j] = Σ_i A_ji φ(β_i) û_i û_iᵀ`` with ``A = a|u|``, ``β = b/|u|``; unit
+    standard errors."""
+    u, a, b = net.weights[0], net.weights[1], net.biases[0]
+    norms = np.linalg.norm(u, axis=1)
+    uh, beta, amp = u / norms[:, None], b / norms, a * norms[None, :]
+    t1 = (amp * tensor.profile(1, beta)) @ uh
+    t2 = np.einsum("ji,ia,ib->jab", amp * tensor.profile(2, beta), uh, uh)
+    return {"T1": t1, "T1_se": np.full(t1.shape, 1e-6), "T2": t2, "T2_se": np.full(t2.shape, 1e-6),
+            "count": np.asarray(10**12)}
+
+
+def test_the_outputs_route_reads_every_unit_its_offset_and_orientation_off_the_population_moments():
+    """With m outputs the m slices T_2[j] separate k > m units (the outputs are the third mode), and T_1 tells
+    each unit from its flip (û, β) ↔ (−û, −β), which every order ≥ 2 leaves unchanged: on the closed-form
+    moments of a planted network (d = 70, k = 24, m = 5) every direction comes out with its sign to 1e-8 and
+    every offset to the β grid's step."""
+    net = planted(11, 70, 24, 5)
+    units, overcomplete, report = tensor._from_outputs({"output_moments": _population_output_moments(net)}, None, 0)
+    assert not overcomplete and report["route"] == "outputs" and report["subspace"]["rank"] == 24
+    u, b = net.weights[0], net.biases[0]
+    norms = np.linalg.norm(u, axis=1)
+    cos = units.directions @ (u / norms[:, None]).T  # signed: the orientation must be right
+    match = np.argmax(np.abs(cos), axis=1)
+    assert sorted(match.tolist()) == list(range(24))
+    assert np.all(cos[np.arange(24), match] >= 1 - 1e-8), np.min(cos[np.arange(24), match])
+    step = tensor.BETA_GRID[1] - tensor.BETA_GRID[0]
+    assert np.max(np.abs(units.beta - b[match] / norms[match])) <= step
+    assert report["decomposition"]["flipped_by_order_1"] > 0  # some came out of the decomposition reversed
+
+
+def test_a_wide_input_with_several_outputs_is_learned_from_the_outputs_second_moments_in_one_pass(tmp_path):
+    """At d ≥ OUTPUTS_ROUTE_MIN_D with several outputs, `fit` estimates only basic and output_moments (no
+    contracted orders, no higher-order pass), and the decomposition of the outputs' T_2 with T_1's orientations,
+    then polish, give every parameter to machine precision (d = 64, width 12, 4 outputs)."""
+    d, k, m = tensor.OUTPUTS_ROUTE_MIN_D, 12, 4
+    teacher = planted(5, d, k, m)
+    teacher.save(tmp_path / "t.npz")
+    out = str(tmp_path / "m.npz")
+    done = api.fit(config_from_dict(file_config(tmp_path / "t.npz", d, 300_000)), str(tmp_path / "s.zarr"),
+                   "tensor", out=out, client="local", progress=None)
+    assert done["passes"] == [] and done["report"]["route"] == "outputs"
+    assert set(done["estimate"]["statistics"]) == {"basic", "output_moments"}, done["estimate"]
+    learned = Network.load(out)
+    assert done["report"]["width_found"] == k
+    assert compare(teacher, learned).relative_error <= 1e-10
+    x = generator(9, Stream.TEST, 0).standard_normal((50_000, d))
     y = teacher.forward(x)
     assert np.sum((y - learned.forward(x)) ** 2) / np.sum(y**2) <= 1e-20
 

@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from ..network import Network
-from .polish_cg import DENSE_UNKNOWNS, polish_outputs_cg, start_rows, trusted_samples
+from .polish_cg import matrix_free, polish_outputs_cg, start_rows, trusted_samples
 
 __all__ = ["PolishReport", "polish", "polish_outputs"]
 
@@ -194,7 +194,8 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     from every unit's boundary, then the patterns are refreshed. The model is bilinear once the patterns are
     fixed, and the steps converge quadratically near the answer: noiseless labels reach machine precision.
     The normal matrix is summed output by output (``n·p²`` flops per output, ``p = k(d+1) + m(k+1)``); past
-    :data:`.polish_cg.DENSE_UNKNOWNS` unknowns each step is solved matrix-free instead
+    :data:`.polish_cg.DENSE_UNKNOWNS` unknowns times outputs (:func:`.polish_cg.matrix_free`) each step is
+    solved matrix-free instead
     (:func:`.polish_cg.polish_outputs_cg`: ``4ndk`` flops per conjugate-gradient iteration, no ``p × p`` matrix).
 
     Parameters
@@ -215,7 +216,7 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     (n, m), (k, d1) = y.shape, h.shape
     d = d1 - 1
     p = k * d1 + m * k + m + (m * d if affine else 0)
-    if p > DENSE_UNKNOWNS:
+    if matrix_free(p, m):
         return polish_outputs_cg(net, x, y, margin=margin, max_iter=max_iter, affine=affine)
     lin = np.zeros((m, d))
     if n < 2 * p:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
-from scipy.special import eval_hermitenorm
+from scipy.special import eval_hermitenorm, ndtr
 
 from .. import hermite
 from ..network import Network
@@ -52,17 +52,25 @@ from .base import (Arrays, LearnResult, MissingStatisticError, NoSignalError, Pa
 from .orient import orient
 from .polish import polish, polish_outputs
 from .coverage import COVER_PART, cover
-from .polish_cg import DENSE_UNKNOWNS
+from .polish_cg import DENSE_UNKNOWNS, matrix_free
 from .streamed import refine_unless_exact
 
-__all__ = ["OPTIONS", "MAX_PASSES", "HIGHER_ORDERS", "WidthError", "identifiable_width", "check_width",
-           "required_statistics", "sample_sizes", "profile", "learn"]
+__all__ = ["OPTIONS", "SOURCE_OPTIONS", "MAX_PASSES", "HIGHER_ORDERS", "OUTPUTS_ROUTE_MIN_D", "WidthError",
+           "identifiable_width", "check_width", "outputs_route", "required_statistics", "sample_sizes", "profile",
+           "learn"]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width", "refine_samples")
 
+#: what ``fit`` reads off the source for :func:`required_statistics`: the number of outputs
+SOURCE_OPTIONS = ("outputs",)
+
 #: the pass of higher orders, and nothing more
 MAX_PASSES = 1
+
+#: from this input dimension on, a network with several outputs is learned from the outputs' second moments alone
+#: (:func:`outputs_route`)
+OUTPUTS_ROUTE_MIN_D = 64
 
 #: orders of the complete route's pass: every f_l(β) with l ≥ 3 has zeros, neighbouring orders do not share them
 HIGHER_ORDERS = (3, 4, 5, 6)
@@ -112,28 +120,47 @@ def check_width(width: Optional[int], d: int) -> None:
         f"{d * (d + 1) * (d + 2) // 6}, which this version does not estimate")
 
 
-def required_statistics(d: int, width: Optional[int] = None) -> dict:
+def outputs_route(d: int, outputs: Optional[int]) -> bool:
+    """Whether ``fit`` learns from the outputs' second moments alone (``output_moments``: ``T_2`` and ``T_1`` of
+    each output, one pass, no higher orders).
+
+    With ``m ≥ 2`` outputs the ``m`` slices ``T_2[j] = Σ_i A_ji φ(β_i) û_i û_iᵀ`` are a CP tensor whose third
+    mode is the outputs: Jennrich's algorithm separates every pair of units whose output profiles ``A_·i`` are
+    not parallel, whatever ``k ≤ d`` (Kruskal; rank ``A = k`` is not needed), and ``T_1`` gives each unit's offset
+    and orientation. That costs ``m d²/2`` per sample where the contracted route's two passes cost about
+    ``m d² (9 + 8k)``: past :data:`OUTPUTS_ROUTE_MIN_D` (d = 784, k = 128, m = 10: 3·10⁶ against 5·10⁹
+    multiply-adds per sample) it is the route that finishes. Below it, and for one output, the contracted orders
+    (and the overcomplete route, for widths past d) are used."""
+    return outputs is not None and outputs >= 2 and d >= OUTPUTS_ROUTE_MIN_D
+
+
+def required_statistics(d: int, width: Optional[int] = None, outputs: Optional[int] = None) -> dict:
     """The first pass: ``basic`` (``E[y]``, ``E[y x]`` for the residual labels of the second) and the contracted
-    orders 2 and 4 along random directions with the linear control variate (for the subspace)."""
+    orders 2 and 4 along random directions with the linear control variate (for the subspace); on the
+    :func:`outputs_route`, ``basic`` and ``output_moments`` (every output's ``T_1`` and ``T_2``) and no pass."""
+    if outputs_route(d, outputs):
+        return {"basic": {}, "output_moments": {}}
     return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True}}
 
 
 def sample_sizes(d: int, k: int, m: int) -> tuple[int, int]:
     """Training and validation samples of the bounded sample: polish with a free affine part solves for
-    ``p = k(d+1) + m(k+1) + m·d`` unknowns. Past :data:`.polish_cg.DENSE_UNKNOWNS` the polish is matrix-free,
+    ``p = k(d+1) + m(k+1) + m·d`` unknowns. Past :func:`.polish_cg.matrix_free` the polish is matrix-free,
     each sample gives m equations and each of its iterations costs a pass over the samples: ``8p/m`` of them
     (``40p`` would be 4·10⁶ rows of 784 inputs for a width-128 network with 10 outputs). Units active (or inactive)
     on a small fraction of inputs get further rows from :func:`.coverage.cover`."""
     unknowns = k * (d + 1) + m * (k + 1) + m * d
-    if unknowns > DENSE_UNKNOWNS:
+    if matrix_free(unknowns, m):
         return max(20_000, 8 * unknowns // m), max(10_000, 2 * unknowns // m)
     return max(20_000, 40 * unknowns), max(10_000, 10 * unknowns)
 
 
 def profile(order: int | np.ndarray, beta: float | np.ndarray) -> np.ndarray:
-    """``f_l(β) = E[relu(z + β) He_l(z)] = (−1)^l He_{l−2}(β) φ(β)`` for ``l ≥ 2`` (DESIGN.md §3)."""
-    order, beta = np.asarray(order), np.asarray(beta, dtype=np.float64)
-    return (-1.0) ** order * eval_hermitenorm(order - 2, beta) * np.exp(-0.5 * beta**2) / np.sqrt(2 * np.pi)
+    """``f_l(β) = E[relu(z + β) He_l(z)] = (−1)^l He_{l−2}(β) φ(β)`` for ``l ≥ 2`` (DESIGN.md §3), and
+    ``f_1(β) = Φ(β)``."""
+    order, beta = np.broadcast_arrays(np.asarray(order), np.asarray(beta, dtype=np.float64))
+    high = (-1.0) ** order * eval_hermitenorm(np.maximum(order, 2) - 2, beta) * np.exp(-0.5 * beta**2) / np.sqrt(2 * np.pi)
+    return np.where(order == 1, ndtr(beta), high)
 
 
 # ------------------------------------------------------------------------------------------ statistics
@@ -160,6 +187,8 @@ def _per_output(arrays: Arrays) -> list[dict[str, np.ndarray]]:
 
 
 def _check(stats: Mapping[str, Arrays]) -> None:
+    if "contracted" not in stats and _has_outputs(stats):
+        return
     if "contracted" not in stats:
         raise MissingStatisticError.lacking("tensor", "contracted", "orders 2 and 4",
                                             "{orders: [2, 4], directions: 8, control: true}")
@@ -167,6 +196,22 @@ def _check(stats: Mapping[str, Arrays]) -> None:
     if 2 not in orders:
         raise MissingStatisticError(f"the 'tensor' method needs contracted order 2; this store has orders "
                                     f"{sorted(orders)}; set statistics.contracted.orders: [2, 4]")
+
+
+def _has_outputs(stats: Mapping[str, Arrays]) -> bool:
+    """A store of the :func:`outputs_route`: ``output_moments`` of two or more outputs."""
+    om = stats.get("output_moments")
+    return om is not None and all(k in om for k in ("T1", "T1_se", "T2", "T2_se")) and np.asarray(om["T2"]).shape[0] >= 2
+
+
+def _outputs_slices(om: Arrays) -> Slices:
+    """Each output's ``T_2`` as a slice and its ``T_1`` as a vector (order 1: ``Σ_i A_ji Φ(β_i) û_i``)."""
+    t2, s2 = np.asarray(om["T2"], dtype=np.float64), np.asarray(om["T2_se"], dtype=np.float64)
+    t1, s1 = np.asarray(om["T1"], dtype=np.float64), np.asarray(om["T1_se"], dtype=np.float64)
+    m, d = t1.shape
+    none = tuple(np.zeros((0, d)) for _ in range(m))
+    vectors = Slices(t1, s1, np.arange(m), np.ones(m, dtype=int), none, False)
+    return Slices(0.5 * (t2 + t2.transpose(0, 2, 1)), s2, np.arange(m), np.full(m, 2), none, False, vectors)
 
 
 def _subspace(outputs: list[dict], width: Optional[int]) -> spectral.Subspace:
@@ -346,7 +391,7 @@ def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d
     scale = _noise_scale(sl, basis)
     scaled = matrices / scale[:, None, None]
     report: dict[str, Any] = {"slices": int(len(matrices)), "rank": int(basis.shape[1])}
-    if len(matrices) == m:  # T_4 of each output alone: SPM on a random combination of the outputs
+    if sl.lifted and len(matrices) == m:  # T_4 of each output alone: SPM on a random combination of the outputs
         rng = np.random.default_rng((int(seed), _LIFTED_STREAM, 1))
         mix = np.tensordot(rng.standard_normal(m) if m > 1 else np.ones(1), scaled, 1)
         dirs, _ = lifted.spm(basis.T @ mix @ basis, basis, d, seed)
@@ -370,6 +415,15 @@ def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d
         factors = np.vstack([factors, sl.vectors.factors(dirs)])
         out_of, order_of = np.r_[out_of, sl.vectors.out_of], np.r_[order_of, sl.vectors.order_of]
     beta, amp, res = _fit_profiles(weights, scale, factors, out_of, order_of, m)
+    if np.any(order_of == 1):
+        # orders ≥ 2 cannot tell the unit (û, β) from (−û, −β); order 1 can (T_1 holds Φ(β) û): the flipped unit's
+        # odd orders change sign, so each unit is fitted both ways and keeps the orientation that fits
+        odd = (order_of % 2 == 1)[:, None]
+        fb, fa, fr = _fit_profiles(np.where(odd, -weights, weights), scale, factors, out_of, order_of, m)
+        flip = fr < res
+        dirs = np.where(flip[:, None], -dirs, dirs)
+        beta, amp, res = np.where(flip, fb, beta), np.where(flip[None, :], fa, amp), np.where(flip, fr, res)
+        report["flipped_by_order_1"] = int(flip.sum())
     report.update(profile_residuals=res.tolist(), offsets=beta.tolist(), output_weights=amp.tolist())
     return Units(dirs, beta, amp), report
 
@@ -580,6 +634,9 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     LearnResult or PassRequest
     """
     _check(stats)
+    if "contracted" not in stats:
+        return _finish(*_from_outputs(stats, width, seed), stats, samples, width=width,
+                       refine_samples=refine_samples, mapper=mapper, seed=seed)
     outputs = _per_output(stats["contracted"])
     m = len(outputs)
     d = np.asarray(outputs[0]["M"]).shape[-1]
@@ -595,7 +652,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         report["unresolved"] = (f"the subspace has full rank d = {d}: the network may be wider than d, and at d = {d} "
                                 "this method separates at most d units (the full T_4 is too large to estimate)")
     if not overcomplete and width is not None and sub.rank < width:
-        raise _too_few(sub, width, int(np.asarray(stats["contracted"]["count"])))
+        raise _too_few(sub, width, _count(stats))
     if not passes:
         return _pass_request(stats, outputs, sub.basis, overcomplete, seed)
     passed = _per_output(passes[0]["hermite" if overcomplete else "contracted"])
@@ -612,7 +669,45 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         raise NoSignalError("no unit stands above the noise floor of the higher orders at this sample count; "
                             "estimate with more samples")
     units, report["decomposition"] = _decompose(sl.matrices, sl, basis, seed, d, m)
+    return _finish(units, overcomplete, report, stats, samples, width=width, refine_samples=refine_samples,
+                   mapper=mapper, seed=seed)
 
+
+def _from_outputs(stats: Mapping[str, Arrays], width: Optional[int], seed: int) -> tuple[Units, bool, dict]:
+    """The :func:`outputs_route`: the subspace from every output's ``T_2`` at its noise floor, then the joint CP
+    decomposition of the ``T_2`` slices with the outputs as third mode, and each unit's offset and orientation
+    from its weights in ``T_2`` and ``T_1`` (``φ(β)`` against ``Φ(β)``)."""
+    om = stats["output_moments"]
+    sl = _outputs_slices(om)
+    m, d = sl.vectors.matrices.shape
+    if width is not None and width > d:
+        raise WidthError(f"--width {width} is past d = {d}: from the outputs' second moments this method separates "
+                         f"at most d units; the contracted orders separate more at d ≤ 50 only")
+    sub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width,
+                                     names=[f"y{j}:T_2" for j in range(m)])
+    if sub.rank == 0:
+        raise NoSignalError(
+            "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
+            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
+    report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "outputs"}
+    if width is not None and sub.rank < width:
+        raise _too_few(sub, width, int(np.asarray(om["count"])))
+    units, report["decomposition"] = _decompose(sl.matrices, sl, sub.basis, seed, d, m)
+    return units, False, report
+
+
+def _count(stats: Mapping[str, Arrays]) -> int:
+    """The samples the store's statistics were estimated from."""
+    return int(np.asarray(stats["contracted" if "contracted" in stats else "output_moments"]["count"]))
+
+
+def _finish(units: Units, overcomplete: bool, report: dict, stats: Mapping[str, Arrays],
+            samples: Callable[[int, int], Samples], *, width: Optional[int], refine_samples: Optional[int],
+            mapper: Callable, seed: int) -> LearnResult:
+    """From the decomposition's units to the network: polish on a bounded sample (rows added for rarely active
+    units), prune, residual rounds (overcomplete route), the streamed refinement (one output, noisy labels)."""
+    k, d = units.directions.shape
+    m = units.amp.shape[0]
     n_train, n_val = sample_sizes(d, k, m)
     smp = samples(n_train, n_val)
     y, y_val = smp.y_train.reshape(len(smp.y_train), -1), smp.y_val.reshape(len(smp.y_val), -1)
@@ -662,7 +757,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     if min(losses.values()) < FIT_LOSS:
         report["refinement"] = {"skipped": "polish fits the validation samples to the teacher's rounding"}
     elif m == 1:
-        total = int(np.asarray(stats["contracted"]["count"])) if refine_samples is None else int(refine_samples)
+        total = _count(stats) if refine_samples is None else int(refine_samples)
         net = refine_unless_exact(net, samples, total, smp, mapper, report)
     else:
         report["refinement"] = {"skipped": "the streamed refinement fits one output; polish fitted all outputs on "

@@ -165,6 +165,13 @@ def _probe_width(call: Callable[[np.ndarray], Any], label: str, d: int, output: 
     except Exception as err:  # noqa: BLE001 - the user's model failed: say on what
         raise ValueError(f"{label} raised {type(err).__name__}: {str(err).strip()[:300]} when called on a probe "
                          f"batch x of shape (2, {d}); it must take a (rows, d) array with d = source.d = {d}") from None
+    if probe.ndim == 2 and probe.shape[1] == 1 and probe.shape[0] > 2 and probe.shape[0] % 2 == 0:
+        m = probe.shape[0] // 2
+        raise ValueError(
+            f"{label} returned shape {probe.shape} for a probe batch x of shape (2, {d}): its {m} outputs per row come "
+            f"flattened into one column (skl2onnx exports a multi-output MLPRegressor this way), and rows cannot be "
+            f"told apart safely; export the model so that it returns (rows, {m}) — a final Reshape to [-1, {m}] in "
+            "the graph, or the same weights exported by torch.onnx")
     if probe.ndim not in (1, 2) or probe.shape[0] != 2 or (probe.ndim == 2 and probe.shape[1] < 1):
         raise ValueError(f"{label} returned shape {probe.shape} for a probe batch x of shape (2, {d}); it must "
                          "return (rows,) or (rows, m): one label (or m outputs) per row")
