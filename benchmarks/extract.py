@@ -51,6 +51,7 @@ TEACHERS = [
     ("cancer-16", "breast_cancer", 16, 2_000_000, "sklearn"),
     ("cancer-64", "breast_cancer", 64, 20_000_000, "sklearn"),
     ("torch-wine-24", "wine", 24, 10_000_000, "torch"),
+    ("digits-128", "digits", 128, 2**20, "digits"),
 ]
 
 TEST_ROWS = 100_000
@@ -100,7 +101,42 @@ def torch_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
     return Network((w[0], w[2]), (w[1], w[3])), path
 
 
-def queries(done: dict[str, Any]) -> int:
+def digits_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
+    """28 × 28 images: scikit-learn's 8 × 8 digits upsampled (linear interpolation) and standardised (pixels that
+    never vary left at zero), an ``MLPRegressor`` of ``width`` ReLU units trained on the 10 one-hot classes (500
+    Adam epochs), exported with ``torch.onnx`` (float32, variable batch): skl2onnx flattens the 10 outputs of a
+    multi-output MLPRegressor to one column. Its float32 weights as a float64 network, and the file."""
+    import torch
+    from scipy.ndimage import zoom
+    from sklearn import datasets
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    x, label = datasets.load_digits(return_X_y=True)
+    x = np.stack([zoom(im, 3.5, order=1) for im in x.reshape(-1, 8, 8)]).reshape(len(x), -1)
+    sd = x.std(axis=0)
+    x = (x - x.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=500, random_state=0).fit(x, np.eye(10)[label])
+    model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], width), torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    with torch.no_grad():
+        for layer, w, b in ((model[0], mlp.coefs_[0], mlp.intercepts_[0]), (model[2], mlp.coefs_[1], mlp.intercepts_[1])):
+            layer.weight.copy_(torch.tensor(w.T))
+            layer.bias.copy_(torch.tensor(b))
+    path = folder / f"digits-{width}.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (torch.zeros((2, x.shape[1])),), str(path), input_names=["input"],
+                          output_names=["y"], dynamic_axes={"input": {0: "n"}, "y": {0: "n"}}, dynamo=False)
+    w = [p.detach().double().numpy() for p in model.parameters()]
+    return Network((w[0], w[2]), (w[1], w[3])), path
+
+
+TRAINERS = {"sklearn": trained_teacher, "torch": torch_teacher, "digits": digits_teacher}
+
+
+def queries(done: dict[str, Any], outputs: int = 1) -> int:
     """The teacher's answers a fit used: the store's samples, each pass's, and the bounded and streamed ones the
     learner drew (training and validation samples, residual rounds, refinement passes)."""
     from relulearn.estimators import tensor
@@ -108,7 +144,8 @@ def queries(done: dict[str, Any]) -> int:
     rep = done["report"]
     n = done["samples"] * (1 + len(done["passes"]))
     d, k = done["input_dim"], done["width"]
-    n_train, n_val = tensor.sample_sizes(d, k, 1)
+    n_train, n_val = tensor.sample_sizes(d, k, outputs)
+    n += int(rep.get("coverage", {}).get("queries", 0))
     n += n_train + n_val
     n += tensor.RESIDUAL_SAMPLES * sum(1 for r in rep.get("residual_rounds", []) if "rank" in r)
     refine = rep.get("refinement", {})
@@ -136,7 +173,7 @@ def run_relulearn(teacher: Network, onnx: Path, samples: int, client: Any, workd
     done = api.fit(config_from_dict(cfg), str(store), "tensor", out=str(out), client=client, progress=None)
     seconds = time.perf_counter() - t0
     rep = done["report"]
-    rec = {"samples_per_pass": samples, "queries": queries(done), "seconds": seconds, "route": rep["route"],
+    rec = {"samples_per_pass": samples, "queries": queries(done, teacher.output_dim), "seconds": seconds, "route": rep["route"],
            "width_found": rep["width_found"], "chosen": rep["chosen"],
            "validation_relative_loss": rep["validation_relative_loss"],
            "orientation": rep["network"].get("orientation", {}).get("method"),
@@ -177,7 +214,8 @@ def run_student(teacher: Network, onnx: Path, width: int, queries_cap: int, seco
         warnings.simplefilter("ignore", ConvergenceWarning)
         while used < queries_cap and time.perf_counter() - t0 < seconds:
             x = rng.standard_normal((50_000, d))
-            model.partial_fit(x, ask(x)[:, 0])
+            y = ask(x)
+            model.partial_fit(x, y[:, 0] if y.shape[1] == 1 else y)
             used += len(x)
     w = Network((model.coefs_[0].T.copy(), model.coefs_[1].T.copy()),
                 (model.intercepts_[0].copy(), model.intercepts_[1].copy()))
@@ -195,7 +233,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for ax, key, label in ((axes[0], "parameter_error", "relative parameter error"),
                            (axes[1], "relative_test_error", "relative test error (Gaussian inputs)")):
         for data, trainer, marker in (("wine", "sklearn", "o"), ("breast_cancer", "sklearn", "s"),
-                                      ("wine", "torch", "*")):
+                                      ("wine", "torch", "*"), ("digits", "digits", "D")):
             sel = [r for r in rows if r["data"] == data and r.get("trainer", "sklearn") == trainer]
             if not sel:
                 continue
@@ -248,7 +286,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         workdir = Path(tmp)
         for name, data, width, samples, trainer in chosen:
             samples = samples // 10 if args.quick else samples
-            teacher, onnx = (trained_teacher if trainer == "sklearn" else torch_teacher)(data, width, workdir)
+            teacher, onnx = TRAINERS[trainer](data, width, workdir)
             rec = {"name": name, "data": data, "trainer": trainer, "d": teacher.input_dim, "width": width}
             rec["relulearn"] = run_relulearn(teacher, onnx, samples, client, workdir)
             rec["student"] = run_student(teacher, onnx, width, rec["relulearn"]["queries"], args.student_seconds)

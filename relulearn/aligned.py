@@ -29,11 +29,36 @@ T = TypeVar("T")
 _ATOMS = (str, bytes, int, float, complex, bool, type(None), np.generic, np.dtype, type)
 
 
-def one_blas_thread():
-    """A context in which BLAS (and OpenBLAS's LAPACK) runs on one thread: the same bits in any process."""
-    from threadpoolctl import threadpool_limits
+@functools.lru_cache(maxsize=1)
+def _blas_controller() -> Any:
+    """threadpoolctl's view of the loaded BLAS libraries, taken once: finding them walks every shared object of
+    the process (about 9 ms, paid on every limit otherwise: 5 s of a scikit-learn estimator check). numpy's and
+    scipy's BLAS, the ones relulearn multiplies with, are loaded first, so the view holds both."""
+    import scipy.linalg.blas  # noqa: F401 - loads scipy's BLAS before the libraries are listed
+    from threadpoolctl import ThreadpoolController
 
-    return threadpool_limits(limits=1, user_api="blas")
+    return ThreadpoolController()
+
+
+class _OneBlasThread:
+    """Sets every loaded BLAS to one thread, and back on exit (threadpoolctl's own limiter re-reads every
+    library's state on each use: about 4 ms)."""
+
+    def __enter__(self) -> "_OneBlasThread":
+        self._libs = [c for c in _blas_controller().lib_controllers if c.user_api == "blas"]
+        self._saved = [c.get_num_threads() for c in self._libs]
+        for c in self._libs:
+            c.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for c, n in zip(self._libs, self._saved):
+            c.set_num_threads(n)
+
+
+def one_blas_thread() -> _OneBlasThread:
+    """A context in which BLAS (and OpenBLAS's LAPACK) runs on one thread: the same bits in any process."""
+    return _OneBlasThread()
 
 
 def aligned_copy(a: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:

@@ -71,9 +71,9 @@ def _rng(*key: int) -> np.random.Generator:
 def _single_thread():
     """Single-threaded BLAS: the driver's products are small (``n × m r``), and threaded BLAS
     on small products collapses on a loaded machine; parallelism comes from the mapper."""
-    from threadpoolctl import threadpool_limits
+    from ..aligned import one_blas_thread
 
-    return threadpool_limits(limits=1, user_api="blas")
+    return one_blas_thread()
 
 
 def _unit_rows(a: np.ndarray) -> np.ndarray:

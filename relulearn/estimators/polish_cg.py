@@ -25,7 +25,9 @@ precision.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -59,6 +61,20 @@ CG_ITER = 400
 BACKTRACK = (1.0, 0.5, 0.25, 0.125)
 
 
+#: the two products of each iteration run on this many fixed row parts at once, each part's product on one BLAS
+#: thread: the parts do not depend on the machine's cores, so neither do the bits (a BLAS call on several
+#: threads may split its sums differently from one machine to the next)
+PARTS = 2
+
+#: below this many rows a product is not split (threads cost more than they save)
+SPLIT_ROWS = 20_000
+
+
+@lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(PARTS, thread_name_prefix="relulearn-polish")
+
+
 @dataclass
 class _Design:
     """The samples a step uses: inputs ``xt`` (with the constant), patterns and activations (n, k)."""
@@ -67,10 +83,22 @@ class _Design:
     pat: np.ndarray
     act: np.ndarray
     affine: bool
+    parts: list[slice] = field(init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.xt)
+        cuts = np.linspace(0, n, PARTS + 1).astype(int) if n >= SPLIT_ROWS else np.array([0, n])
+        self.parts = [slice(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
 
     @property
     def d(self) -> int:
         return self.xt.shape[1] - 1
+
+    def each_part(self, fn: Callable[[slice], np.ndarray]) -> list[np.ndarray]:
+        """``fn`` on every row part, the parts at once (numpy releases the GIL in its products)."""
+        if len(self.parts) == 1:
+            return [fn(self.parts[0])]
+        return list(_pool().map(fn, self.parts))
 
 
 @dataclass
@@ -93,16 +121,20 @@ class _Step:
 
 
 def _jvp(des: _Design, a: np.ndarray, v: _Step) -> np.ndarray:
-    """``J v``: the change of the outputs (n, m) along ``v``."""
-    out = ((des.xt @ v.h.T) * des.pat) @ a.T + des.act @ v.a.T + v.c
-    if des.affine:
-        out += des.xt[:, :-1] @ v.lin.T
-    return out
+    """``J v``: the change of the outputs (n, m) along ``v`` (row parts at once)."""
+    def part(rows: slice) -> np.ndarray:
+        out = ((des.xt[rows] @ v.h.T) * des.pat[rows]) @ a.T + des.act[rows] @ v.a.T + v.c
+        if des.affine:
+            out += des.xt[rows, :-1] @ v.lin.T
+        return out
+    return np.concatenate(des.each_part(part))
 
 
 def _vjp(des: _Design, a: np.ndarray, w: np.ndarray) -> _Step:
-    """``Jᵀ w`` for output changes ``w`` (n, m)."""
-    h = (des.xt.T @ ((w @ a) * des.pat)).T  # this orientation of the product runs faster in OpenBLAS
+    """``Jᵀ w`` for output changes ``w`` (n, m): the row parts' sums at once, added in a fixed order."""
+    def part(rows: slice) -> np.ndarray:
+        return des.xt[rows].T @ ((w[rows] @ a) * des.pat[rows])  # this orientation runs faster in OpenBLAS
+    h = sum(des.each_part(part)).T
     lin = w.T @ des.xt[:, :-1] if des.affine else np.zeros((w.shape[1], des.d))
     return _Step(h, w.T @ des.act, w.sum(axis=0), lin)
 

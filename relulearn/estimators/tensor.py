@@ -10,7 +10,10 @@ the signs of the output weights and however many outputs there are:
   directions ``g`` inside the relevant subspace, d × d each) form one symmetric CP tensor with factors
   ``û_i``, decomposed in the k-dimensional subspace;
 * **overcomplete widths** (``d < k ≤ d(d+1)/2``): the full tensors ``T_4``, ``T_5(g)``, ``T_6(g, g)``
-  flattened to ``D × D`` matrices on ``Sym²(R^d)`` form one with factors ``û_i û_iᵀ`` (:mod:`.lifted`).
+  flattened to ``D × D`` matrices on ``Sym²(R^d)`` form one with factors ``û_i û_iᵀ`` (:mod:`.lifted`);
+* **several outputs at large d** (:func:`outputs_route`): the ``m`` slices ``T_2[j]`` alone form one with the
+  outputs as third mode, and ``T_1[j] = Σ_i A_ji Φ(β_i) û_i`` gives each unit's offset and orientation: one
+  pass of ``output_moments``, no higher orders.
 
 The method:
 
@@ -495,6 +498,14 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
     # move into the output bias
     c = c + a[:, got.flip] @ b[got.flip]
     oriented = Network((sign[:, None] * u, a.copy()), (sign * b, c), activation="relu")
+    if not np.any(got.flip) and prep.relative_residual ** 2 <= FIT_LOSS:
+        # an exact fit with nothing to flip: the affine part fitted only the labels' rounding (T_1 oriented every
+        # unit) and the network without it fits as well; a second polish would spend its steps finding no descent
+        fit = float(np.linalg.norm(y - oriented.forward(x)) / (np.linalg.norm(y) or 1.0))
+        if fit <= 2.0 * max(prep.relative_residual, 1e-15):
+            report["polish"] = {**report["affine_polish"], "relative_residual": fit,
+                                "skipped": "no unit to flip and the affine part only fitted the rounding"}
+            return oriented, report
     try:
         net, prep = polish(oriented, x, y[:, 0]) if single else polish_outputs(oriented, x, y)
         report["polish"] = prep.__dict__

@@ -167,11 +167,11 @@ def compute_block(stats: Sequence[Statistic], source: Source, seed: int, chunk_s
     unaligned addresses, where numpy multiplies without BLAS and so in another order.
     The in-process loop takes the same copies, so every path does the same arithmetic.
     """
-    from threadpoolctl import threadpool_limits
+    from ..aligned import one_blas_thread
 
     tune_malloc()
     stats, source = fresh((list(stats), source))
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         part = accumulate_chunks(stats, source, seed, chunk_size, chunk_start, chunk_stop)
     part.platform = platform_id()
     return part
