@@ -72,6 +72,42 @@ def test_polish_with_several_outputs_reaches_machine_precision_from_a_start_off(
     assert np.linalg.norm(out.forward(x_test) - net.forward(x_test)) <= 1e-13 * np.linalg.norm(net.forward(x_test))
 
 
+_POLISH_SCRIPT = """
+import os, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+if {pin}:
+    os.sched_setaffinity(0, {{0}})
+from test_tensor import planted, turned_start
+from relulearn.aligned import one_blas_thread
+from relulearn.estimators.polish_cg import polish_outputs_cg
+net = planted(3, 40, 12, 3)
+rng = np.random.default_rng(4)
+x = rng.standard_normal((24_000, 40))
+with one_blas_thread():
+    out, _ = polish_outputs_cg(turned_start(net, rng, 0.05), x, net.forward(x), affine=True)
+sys.stdout.write(b"".join(np.ascontiguousarray(w).tobytes() for w in (*out.weights, *out.biases)).hex())
+"""
+
+
+def test_the_matrix_free_polish_gives_the_same_bits_on_one_core_and_on_all():
+    """Each CG iteration's two products run on two fixed row halves at once: the split does not follow the
+    machine's cores, so a process pinned to one core gets the bits of one that has them all."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from conftest import PYTHON, cli_env
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores to compare with one")
+    tests = str(Path(__file__).resolve().parent)
+    runs = [subprocess.run([PYTHON, "-c", _POLISH_SCRIPT.format(tests=tests, pin=pin)], env=cli_env(),
+                           capture_output=True, text=True) for pin in (False, True)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
+    assert len(runs[0].stdout) > 1000 and runs[0].stdout == runs[1].stdout
+
+
 def test_rarely_active_units_get_their_rows_and_the_polish_then_reaches_machine_precision():
     """A unit active on 1 % of Gaussian inputs (β = −2.3) has ~20 of 2,000 samples for its 61 unknowns: its row
     is not determined and polish stops far off. :func:`.coverage.cover` streams further queries of the source and
