@@ -240,14 +240,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
             widths = [r["width"] for r in sel]
             for who, color in (("relulearn", "C0"), ("student", "C3")):
                 ys = [max(r[who].get(key) or np.nan, 1e-18) for r in sel]
+                export = "skl2onnx" if trainer == "sklearn" else "torch.onnx"
                 ax.semilogy(widths, ys, marker + "-", color=color, ms=9 if marker == "*" else 5,
-                            label=f"{who}, {data} (d = {sel[0]['d']}, {trainer})")
+                            label=f"{who}, {data} (d = {sel[0]['d']}, {export})")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("hidden width")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Extracting trained MLPs (skl2onnx, float32): relulearn --method tensor vs a distilled "
+    fig.suptitle("Extracting trained MLPs (float32 ONNX): relulearn --method tensor vs a distilled "
                  "same-width MLPRegressor", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -40,19 +40,33 @@ if TYPE_CHECKING:
 
 __all__ = ["polish_outputs_cg", "start_rows", "trusted_samples", "DENSE_UNKNOWNS", "matrix_free"]
 
-#: past this many unknowns times outputs :func:`.polish.polish_outputs` hands over to :func:`polish_outputs_cg` (a
-#: dense normal matrix of 6000² is 290 MB and its sum costs ``n p²`` flops per output)
+#: past this many unknowns :func:`.polish.polish_outputs` always hands over to :func:`polish_outputs_cg` (a dense
+#: normal matrix of 6000² is 290 MB and its sum costs ``n p²`` flops per output); below, :func:`matrix_free` decides
 DENSE_UNKNOWNS = 6000
 
 
-def matrix_free(unknowns: int, outputs: int = 1) -> bool:
-    """Whether the polish of ``unknowns`` parameters on ``outputs`` outputs is solved matrix-free.
+#: conjugate-gradient iterations a step is taken to cost when choosing between the dense and the matrix-free polish
+#: (measured: 30–400, most under 200)
+CG_PER_STEP = 200
 
-    The dense normal matrix is summed output by output, ``m n p²`` flops per step on ``n ≈ 40p`` samples, where
-    conjugate gradients need ``8p/m`` samples and no ``p × p`` matrix: with several outputs the dense sum loses
-    far sooner (measured: d = 80, k = 20, m = 5, 2,525 unknowns with the affine part: 179 s dense, 10 s
-    matrix-free, both to 10⁻¹⁶). Dense while ``m p ≤`` :data:`DENSE_UNKNOWNS`."""
-    return int(unknowns) * max(1, int(outputs)) > DENSE_UNKNOWNS
+
+def matrix_free(unknowns: int, outputs: int = 1) -> bool:
+    """Whether the polish of ``unknowns`` parameters ``p`` on ``outputs`` outputs ``m`` is solved matrix-free.
+
+    By the work of one Gauss–Newton step on the samples each takes (:func:`.tensor.sample_sizes`): the dense
+    normal matrix is summed output by output, ``m · max(20000, 40p) · p²``; conjugate gradients apply it as two
+    products with the design, ``4 p`` per row and iteration, on ``max(20000, 8p/m)`` rows, for
+    :data:`CG_PER_STEP` iterations. Measured (from 0.05 rad, both to 10⁻¹⁶): d = 64, k = 12, m = 4 (1,088
+    unknowns): dense 20 s, matrix-free 1.6 s; d = 30, k = 16, m = 3: 4.7 s against 1.3 s; d = 12, k = 6, m = 3:
+    0.3 s against 0.5 s. Never dense past :data:`DENSE_UNKNOWNS` (a 6000² matrix is 290 MB); with one output
+    dense up to it, as the single-output polish of products it sizes the samples for."""
+    p, m = int(unknowns), max(1, int(outputs))
+    if p > DENSE_UNKNOWNS or m == 1:  # one output below the bound: the products' least squares (:func:`.polish.polish`)
+        return p > DENSE_UNKNOWNS
+    dense = m * max(20_000, 40 * p) * p * p
+    free = CG_PER_STEP * 4 * max(20_000, 8 * p // m) * p
+    return dense > free
+
 
 #: conjugate-gradient iterations per Gauss–Newton step, at most
 CG_ITER = 400
