@@ -54,3 +54,4 @@ def cli_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+

@@ -50,6 +50,7 @@ def planted(seed: int, d: int, k: int) -> Network:
     return Network((u, lam[None, :]), (0.8 * rng.standard_normal(k), np.array([rng.standard_normal()])))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed, d, k", [(11, 20, 3), (12, 30, 5)])
 def test_a_biased_network_file_is_learned_exactly(seed, d, k, tmp_path):
     """A teacher file with b0, b1: biases are learned by default (the file says the network has them) and

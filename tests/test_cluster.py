@@ -106,6 +106,7 @@ def test_local_cluster_equals_in_process(families, tmp_path, workers):
     assert_bitwise_equal(url, ref)
 
 
+@pytest.mark.slow
 def test_external_cluster_equals_in_process(families, external, tmp_path):
     """`dask scheduler` + two `dask worker` processes, through the command line."""
     cfg_path, ref = families
@@ -140,6 +141,7 @@ def test_fit_on_external_cluster_equals_in_process(external, tmp_path):
         assert np.array_equal(outs["local"][k], outs["external"][k]), k
 
 
+@pytest.mark.slow
 def test_driver_started_before_the_scheduler_and_env_address(families, tmp_path):
     """A driver waits for its scheduler file like `dask worker` does; without --scheduler it uses
     DASK_SCHEDULER_ADDRESS (as in a Kubernetes DaskJob) instead of starting a local cluster."""
@@ -193,6 +195,7 @@ def _kill_driver_until(cmd: list[str], url: str, kills: int, rng: np.random.Gene
     return progress[1:]
 
 
+@pytest.mark.slow
 def test_driver_sigkill_with_external_cluster_resumes_bitwise(long_run, external, tmp_path):
     """Three SIGKILLs of the driver with commits in between; a new driver on the same cluster resumes."""
     cfg_path, ref = long_run
@@ -209,6 +212,7 @@ def test_driver_sigkill_with_external_cluster_resumes_bitwise(long_run, external
     assert [p.name for p in Path(url).iterdir() if p.is_dir()] == [open_store(url).head]
 
 
+@pytest.mark.slow
 def test_worker_sigkill_twice_run_completes(long_run, tmp_path):
     """SIGKILL a `dask worker` process twice mid-run: Dask recomputes its blocks, each is merged once."""
     cfg_path, ref = long_run
@@ -238,6 +242,7 @@ def test_worker_sigkill_twice_run_completes(long_run, tmp_path):
     assert len(open_store(url).ledger()) == LONG["samples"] // LONG["chunk_size"]  # one row per block
 
 
+@pytest.mark.slow
 def test_scheduler_death_commits_and_resumes_on_a_new_scheduler(long_run, tmp_path):
     cfg_path, ref = long_run
     url = str(tmp_path / "sk.zarr")

@@ -619,6 +619,7 @@ def test_sbatch_script_is_clean_bash():
     assert out.returncode == 0, out.stdout
 
 
+@pytest.mark.slow
 def test_sbatch_script_runs_stops_and_resumes(tmp_path: Path, procs: Processes):
     """The batch script with `srun` standing in: stopped by SIGTERM mid-run (as Slurm does before
     the time limit or on preemption) it commits, asks to be requeued and leaves no process; run

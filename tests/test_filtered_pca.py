@@ -40,6 +40,7 @@ def vanishing_network(d: int, seed: int = 0) -> tuple[Network, np.ndarray]:
     return Network((w0, w1, w2)), u
 
 
+@pytest.mark.slow
 def test_vanishing_moments_network(client, tmp_path):
     """M_2 = E[y(xxᵀ − I)] is zero (checked against its SE) and its spectrum has nothing
     above the noise floor, while filtered PCA recovers the 2-dimensional subspace."""
@@ -83,6 +84,7 @@ def deep_config(d: int, widths: list[int], seed: int, samples: int) -> dict:
             "run": {"commit_interval": 1e9}}
 
 
+@pytest.mark.slow
 def test_deep_teacher_subspace_and_test_error(client, tmp_path):
     """A depth-2 teacher (first layer 3 rows, then 6) in d = 30, learned with `fit` from a
     config without statistics: angle ≤ 0.05 rad, relative test error ≤ 1e-2."""
@@ -103,6 +105,7 @@ def test_deep_teacher_subspace_and_test_error(client, tmp_path):
     assert ev["relative_test_error"] <= 1e-2, (ev, result["report"].get("candidates"))
 
 
+@pytest.mark.slow
 def test_depth_one_agrees_with_moments(client, tmp_path):
     """A one-hidden-layer teacher learned by `filtered-pca --depth 1` and by `moments` is the
     same network up to symmetries (both after polish), and equal to the teacher."""
@@ -121,6 +124,7 @@ def test_depth_one_agrees_with_moments(client, tmp_path):
     assert compare(make_source(config_from_dict(data)).network, b).relative_error <= 1e-8
 
 
+@pytest.mark.slow
 def test_fit_on_a_sketch_runs_subspace_passes_and_recovers_exactly(client, tmp_path):
     """Dense M_τ over the worker budget: `fit` sketches them, runs subspace passes on the same chunks
     (all τ at once), finds the dense path's subspace and recovers a one-hidden-layer teacher exactly."""
@@ -154,6 +158,7 @@ def test_fit_on_a_sketch_runs_subspace_passes_and_recovers_exactly(client, tmp_p
     assert spectral.principal_angles(sub.basis, found).max() <= 0.1 * to_truth, to_truth
 
 
+@pytest.mark.slow
 def test_residual_rounds_on_a_sketch_extend_the_subspace(client, tmp_path):
     """A deep teacher with the M_τ sketched (dense over the worker budget): after the subspace passes
     `fit` asks for residual rounds in sketch form (a sketch of the best candidate's residual-filtered

@@ -28,6 +28,7 @@ RANDOM_LABEL_CHECKS = ("check_fit_score_takes_y", "check_estimators_overwrite_pa
 
 @pytest.mark.parametrize("cls", [R.MomentsRegressor, R.FilteredPCARegressor, R.ExactRegressor,
                                  R.PolynomialRegressor, R.LandscapeRegressor], ids=lambda c: c.__name__)
+@pytest.mark.slow
 def test_scikit_learn_estimator_checks(cls):
     """Every check passes but those that fit random labels outside the method's setting (listed), on the
     checks' 20-200 rows (where the statistics support only the mean: a warning and the constant model)."""

@@ -90,6 +90,7 @@ def reference(tmp_path_factory) -> tuple[Path, str]:
     return cfg_path, url
 
 
+@pytest.mark.slow
 def test_sigkill_resume_is_bitwise_exact(reference, tmp_path):
     """SIGKILL the `relulearn estimate` process group at random moments, resume, compare bits."""
     cfg_path, ref_url = reference

@@ -260,6 +260,7 @@ def test_learn_from_s3_with_a_pass_stored_under_the_store(s3, tmp_path):
 # ------------------------------------------------------------------------ crashes
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_resumes_bitwise(s3, local_reference, tmp_path):
     cfg = write_yaml(tmp_path / "kill.yaml", KILL)
     url, prefix = s3.url("kill/random"), "kill/random"
@@ -339,6 +340,7 @@ STALLING_DRIVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_sigkill_inside_a_commit_leaves_the_previous_commit(s3, local_reference, tmp_path):
     """Kill the driver (1) with a generation half written, (2) with it complete but ``head``
     not yet switched: each time the store reads as the previous commit; resuming completes
