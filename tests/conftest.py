@@ -54,4 +54,3 @@ def cli_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
-
