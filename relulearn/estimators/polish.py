@@ -193,9 +193,9 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     output weights ``A`` (m × k) and output biases — with the activation patterns fixed on the samples away
     from every unit's boundary, then the patterns are refreshed. The model is bilinear once the patterns are
     fixed, and the steps converge quadratically near the answer: noiseless labels reach machine precision.
-    The normal matrix is summed output by output (``n·p²`` flops per output, ``p = k(d+1) + m(k+1)``); past
-    :data:`.polish_cg.DENSE_UNKNOWNS` unknowns times outputs (:func:`.polish_cg.matrix_free`) each step is
-    solved matrix-free instead
+    The normal matrix is summed output by output (``n·p²`` flops per output, ``p = k(d+1) + m(k+1)``); where
+    that costs more than conjugate gradients would, and always past :data:`.polish_cg.DENSE_UNKNOWNS` unknowns
+    (:func:`.polish_cg.matrix_free`), each step is solved matrix-free instead
     (:func:`.polish_cg.polish_outputs_cg`: ``4ndk`` flops per conjugate-gradient iteration, no ``p × p`` matrix).
 
     Parameters

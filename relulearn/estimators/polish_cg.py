@@ -61,8 +61,10 @@ def matrix_free(unknowns: int, outputs: int = 1) -> bool:
     0.3 s against 0.5 s. Never dense past :data:`DENSE_UNKNOWNS` (a 6000² matrix is 290 MB); with one output
     dense up to it, as the single-output polish of products it sizes the samples for."""
     p, m = int(unknowns), max(1, int(outputs))
-    if p > DENSE_UNKNOWNS or m == 1:  # one output below the bound: the products' least squares (:func:`.polish.polish`)
-        return p > DENSE_UNKNOWNS
+    if p > DENSE_UNKNOWNS:
+        return True
+    if m == 1:  # below the bound one output is polished by the products' least squares (:func:`.polish.polish`)
+        return False
     dense = m * max(20_000, 40 * p) * p * p
     free = CG_PER_STEP * 4 * max(20_000, 8 * p // m) * p
     return dense > free
