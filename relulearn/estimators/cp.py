@@ -33,6 +33,10 @@ JENNRICH_DRAWS = 5
 #: ALS sweeps after Jennrich: each costs O(m k³); convergence from Jennrich's start is fast
 ALS_SWEEPS = 40
 
+#: past this many components :func:`fit_weights` solves its normal equations (O(m k³)) instead of the k² × k
+#: least-squares problem (O(k⁴): minutes at k = 500)
+LSTSQ_MAX_COMPONENTS = 96
+
 _TENSOR_STREAM = 0x7E4503  # separates this generator's stream from others keyed by the same seed
 
 
@@ -80,10 +84,16 @@ def fit_weights(s: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, float]:
         ``(k, r)`` columns ``b_i``.
     """
     m, k, _ = s.shape
-    design = np.einsum("ai,bi->abi", b, b).reshape(k * k, -1)  # column i: vec(b_i b_iᵀ)
-    sol, *_ = np.linalg.lstsq(design, s.reshape(m, k * k).T, rcond=None)
-    alpha = sol.T
-    res = s.reshape(m, -1) - alpha @ design.T
+    if b.shape[1] > LSTSQ_MAX_COMPONENTS:
+        # the normal equations: the design's Gram is (BᵀB)∗(BᵀB) and its right-hand side diag(Bᵀ S_j B), O(m k³)
+        # where the k² × r least-squares solve is O(k² r²); the residual is formed explicitly, not by cancellation
+        alpha = _solve_gram(np.stack([np.sum(b * (sj @ b), axis=0) for sj in s]), (b.T @ b) ** 2)
+        res = s - np.stack([(b * aj) @ b.T for aj in alpha])
+    else:
+        design = np.einsum("ai,bi->abi", b, b).reshape(k * k, -1)  # column i: vec(b_i b_iᵀ)
+        sol, *_ = np.linalg.lstsq(design, s.reshape(m, k * k).T, rcond=None)
+        alpha = sol.T
+        res = s.reshape(m, -1) - alpha @ design.T
     norm = float(np.linalg.norm(s))
     return alpha, float(np.linalg.norm(res) / norm) if norm > 0 else float(np.linalg.norm(res))
 
@@ -118,10 +128,12 @@ def _als(s: np.ndarray, b: np.ndarray, sweeps: int) -> np.ndarray:
     factors' Grams (``(B ⊙ C)ᵀ(B ⊙ C) = BᵀB ∗ CᵀC``), so a sweep costs ``O(m k³)``, not a least-squares
     solve of a ``k² × k`` or ``mk × k`` design."""
     bb, cc = b.copy(), b.copy()
+    st = np.ascontiguousarray(s.transpose(0, 2, 1))
     for _ in range(sweeps):
-        alpha = _solve_gram(np.einsum("jab,ai,bi->ji", s, bb, cc, optimize=True), (bb.T @ bb) * (cc.T @ cc))
-        bb = _solve_gram(np.einsum("jab,ji,bi->ai", s, alpha, cc, optimize=True), (alpha.T @ alpha) * (cc.T @ cc))
-        cc = _solve_gram(np.einsum("jab,ji,ai->bi", s, alpha, bb, optimize=True), (alpha.T @ alpha) * (bb.T @ bb))
+        sc = s @ cc  # (m, k, r): one GEMM per slice serves both the weights' and B's right-hand sides
+        alpha = _solve_gram(np.sum(bb[None] * sc, axis=1), (bb.T @ bb) * (cc.T @ cc))
+        bb = _solve_gram(np.einsum("jai,ji->ai", sc, alpha), (alpha.T @ alpha) * (cc.T @ cc))
+        cc = _solve_gram(np.einsum("jbi,ji->bi", st @ bb, alpha), (alpha.T @ alpha) * (bb.T @ bb))
         bb, cc = _unit_columns(bb), _unit_columns(cc)
     sign = np.sign(np.sum(bb * cc, axis=0))
     return _unit_columns(bb + np.where(sign == 0, 1.0, sign) * cc)
@@ -171,7 +183,7 @@ def decompose(t2: Sequence[np.ndarray] | np.ndarray, basis: np.ndarray, *, seed:
     if m < 2 and k > 1:
         raise ValueError(f"a decomposition into {k} components needs at least two slices (got {m}): Jennrich's "
                          "algorithm compares two combinations of them")
-    s = np.einsum("da,jde,eb->jab", w, t2, w)
+    s = w.T @ t2 @ w  # GEMMs: the three-operand einsum without a path is O(m d² k²)
     s = 0.5 * (s + s.transpose(0, 2, 1))
     best, residuals = None, []
     for draw in range(draws):
