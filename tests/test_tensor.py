@@ -266,6 +266,27 @@ def test_a_wide_input_with_several_outputs_is_learned_from_the_outputs_second_mo
     assert np.sum((y - learned.forward(x)) ** 2) / np.sum(y**2) <= 1e-20
 
 
+def test_units_under_the_noise_floor_are_lifted_by_control_variate_rounds(tmp_path):
+    """Width 16 at d = 64 with 4 outputs, four units at a quarter of the others' output weights, 10^5 samples:
+    the stored T_2 holds only about half the directions above its floor, and the weak units mixed into them leave
+    a decomposition misfit far above its noise. The control rounds (fresh samples of what the labels' degree-two
+    expansion leaves) raise all 16 above the floor, and polish gives every parameter to machine precision."""
+    d, k, m = tensor.OUTPUTS_ROUTE_MIN_D, 16, 4
+    teacher = planted(5, d, k, m)
+    a = teacher.weights[1].copy()
+    a[:, :4] *= 0.25
+    teacher = Network((teacher.weights[0], a), teacher.biases)
+    teacher.save(tmp_path / "t.npz")
+    out = str(tmp_path / "m.npz")
+    done = api.fit(config_from_dict(file_config(tmp_path / "t.npz", d, 100_000)), str(tmp_path / "s.zarr"),
+                   "tensor", out=out, client="local", progress=None)
+    rep = done["report"]
+    assert rep["first_decomposition"]["rank"] < k and rep["first_decomposition"]["misfit"] > tensor.MISFIT_MAX
+    assert rep["control_rounds"][0]["noise_ratio"] < 0.5 and rep["subspace"]["rank"] == k
+    assert rep["decomposition"]["misfit"] <= tensor.MISFIT_MAX
+    learned = Network.load(out)
+    assert compare(teacher, learned).relative_error <= 1e-10
+
 def test_an_enumeration_past_its_budget_names_the_budget_it_needs_and_the_tensor_method(tmp_path):
     """moments takes --budget; a search that does not fit it is refused with the budget that would do, and the
     same store is then learned by --method tensor, which needs no enumeration."""

@@ -13,7 +13,10 @@ the signs of the output weights and however many outputs there are:
   flattened to ``D × D`` matrices on ``Sym²(R^d)`` form one with factors ``û_i û_iᵀ`` (:mod:`.lifted`);
 * **several outputs at large d** (:func:`outputs_route`): the ``m`` slices ``T_2[j]`` alone form one with the
   outputs as third mode, and ``T_1[j] = Σ_i A_ji Φ(β_i) û_i`` gives each unit's offset and orientation: one
-  pass of ``output_moments``, no higher orders.
+  pass of ``output_moments``, no higher orders. Where the noise floor hides units (a decomposition that leaves
+  more than its noise unexplained, or fewer directions than ``width``), control-variate rounds
+  (:mod:`.control`) re-estimate ``T_1``, ``T_2`` on fresh samples of what the labels' degree-two expansion
+  leaves: a floor several times lower from the same count.
 
 The method:
 
@@ -31,10 +34,10 @@ The method:
    from ``relu(−s) = relu(s) − s``, so the units are fitted as found and the affine part takes up the rest;
    then the units whose flip removes its linear term (:func:`.orient.orient`: least squares, enumeration or a
    lattice search), and polish again without it: machine precision on noiseless labels.
-6. Residual rounds: while the network does not fit the validation samples, the slices of the network found
-   are subtracted from the stored ones (closed form, no new samples) and what is left is decomposed at its
-   own noise-floor rank: its components are the units missed (and, negated, the ones found wrongly), which
-   are swapped in before polishing again.
+6. Residual rounds (overcomplete route): while the network does not fit the validation samples, the tensors of
+   the labels it leaves, on fresh samples (small labels, so far less noise than the stored tensors), decomposed
+   at their own noise-floor rank: components away from the network's units are units it missed, swapped in
+   before polishing again.
 7. With one output and noisy labels, the streamed refinement on every sample.
 """
 
@@ -49,7 +52,7 @@ from scipy.special import eval_hermitenorm, ndtr
 
 from .. import hermite
 from ..network import Network
-from . import cp, lifted, spectral
+from . import control, cp, lifted, spectral
 from .base import (Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples,
                    TooFewSamplesError)
 from .orient import orient
@@ -61,6 +64,22 @@ from .streamed import refine_unless_exact
 __all__ = ["OPTIONS", "SOURCE_OPTIONS", "MAX_PASSES", "HIGHER_ORDERS", "OUTPUTS_ROUTE_MIN_D", "WidthError",
            "identifiable_width", "check_width", "outputs_route", "required_statistics", "sample_sizes", "profile",
            "learn"]
+
+#: control-variate rounds of the outputs route at most; each draws as many fresh samples as the store holds
+CONTROL_ROUNDS = 3
+
+#: the held-out parts of the control rounds start here, each round :data:`CONTROL_STRIDE` further (apart from
+#: the polish's samples, the coverage draws and the residual rounds)
+CONTROL_PART, CONTROL_STRIDE = 2_000_000, 1_000
+
+#: how many samples' worth the rounds can gain at most: relu's terms of degree ≥ 3, which the control variate
+#: leaves, hold ~3.5 % of its variance; a width needing more than this many times the stored samples is refused
+#: before the rounds run
+CONTROL_GAIN = 25.0
+
+#: a decomposition whose residual exceeds its slices' noise this many times has not explained them: units under
+#: the noise floor are mixed into the directions above it
+MISFIT_MAX = 2.0
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width", "refine_samples")
@@ -410,6 +429,7 @@ def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d
             dirs, _, quality = lifted.units(dec.directions, d)
     if sl.lifted:
         report["rank_one_quality"] = quality.tolist()
+    report["misfit"] = _misfit(report["relative_residual"], scaled, basis)
     scale = np.broadcast_to(scale[:, None], weights.shape)
     factors, out_of, order_of = sl.factors(dirs), sl.out_of, sl.order_of
     if sl.vectors is not None:  # lower orders: each vector's weights by least squares on the factors
@@ -429,6 +449,16 @@ def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d
         report["flipped_by_order_1"] = int(flip.sum())
     report.update(profile_residuals=res.tolist(), offsets=beta.tolist(), output_weights=amp.tolist())
     return Units(dirs, beta, amp), report
+
+
+def _misfit(relative_residual: float, scaled: np.ndarray, basis: np.ndarray) -> float:
+    """The decomposition's residual inside the subspace over what noise alone leaves: each noise-scaled slice
+    holds noise of squared norm ~1 there, of which the CP model's ``k² + P k`` parameters absorb their share of
+    the ``P k(k+1)/2`` entries. About 1 (up to 2: symmetric noise) when the model explains the slices."""
+    p, k = len(scaled), basis.shape[1]
+    inside = float(sum(np.linalg.norm(basis.T @ s @ basis) ** 2 for s in scaled))
+    free = max(0.1, 1.0 - (k * k + p * k) / (p * k * (k + 1) / 2))
+    return float(relative_residual**2 * inside / (p * free))
 
 
 def _vector_weights(vec: Slices, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -646,8 +676,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     """
     _check(stats)
     if "contracted" not in stats:
-        return _finish(*_from_outputs(stats, width, seed), stats, samples, width=width,
-                       refine_samples=refine_samples, mapper=mapper, seed=seed)
+        return _learn_outputs(stats, samples, width=width, refine_samples=refine_samples, mapper=mapper, seed=seed)
     outputs = _per_output(stats["contracted"])
     m = len(outputs)
     d = np.asarray(outputs[0]["M"]).shape[-1]
@@ -684,27 +713,111 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
                    mapper=mapper, seed=seed)
 
 
-def _from_outputs(stats: Mapping[str, Arrays], width: Optional[int], seed: int) -> tuple[Units, bool, dict]:
+def _from_outputs(stats: Mapping[str, Arrays], width: Optional[int], seed: int, samples: Any = None,
+                  mapper: Callable = map, rounds_first: bool = False) -> tuple[Units, bool, dict]:
     """The :func:`outputs_route`: the subspace from every output's ``T_2`` at its noise floor, then the joint CP
     decomposition of the ``T_2`` slices with the outputs as third mode, and each unit's offset and orientation
-    from its weights in ``T_2`` and ``T_1`` (``φ(β)`` against ``Φ(β)``)."""
-    om = stats["output_moments"]
-    sl = _outputs_slices(om)
-    m, d = sl.vectors.matrices.shape
+    from its weights in ``T_2`` and ``T_1`` (``φ(β)`` against ``Φ(β)``).
+
+    When the floor hides units (fewer directions than ``width``, or a decomposition that leaves more than its
+    noise unexplained: units too weak to clear the floor are mixed into the directions that do) and ``samples``
+    can draw, control-variate rounds (:func:`_control_rounds`) lower the floor first (always, with
+    ``rounds_first``)."""
+    om = dict(stats["output_moments"])
+    d = np.asarray(om["T1"]).shape[1]
     if width is not None and width > d:
         raise WidthError(f"--width {width} is past d = {d}: from the outputs' second moments this method separates "
                          f"at most d units; the contracted orders separate more at d ≤ 50 only")
-    sub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width,
-                                     names=[f"y{j}:T_2" for j in range(m)])
+    n = int(np.asarray(om["count"]))
+    sub = _outputs_subspace(om, width)
     if sub.rank == 0:
         raise NoSignalError(
             "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
             "sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
-    report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "outputs"}
+    report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "outputs", "control_rounds": []}
+    if width is not None and sub.rank < width and (samples is None or _samples_needed(sub, width, n) > CONTROL_GAIN * n):
+        raise _too_few(sub, width, n)  # beyond what the rounds can lift: refused before they run
+    if rounds_first or (width is not None and sub.rank < width):
+        om, sub = _control_rounds(om, sub, width, samples, mapper, report["control_rounds"])
+    units, report["decomposition"] = _decompose(_outputs_slices(om).matrices, _outputs_slices(om), sub.basis,
+                                                seed, d, len(om["T1"]))
+    if report["decomposition"]["misfit"] > MISFIT_MAX and not report["control_rounds"] and samples is not None:
+        report["first_decomposition"] = {"rank": int(sub.rank), "misfit": report["decomposition"]["misfit"]}
+        om, sub = _control_rounds(om, sub, width, samples, mapper, report["control_rounds"])
+        sl = _outputs_slices(om)
+        units, report["decomposition"] = _decompose(sl.matrices, sl, sub.basis, seed, d, len(om["T1"]))
+    if report["control_rounds"]:
+        report["subspace"] = sub.to_dict()
     if width is not None and sub.rank < width:
-        raise _too_few(sub, width, int(np.asarray(om["count"])))
-    units, report["decomposition"] = _decompose(sl.matrices, sl, sub.basis, seed, d, m)
+        raise _too_few(sub, width, n)
+    if report["decomposition"]["misfit"] > MISFIT_MAX:
+        report["unresolved"] = (
+            f"the decomposition leaves {report['decomposition']['misfit']:.1f} times the slices' noise unexplained: "
+            "units weaker than the noise floor are mixed into the directions found; estimate with more samples")
     return units, False, report
+
+
+def _learn_outputs(stats: Mapping[str, Arrays], samples: Callable[[int, int], Samples], *, width: Optional[int],
+                   refine_samples: Optional[int], mapper: Callable, seed: int) -> LearnResult:
+    """The :func:`outputs_route` to the network. When the polished network does not fit the validation samples
+    and no control round has run yet (the units the floor hid left no misfit: they are weak), the rounds run now;
+    if they raise the rank, the network is learned again and the better on the validation samples kept."""
+    options = dict(width=width, refine_samples=refine_samples, mapper=mapper, seed=seed)
+    first = _finish(*_from_outputs(stats, width, seed, samples, mapper), stats, samples, **options)
+    rep = first.report
+    if rep["control_rounds"] or min(rep["validation_relative_loss"].values()) < FIT_LOSS:
+        return first
+    units, overcomplete, again = _from_outputs(stats, width, seed, samples, mapper, rounds_first=True)
+    if again["subspace"]["rank"] <= rep["subspace"]["rank"]:
+        rep["control_rounds"] = again["control_rounds"]
+        rep["control"] = "the control rounds raised no direction above the noise floor: the network is kept"
+        return first
+    second = _finish(units, overcomplete, again, stats, samples, **options)
+    if min(second.report["validation_relative_loss"].values()) < min(rep["validation_relative_loss"].values()):
+        second.report["before_control"] = {"width_found": rep["width_found"],
+                                           "validation_relative_loss": rep["validation_relative_loss"]}
+        return second
+    rep["control_rounds"] = again["control_rounds"]
+    rep["control"] = (f"the control rounds raised the rank to {again['subspace']['rank']} but the network learned "
+                      "from them fits the validation samples worse: the first is kept")
+    return first
+
+
+def _outputs_subspace(om: Arrays, width: Optional[int]) -> spectral.Subspace:
+    sl = _outputs_slices(om)
+    return spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width,
+                                      names=[f"y{j}:T_2" for j in range(len(sl.matrices))])
+
+
+def _samples_needed(sub: spectral.Subspace, width: int, n: int) -> float:
+    """Samples at which the ``width``-th direction would clear the floor (singular values grow as √n)."""
+    s = float(sub.singular_values[width - 1]) if len(sub.singular_values) >= width else 0.0
+    return n * (sub.threshold / s) ** 2 if s > 0 else math.inf
+
+
+def _control_rounds(om: dict, sub: spectral.Subspace, width: Optional[int], samples: Any, mapper: Callable,
+                    rounds: list) -> tuple[dict, spectral.Subspace]:
+    """Lower the noise floor of the outputs' ``T_1``, ``T_2`` with control variates (:mod:`.control`): each
+    round samples, on as many fresh samples as the store holds, only what the labels' degree-two expansion from
+    the current estimate leaves. Stops when a round no longer raises the rank (or reaches ``width``), or after
+    :data:`CONTROL_ROUNDS`. Appends each round's summary to ``rounds``."""
+    n = int(np.asarray(om["count"]))
+    for r in range(CONTROL_ROUNDS):
+        model = control.quadratic(om["A"], om["T1"], om["T2"], sub.basis)
+        resid = control.residual_moments(samples, model, control.residual_parts(n, CONTROL_PART + CONTROL_STRIDE * r),
+                                         mapper)
+        new = control.controlled(resid, model)
+        noise = float(np.median(new["T2_se"]) / np.median(np.asarray(om["T2_se"])))
+        new_sub = _outputs_subspace(new, width)
+        rounds.append({"rank": int(new_sub.rank), "samples": int(new["count"]), "noise_ratio": noise})
+        if noise >= 1.0:  # the expansion did not shrink the residual: nothing to gain
+            rounds[-1]["kept"] = False
+            break
+        grew = new_sub.rank > sub.rank
+        om, sub = new, new_sub
+        if not grew or (width is not None and sub.rank >= width):
+            break
+    return om, sub
 
 
 def _count(stats: Mapping[str, Arrays]) -> int:
@@ -765,6 +878,8 @@ def _finish(units: Units, overcomplete: bool, report: dict, stats: Mapping[str, 
     report["polish"] = chosen.get("polish", {})
     report["summary"] = {"route": report["route"], "orientation": chosen.get("orientation", {}).get("method"),
                          "residual rounds": len(rounds)}
+    if "control_rounds" in report:
+        report["summary"]["control rounds"] = len(report["control_rounds"])
     if min(losses.values()) < FIT_LOSS:
         report["refinement"] = {"skipped": "polish fits the validation samples to the teacher's rounding"}
     elif m == 1:
