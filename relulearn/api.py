@@ -6,6 +6,7 @@ only parses arguments and prints what these return.
 
 from __future__ import annotations
 
+import pickle
 import sys
 import time
 from dataclasses import dataclass
@@ -325,8 +326,14 @@ def _mapper(client: Any) -> Callable:
         return local_map
 
     def cluster_map(fn: Callable, items: Any) -> list:
+        items = list(items)
         try:
-            return [fresh(r) for r in client.gather(client.map(fresh_map(fn), list(items), pure=False))]
+            task: Any = fresh_map(fn)
+            if len(items) > 1 and len(pickle.dumps(task, protocol=pickle.HIGHEST_PROTOCOL)) > SCATTER_BYTES:
+                # a large function (a model of megabytes) goes to each worker once, not inside the task graph
+                task = client.scatter(task, broadcast=True, hash=False)
+                return [fresh(r) for r in client.gather(client.map(_apply, [task] * len(items), items, pure=False))]
+            return [fresh(r) for r in client.gather(client.map(task, items, pure=False))]
         except Exception as err:  # noqa: BLE001 - only a lost scheduler is translated
             if connection_lost(client, err):
                 raise ClusterLostError("lost the connection to the Dask scheduler while learning; the "
@@ -334,6 +341,14 @@ def _mapper(client: Any) -> Callable:
             raise
 
     return cluster_map
+
+
+#: a mapped function whose pickle is larger than this is scattered to the workers once per map
+SCATTER_BYTES = 1_000_000
+
+
+def _apply(fn: Callable, item: Any) -> Any:
+    return fn(item)
 
 
 @dataclass(frozen=True)
