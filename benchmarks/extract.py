@@ -52,6 +52,7 @@ TEACHERS = [
     ("cancer-64", "breast_cancer", 64, 20_000_000, "sklearn"),
     ("torch-wine-24", "wine", 24, 10_000_000, "torch"),
     ("digits-128", "digits", 128, 2**20, "digits"),
+    ("digits-512", "digits", 512, 2**20, "digits"),
 ]
 
 TEST_ROWS = 100_000
@@ -138,7 +139,7 @@ TRAINERS = {"sklearn": trained_teacher, "torch": torch_teacher, "digits": digits
 
 def queries(done: dict[str, Any], outputs: int = 1) -> int:
     """The teacher's answers a fit used: the store's samples, each pass's, and the bounded and streamed ones the
-    learner drew (training and validation samples, residual rounds, refinement passes)."""
+    learner drew (training and validation samples, control and residual rounds, refinement passes)."""
     from relulearn.estimators import tensor
 
     rep = done["report"]
@@ -148,6 +149,7 @@ def queries(done: dict[str, Any], outputs: int = 1) -> int:
     n += int(rep.get("coverage", {}).get("queries", 0))
     n += n_train + n_val
     n += tensor.RESIDUAL_SAMPLES * sum(1 for r in rep.get("residual_rounds", []) if "rank" in r)
+    n += sum(int(r["samples"]) for r in rep.get("control_rounds", []))
     refine = rep.get("refinement", {})
     n += int(refine.get("samples", 0)) * int(refine.get("passes", 0))
     return int(n)
@@ -178,6 +180,7 @@ def run_relulearn(teacher: Network, onnx: Path, samples: int, client: Any, workd
            "validation_relative_loss": rep["validation_relative_loss"],
            "orientation": rep["network"].get("orientation", {}).get("method"),
            "residual_rounds": len(rep.get("residual_rounds", [])),
+           "control_rounds": [r["rank"] for r in rep.get("control_rounds", [])],
            **errors(teacher, Network.load(out), d)}
     shutil.rmtree(store, ignore_errors=True)
     return rec
