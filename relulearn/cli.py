@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from . import __version__
 from .methods import METHODS
 from .storage.errors import RESTORE_HINT, StoreError
 
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"relulearn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -354,15 +356,27 @@ def add_report_option(p: argparse.ArgumentParser) -> None:
                    "folder must exist (checked before any work)")
 
 
-def _check_report_path(path: Optional[str]) -> None:
-    """Refuse, before a long run, a report path whose folder does not exist or that is a folder."""
+def _check_file_path(flag: str, path: Optional[str], example: str) -> None:
+    """Refuse, before a long run, an output file path whose folder does not exist or that is a folder."""
     if path is None:
         return
     p = Path(path)
     if p.is_dir():
-        raise ValueError(f"--report {path} is a folder; give a file path, e.g. {p / 'report.json'}")
+        raise ValueError(f"{flag} {path} is a folder; give a file path, e.g. {p / example}")
     if not p.parent.is_dir():
-        raise ValueError(f"--report {path}: the folder {p.parent} does not exist; create it or choose another path")
+        raise ValueError(f"{flag} {path}: the folder {p.parent} does not exist; create it or choose another path")
+
+
+#: commands whose ``--out`` is a local file written when the work is done, and an example file name
+_FILE_OUT = {"learn": "model.npz", "fit": "model.npz", "exact-arbitrary": "model.npz", "predict": "predictions.npy",
+             "report": "report.html"}
+
+
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """Every file a command writes after its work, checked before the work starts."""
+    _check_file_path("--report", getattr(args, "report", None), "report.json")
+    if args.command in _FILE_OUT:
+        _check_file_path("--out", getattr(args, "out", None), _FILE_OUT[args.command])
 
 
 #: what is safe after Ctrl-C, per command (others write nothing, or only the file they were asked for, whole)
@@ -589,7 +603,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_USER_ERROR
     _load()
     try:
-        _check_report_path(getattr(args, "report", None))
+        _check_output_paths(args)
         if args.command == "estimate":
             result = _cmd_estimate(args)
         elif args.command == "status":

@@ -47,3 +47,27 @@ def test_a_report_path_in_a_missing_folder_is_refused_before_any_work(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"the folder {tmp_path / 'nope'} does not exist" in done.stderr
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_an_out_path_in_a_missing_folder_or_naming_a_folder_is_refused_before_any_work(tmp_path):
+    """`--out` of fit, learn, predict, report and exact-arbitrary is written when the work is done: a missing folder
+    (or a folder given as the file) is refused first, exit code 2, nothing written."""
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(CONFIG))
+    done = cli("fit", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--out",
+               str(tmp_path / "nope" / "m.npz"), "--in-process")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"--out {tmp_path / 'nope' / 'm.npz'}: the folder {tmp_path / 'nope'} does not exist" in done.stderr
+    assert not (tmp_path / "s.zarr").exists()
+    done = cli("learn", str(tmp_path / "s.zarr"), "--method", "tensor", "--out", str(tmp_path))
+    assert done.returncode == 2 and f"--out {tmp_path} is a folder; give a file path" in done.stderr, done.stderr
+    for command in (["predict", "m.npz", "--input", "x.npy"], ["report", str(tmp_path / "s.zarr")],
+                    ["exact-arbitrary", "x.npy", "a.npy", "--width", "2"]):
+        done = cli(*command, "--out", str(tmp_path / "nope" / "f"))
+        assert done.returncode == 2 and "does not exist; create it" in done.stderr, (command, done.stderr)
+
+
+def test_version():
+    from relulearn import __version__
+
+    done = cli("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"relulearn {__version__}"
