@@ -679,6 +679,15 @@ def _format_errors(err: ValidationError, where: str, data: Any = None) -> str:
             lines.append(f"unknown key '{key}'{hint}")
         elif e["type"] == "missing":
             lines.append(f"missing required key '{key}'")
+        elif e["type"] == "literal_error" and loc[-2:] == ("teacher", "kind"):
+            kinds = [k for k in (_kind_of(c) for c in TeacherConfig.__args__) if k]
+            close = difflib.get_close_matches(str(e.get("input")), kinds, n=1, cutoff=0.5)
+            line = (f"'{key}': unknown teacher kind {e.get('input')!r}" + (f" — did you mean '{close[0]}'?" if close
+                                                                            else "")
+                    + f" (kinds: {', '.join(kinds)}; or a network from a file, an ONNX model or a Python callable: "
+                    "the keys file, onnx or callable instead of kind)")
+            if line not in lines:  # one line for all members of the union
+                lines.append(line)
         elif e["type"] in ("model_type", "dict_type"):
             line = f"'{key}' must be a mapping of keys (got {e.get('input')!r})"
             if line not in lines:  # one line for all members of a union

@@ -179,6 +179,10 @@ WRONG_VALUES = [  # (changes, needles)
     ({"source": None}, ["missing required key 'source'"]),
     ({"statistics.filtered": {"quantiles": [0.5], "thresholds": [1.0]}},
      ["'statistics.filtered'", "exactly one of `quantiles`"]),
+    ({"source.teacher": {"kind": "mlp", "width": 3}},
+     ["'source.teacher.kind': unknown teacher kind 'mlp'", "kinds: one_hidden_relu, deep_relu, two_layer, "
+      "random_xavier", "file, onnx or callable"]),
+    ({"source.teacher": {"kind": "deep_rel"}}, ["unknown teacher kind 'deep_rel' — did you mean 'deep_relu'?"]),
 ]
 
 
