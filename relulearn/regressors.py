@@ -125,8 +125,10 @@ class _Regressor(RegressorMixin, BaseEstimator):
                                  out=str(work / "model.npz"), **self._method_options())
                 self.model_ = load_model(work / "model.npz")
             except NoSignalError as err:  # nothing above the noise floor: the mean is all these rows support
-                warnings.warn(f"{type(self).__name__}: {err}; the model is the constant mean(y) (n_samples = {n:,})",
-                              UserWarning, stacklevel=3)
+                # the error speaks to command-line users (`relulearn estimate ... --samples N`); here the fix is rows
+                why = str(err).split("; estimate with more samples")[0]
+                warnings.warn(f"{type(self).__name__}: {why}; the model is the constant mean(y) (n_samples = {n:,}: "
+                              "fit on more rows to learn the network)", UserWarning, stacklevel=3)
                 result = {"report": {"unresolved": str(err)}, "samples": cfg.samples, "kind": "network", "width": 0}
                 self.model_ = Network((np.zeros((0, d)), np.zeros((1, 0))), (np.zeros(0), np.array([float(np.mean(y))])))
         self.report_ = result["report"]

@@ -101,3 +101,14 @@ def test_the_tensor_regressor_keeps_the_conventions_and_learns_a_network_wider_t
     fitted = R.TensorRegressor(width=8).fit(x, y)
     assert fitted.width_ == 8 and fitted.report_["route"] == "lifted"
     assert np.max(np.abs(fitted.predict(x[:2000]) - y[:2000])) <= 1e-9 * np.max(np.abs(y))
+
+
+def test_too_few_rows_warn_in_scikit_learn_terms():
+    """Rows of pure noise: the warning says the model is the mean and to fit on more rows, not to run a command of
+    the command line."""
+    from relulearn import MomentsRegressor
+
+    rng = np.random.default_rng(0)
+    with pytest.warns(UserWarning, match=r"constant mean\(y\) \(n_samples = 50: fit on more rows") as got:
+        MomentsRegressor().fit(rng.standard_normal((50, 4)), rng.standard_normal(50))
+    assert not any("relulearn estimate" in str(w.message) for w in got)
