@@ -739,8 +739,8 @@ def _from_outputs(stats: Mapping[str, Arrays], width: Optional[int], seed: int, 
         raise _too_few(sub, width, n)  # beyond what the rounds can lift: refused before they run
     if rounds_first or (width is not None and sub.rank < width):
         om, sub = _control_rounds(om, sub, width, samples, mapper, report["control_rounds"])
-    units, report["decomposition"] = _decompose(_outputs_slices(om).matrices, _outputs_slices(om), sub.basis,
-                                                seed, d, len(om["T1"]))
+    sl = _outputs_slices(om)
+    units, report["decomposition"] = _decompose(sl.matrices, sl, sub.basis, seed, d, len(om["T1"]))
     if report["decomposition"]["misfit"] > MISFIT_MAX and not report["control_rounds"] and samples is not None:
         report["first_decomposition"] = {"rank": int(sub.rank), "misfit": report["decomposition"]["misfit"]}
         om, sub = _control_rounds(om, sub, width, samples, mapper, report["control_rounds"])
