@@ -528,13 +528,14 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
     # move into the output bias
     c = c + a[:, got.flip] @ b[got.flip]
     oriented = Network((sign[:, None] * u, a.copy()), (sign * b, c), activation="relu")
-    if not np.any(got.flip) and prep.relative_residual ** 2 <= FIT_LOSS:
-        # an exact fit with nothing to flip: the affine part fitted only the labels' rounding (T_1 oriented every
-        # unit) and the network without it fits as well; a second polish would spend its steps finding no descent
+    if prep.relative_residual ** 2 <= FIT_LOSS:
+        # an exact fit: when the oriented network (the flipped units' linear parts standing for the affine term)
+        # fits as well, the affine part held only the labels' rounding, and a second polish would spend its steps
+        # (at d = 784, k = 512: an hour) finding no descent
         fit = float(np.linalg.norm(y - oriented.forward(x)) / (np.linalg.norm(y) or 1.0))
         if fit <= 2.0 * max(prep.relative_residual, 1e-15):
             report["polish"] = {**report["affine_polish"], "relative_residual": fit,
-                                "skipped": "no unit to flip and the affine part only fitted the rounding"}
+                                "skipped": "the oriented network fits as well as the polish with its affine part"}
             return oriented, report
     try:
         net, prep = polish(oriented, x, y[:, 0]) if single else polish_outputs(oriented, x, y)
