@@ -25,7 +25,7 @@ from .pipeline.sources import data_of
 from .pipeline.run import estimate as _estimate
 from .storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
 
-__all__ = ["estimate", "status", "verify", "merge", "open_store", "learn", "fit", "evaluate", "predict",
+__all__ = ["estimate", "plan", "status", "verify", "merge", "open_store", "learn", "fit", "evaluate", "predict",
            "exact_arbitrary"]
 
 
@@ -69,8 +69,14 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
     StoreDamagedError
         When the store is damaged (its root metadata before any cluster starts; a chunk or metadata
         document of the committed generation when the run opens it), naming what; nothing is modified.
+    TooLongError
+        When ``run.max_hours`` is set and the run is projected to take longer (:mod:`relulearn.runplan`).
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    if cfg.run.max_hours is not None:  # projected before any work (the projection is skipped without a limit)
+        from .runplan import plan_run
+
+        plan_run(cfg, None, samples=samples, workers=_planned_workers(client, workers))
     # before a cluster starts: a refusal is immediate
     with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
         kw = dict(samples=samples, progress=progress, commit_interval=commit_interval, on_start=on_start,
@@ -546,12 +552,15 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         samples: Optional[int] = None,
         workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
         progress: Optional[TextIO] = sys.stderr, break_lock: bool = False,
-        dashboard: Optional[str] = None) -> dict[str, Any]:
+        dashboard: Optional[str] = None, dry_run: bool = False) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
-    A configuration without a ``statistics`` section gets the method's own choice. The
-    options are those of :func:`learn` and :func:`estimate`; the store's lease is taken before
-    a cluster starts and held until the learn ends.
+    A configuration without a ``statistics`` section gets the method's own statistics, in the form
+    projected fastest under ``run.worker_memory`` (:func:`relulearn.runplan.plan_run`); the plan's
+    one-line summary is printed to ``progress`` before the work, and a run projected past
+    ``run.max_hours`` is refused. ``dry_run`` returns the plan (``plan``, and ``plan_lines`` to print)
+    without any work. The other options are those of :func:`learn` and :func:`estimate`; the store's
+    lease is taken before a cluster starts and held until the learn ends.
     """
     options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
                        exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
@@ -559,28 +568,30 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     setting = _setting_source(cfg)
     _check_setting(method, setting, options)  # before anything is written
-    plan = None
+    run_plan = _plan_fit(cfg, method, setting, width, options, samples, _planned_workers(client, workers))
+    memory = None
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
 
         mod = _method(method)
-        extra = {k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())}
-        extra.update({k: getattr(setting, k, None) for k in getattr(mod, "SOURCE_OPTIONS", ())})
-        if hasattr(mod, "DENSE_FAMILIES"):  # dense or sketched families, from the per-worker budget
+        if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
             from .pipeline.plan import plan_families
 
-            plan = plan_families(cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width),
-                                 cfg.run.worker_memory, k=width)
-            extra["sketched"] = bool(plan["sketched"])
-        stats = mod.required_statistics(cfg.source.d, width, **extra)
-        cfg = config_from_dict(dict(cfg.to_dict(), statistics=stats), base_dir=cfg.base_dir)
+            memory = plan_families(cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width),
+                                   cfg.run.worker_memory, k=width)
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
+    if dry_run:
+        return {"method": method, "dry_run": True, "plan": run_plan.to_dict(), "plan_lines": run_plan.lines()}
+    if progress is not None:
+        print(run_plan.summary(), file=progress)
 
     def run(c: Any, lease: Any) -> dict[str, Any]:
         summary = _estimate(cfg, store, samples=samples, client=c, progress=progress, lease=lease)
         result = _learn_with(c, store, method, options, out, progress, break_lock)
         result["estimate"] = summary.to_dict()
-        if plan is not None:
-            result["statistics_plan"] = plan
+        result["plan"] = run_plan.to_dict()
+        if memory is not None:
+            result["statistics_plan"] = memory
         return result
 
     with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
@@ -591,6 +602,52 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
             return run(client, lease)
         with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
             return run(c, lease)
+
+
+def _planned_workers(client: Any, workers: Optional[int]) -> int:
+    """Workers a run will have: 1 in process, a client's current workers, else the local cluster's."""
+    import os
+
+    if client == "local":
+        return 1
+    if client is not None:
+        return max(1, len(client.scheduler_info().get("workers", {})))
+    return int(workers or os.cpu_count() or 1)
+
+
+def _plan_fit(cfg: RunConfig, method: str, setting: Any, width: Optional[int], options: dict[str, Any],
+              samples: Optional[int], workers: int) -> Any:
+    """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options."""
+    from .runplan import plan_run
+
+    mod = _method(method)
+    extra = {k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())}
+    extra.update({k: getattr(setting, k, None) for k in getattr(mod, "SOURCE_OPTIONS", ())})
+    return plan_run(cfg, method, width=width, samples=samples, workers=workers, extra=extra,
+                    outputs=getattr(setting, "outputs", None))
+
+
+def plan(config: str | Path | RunConfig, method: Optional[str] = None, *, samples: Optional[int] = None,
+         width: Optional[int] = None, workers: Optional[int] = None, **method_options: Any) -> dict[str, Any]:
+    """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (no method) for a configuration,
+    without any work: each pass, each family's form, flops and bytes per sample, projected wall time on
+    ``workers`` (default: one per core) and memory per worker and on the driver.
+
+    Returns the plan as a dict (:meth:`relulearn.runplan.RunPlan.to_dict`: ``projected_seconds`` for the whole
+    command, one per pass) with ``lines``, the plan as a person reads it.
+    """
+    from .runplan import plan_run
+
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    n_workers = _planned_workers(None, workers)
+    if method is None:
+        got = plan_run(cfg, None, samples=samples, workers=n_workers)
+    else:
+        options = _options(method, width=width, **method_options)
+        setting = _setting_source(cfg)
+        _check_setting(method, setting, options)
+        got = _plan_fit(cfg, method, setting, width, options, samples, n_workers)
+    return dict(got.to_dict(), lines=got.lines())
 
 
 def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int = 200_000) -> dict[str, Any]:

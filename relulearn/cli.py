@@ -70,6 +70,7 @@ examples:
   relulearn status run.zarr --json
   relulearn verify run.zarr                                      # check every chunk's checksum
   relulearn merge a.zarr b.zarr --out ab.zarr
+  relulearn plan examples/small.yaml --method moments            # passes, forms, projected time
 """
 
 
@@ -264,8 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--no-residual", dest="residual", action="store_false", default=None,
                        help="polynomial: use the stored T_3..T_L as they are instead of re-estimating them on "
                        "residual labels in one more pass (half the estimation work, more variance)")
-        q.add_argument("--out", required=True, help="where to write the learned model (.npz: a network, or a "
-                       "polynomial model for --method polynomial)")
+        q.add_argument("--out", help="where to write the learned model (.npz: a network, or a polynomial model for "
+                       "--method polynomial); required but with fit --dry-run")
         add_cluster_options(q)
         q.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP + "; learn: on the stores of the "
                        "extra passes it writes (learn only reads STORE), fit: on STORE and those")
@@ -290,7 +291,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="run configuration (YAML)")
     p.add_argument("--store", required=True, help="store location")
     p.add_argument("--samples", type=_positive, help="total samples (default: the config's `samples`)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (as `relulearn plan CONFIG --method M` does) and stop: nothing is written")
     add_learn_options(p)
+
+    p = sub.add_parser("plan", help="the plan of a run before any work: passes, forms, projected time and memory",
+                       description="Show what `relulearn fit CONFIG --method M` (or `relulearn estimate CONFIG`, "
+                       "without --method) would do, before any work: each pass, each statistic family with its form "
+                       "(dense, or sketched with its rank), flops and bytes per sample, the projected wall time on "
+                       "this machine and the memory per worker and on the driver, and where the time goes "
+                       "(generation, teacher, update, merge, commit, pilot). The projection prices each family's "
+                       "work by rates measured once on this machine (a few products, normals and a write: about "
+                       "two seconds, cached in ~/.cache/relulearn or $RELULEARN_CACHE); a black-box teacher or a "
+                       "data file is timed on one batch. The learning after the passes is not projected.")
+    p.add_argument("config", help="run configuration (YAML)")
+    p.add_argument("--method", choices=list(METHODS),
+                   help="plan `fit` with this method: a configuration without a `statistics` section gets the "
+                   "method's statistics, dense or sketched, whichever is projected faster within "
+                   "run.worker_memory (default: plan `estimate` of the configured statistics)")
+    p.add_argument("--samples", type=_positive, help="samples per pass (default: the config's `samples`)")
+    p.add_argument("--width", type=_positive, help="hidden units wanted (as for fit; the sketch's rank grows with it)")
+    p.add_argument("--workers", type=_positive, help="workers of the cluster (default: one per core, as a local "
+                   "cluster starts)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (projected_seconds for the whole "
+                   "command and for each pass)")
 
     p = sub.add_parser("exact-arbitrary", help="recover a two-layer rectified net exactly from arbitrary inputs",
                        description="Recover A = U f(V X) exactly from samples with arbitrary (non-Gaussian) inputs X, "
@@ -375,6 +399,9 @@ _FILE_OUT = {"learn": "model.npz", "fit": "model.npz", "exact-arbitrary": "model
 def _check_output_paths(args: argparse.Namespace) -> None:
     """Every file a command writes after its work, checked before the work starts."""
     _check_file_path("--report", getattr(args, "report", None), "report.json")
+    if args.command in ("learn", "fit") and not getattr(args, "dry_run", False) and not args.out:
+        raise ConfigError(f"relulearn {args.command} needs --out FILE: where to write the learned model (.npz)"
+                          + (" (or --dry-run to see the plan only)" if args.command == "fit" else ""))
     if args.command in _FILE_OUT:
         _check_file_path("--out", getattr(args, "out", None), _FILE_OUT[args.command])
 
@@ -636,7 +663,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                **_method_kwargs(args), **_cluster_kwargs(args))
         elif args.command == "fit":
             result = api.fit(args.config, args.store, args.method, out=args.out, samples=args.samples,
-                             break_lock=args.break_lock, **_method_kwargs(args), **_cluster_kwargs(args))
+                             break_lock=args.break_lock, dry_run=args.dry_run, **_method_kwargs(args),
+                             **_cluster_kwargs(args))
+            if args.dry_run:
+                if args.json:
+                    print(json.dumps(result["plan"], indent=2))
+                else:
+                    print("\n".join(result["plan_lines"]))
+                return 0
+        elif args.command == "plan":
+            result = api.plan(args.config, args.method, samples=args.samples, width=args.width,
+                              workers=args.workers)
+            if args.json:
+                print(json.dumps({k: v for k, v in result.items() if k != "lines"}, indent=2))
+            else:
+                print("\n".join(result["lines"]))
+            return 0
         elif args.command == "exact-arbitrary":
             result = api.exact_arbitrary(args.inputs, args.labels, args.width, activation=args.activation,
                                          out=args.out)

@@ -566,6 +566,10 @@ class RunOptions(_Section):
         "a worker; a run needing more is refused before any work, with the bytes needed, and `fit` sketches the "
         "d × d families to fit it (default 4 GiB)"
     )
+    max_hours: Optional[float] = Field(
+        None, gt=0, description="refuse a run (estimate, fit) projected to take longer than this many hours, before "
+        "any work, with the plan and the sample count that would fit (`relulearn plan` shows the projection)"
+    )
     dashboard: Optional[str] = Field(
         None, pattern=r"^\S*:\d{1,5}$", description="HOST:PORT where a local cluster's Dask dashboard listens "
         "(default 127.0.0.1:0: this machine only, any free port); 0.0.0.0:8787 exposes it on every interface, "

@@ -118,6 +118,7 @@ def test_moments_at_large_d_enumerates_projected_parts_and_refines_on_the_stream
     from relulearn.estimators import moments
 
     monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
+    monkeypatch.setattr(moments, "CG_POLISH_BYTES", 0)
     data = {"seed": 3, "samples": 200_000, "chunk_size": 25_000,
             "source": {"d": 24, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 5}},
             "run": {"commit_interval": 1e9}}
@@ -126,6 +127,31 @@ def test_moments_at_large_d_enumerates_projected_parts_and_refines_on_the_stream
                   progress=None)
     assert "skipped" in res["report"]["polish"] and res["report"]["chosen"] == "refined"
     assert res["report"]["refinement"]["samples"] == 200_000
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
+    assert ev["parameter_error"] <= 1e-12, ev
+
+
+def test_moments_at_large_d_polishes_matrix_free_where_its_bounded_sample_fits(client, tmp_path, monkeypatch):
+    """The large-d path with a bounded sample of 8 rows per unknown that fits: enumeration on projected parts,
+    then the matrix-free Gauss–Newton polish, exact on the validation samples (no streamed refinement), forced
+    at d = 40."""
+    import yaml
+
+    from relulearn import api
+    from relulearn.config import config_from_dict
+    from relulearn.estimators import moments
+
+    monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
+    data = {"seed": 4, "samples": 200_000, "chunk_size": 25_000,
+            "source": {"d": 40, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 6}},
+            "run": {"commit_interval": 1e9}}
+    out = str(tmp_path / "m.npz")
+    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=3, out=out, client=client,
+                  progress=None)
+    rep = res["report"]
+    assert rep["chosen"] == "polish" and rep["polish"]["cg_iterations"], rep["polish"]
+    assert rep["refinement"] == {"skipped": "polish is exact on the validation samples"}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
     assert ev["parameter_error"] <= 1e-12, ev

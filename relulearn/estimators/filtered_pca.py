@@ -92,6 +92,14 @@ def sketch_rank(d: int, width: Optional[int]) -> int:
     return int(min(d, max(32, (width or 0) + SKETCH_OVERSAMPLING)))
 
 
+def sketch_passes(d: int, width: Optional[int]) -> list[tuple[str, dict, bool]]:
+    """The subspace passes the sketched route adds before any residual round, for planning
+    (:mod:`relulearn.runplan`): ``(name, statistics, optional)`` with the shapes the passes will have."""
+    stats = {"basic": None, "sketch": {"basis": [[0.0]] * sketch_rank(d, width),
+                                       "filtered": {"thresholds": [0.0] * len(QUANTILES)}}}
+    return [(f"subspace-{i + 1}", stats, i >= SKETCH_PASSES[0]) for i in range(SKETCH_PASSES[1])]
+
+
 def sample_sizes(d: int, depth: int, width: int) -> tuple[int, int]:
     """Training and validation samples: enough for a low-dimensional fit, and for polish's
     ``width·d`` unknowns when the network has one hidden layer."""

@@ -55,6 +55,13 @@ VACUOUS_ANGLE = 1.0
 #: refinement fits the network on all samples
 LARGE_INPUT_BYTES = 2 * 2**30
 
+#: at large d, a bounded sample of ``CG_ROWS_PER_UNKNOWN`` rows per unknown (``p = k(d + 2) + 1``) whose inputs fit
+#: ``CG_POLISH_BYTES`` is drawn for the matrix-free polish (:mod:`.polish_cg`: ``4·n·d·k`` flops per
+#: conjugate-gradient iteration, no k·d-column design): at d = 3000, k = 4 2.3 GB and seconds, where the streamed
+#: refinement would regenerate every sample of the store per pass, dozens of passes
+CG_ROWS_PER_UNKNOWN = 8
+CG_POLISH_BYTES = 3 * 2**30
+
 
 def required_statistics(d: int, width: Optional[int] = None, sketched: bool = False) -> dict:
     """The ``statistics`` config section the first pass needs: the dense ``basic`` and ``contracted``
@@ -69,6 +76,16 @@ def required_statistics(d: int, width: Optional[int] = None, sketched: bool = Fa
 def sketch_rank(d: int, width: Optional[int]) -> int:
     """Columns of the sketch: 32, or more when ``width`` needs them (``k + 8``), at most d."""
     return int(min(d, max(32, (width or 0) + SKETCH_OVERSAMPLING)))
+
+
+def sketch_passes(d: int, width: Optional[int]) -> list[tuple[str, dict, bool]]:
+    """The passes the sketched route adds, for planning (:mod:`relulearn.runplan`): ``(name, statistics,
+    optional)`` with the shapes the subspace passes will have (basis rows of the sketch's rank, the expansion's
+    ``T_2`` of rank ``width``: the values are placeholders)."""
+    r, k = sketch_rank(d, width), width or 4
+    stats = {"basic": None, "sketch": {"basis": [[0.0]] * r,
+                                       "second": {"expansion": {"t2_vectors": [[0.0]] * k, "t2_values": [0.0] * k}}}}
+    return [(f"subspace-{i + 1}", stats, i >= SKETCH_PASSES[0]) for i in range(SKETCH_PASSES[1])]
 
 
 def sample_sizes(d: int, width: int) -> tuple[int, int]:
@@ -211,9 +228,11 @@ def _enumerate(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarra
 
 def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mapper: Callable, seed: int,
                  budget: int, report: dict) -> tuple[Network, list]:
-    """Large d: enumeration on projected samples of the subspace's dimension, then the streamed
-    refinement from its lift (no bounded sample of the input dimension is ever formed); returns the
-    network and the enumeration's merged units."""
+    """Large d: enumeration on projected samples of the subspace's dimension, then the matrix-free polish on a
+    bounded sample of 8 rows per unknown where its inputs fit :data:`CG_POLISH_BYTES` (then the streamed
+    refinement only if the polish is not exact on the validation samples), else the streamed refinement from
+    the lift (no bounded sample of the input dimension is formed); returns the network and the enumeration's
+    merged units."""
     r = basis.shape[1]
     n_train, n_val = sample_sizes(r, wanted)
     z, y, nxt = projected_sample(samples, basis, n_train, 2, mapper)
@@ -222,13 +241,42 @@ def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mappe
     report["enumeration"] = enum.to_dict()
     a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
     start = Network((a @ basis.T, lam[None, :]), activation="relu")
-    report["polish"] = {"skipped": f"d = {basis.shape[0]}: a bounded sample of k·d unknowns does not fit; the "
-                                   "streamed refinement fits the network on all samples instead"}
+    d = basis.shape[0]
+    p = wanted * (d + 2) + 1  # the matrix-free polish's unknowns: rows, offsets, output weights and bias
+    n_pol, n_val = max(20_000, CG_ROWS_PER_UNKNOWN * p), max(10_000, p)
+    if (n_pol + n_val) * d * 8 <= CG_POLISH_BYTES:
+        smp = samples(n_pol, n_val)
+        _, net = _polish_matrix_free(start, smp, report)
+        return refine_unless_exact(net, samples, total, smp, mapper, report), enum.merged
+    report["polish"] = {"skipped": f"d = {d}: a bounded sample of {n_pol:,} inputs for the k·d unknowns does not "
+                                   f"fit {CG_POLISH_BYTES / 2**30:.0f} GiB; the streamed refinement fits the network "
+                                   "on all samples instead"}
     net, rep = refine_streamed(start, samples, total, mapper=mapper, first_part=nxt)
     rep["kept"] = True
     report["refinement"] = rep
     report["chosen"] = "refined"
     return net, enum.merged
+
+
+def _polish_matrix_free(start: Network, smp: Samples, report: dict) -> tuple[str, Network]:
+    """``start`` and its matrix-free Gauss–Newton polish (:func:`.polish_cg.polish_outputs_cg`: no k·d-column
+    design is formed), whichever has the lower validation loss; recorded as :func:`.polish.polish_and_select`
+    records the dense polish. The polish fits hidden offsets and an output bias too (zero for a bias-free
+    teacher, to the labels' rounding)."""
+    from .polish_cg import polish_outputs_cg
+
+    candidates = {"enumeration": start}
+    try:
+        polished, prep = polish_outputs_cg(start, smp.x_train, smp.y_train)
+        candidates["polish"] = polished
+        report["polish"] = {k: v for k, v in prep.__dict__.items() if k != "linear"}
+    except (ValueError, np.linalg.LinAlgError) as err:
+        report["polish"] = {"error": str(err)}
+    y2 = float(np.mean(smp.y_val ** 2)) or 1.0
+    losses = {k: float(np.mean((smp.y_val - n.forward(smp.x_val)[:, 0]) ** 2) / y2) for k, n in candidates.items()}
+    best = min(losses, key=losses.get)
+    report["validation_relative_loss"], report["chosen"] = losses, best
+    return best, candidates[best]
 
 
 def _control(sketch: Arrays, step: Optional[subspace.RitzStep] = None) -> dict[str, Any]:

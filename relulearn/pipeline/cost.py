@@ -1,0 +1,475 @@
+"""The cost model of an accumulation pass: the work each statistic family does per sample, in each of its forms,
+priced by rates measured on this machine.
+
+Pure functions of a configuration and a :class:`Rates` (no Dask, no store): :mod:`.projection` assembles them
+into the passes of a run, and the planner compares forms by their projected time. Work is counted as
+
+* BLAS-3 flops, each product with its *size* (the smallest of its dimensions other than the rows: d for a d × d
+  Gram, r for the skinny ``X Ω``); one BLAS thread reaches ``peak · s / (s + half)`` flop/s on products of size s
+  (:meth:`Rates.blas`: small products run far below peak);
+* bytes of memory-bound numpy work (weights, gathers, the chunk's own accumulator added and squared);
+* Gaussian numbers drawn (the inputs, and the noise).
+
+A teacher known to relulearn (a planted network) has its forward pass counted; a black box (ONNX, a callable,
+a data file) is timed on a probe batch by :func:`probe_source_seconds`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import numpy as np
+
+__all__ = ["Work", "Rates", "calibrate", "family_work", "statistics_work", "teacher_work", "sums_entries",
+           "CALIBRATION_VERSION"]
+
+_F = 8  # bytes of a float64
+
+#: bumped when what :func:`calibrate` measures changes: older cached rates are measured again
+CALIBRATION_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Work:
+    """Work per sample: BLAS-3 flops by product size, memory-bound bytes, Gaussian numbers drawn."""
+
+    gemm: tuple[tuple[float, int], ...] = ()
+    stream: float = 0.0
+    normals: float = 0.0
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.gemm + other.gemm, self.stream + other.stream, self.normals + other.normals)
+
+    def scaled(self, c: float) -> "Work":
+        """The work of ``c`` copies (``c`` outputs computed one after the other)."""
+        return Work(tuple((f * c, s) for f, s in self.gemm), self.stream * c, self.normals * c)
+
+    @property
+    def flops(self) -> float:
+        return float(sum(f for f, _ in self.gemm))
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What one core of this machine does per second, as :func:`calibrate` measured it.
+
+    ``peak`` flop/s of one BLAS thread on large products, reached at half by products of size ``half``;
+    ``memory`` bytes/s of elementwise numpy work; ``normals`` Gaussian numbers/s of the sample streams (SFC64);
+    ``disk`` bytes/s of a commit (compressed zarr chunks written and synced); ``task`` seconds of a Dask task's
+    round trip (scheduling, pickling a small result); ``setup`` seconds a pass spends whatever its size (the
+    store's lease, metadata and statistics set up, its commits' fixed part: a tiny run measured end to end)."""
+
+    peak: float
+    half: float
+    memory: float
+    normals: float
+    disk: float
+    task: float = 0.01
+    setup: float = 0.5
+    machine: str = ""
+    measured: str = ""
+
+    def blas(self, size: int) -> float:
+        """flop/s of one BLAS thread on products of ``size``."""
+        s = max(1.0, float(size))
+        return self.peak * s / (s + self.half)
+
+    def seconds(self, work: Work) -> float:
+        """Seconds of one core for ``work``."""
+        return (sum(f / self.blas(s) for f, s in work.gemm) + work.stream / self.memory
+                + work.normals / self.normals)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------------------- families
+
+
+def _syrk(d: int) -> tuple[float, int]:
+    """A Gram ``Xᵀ X`` (or two signed ones, rows of positive and of negative weight): d(d + 1) flops per sample."""
+    return (float(d) * (d + 1), d)
+
+
+def _gram_work(d: int, matrices: int, *, weighted: bool = True) -> Work:
+    """``matrices`` d × d sums of ``w x xᵀ``: a syrk each above d = 64, one GEMM per row batch for all below it
+    (2 d² flops each), the rows gathered or weighted once per matrix."""
+    from ..hermite import _SYRK_MIN_D
+
+    if d >= _SYRK_MIN_D:
+        flops = (matrices * float(d) * (d + 1), d)
+    else:
+        flops = (2.0 * matrices * d * d, min(d, matrices * d))
+    return Work((flops,), stream=(2 if weighted else 1) * _F * d * matrices)
+
+
+def _section(cfg: Any, name: str) -> Any:
+    return cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
+
+
+def _count(directions: Any) -> int:
+    return directions if isinstance(directions, int) else len(directions)
+
+
+def family_work(name: str, section: Any, d: int, outputs: Optional[int] = None) -> Work:
+    """The work per sample of one configured statistic family (``section``: its config section, a mapping or
+    the pydantic model) at input dimension ``d``, for a source of ``outputs`` outputs (None: a scalar label).
+
+    Families computed once per output (all but ``output_moments`` and the label-free part of ``basic``) count
+    ``outputs`` times."""
+    m = int(outputs or 1)
+    if name == "basic":
+        return Work((_syrk(d),), stream=_F * 3 * d * m)
+    if name == "output_moments":
+        return _gram_work(d, m) + Work(((2.0 * m * d, m),), stream=_F * 2 * d)
+    if name == "hermite":
+        from ..hermite import raw_moment_flops
+
+        order = int(_section(section, "max_order") or 4)
+        return Work(((float(raw_moment_flops(d, order)), d),), stream=_F * 2 * math.comb(d + order // 2, order // 2)
+                    ).scaled(m)
+    if name == "contracted":
+        g = _count(_section(section, "directions") or 8)
+        pairs = len(_section(section, "orders") or [2, 4]) * g
+        # the Grams, the directions' projections x·g, the vectors Σ w_b x (one GEMM for all pairs)
+        return (_gram_work(d, pairs) + Work(((2.0 * d * g, g), (2.0 * d * pairs, pairs)), stream=_F * 4 * d)
+                ).scaled(m)
+    if name == "filtered":
+        return _gram_work(d, 1).scaled(m)  # each row into one τ bin: one d² product per row
+    if name == "residual":
+        c = len(_section(section, "candidates") or [1])
+        s = len(_section(section, "basis") or [[0]])
+        return (_gram_work(d, c) + Work(((2.0 * d * s, s), (2.0 * d * s, d)))).scaled(m)
+    if name == "projected_hermite":
+        from ..hermite import raw_moment_flops
+
+        s = len(_section(section, "basis") or [[0]])
+        order = int(_section(section, "max_order") or 4)
+        return (Work(((2.0 * d * s, s), (float(raw_moment_flops(s, order)), s)))).scaled(m)
+    if name == "sketch":
+        return _sketch_work(section, d).scaled(m)
+    raise ValueError(f"no cost model for the statistic family {name!r}")
+
+
+def _sketch_work(section: Any, d: int) -> Work:
+    """``X Ω`` once, then per sketched family one skinny product ``Xᵀ [w ⊙ Z]`` (2 d r flops per sample and
+    matrix; the contracted pairs in one GEMM of P r columns)."""
+    basis = _section(section, "basis")
+    from ..config import SKETCH_DEFAULT_RANK
+
+    r = len(basis) if basis is not None else int(_section(section, "rank") or SKETCH_DEFAULT_RANK)
+    products: list[tuple[float, int]] = [(2.0 * d * r, r)]
+    stream = _F * 2 * d
+    second = _section(section, "second")
+    if second is not None:
+        products.append((2.0 * d * (r + 1), r))
+        expansion = _section(second, "expansion")
+        vectors = _section(expansion, "t2_vectors") if expansion is not None else None
+        if vectors:
+            products.append((2.0 * d * len(vectors), len(vectors)))
+    contracted = _section(section, "contracted")
+    if contracted is not None:
+        g = _count(_section(contracted, "directions") or 8)
+        pairs = len(_section(contracted, "orders") or [2, 4]) * g
+        products += [(2.0 * d * g, g), (2.0 * d * pairs, pairs), (2.0 * d * pairs * r, min(d, pairs * r))]
+        stream += _F * pairs * r
+    if _section(section, "filtered") is not None:
+        products.append((2.0 * d * r, r))
+        stream += _F * d
+    residual = _section(section, "residual")
+    if residual is not None:
+        c = len(_section(residual, "candidates") or [1])
+        s = len(_section(residual, "basis") or [[0]])
+        products += [(2.0 * d * s, s), (2.0 * d * s, d), (2.0 * c * d * r, r)]
+        stream += _F * 2 * d * (c + 1)
+    return Work(tuple(products), stream=stream)
+
+
+def statistics_work(statistics: Any, d: int, outputs: Optional[int] = None) -> dict[str, Work]:
+    """:func:`family_work` of every family a ``statistics`` section (a mapping, or the pydantic model) enables."""
+    if hasattr(statistics, "enabled"):
+        sections = statistics.enabled()
+    else:
+        sections = {k: v for k, v in statistics.items() if v is not None}
+    return {name: family_work(name, sec, d, outputs) for name, sec in sections.items()}
+
+
+def teacher_work(teacher: Any, d: int) -> Optional[Work]:
+    """The forward pass of a teacher relulearn builds (planted networks), per sample; None for a black box
+    (a file, ONNX model or callable: :func:`probe_source_seconds` times it)."""
+    kind = _section(teacher, "kind")
+    if kind == "one_hidden_relu":
+        k = int(_section(teacher, "width") or 1)
+        return Work(((2.0 * d * k, k),), stream=_F * 2 * k)
+    if kind in ("deep_relu", "random_xavier"):
+        dims = [d] + [int(w) for w in _section(teacher, "widths")] + [1]
+        return Work(tuple((2.0 * a * b, min(a, b)) for a, b in zip(dims[:-1], dims[1:])),
+                    stream=_F * 4 * sum(dims[1:]))
+    if kind == "two_layer":
+        k, m = int(_section(teacher, "width")), int(_section(teacher, "outputs"))
+        return Work(((2.0 * d * k, k), (2.0 * k * m, min(k, m))), stream=_F * 4 * (k + m))
+    return None
+
+
+def _grid(section: Any) -> int:
+    return len(_section(section, "quantiles") or _section(section, "thresholds") or [0])
+
+
+def _sketch_entries(sec: Any, d: int) -> tuple[int, int]:
+    """Entries of a sketch's sums and terms (its schemas: :class:`.sketch.SketchMoments`)."""
+    from ..config import SKETCH_DEFAULT_RANK
+
+    basis = _section(sec, "basis")
+    r = len(basis) if basis is not None else int(_section(sec, "rank") or SKETCH_DEFAULT_RANK)
+    bmb = r * r if basis is not None else 0
+    sums = terms = 0
+    if _section(sec, "second") is not None:
+        sums += d * r + d + 2
+        terms += d * r + d + 1 + bmb
+    contracted = _section(sec, "contracted")
+    if contracted is not None:
+        p = len(_section(contracted, "orders") or [2, 4]) * _count(_section(contracted, "directions") or 8)
+        sums += p * (d * r + d + 2)
+        terms += p * (d * r + bmb)
+    filtered = _section(sec, "filtered")
+    if filtered is not None:
+        t = _grid(filtered)
+        sums += t * (d * r + 1)
+        terms += t * (d * r + 1 + bmb)
+    residual = _section(sec, "residual")
+    if residual is not None:
+        ct = len(_section(residual, "candidates") or [0]) * _grid(residual)
+        sums += ct * (d * r + 1)
+        terms += ct * (d * r + 1 + bmb)
+    return sums, terms
+
+
+def sums_entries(statistics: Any, d: int, outputs: Optional[int] = None) -> dict[str, tuple[int, int]]:
+    """``(sums, terms)`` float64 entries of one chunk's accumulator of each family, as their schemas declare them:
+    a block partial holds both (the sums, and the sums of the squared terms); a chunk allocates the sums."""
+    m = int(outputs or 1)
+    out: dict[str, tuple[int, int]] = {}
+    sections = statistics.enabled() if hasattr(statistics, "enabled") else {
+        k: v for k, v in statistics.items() if v is not None}
+    for name, sec in sections.items():
+        if name == "basic":
+            n = d * d + 2 * d + 2
+            out[name] = (n * m, n * m)
+        elif name == "output_moments":  # natively per output
+            n = m * d * d + m * d + m * m + m
+            out[name] = (n, n)
+        elif name in ("hermite", "projected_hermite"):
+            dim = d if name == "hermite" else len(_section(sec, "basis"))
+            order = int(_section(sec, "max_order") or 4)
+            n = sum(math.comb(dim + j - 1, j) for j in range(order + 1))
+            out[name] = (n * m, n * m)
+        elif name == "contracted":
+            pairs = len(_section(sec, "orders") or [2, 4]) * _count(_section(sec, "directions") or 8)
+            n = pairs * (d * d + d + 1)
+            out[name] = (n * m, n * m)
+        elif name in ("filtered", "residual"):
+            c = len(_section(sec, "candidates") or [0]) if name == "residual" else 1
+            n = c * _grid(sec) * (d * d + 1)
+            out[name] = (n * m, n * m)
+        elif name == "sketch":
+            a, b = _sketch_entries(sec, d)
+            out[name] = (a * m, b * m)
+    return out
+
+
+# --------------------------------------------------------------------------------------- calibration
+
+
+def _best_of(fn: Any, repeat: int = 3) -> float:
+    """The fastest of ``repeat`` timed calls (the machine is shared: the fastest is the least disturbed)."""
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def _measure() -> dict[str, float]:
+    """The measurements behind :class:`Rates`, on one BLAS thread: Grams of 2048 rows at sizes 32–1024 (their
+    flop rates fit ``1/rate = 1/peak + half/(peak·size)``), elementwise work on 64 MB, SFC64 normals, and a
+    compressed 16 MB write synced to disk, a tiny pass end to end. About three seconds."""
+    import tempfile
+
+    from threadpoolctl import threadpool_limits
+
+    from .sources import Stream, generator
+
+    gen = generator(0, Stream.PILOT, 99)
+    with threadpool_limits(limits=1, user_api="blas"):
+        sizes, inv = [], []
+        for s in (32, 128, 512, 1024):
+            x = gen.standard_normal((2048, s))
+            sec = _best_of(lambda: x.T @ x)
+            sizes.append(s)
+            inv.append(sec / (2048.0 * s * (s + 1)))
+        # least squares of 1/rate = a + b/size
+        a_mat = np.column_stack([np.ones(len(sizes)), 1.0 / np.asarray(sizes, dtype=float)])
+        a, b = np.linalg.lstsq(a_mat, np.asarray(inv), rcond=None)[0]
+        a = max(a, min(inv) / 4)
+        peak, half = 1.0 / a, max(b / a, 0.0)
+    big = np.ones(2**23)  # 64 MB: past the caches, as a chunk's accumulator is
+    other = np.ones(2**23)
+    memory = 3 * big.nbytes / _best_of(lambda: np.multiply(big, other, out=big))
+    draws = 2**20
+    normals = draws / _best_of(lambda: gen.standard_normal(draws), repeat=5)
+    disk = _disk_rate(tempfile.gettempdir())
+    return {"peak": float(peak), "half": float(half), "memory": float(memory), "normals": float(normals),
+            "disk": float(disk), "setup": _setup_seconds()}
+
+
+def _setup_seconds() -> float:
+    """Seconds of a tiny pass (d = 4, two chunks of 500 samples, ``basic``) in process, end to end: what every
+    pass costs beyond its samples (the second of two runs: imports and first calls excluded)."""
+    import tempfile
+
+    from ..config import config_from_dict
+    from .run import estimate
+
+    cfg = config_from_dict({"seed": 0, "samples": 1000, "chunk_size": 500, "source": {"d": 4}})
+    best = math.inf
+    with tempfile.TemporaryDirectory(prefix="relulearn-calibrate-") as tmp:
+        for i in range(2):
+            t0 = time.perf_counter()
+            estimate(cfg, os.path.join(tmp, f"s{i}.zarr"), progress=None)
+            best = min(best, time.perf_counter() - t0) if i else best
+    return float(best)
+
+
+def _disk_rate(folder: str) -> float:
+    """Bytes/s of writing and syncing 16 MB of float64 noise-free numbers (a commit's compressed zarr chunks are
+    of this kind) in ``folder``."""
+    import tempfile
+
+    data = np.cumsum(np.ones(2**21)).tobytes()
+    with tempfile.NamedTemporaryFile(dir=folder) as fh:
+        def write() -> None:
+            fh.seek(0)
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return len(data) / _best_of(write, repeat=2)
+
+
+def _cache_path(key: str) -> Path:
+    base = os.environ.get("RELULEARN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "relulearn")
+    return Path(base) / f"rates-{key}.json"
+
+
+def _blas_build() -> str:
+    """numpy's own BLAS build (the one the updates run on; scipy may load another, whatever was imported first)."""
+    try:
+        blas = np.__config__.CONFIG["Build Dependencies"]["blas"]
+        return f"{blas.get('name')} {blas.get('version')} {blas.get('openblas configuration', '')}".strip()
+    except (AttributeError, KeyError, TypeError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    """What the rates depend on: the processor, the number of cores, numpy's version and its BLAS build."""
+    text = json.dumps([_cpu_model(), os.cpu_count(), np.__version__, _blas_build(), CALIBRATION_VERSION])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def calibrate(*, refresh: bool = False) -> Rates:
+    """This machine's :class:`Rates`: measured once (about two seconds) and cached per machine, BLAS and numpy
+    (``$RELULEARN_CACHE``, else ``~/.cache/relulearn``); ``refresh`` measures again."""
+    key = machine_key()
+    path = _cache_path(key)
+    if not refresh and path.exists():
+        try:
+            return Rates(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # a damaged or older cache entry: measure again
+    rates = Rates(**_measure(), machine=f"{_cpu_model()}, {os.cpu_count()} cores, {_blas_build()}",
+                  measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rates.to_dict()))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: the rates are measured again next time
+    return rates
+
+
+@dataclass(frozen=True)
+class SourceCost:
+    """Seconds per sample of the source on one core: drawing the inputs and labels; ``probed`` when timed on a
+    probe batch (a black-box teacher or a data file)."""
+
+    seconds: float
+    generation: float
+    teacher: float
+    probed: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def source_cost(cfg: Any, rates: Rates, *, probe: bool = True) -> SourceCost:
+    """The source's cost per sample: Gaussian inputs (and noise) at ``rates.normals`` plus the teacher's forward
+    pass (:func:`teacher_work`); a black box or data file timed on a probe batch (:func:`probe_source_seconds`)
+    unless ``probe`` is false (then only the generation is counted, and a note says so)."""
+    src = cfg.source
+    d = int(src.d)
+    if src.data is not None:
+        if not probe:
+            return SourceCost(0.0, 0.0, 0.0, False, ("the data file's read time is not counted",))
+        sec = probe_source_seconds(cfg)
+        return SourceCost(sec, 0.0, sec, True)
+    gen = rates.seconds(Work(normals=d + (1 if src.noise_std else 0), stream=_F * d))
+    work = teacher_work(src.teacher, d)
+    if work is not None:
+        t = rates.seconds(work)
+        return SourceCost(gen + t, gen, t)
+    if not probe:
+        return SourceCost(gen, gen, 0.0, False, ("the black-box teacher's time is not counted",))
+    total = probe_source_seconds(cfg)
+    return SourceCost(max(total, gen), gen, max(total - gen, 0.0), True)
+
+
+#: rows of the probe batch a black-box source is timed on
+PROBE_ROWS = 4096
+
+
+def probe_source_seconds(cfg: Any, rows: int = PROBE_ROWS) -> float:
+    """Seconds per sample of the configured source on one BLAS thread, timed on a pilot-stream batch of ``rows``
+    samples after one warm-up batch (an ONNX session's first call is slow)."""
+    from threadpoolctl import threadpool_limits
+
+    from .sources import make_source, pilot_batches
+
+    source = make_source(cfg)
+    with threadpool_limits(limits=1, user_api="blas"):
+        for _ in pilot_batches(source, cfg.seed, min(rows, 256)):
+            pass
+        t0 = time.perf_counter()
+        n = 0
+        for x, _ in pilot_batches(source, cfg.seed, rows):
+            n += len(x)
+        return (time.perf_counter() - t0) / max(n, 1)

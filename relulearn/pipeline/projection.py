@@ -1,0 +1,191 @@
+"""Projected time and memory of the passes of a run, from the cost model (:mod:`.cost`): pure planning, no work.
+
+A pass of ``n`` samples in chunks of ``c`` and blocks of ``b`` chunks costs
+
+* on the workers, in parallel: every sample's source (inputs, teacher) and statistic updates, and every chunk's
+  accumulator (allocated, added into the block's partial, its terms squared);
+* on the driver: every block partial received and merged, and every commit (one per ``run.commit_interval``
+  and the last) written; on a local cluster the driver shares the cores with the workers, so its time adds;
+* before the first block: the pilot passes of the statistics that need one (τ quantiles, the control variate),
+  on the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
+
+__all__ = ["FamilyCost", "PassPlan", "project_pass", "format_seconds", "format_bytes"]
+
+_F = 8
+
+#: copies of a block partial on its way to the driver's merged state: pickled, sent, unpickled, added
+MERGE_COPIES = 6
+
+#: passes over a chunk's accumulator: zeroed, added into the partial, its terms formed, squared and added
+CHUNK_COPIES = 5
+
+#: rows of an input batch in a worker's memory (a batch, its weighted copy and the product's operand)
+BATCH_COPIES = 3
+
+
+@dataclass(frozen=True)
+class FamilyCost:
+    """One statistic family in a pass: its form, work per sample and bytes of its block partial."""
+
+    name: str
+    form: str
+    flops_per_sample: float
+    stream_bytes_per_sample: float
+    partial_bytes: int
+    seconds_per_sample: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "form": self.form, "flops_per_sample": self.flops_per_sample,
+                "bytes_per_sample": self.stream_bytes_per_sample, "partial_bytes": self.partial_bytes,
+                "seconds_per_sample": self.seconds_per_sample}
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """The projection of one pass: what it computes and where its time goes (seconds of wall time)."""
+
+    name: str
+    samples: int
+    chunks: int
+    blocks: int
+    workers: int
+    families: tuple[FamilyCost, ...]
+    source: SourceCost
+    seconds: dict[str, float]
+    worker_bytes: int
+    driver_bytes: int
+    optional: bool = False
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def projected_seconds(self) -> float:
+        return float(sum(self.seconds.values()))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "samples": self.samples, "chunks": self.chunks, "blocks": self.blocks,
+                "workers": self.workers, "optional": self.optional,
+                "projected_seconds": self.projected_seconds, "seconds": dict(self.seconds),
+                "families": [f.to_dict() for f in self.families],
+                "source_seconds_per_sample": self.source.seconds, "source_probed": self.source.probed,
+                "worker_bytes": self.worker_bytes, "driver_bytes": self.driver_bytes,
+                "notes": list(self.notes) + list(self.source.notes)}
+
+
+def _form(name: str, section: Any) -> str:
+    """How a family is shown: ``contracted dense``, ``second sketch r=32``, ``second subspace r=32``."""
+    if name != "sketch":
+        return f"{name} dense"
+    get = section.get if isinstance(section, dict) else (lambda k: getattr(section, k, None))
+    basis = get("basis")
+    inner = "+".join(k for k in ("second", "contracted", "filtered", "residual") if get(k) is not None)
+    if basis is not None:
+        return f"{inner} subspace r={len(basis)}"
+    from ..config import SKETCH_DEFAULT_RANK
+
+    return f"{inner} sketch r={get('rank') or SKETCH_DEFAULT_RANK}"
+
+
+def _sections(statistics: Any) -> dict[str, Any]:
+    if hasattr(statistics, "enabled"):
+        return statistics.enabled()
+    return {k: v for k, v in statistics.items() if v is not None}
+
+
+def _pilot_samples(statistics: Any) -> int:
+    """Samples of the pilot passes a statistics section runs before its first block (the driver draws them)."""
+    total = 0
+    for name, sec in _sections(statistics).items():
+        get = (sec.get if isinstance(sec, dict) else lambda k, s=sec: getattr(s, k, None))
+        if name == "contracted" and get("control"):
+            total += int(get("control_samples") or 100_000)
+        if name in ("filtered", "residual") and get("quantiles"):
+            total += int(get("pilot_samples") or 100_000)
+    return total
+
+
+def project_pass(cfg: Any, rates: Rates, *, workers: int, samples: Optional[int] = None,
+                 statistics: Any = None, name: str = "estimate", optional: bool = False,
+                 source: Optional[SourceCost] = None, outputs: Optional[int] = None) -> PassPlan:
+    """The projection of one accumulation pass of ``cfg`` (its ``statistics``, or the ``statistics`` given: a
+    mapping or the pydantic section) over ``samples`` (default ``cfg.samples``) on ``workers`` single-threaded
+    workers (1: in process).
+
+    ``source`` is the source's cost (default :func:`.cost.source_cost`, which times a black box once);
+    ``outputs`` the label vector's length (None: a scalar label)."""
+    stats = cfg.statistics if statistics is None else statistics
+    d = int(cfg.source.d)
+    n = int(cfg.samples if samples is None else samples)
+    chunk = int(cfg.chunk_size)
+    chunks = -(-n // chunk)
+    n = chunks * chunk
+    per_block = int(cfg.run.chunks_per_block)
+    blocks = -(-chunks // per_block)
+    workers = max(1, int(workers))
+    src = source if source is not None else source_cost(cfg, rates)
+    works = statistics_work(stats, d, outputs)
+    entries = sums_entries(stats, d, outputs)
+    families = []
+    for fam, work in works.items():
+        e_sums, e_terms = entries.get(fam, (0, 0))
+        families.append(FamilyCost(fam, _form(fam, _sections(stats)[fam]), work.flops, work.stream,
+                                   _F * (e_sums + e_terms), rates.seconds(work)))
+    update = sum(f.seconds_per_sample for f in families)
+    acc_sums = sum(e for e, _ in entries.values())
+    acc_terms = sum(e for _, e in entries.values())
+    partial = _F * (acc_sums + acc_terms)
+    chunk_seconds = rates.seconds(Work(stream=CHUNK_COPIES * _F * (acc_sums + acc_terms)))
+    parallel = {
+        "generation": n * src.generation / workers,
+        "teacher": n * src.teacher / workers,
+        "update": n * update / workers,
+        "chunks": chunks * chunk_seconds / workers,
+    }
+    worker_wall = sum(parallel.values())
+    merge = blocks * (rates.seconds(Work(stream=MERGE_COPIES * partial)) + rates.task)
+    commit_each = partial / rates.disk + rates.seconds(Work(stream=2 * partial))
+    commits = 1 + int(worker_wall // max(float(cfg.run.commit_interval), 1e-9)) if cfg.run.commit_interval > 0 \
+        else blocks
+    pilot_n = _pilot_samples(stats)
+    seconds = dict(parallel, setup=rates.setup, merge=merge, commit=commits * commit_each,
+                   pilot=pilot_n * (src.seconds + rates.seconds(Work(stream=_F * 2 * d))))
+    from .sources import batch_rows
+
+    batch = BATCH_COPIES * _F * batch_rows(d) * d
+    in_flight = cfg.run.max_blocks_in_flight or 2 * workers + 1
+    return PassPlan(name, n, chunks, blocks, workers, tuple(families), src, seconds,
+                    worker_bytes=int(partial + _F * acc_sums + batch), driver_bytes=int(partial * (1 + in_flight)),
+                    optional=optional)
+
+
+def format_seconds(s: float) -> str:
+    """``42 s``, ``3.5 min``, ``2.1 h``: a duration as a person reads it."""
+    if s < 90:
+        return f"{s:.0f} s" if s >= 1 else f"{s:.2g} s"
+    if s < 5400:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def format_bytes(b: float) -> str:
+    """``512 MB``, ``4.6 GB``: bytes in decimal units."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def seconds_split(plans: list[PassPlan]) -> dict[str, float]:
+    """Where the time of ``plans`` goes, summed over them."""
+    out: dict[str, float] = {}
+    for p in plans:
+        for k, v in p.seconds.items():
+            out[k] = out.get(k, 0.0) + v
+    return out

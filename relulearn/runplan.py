@@ -1,0 +1,236 @@
+"""Plan a run before any work: the passes it will make, each family's form, the projected wall time and memory.
+
+``relulearn plan`` and ``relulearn fit --dry-run`` print it; ``fit`` prints its one-line summary and follows the
+choice it makes. For a method whose second-moment families have a dense and a sketched form (``moments``,
+``filtered-pca``) and a configuration without a ``statistics`` section, the planner projects both routes — the
+dense families in one pass, or their sketch and the subspace passes it adds (counting those it may add) — and
+takes the faster of those whose block partial fits ``run.worker_memory``, the dense one on a tie. With a ``statistics`` section it projects that section's pass.
+A run projected past ``run.max_hours`` is refused before any work, with the sample count that would fit.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .config import ConfigError
+from .pipeline.cost import Rates, SourceCost, calibrate, source_cost
+from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
+
+__all__ = ["RunPlan", "plan_run", "TooLongError"]
+
+
+class TooLongError(ConfigError):
+    """A run projected to take longer than ``run.max_hours``: refused before any work."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run will do and cost. ``passes`` in order; optional ones (subspace passes past the minimum) are run
+    only if the method asks for them. ``choice`` (dense or sketched families, and the projections behind it) for
+    a method that has both forms and no ``statistics`` section."""
+
+    method: Optional[str]
+    d: int
+    samples: int
+    workers: int
+    statistics: dict
+    passes: tuple[PassPlan, ...]
+    rates: Rates
+    choice: Optional[dict] = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def projected_seconds(self) -> float:
+        """Wall time of the passes that always run (the learn's own computation is not projected)."""
+        return float(sum(p.projected_seconds for p in self.passes if not p.optional))
+
+    @property
+    def projected_seconds_max(self) -> float:
+        return float(sum(p.projected_seconds for p in self.passes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "d": self.d, "samples": self.samples, "workers": self.workers,
+                "projected_seconds": self.projected_seconds, "projected_seconds_max": self.projected_seconds_max,
+                "where": seconds_split([p for p in self.passes if not p.optional]),
+                "passes": [p.to_dict() for p in self.passes], "choice": self.choice,
+                "statistics": self.statistics, "rates": self.rates.to_dict(), "notes": list(self.notes)}
+
+    def summary(self) -> str:
+        """One line: passes, forms, projected time and memory."""
+        main = self.passes[0]
+        forms = ", ".join(f.form for f in main.families) or "no statistics"
+        required = [p for p in self.passes if not p.optional]
+        extra = len(self.passes) - len(required)
+        span = format_seconds(self.projected_seconds)
+        if extra:
+            span += f" (up to {format_seconds(self.projected_seconds_max)} with {extra} more passes if needed)"
+        return (f"plan: {len(required)} pass{'es' if len(required) != 1 else ''} of {self.samples:,} samples on "
+                f"{self.workers} worker{'s' if self.workers != 1 else ''} ({forms}); projected {span}; "
+                f"{format_bytes(max(p.worker_bytes for p in self.passes))} per worker")
+
+    def lines(self) -> list[str]:
+        """The plan as a person reads it: a table of passes, where the time goes, and the choice made."""
+        out = [f"d = {self.d}, {self.samples:,} samples per pass, {self.workers} worker"
+               f"{'s' if self.workers != 1 else ''}" + (f", method {self.method}" if self.method else "")]
+        head = f"{'pass':<16}{'families (form)':<40}{'Gflop/sample':>13}{'per worker':>12}{'projected':>12}"
+        out += ["", head, "-" * len(head)]
+        for p in self.passes:
+            fams = ", ".join(f.form for f in p.families)
+            gflop = sum(f.flops_per_sample for f in p.families) / 1e9
+            name = p.name + (" *" if p.optional else "")
+            out.append(f"{name:<16}{fams[:39]:<40}{gflop:>13.3g}{format_bytes(p.worker_bytes):>12}"
+                       f"{format_seconds(p.projected_seconds):>12}")
+        total = f"{format_seconds(self.projected_seconds)}"
+        if self.projected_seconds_max > self.projected_seconds:
+            total += f" (up to {format_seconds(self.projected_seconds_max)}; * runs only if the method asks)"
+        out += ["", f"projected: {total}"]
+        split = seconds_split([p for p in self.passes if not p.optional])
+        whole = sum(split.values()) or 1.0
+        out.append("where the time goes: " + ", ".join(
+            f"{k} {100 * v / whole:.0f}%" for k, v in sorted(split.items(), key=lambda kv: -kv[1]) if v / whole >= 0.01))
+        out.append(f"driver memory: {format_bytes(max(p.driver_bytes for p in self.passes))}")
+        if self.choice is not None:
+            out.append(f"form: {self.choice['form']} — {self.choice['reason']}")
+        out += [f"note: {n}" for n in self.notes]
+        out.append("learning after the passes is not projected")
+        return out
+
+
+def _candidates(mod: Any, cfg: Any, width: Optional[int], extra: dict) -> dict[str, tuple[dict, list]]:
+    """``{form: (statistics, [(name, statistics, optional), ...])}`` of a method's routes."""
+    d = cfg.source.d
+    dense = mod.required_statistics(d, width, **extra)
+    out = {"dense": (dense, [])}
+    if hasattr(mod, "DENSE_FAMILIES"):
+        sketched = mod.required_statistics(d, width, **dict(extra, sketched=True))
+        out["sketch"] = (sketched, list(mod.sketch_passes(d, width)) if hasattr(mod, "sketch_passes") else [])
+    return out
+
+
+def _passes(cfg: Any, statistics: dict, extra: list, rates: Rates, workers: int, samples: int,
+            source: SourceCost, outputs: Optional[int]) -> list[PassPlan]:
+    plans = [project_pass(cfg, rates, workers=workers, samples=samples, statistics=statistics, name="estimate",
+                          source=source, outputs=outputs)]
+    for name, stats, optional in extra:
+        plans.append(project_pass(cfg, rates, workers=workers, samples=samples, statistics=stats, name=name,
+                                  optional=optional, source=source, outputs=outputs))
+    return plans
+
+
+def plan_run(cfg: Any, method: Optional[str] = None, *, width: Optional[int] = None,
+             samples: Optional[int] = None, workers: Optional[int] = None, rates: Optional[Rates] = None,
+             extra: Optional[dict] = None, source: Optional[SourceCost] = None,
+             outputs: Optional[int] = None) -> RunPlan:
+    """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (``method`` None) for ``cfg``.
+
+    Parameters
+    ----------
+    cfg
+        The run configuration (:class:`relulearn.config.RunConfig`).
+    method
+        The learning method; with a configuration without ``statistics``, the method's own statistics, in the
+        form projected fastest under ``run.worker_memory``.
+    width
+        Hidden units wanted (the sketch's rank grows with it).
+    samples
+        Samples of each pass (default ``cfg.samples``).
+    workers
+        Single-threaded workers (default: one per core, as a local cluster starts).
+    rates
+        This machine's rates (default :func:`.pipeline.cost.calibrate`, measured once and cached); tests give
+        their own.
+    extra
+        Keyword arguments of the method's ``required_statistics`` beyond ``d`` and ``width`` (its
+        ``FIT_OPTIONS`` and ``SOURCE_OPTIONS``, as :func:`relulearn.api.fit` collects them).
+    source
+        The source's cost per sample (default: counted, or a black box timed once).
+    outputs
+        Length of the label vector (None: scalar labels, or read from an ONNX or callable teacher).
+
+    Raises
+    ------
+    MemoryBudgetError
+        When no form's block partial fits ``run.worker_memory`` (the bytes each form needs).
+    TooLongError
+        When the passes that always run are projected past ``run.max_hours``.
+    """
+    rates = rates or calibrate()
+    workers = int(workers or os.cpu_count() or 1)
+    n = int(cfg.samples if samples is None else samples)
+    n = -(-n // cfg.chunk_size) * cfg.chunk_size
+    src = source or source_cost(cfg, rates)
+    notes: list[str] = []
+    choice = None
+    if method is None or "statistics" in cfg.model_fields_set:
+        statistics = cfg.statistics.model_dump(mode="json", exclude_none=True)
+        statistics = {k: v for k, v in statistics.items() if v is not None}
+        for name in ("basic",):  # basic is on by default and off only when the section says null
+            if getattr(cfg.statistics, name) is None:
+                statistics.pop(name, None)
+        passes = _passes(cfg, cfg.statistics, [], rates, workers, n, src, outputs)
+        if method is not None:
+            notes.append("the statistics section is followed as written; passes the method asks for are not "
+                         "projected")
+    else:
+        from .api import _method
+
+        mod = _method(method)
+        routes = _candidates(mod, cfg, width, dict(extra or {}))
+        projected = {form: _passes(cfg, stats, more, rates, workers, n, src, outputs)
+                     for form, (stats, more) in routes.items()}
+        form, choice = _choose(cfg, mod, width, projected)
+        statistics, passes = routes[form][0], projected[form]
+    plan = RunPlan(method, int(cfg.source.d), n, workers, statistics, tuple(passes), rates, choice, tuple(notes))
+    _check_hours(cfg, plan)
+    return plan
+
+
+def _choose(cfg: Any, mod: Any, width: Optional[int], projected: dict[str, list[PassPlan]]
+            ) -> tuple[str, Optional[dict]]:
+    """The form of the families: the fastest whose block partial fits ``run.worker_memory``."""
+    if len(projected) == 1:
+        return "dense", None
+    from .pipeline.plan import MemoryBudgetError
+
+    budget = int(cfg.run.worker_memory)
+    info = {}
+    for form, plans in projected.items():
+        need = max(sum(f.partial_bytes for f in p.families) for p in plans)  # what run.worker_memory bounds
+        info[form] = {"projected_seconds": float(sum(p.projected_seconds for p in plans if not p.optional)),
+                      "projected_seconds_max": float(sum(p.projected_seconds for p in plans)),
+                      "partial_bytes": int(need), "fits": need <= budget, "passes": len(plans)}
+    fitting = [f for f in info if info[f]["fits"]]
+    if not fitting:
+        raise MemoryBudgetError(
+            "no form of the statistics fits run.worker_memory = "
+            f"{format_bytes(budget)} per worker: " + "; ".join(
+                f"{f} needs {format_bytes(v['partial_bytes'])}" for f, v in info.items())
+            + "; give the workers more memory (run.worker_memory) or lower d. Nothing was written")
+    # a route is judged by all the passes it may make (the sketch's subspace iteration may need its optional
+    # passes; the dense families are read in one): the exact dense form unless the sketch is faster even then
+    form = min(fitting, key=lambda f: (info[f]["projected_seconds_max"], f != "dense"))
+    other = [f for f in info if f != form]
+    if not other:
+        reason = "the only form"
+    elif not info[other[0]]["fits"]:
+        reason = (f"the {other[0]} form's block partial needs {format_bytes(info[other[0]]['partial_bytes'])}, "
+                  f"more than run.worker_memory = {format_bytes(budget)}")
+    else:
+        reason = (f"projected {format_seconds(info[form]['projected_seconds_max'])} at most against "
+                  f"{format_seconds(info[other[0]]['projected_seconds_max'])} {other[0]}")
+    return form, {"form": form, "reason": reason, "forms": info, "budget_bytes": budget}
+
+
+def _check_hours(cfg: Any, plan: RunPlan) -> None:
+    limit = getattr(cfg.run, "max_hours", None)
+    if limit is None or plan.projected_seconds <= 3600 * limit:
+        return
+    scale = 3600 * limit / plan.projected_seconds
+    fit = int(plan.samples * scale) // cfg.chunk_size * cfg.chunk_size
+    raise TooLongError(
+        f"the run is projected to take {format_seconds(plan.projected_seconds)}, more than run.max_hours = "
+        f"{limit:g} h:\n  " + "\n  ".join(plan.lines()) + "\n"
+        + (f"about {fit:,} samples per pass would fit (samples: {fit}); " if fit > 0 else "")
+        + "raise run.max_hours, lower the samples, or add workers. Nothing was written")

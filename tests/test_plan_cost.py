@@ -1,0 +1,152 @@
+"""The cost model and the planner that chooses by projected time: tested on the model (given rates), not on
+timings. The projection's accuracy against measured runs is a benchmark (``benchmarks/plan.py``)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from relulearn.cli import main
+from relulearn.config import config_from_dict
+from relulearn.pipeline.cost import Rates, Work, family_work, sums_entries
+from relulearn.pipeline.plan import MemoryBudgetError, partial_bytes
+from relulearn.pipeline.projection import project_pass
+from relulearn.pipeline.sources import make_source
+from relulearn.pipeline.statistics import build_statistics
+from relulearn.runplan import TooLongError, plan_run
+
+#: a machine like this one (one core: 40 Gflop/s on large products, 90 M normals/s)
+RATES = Rates(peak=4e10, half=25.0, memory=1.5e10, normals=9e7, disk=1e9)
+
+
+def cfg_of(d: int, samples: int = 1_000_000, statistics: dict | None = None, **run) -> object:
+    raw = {"seed": 1, "samples": samples, "chunk_size": 50_000,
+           "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 4}}}
+    if statistics is not None:
+        raw["statistics"] = statistics
+    if run:
+        raw["run"] = run
+    return config_from_dict(raw)
+
+
+def test_a_blas_product_runs_at_half_its_peak_at_the_calibrated_size():
+    assert RATES.blas(25) == pytest.approx(RATES.peak / 2)
+    assert RATES.blas(10**6) == pytest.approx(RATES.peak, rel=1e-4)
+    w = Work(((2e9, 10**9),), stream=1.5e10, normals=9e7)
+    assert RATES.seconds(w) == pytest.approx(0.05 + 1.0 + 1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("statistics", [
+    {"basic": {}, "contracted": {"orders": [2, 4], "directions": 3}},
+    {"basic": None, "sketch": {"rank": 7, "second": {}}},
+    {"basic": None, "sketch": {"rank": 5, "contracted": {"orders": [2], "directions": 2}, "filtered": {
+        "thresholds": [0.1, 0.5]}}},
+    {"output_moments": {}, "hermite": {"max_order": 3}},
+    {"filtered": {"thresholds": [0.1, 0.3, 0.9]}},
+])
+def test_the_projected_block_partial_is_the_built_statistics_partial_to_the_byte(statistics):
+    """The model's partial bytes (what run.worker_memory bounds, and what the driver merges) equal those of the
+    statistics the run builds (their schemas), family by family."""
+    cfg = cfg_of(21, statistics=statistics)
+    built = partial_bytes(build_statistics(cfg, make_source(cfg)))
+    model = {k: 8 * (a + b) for k, (a, b) in sums_entries(cfg.statistics, 21).items()}
+    assert model == built
+
+
+def test_dense_work_is_the_syrk_count_and_the_sketch_work_is_linear_in_d():
+    d = 1000
+    assert family_work("basic", {}, d).flops == d * (d + 1)
+    contracted = family_work("contracted", {"orders": [2, 4], "directions": 8}, d)
+    assert contracted.flops >= 16 * d * (d + 1)
+    sketch = [family_work("sketch", {"rank": 32, "second": {}}, dd).flops for dd in (1000, 2000, 4000)]
+    assert sketch[1] == pytest.approx(2 * sketch[0]) and sketch[2] == pytest.approx(4 * sketch[0])
+    # a label vector of m outputs: every family but output_moments once per output
+    assert family_work("contracted", {"orders": [2], "directions": 1}, 300, outputs=3).flops == pytest.approx(
+        3 * family_work("contracted", {"orders": [2], "directions": 1}, 300).flops)
+
+
+def test_a_pass_projects_linearly_in_samples_and_inversely_in_workers():
+    cfg = cfg_of(200, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}})
+    one = project_pass(cfg, RATES, workers=1, samples=1_000_000)
+    two = project_pass(cfg, RATES, workers=2, samples=1_000_000)
+    big = project_pass(cfg, RATES, workers=2, samples=4_000_000)
+    for part in ("generation", "teacher", "update", "chunks"):
+        assert two.seconds[part] == pytest.approx(one.seconds[part] / 2)
+        assert big.seconds[part] == pytest.approx(4 * two.seconds[part])
+    assert big.blocks == math.ceil(80 / cfg.run.chunks_per_block)
+    # one commit per commit_interval of work, and the last
+    worker_wall = sum(big.seconds[p] for p in ("generation", "teacher", "update", "chunks"))
+    each = big.seconds["commit"] / (1 + int(worker_wall // cfg.run.commit_interval))
+    assert each > 0
+
+
+def test_the_planner_sketches_a_large_d_where_dense_would_take_hours():
+    """d = 3000, 8·10⁶ samples, moments: the dense contracted family is 16 Grams of d² per sample (hours); the
+    sketch of M_2 and its subspace passes are minutes."""
+    plan = plan_run(cfg_of(3000, 8_000_000), "moments", workers=2, rates=RATES)
+    assert plan.choice["form"] == "sketch"
+    forms = plan.choice["forms"]
+    assert forms["dense"]["projected_seconds"] > 10 * forms["sketch"]["projected_seconds_max"]
+    assert forms["dense"]["fits"]  # chosen by time, not by memory: 16 · 3000² · 16 B = 2.3 GB < 4 GiB
+    assert [p.name for p in plan.passes][:4] == ["estimate", "subspace-1", "subspace-2", "subspace-3"]
+    assert plan.projected_seconds < plan.projected_seconds_max  # passes 4 and 5 run only when asked for
+
+
+def test_the_planner_stays_dense_at_small_d_and_where_products_are_cheap():
+    small = plan_run(cfg_of(20), "moments", workers=2, rates=RATES)
+    assert small.choice["form"] == "dense"
+    # a machine whose products are 100× faster (the same normals): dense at d = 512 as well
+    fast = Rates(peak=4e12, half=25.0, memory=1.5e10, normals=9e7, disk=1e9)
+    assert plan_run(cfg_of(512), "moments", workers=2, rates=RATES).choice["form"] == "sketch"
+    assert plan_run(cfg_of(512), "moments", workers=2, rates=fast).choice["form"] == "dense"
+
+
+def test_the_planner_sketches_when_the_dense_partial_does_not_fit_the_worker_memory():
+    cheap = Rates(peak=4e13, half=25.0, memory=1.5e10, normals=9e7, disk=1e9)  # dense would be faster
+    roomy = plan_run(cfg_of(600), "moments", workers=2, rates=cheap)
+    assert roomy.choice["form"] == "dense"
+    dense_bytes = roomy.choice["forms"]["dense"]["partial_bytes"]
+    tight = plan_run(cfg_of(600, worker_memory=dense_bytes - 1), "moments", workers=2, rates=cheap)
+    assert tight.choice["form"] == "sketch"
+    assert "run.worker_memory" in tight.choice["reason"]
+
+
+def test_a_budget_no_form_fits_is_refused_with_the_bytes_of_each_form():
+    with pytest.raises(MemoryBudgetError) as err:
+        plan_run(cfg_of(600, worker_memory=1000), "moments", workers=2, rates=RATES)
+    msg = str(err.value)
+    assert "dense needs" in msg and "sketch needs" in msg and "run.worker_memory" in msg
+
+
+def test_a_run_past_max_hours_is_refused_with_the_samples_that_would_fit(tmp_path):
+    cfg = cfg_of(3000, 8_000_000, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}},
+                 max_hours=0.5)
+    with pytest.raises(TooLongError) as err:
+        plan_run(cfg, None, workers=2, rates=RATES)
+    msg = str(err.value)
+    assert "run.max_hours = 0.5 h" in msg and "samples per pass would fit" in msg and "contracted dense" in msg
+    fit = int(msg.split("about ")[1].split(" samples")[0].replace(",", ""))
+    ok = plan_run(cfg_of(3000, fit, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}},
+                         max_hours=0.5), None, workers=2, rates=RATES)
+    assert ok.projected_seconds <= 1800
+
+
+def test_plan_and_fit_dry_run_print_the_plan_and_write_nothing(tmp_path, capsys):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("seed: 1\nsamples: 400000\nchunk_size: 50000\nsource:\n  d: 30\n  teacher: {width: 3}\n")
+    assert main(["plan", str(cfg), "--method", "moments"]) == 0
+    out = capsys.readouterr().out
+    assert "projected:" in out and "contracted dense" in out and "where the time goes" in out
+    assert len(out.splitlines()) < 25  # a table, not a dump
+    assert main(["plan", str(cfg), "--method", "moments", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["projected_seconds"] > 0 and all(p["projected_seconds"] > 0 for p in got["passes"])
+    assert np.isclose(got["projected_seconds"], sum(p["projected_seconds"] for p in got["passes"]
+                                                    if not p["optional"]))
+    store = tmp_path / "s.zarr"
+    assert main(["fit", str(cfg), "--store", str(store), "--method", "moments", "--dry-run"]) == 0
+    assert "projected:" in capsys.readouterr().out
+    assert not store.exists()
+    assert main(["fit", str(cfg), "--store", str(store), "--method", "moments"]) == 2
+    assert "needs --out" in capsys.readouterr().err
