@@ -447,9 +447,12 @@ def _print_demo(result: dict[str, Any]) -> None:
         print(f"{u['unit']:>4}  {u['teacher_lambda']:12.8f}  {learned:>12}  {angle:>12}  {u['relative_error']:10.2e}")
     print(f"parameter error (up to symmetries): {result['parameter_error']:.3e}")
     print(f"relative test error:                {result['relative_test_error']:.3e}")
-    if result["merged_units"]:
-        print("units merged during the search (could not be told apart at that stage): "
-              + ", ".join(f"into unit {m['into']} ({m['reason']})" for m in result["merged_units"]))
+    missing = [u["unit"] for u in result["units"] if u["learned_lambda"] is None]
+    if missing and result["merged_units"]:  # merges matter only when a teacher unit did not come out
+        print(f"teacher unit{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not found: the search "
+              "merged units it could not tell apart at this sample count ("
+              + ", ".join(f"into unit {m['into']}: {m['reason']}" for m in result["merged_units"])
+              + "); more samples separate them")
     print(f"time: estimate {result['estimate_seconds']:.1f} s, learn {result['learn_seconds']:.1f} s, "
           f"total {result['seconds']:.1f} s")
 

@@ -15,6 +15,10 @@ MAX_LINES = 24
 _SHOWN = 6  # numbers of a list shown before "…"
 
 
+#: an angle bound at or above this many radians says nothing about the subspace found
+VACUOUS_BOUND = 1.0
+
+
 def _num(v: Any) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return str(v)
@@ -53,8 +57,11 @@ def _subspace(rep: Mapping[str, Any]) -> Optional[str]:
         line += f"; strengths {_nums(sub['strength'])}"
         if sub.get("threshold") is not None:
             line += f" (threshold {_num(sub['threshold'])})"
-    if sub.get("angle_bound") is not None:
-        line += f"; angle bound {_num(sub['angle_bound'])} rad"
+    bound = sub.get("angle_bound")
+    if bound is not None:
+        # a bound of a radian or more says nothing (the noise reaches the spectral gap): not shown as a number,
+        # which next to an exact recovery would read as an error of 1.57 rad
+        line += f"; angle bound {_num(bound)} rad" if bound < VACUOUS_BOUND else "; angle bound vacuous (≥ 1 rad)"
     return line
 
 

@@ -71,3 +71,29 @@ def test_version():
 
     done = cli("--version")
     assert done.returncode == 0 and done.stdout.strip() == f"relulearn {__version__}"
+
+
+def test_a_vacuous_angle_bound_is_not_printed_as_an_angle():
+    """The two-layer (exact) summary of an exact recovery said "angle bound 1.57 rad": a bound of a radian or more
+    says nothing, and the summary says so instead of printing it as an error."""
+    from relulearn.summary import summary_lines
+
+    base = {"method": "exact", "out": "m.npz", "report": {"subspace": {"rank": 3, "angle_bound": 1.5707963}}}
+    assert any("angle bound vacuous (≥ 1 rad)" in line for line in summary_lines(base))
+    assert not any("1.57" in line for line in summary_lines(base))
+    base["report"]["subspace"]["angle_bound"] = 0.0625
+    assert any("angle bound 0.0625 rad" in line for line in summary_lines(base))
+
+
+def test_the_demo_mentions_merged_units_only_when_a_teacher_unit_is_missing(capsys):
+    from relulearn.cli import _print_demo
+
+    unit = {"unit": 0, "teacher_lambda": 1.0, "learned_lambda": 1.0, "angle": 1e-15, "relative_error": 1e-15}
+    result = {"d": 20, "width": 2, "samples": 10**6, "units": [unit, dict(unit, unit=1)], "parameter_error": 1e-15,
+              "relative_test_error": 1e-30, "merged_units": [{"into": 1, "reason": "same direction"}],
+              "estimate_seconds": 1.0, "learn_seconds": 1.0, "seconds": 2.0}
+    _print_demo(result)
+    assert "merged" not in capsys.readouterr().out  # every unit came out: the search's merges did not matter
+    result["units"][1] = dict(unit, unit=1, learned_lambda=None, angle=None)
+    _print_demo(result)
+    assert "teacher unit 1 not found" in capsys.readouterr().out
