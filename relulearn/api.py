@@ -23,6 +23,7 @@ from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepar
 from .pipeline.run import RunSummary, merge_stores
 from .pipeline.sources import data_of
 from .pipeline.run import estimate as _estimate
+from .pipeline.projection import format_seconds
 from .storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
 
 __all__ = ["estimate", "plan", "status", "verify", "merge", "open_store", "learn", "fit", "evaluate", "predict",
@@ -394,7 +395,8 @@ def _pass_url(store: str, name: str, statistics: dict) -> str:
 
 
 def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], out: Optional[str],
-                progress: Optional[TextIO], break_lock: bool = False) -> dict[str, Any]:
+                progress: Optional[TextIO], break_lock: bool = False,
+                projected: Optional[dict[str, float]] = None) -> dict[str, Any]:
     from .config import config_from_dict
     from .pipeline.sources import make_source
 
@@ -416,11 +418,13 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
             break
         url = _pass_url(store, result.name, result.statistics)
         pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
+        when = (projected or {}).get(result.name)
         if progress is not None:
-            print(f"pass '{result.name}': {result.reason}", file=progress)
+            print(f"pass '{result.name}': {result.reason}"
+                  + (f" (projected {format_seconds(when)})" if when is not None else ""), file=progress)
         # a pass is a store of its own, written under its own lease
         summary = _estimate(pass_cfg, url, samples=run.samples, client=client, progress=progress,
-                            break_lock=break_lock)
+                            break_lock=break_lock, projected=when)
         pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
         passes.append(open_store(url).all_arrays())
     else:
@@ -585,9 +589,12 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     if progress is not None:
         print(run_plan.summary(), file=progress)
 
+    projected = {p.name: p.projected_seconds for p in run_plan.passes}
+
     def run(c: Any, lease: Any) -> dict[str, Any]:
-        summary = _estimate(cfg, store, samples=samples, client=c, progress=progress, lease=lease)
-        result = _learn_with(c, store, method, options, out, progress, break_lock)
+        summary = _estimate(cfg, store, samples=samples, client=c, progress=progress, lease=lease,
+                            projected=projected.get("estimate"))
+        result = _learn_with(c, store, method, options, out, progress, break_lock, projected=projected)
         result["estimate"] = summary.to_dict()
         result["plan"] = run_plan.to_dict()
         if memory is not None:

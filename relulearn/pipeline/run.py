@@ -191,13 +191,15 @@ def _compute_block_task(stats: Sequence[Statistic], source: Source, seed: int, c
 
 
 class _Progress:
-    """One line over completed blocks: samples done, samples/s, ETA."""
+    """One line over completed blocks: samples done, samples/s, ETA (the plan's projection, marked ``~``, until
+    a block is merged; then from the measured rate)."""
 
-    def __init__(self, total: int, done: int, stream: Optional[TextIO]):
+    def __init__(self, total: int, done: int, stream: Optional[TextIO], projected: Optional[float] = None):
         self.total, self.start_done, self.stream = total, done, stream
         self.t0 = time.perf_counter()
         self.last = 0.0
         self.tty = bool(stream is not None and getattr(stream, "isatty", lambda: False)())
+        self.projected = projected
 
     def update(self, done: int, force: bool = False) -> None:
         if self.stream is None:
@@ -208,9 +210,12 @@ class _Progress:
         self.last = now
         rate = (done - self.start_done) / max(now - self.t0, 1e-9)
         eta = (self.total - done) / rate if rate > 0 else math.inf
+        mark = ""
+        if rate <= 0 and self.projected is not None:  # nothing measured yet: the plan's projection
+            eta, mark = max(self.projected - (now - self.t0), 0.0), "~"
         frac = done / self.total if self.total else 1.0
         bar = "#" * int(30 * frac)
-        eta_s = "--" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
+        eta_s = "--" if not math.isfinite(eta) else mark + time.strftime("%H:%M:%S", time.gmtime(eta))
         line = f"[{bar:<30}] {done:,}/{self.total:,} samples  {rate:,.0f} samples/s  ETA {eta_s}"
         self.stream.write(("\r" + line) if self.tty else (line + "\n"))
         self.stream.flush()
@@ -284,7 +289,8 @@ def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statist
 def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, client: Any = None,
              progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
              max_blocks_in_flight: Optional[int] = None, on_start: Optional[Callable[[dict], None]] = None,
-             break_lock: bool = False, lease: Optional[Lease] = None, new_store_here: bool = False) -> RunSummary:
+             break_lock: bool = False, lease: Optional[Lease] = None, new_store_here: bool = False,
+             projected: Optional[float] = None) -> RunSummary:
     """Accumulate the configured statistics into the store at ``store_url``.
 
     Starts a new run, resumes an interrupted one, or extends a finished one when
@@ -308,6 +314,9 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
         or is interrupted.
     break_lock
         Break a stale lease on the store (:mod:`relulearn.storage.lease`) before taking it.
+    projected
+        The plan's projected seconds of the pass (:mod:`relulearn.runplan`): the progress line's ETA until the
+        first block is merged.
     lease
         The caller's lease on ``store_url``, taken before it started a cluster; by default the
         lease is taken here, before anything else, and released when the run ends.
@@ -338,12 +347,13 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     with writing(store_url, break_lock=break_lock, held=lease, new_store_here=new_store_here) as held:
         return _estimate(cfg, store_url, held, t0, samples=samples, client=client, progress=progress,
                          commit_interval=commit_interval, max_blocks_in_flight=max_blocks_in_flight,
-                         on_start=on_start, new_store_here=new_store_here)
+                         on_start=on_start, new_store_here=new_store_here, projected=projected)
 
 
 def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, samples: Optional[int], client: Any,
               progress: Optional[TextIO], commit_interval: Optional[float], max_blocks_in_flight: Optional[int],
-              on_start: Optional[Callable[[dict], None]], new_store_here: bool = False) -> RunSummary:
+              on_start: Optional[Callable[[dict], None]], new_store_here: bool = False,
+              projected: Optional[float] = None) -> RunSummary:
     """:func:`estimate`, with the store's lease held."""
     if client is not None and cfg.source.data is not None:  # the workers read the data, not the driver
         from .sources import prime_data_scan
@@ -380,7 +390,7 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
         on_start({"store": store_url, "dashboard": dashboard, "resumed_from_samples": done0 * cfg.chunk_size,
                   "target_samples": target * cfg.chunk_size, "blocks": len(blocks), "set_aside": set_aside})
 
-    bar = _Progress(target * cfg.chunk_size, done0 * cfg.chunk_size, progress)
+    bar = _Progress(target * cfg.chunk_size, done0 * cfg.chunk_size, progress, projected)
     committed_at = [time.perf_counter()]
     commit_no = int((store.meta() or {}).get("commits", -1)) + 1
 
