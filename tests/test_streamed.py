@@ -126,7 +126,9 @@ def test_moments_at_large_d_enumerates_projected_parts_and_refines_on_the_stream
     res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=2, out=out, client=client,
                   progress=None)
     assert "skipped" in res["report"]["polish"] and res["report"]["chosen"] == "refined"
-    assert res["report"]["refinement"]["samples"] == 200_000
+    # noiseless: fitted to rounding on the bounded stream (8 rows per unknown, at least 20,000), not on all 200,000
+    assert res["report"]["refinement"]["samples"] == 20_000
+    assert res["report"]["refinement"]["stop"] == "loss at rounding level"
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
     assert ev["parameter_error"] <= 1e-12, ev
@@ -155,3 +157,23 @@ def test_moments_at_large_d_polishes_matrix_free_where_its_bounded_sample_fits(c
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
     assert ev["parameter_error"] <= 1e-12, ev
+
+
+def test_moments_at_large_d_with_noisy_labels_refines_on_every_sample_after_the_bounded_stream(client, tmp_path,
+                                                                                                monkeypatch):
+    """Labels with noise are not fitted to their rounding on the bounded stream: the refinement goes on over all
+    the store's samples (the statistically efficient fit), from where the bounded one stopped."""
+    from relulearn import api
+    from relulearn.config import config_from_dict
+    from relulearn.estimators import moments
+
+    monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
+    monkeypatch.setattr(moments, "CG_POLISH_BYTES", 0)
+    data = {"seed": 3, "samples": 200_000, "chunk_size": 25_000,
+            "source": {"d": 24, "noise_std": 0.05, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 5}},
+            "run": {"commit_interval": 1e9}}
+    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=2,
+                  out=str(tmp_path / "m.npz"), client=client, progress=None)
+    ref = res["report"]["refinement"]
+    assert ref["bounded_first"]["samples"] == 20_000 and ref["bounded_first"]["stop"] != "loss at rounding level"
+    assert ref["samples"] == 200_000 and ref["kept"]

@@ -251,7 +251,14 @@ def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mappe
     report["polish"] = {"skipped": f"d = {d}: a bounded sample of {n_pol:,} inputs for the k·d unknowns does not "
                                    f"fit {CG_POLISH_BYTES / 2**30:.0f} GiB; the streamed refinement fits the network "
                                    "on all samples instead"}
-    net, rep = refine_streamed(start, samples, total, mapper=mapper, first_part=nxt)
+    # first on a bounded stream (8 rows per unknown): noiseless labels are fitted to their rounding there, in a
+    # fraction of the passes over every sample of the store; labels with noise go on to all of them
+    bounded = min(total, max(20_000, CG_ROWS_PER_UNKNOWN * wanted * d))
+    net, rep = refine_streamed(start, samples, bounded, mapper=mapper, first_part=nxt)
+    if bounded < total and rep["stop"] != "loss at rounding level":
+        first = {k: v for k, v in rep.items() if k != "iterations"}
+        net, rep = refine_streamed(net, samples, total, mapper=mapper, first_part=nxt)
+        rep["bounded_first"] = first
     rep["kept"] = True
     report["refinement"] = rep
     report["chosen"] = "refined"
