@@ -346,7 +346,7 @@ def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], wid
         report["subspace"]["message"] = (f"the noise floor supports only {step.significant} of the {k} directions "
                                          "asked for; more samples raise the signal above it")
     if step.significant == 0:
-        raise ValueError(
+        raise NoSignalError(
             "the sketched M_2 has no Ritz value above the noise floor: the statistics are pure noise at this sample "
             "count; estimate with more samples (`relulearn estimate ... --samples N`)")
     return vectors, report

@@ -154,6 +154,8 @@ def project_pass(cfg: Any, rates: Rates, *, workers: int, samples: Optional[int]
     commits = 1 + int(worker_wall // max(float(cfg.run.commit_interval), 1e-9)) if cfg.run.commit_interval > 0 \
         else blocks
     pilot_n = _pilot_samples(stats)
+    if cfg.source.data is not None:  # a data source's pilot reads its first rows: at most the run's
+        pilot_n = min(pilot_n, n)
     seconds = dict(parallel, setup=rates.setup, merge=merge, commit=commits * commit_each,
                    pilot=pilot_n * (src.seconds + rates.seconds(Work(stream=_F * 2 * d))))
     from .sources import batch_rows
