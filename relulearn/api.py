@@ -572,6 +572,13 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     setting = _setting_source(cfg)
     _check_setting(method, setting, options)  # before anything is written
+    kept = _stored_statistics(store) if "statistics" not in cfg.model_fields_set else None
+    if kept is not None:
+        # a run to resume or extend keeps the statistics it was started with: the form chosen by projected
+        # time depends on the machine, and another choice would not match the store
+        from .config import config_from_dict
+
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=kept), base_dir=cfg.base_dir)
     run_plan = _plan_fit(cfg, method, setting, width, options, samples, _planned_workers(client, workers))
     memory = None
     if "statistics" not in cfg.model_fields_set:
@@ -609,6 +616,18 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
             return run(client, lease)
         with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
             return run(c, lease)
+
+
+def _stored_statistics(store: str) -> Optional[dict]:
+    """The statistics section of the run already committed at ``store`` (None: no run there yet, or a store
+    that cannot be read, which the run itself then reports)."""
+    try:
+        meta = RunStore(store).meta()
+    except (StoreError, OSError, ValueError):
+        return None
+    if not meta or "config" not in meta:
+        return None
+    return dict(meta["config"].get("statistics") or {}) or None
 
 
 def _planned_workers(client: Any, workers: Optional[int]) -> int:

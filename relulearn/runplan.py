@@ -165,14 +165,12 @@ def plan_run(cfg: Any, method: Optional[str] = None, *, width: Optional[int] = N
     choice = None
     if method is None or "statistics" in cfg.model_fields_set:
         statistics = cfg.statistics.model_dump(mode="json", exclude_none=True)
-        statistics = {k: v for k, v in statistics.items() if v is not None}
-        for name in ("basic",):  # basic is on by default and off only when the section says null
-            if getattr(cfg.statistics, name) is None:
-                statistics.pop(name, None)
+        if cfg.statistics.basic is None:  # off must stay off (as RunConfig.to_dict writes it)
+            statistics["basic"] = None
         passes = _passes(cfg, cfg.statistics, [], rates, workers, n, src, outputs)
         if method is not None:
-            notes.append("the statistics section is followed as written; passes the method asks for are not "
-                         "projected")
+            notes.append("the statistics as configured (or as the store holds them, when a run is resumed or "
+                         "extended) are followed; passes the method asks for are not projected")
     else:
         from .api import _method
 

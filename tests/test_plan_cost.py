@@ -150,3 +150,19 @@ def test_plan_and_fit_dry_run_print_the_plan_and_write_nothing(tmp_path, capsys)
     assert not store.exists()
     assert main(["fit", str(cfg), "--store", str(store), "--method", "moments"]) == 2
     assert "needs --out" in capsys.readouterr().err
+
+
+def test_fit_on_an_existing_store_keeps_the_statistics_it_was_started_with(tmp_path):
+    """The form chosen by projected time depends on the machine: a run resumed or extended elsewhere keeps the
+    statistics its store holds instead of planning them again (another choice would not match the store)."""
+    from relulearn import api
+
+    raw = {"seed": 1, "samples": 100_000, "chunk_size": 25_000, "source": {"d": 20, "teacher": {"width": 3}}}
+    sketched = dict(raw, statistics={"basic": None, "sketch": {"rank": 12, "second": {}}})
+    store = str(tmp_path / "s.zarr")
+    api.estimate(config_from_dict(sketched), store, client="local", progress=None)
+    fresh = api.fit(config_from_dict(raw), str(tmp_path / "new.zarr"), "moments", client="local", dry_run=True)
+    assert fresh["plan"]["choice"]["form"] == "dense"  # at d = 20 a new run is planned dense
+    kept = api.fit(config_from_dict(raw), store, "moments", client="local", dry_run=True)
+    assert kept["plan"]["statistics"] == {"basic": None, "sketch": {"rank": 12, "second": {}}}
+    assert kept["plan"]["choice"] is None and "as the store holds them" in " ".join(kept["plan"]["notes"])
