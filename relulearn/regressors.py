@@ -34,10 +34,16 @@ CHUNK_ROWS = 50_000
 MIN_ROWS = 4
 
 
+#: chunks a fit's statistics are taken over at least (rows permitting: chunks of two rows or more): a standard
+#: error over K chunks has K − 1 degrees of freedom, and the methods' noise floors and setting checks rest on them
+MIN_CHUNKS = 16
+
+
 def chunking(rows: int) -> tuple[int, int]:
-    """``(chunk_size, samples)``: equal chunks, at least two, of at most :data:`CHUNK_ROWS` rows, covering all but
-    fewer than one row per chunk."""
-    chunks = max(2, -(-int(rows) // CHUNK_ROWS))
+    """``(chunk_size, samples)``: equal chunks, at least :data:`MIN_CHUNKS` where the rows allow chunks of two
+    rows (at least two chunks), of at most :data:`CHUNK_ROWS` rows, covering all but fewer than one row per
+    chunk."""
+    chunks = max(2, min(MIN_CHUNKS, int(rows) // 2), -(-int(rows) // CHUNK_ROWS))
     size = int(rows) // chunks
     return size, size * chunks
 
