@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from . import __version__
+from .errors import MissingDependencyError
 from .methods import METHODS
 from .storage.errors import RESTORE_HINT, StoreError
 
@@ -650,7 +651,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stdout.flush()
             return 0 if result["intact"] else EXIT_DAMAGED
         elif args.command == "report":
-            from .report import write_report
+            from .report import _plt, write_report
+
+            _plt()  # matplotlib installed, before the store is read
 
             result = write_report(args.store, args.out, model=args.model, teacher=args.teacher)
             if not args.json:
@@ -709,7 +712,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(json.dumps({"error": msg, "kind": type(err).__name__}))
         print(f"relulearn: error: {msg}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (ConfigError, StoreError, NetworkFileError, SourceDataError, OSError, ValueError) as err:
+    except (ConfigError, StoreError, NetworkFileError, SourceDataError, OSError, ValueError,
+            MissingDependencyError) as err:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(err), "kind": type(err).__name__}))
         print(f"relulearn: error: {err}", file=sys.stderr)

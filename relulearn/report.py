@@ -62,7 +62,10 @@ def _plt():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ImportError("relulearn report draws with matplotlib: pip install 'relulearn[report]'") from None
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError("relulearn report draws with matplotlib, which is not installed: "
+                                     "pip install 'relulearn[report]' (or pip install matplotlib)") from None
     return plt
 
 

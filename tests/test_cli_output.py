@@ -97,3 +97,21 @@ def test_the_demo_mentions_merged_units_only_when_a_teacher_unit_is_missing(caps
     result["units"][1] = dict(unit, unit=1, learned_lambda=None, angle=None)
     _print_demo(result)
     assert "teacher unit 1 not found" in capsys.readouterr().out
+
+
+def test_report_without_matplotlib_is_the_documented_error(tmp_path):
+    """After the main install (no matplotlib) `relulearn report` says what to install, as `relulearn: error:`
+    with exit code 2 (and the same message as JSON with --json), before it reads the store."""
+    blocked = tmp_path / "blocked" / "matplotlib"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = cli_env()
+    env["PYTHONPATH"] = str(tmp_path / "blocked") + ":" + env["PYTHONPATH"]
+    for extra in ([], ["--json"]):
+        done = subprocess.run([PYTHON, "-m", "relulearn.cli", "report", str(tmp_path / "s.zarr"), "--out",
+                               str(tmp_path / "r.html"), *extra], capture_output=True, text=True, env=env)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert "relulearn: error: relulearn report draws with matplotlib" in done.stderr
+        assert "pip install 'relulearn[report]'" in done.stderr
+        if extra:
+            assert json.loads(done.stdout)["kind"] == "MissingDependencyError"
