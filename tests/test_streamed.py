@@ -109,8 +109,11 @@ def test_refinement_is_bitwise_equal_in_process_and_on_two_workers(client):
     assert all(np.array_equal(a, b) for a, b in zip(here.weights, there.weights))
 
 
-def test_moments_at_large_d_enumerates_projected_parts_and_refines_on_the_stream(client, tmp_path, monkeypatch):
-    """The large-d path (no bounded d-dimensional sample, no polish), forced at d = 24: exact."""
+def _fit_large(client, tmp_path, monkeypatch, d: int, width: int, seed: int, *, matrix_free: bool,
+               noise: float = 0.0) -> tuple[dict, dict]:
+    """``fit --method moments`` with the large-d path forced at a small d (no bounded d-dimensional sample for
+    the enumeration; the matrix-free polish allowed or not): the result, and the parameter error's evaluation
+    (None with noisy labels)."""
     import yaml
 
     from relulearn import api
@@ -118,19 +121,28 @@ def test_moments_at_large_d_enumerates_projected_parts_and_refines_on_the_stream
     from relulearn.estimators import moments
 
     monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
-    monkeypatch.setattr(moments, "CG_POLISH_BYTES", 0)
-    data = {"seed": 3, "samples": 200_000, "chunk_size": 25_000,
-            "source": {"d": 24, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 5}},
+    if not matrix_free:
+        monkeypatch.setattr(moments, "CG_POLISH_BYTES", 0)
+    data = {"seed": seed, "samples": 200_000, "chunk_size": 25_000,
+            "source": {"d": d, "noise_std": noise, "teacher": {"kind": "one_hidden_relu", "width": width,
+                                                               "seed": seed + 2}},
             "run": {"commit_interval": 1e9}}
     out = str(tmp_path / "m.npz")
-    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=2, out=out, client=client,
-                  progress=None)
+    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=width, out=out,
+                  client=client, progress=None)
+    if noise:
+        return res, {}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    return res, api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
+
+
+def test_moments_at_large_d_enumerates_projected_parts_and_refines_on_the_stream(client, tmp_path, monkeypatch):
+    """The large-d path (no bounded d-dimensional sample, no polish), forced at d = 24: exact."""
+    res, ev = _fit_large(client, tmp_path, monkeypatch, 24, 2, 3, matrix_free=False)
     assert "skipped" in res["report"]["polish"] and res["report"]["chosen"] == "refined"
     # noiseless: fitted to rounding on the bounded stream (8 rows per unknown, at least 20,000), not on all 200,000
     assert res["report"]["refinement"]["samples"] == 20_000
     assert res["report"]["refinement"]["stop"] == "loss at rounding level"
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
     assert ev["parameter_error"] <= 1e-12, ev
 
 
@@ -138,24 +150,10 @@ def test_moments_at_large_d_polishes_matrix_free_where_its_bounded_sample_fits(c
     """The large-d path with a bounded sample of 8 rows per unknown that fits: enumeration on projected parts,
     then the matrix-free Gauss–Newton polish, exact on the validation samples (no streamed refinement), forced
     at d = 40."""
-    import yaml
-
-    from relulearn import api
-    from relulearn.config import config_from_dict
-    from relulearn.estimators import moments
-
-    monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
-    data = {"seed": 4, "samples": 200_000, "chunk_size": 25_000,
-            "source": {"d": 40, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 6}},
-            "run": {"commit_interval": 1e9}}
-    out = str(tmp_path / "m.npz")
-    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=3, out=out, client=client,
-                  progress=None)
+    res, ev = _fit_large(client, tmp_path, monkeypatch, 40, 3, 4, matrix_free=True)
     rep = res["report"]
     assert rep["chosen"] == "polish" and rep["polish"]["cg_iterations"], rep["polish"]
     assert rep["refinement"] == {"skipped": "polish is exact on the validation samples"}
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    ev = api.evaluate(out, tmp_path / "c.yaml", samples=50_000)
     assert ev["parameter_error"] <= 1e-12, ev
 
 
@@ -163,17 +161,7 @@ def test_moments_at_large_d_with_noisy_labels_refines_on_every_sample_after_the_
                                                                                                 monkeypatch):
     """Labels with noise are not fitted to their rounding on the bounded stream: the refinement goes on over all
     the store's samples (the statistically efficient fit), from where the bounded one stopped."""
-    from relulearn import api
-    from relulearn.config import config_from_dict
-    from relulearn.estimators import moments
-
-    monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
-    monkeypatch.setattr(moments, "CG_POLISH_BYTES", 0)
-    data = {"seed": 3, "samples": 200_000, "chunk_size": 25_000,
-            "source": {"d": 24, "noise_std": 0.05, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 5}},
-            "run": {"commit_interval": 1e9}}
-    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=2,
-                  out=str(tmp_path / "m.npz"), client=client, progress=None)
+    res, _ = _fit_large(client, tmp_path, monkeypatch, 24, 2, 3, matrix_free=False, noise=0.05)
     ref = res["report"]["refinement"]
     assert ref["bounded_first"]["samples"] == 20_000 and ref["bounded_first"]["stop"] != "loss at rounding level"
     assert ref["samples"] == 200_000 and ref["kept"]
