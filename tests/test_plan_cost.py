@@ -75,10 +75,13 @@ def test_a_pass_projects_linearly_in_samples_and_inversely_in_workers():
         assert two.seconds[part] == pytest.approx(one.seconds[part] / 2)
         assert big.seconds[part] == pytest.approx(4 * two.seconds[part])
     assert big.blocks == math.ceil(80 / cfg.run.chunks_per_block)
-    # one commit per commit_interval of work, and the last
+    # one commit per commit_interval of work, and the last: each writes the block partial's bytes
     worker_wall = sum(big.seconds[p] for p in ("generation", "teacher", "update", "chunks"))
-    each = big.seconds["commit"] / (1 + int(worker_wall // cfg.run.commit_interval))
-    assert each > 0
+    commits = 1 + int(worker_wall // cfg.run.commit_interval)
+    partial = sum(f.partial_bytes for f in big.families)
+    each = partial / RATES.disk + RATES.seconds(Work(stream=2 * partial))
+    assert big.seconds["commit"] == pytest.approx(commits * each)
+    assert partial == 8 * 2 * ((200 * 200 + 2 * 200 + 2) + 16 * (200 * 200 + 200 + 1))
 
 
 def test_the_planner_sketches_a_large_d_where_dense_would_take_hours():
