@@ -98,13 +98,59 @@ class RunPlan:
         return out
 
 
-def _candidates(mod: Any, cfg: Any, width: Optional[int], extra: dict) -> dict[str, tuple[dict, list]]:
-    """``{form: (statistics, [(name, statistics, optional), ...])}`` of a method's routes."""
+#: a pilot pass (the control variate's fit, the τ quantiles) takes at most this share of the run's samples: on
+#: the driver, alone, its samples cost about as much as the pass's on one worker, so on two workers it stays
+#: within ~5 % of the pass's time (a share of samples, not of seconds: the statistics' bits stay independent of
+#: the machine's speed)
+PILOT_SHARE = 0.025
+
+#: the smallest pilot (a quantile grid needs its tails populated)
+PILOT_FLOOR = 10_000
+
+#: the pilots' sample counts in a statistics section, by family
+_PILOTS = {"contracted": "control_samples", "filtered": "pilot_samples", "residual": "pilot_samples"}
+
+
+def size_pilots(statistics: dict, samples: int, d: int) -> dict:
+    """``statistics`` with each pilot pass the method left at its default sized to the run: ``PILOT_SHARE``
+    of ``samples``, at least ``PILOT_FLOOR`` (and 20 d for a control variate's d + 1 coefficients), at most the
+    family's default."""
+    from .config import StatisticsConfig
+
+    out = dict(statistics)
+    for fam, key in _PILOTS.items():
+        sec = out.get(fam)
+        if not isinstance(sec, dict) or key in sec:
+            continue
+        if (fam == "contracted" and not sec.get("control")) or (fam != "contracted" and not sec.get("quantiles")):
+            continue  # no pilot pass
+        model = StatisticsConfig.model_fields[fam].annotation
+        default = _default_of(model, key)
+        if default is None:
+            continue
+        floor = max(PILOT_FLOOR, 20 * d) if fam == "contracted" else PILOT_FLOOR  # d + 1 coefficients, or a 1-d grid
+        out[fam] = dict(sec, **{key: int(min(default, max(floor, int(PILOT_SHARE * samples))))})
+    return out
+
+
+def _default_of(annotation: Any, key: str) -> Optional[int]:
+    """The default of ``key`` in a section's pydantic model (``Optional[Model]`` unwrapped)."""
+    for model in (annotation, *getattr(annotation, "__args__", ())):
+        field = getattr(model, "model_fields", {}).get(key)
+        if field is not None:
+            return int(field.default)
+    return None
+
+
+def _candidates(mod: Any, cfg: Any, width: Optional[int], extra: dict, samples: int
+                ) -> dict[str, tuple[dict, list]]:
+    """``{form: (statistics, [(name, statistics, optional), ...])}`` of a method's routes, pilots sized to the
+    run's ``samples``."""
     d = cfg.source.d
-    dense = mod.required_statistics(d, width, **extra)
+    dense = size_pilots(mod.required_statistics(d, width, **extra), samples, d)
     out = {"dense": (dense, [])}
     if hasattr(mod, "DENSE_FAMILIES"):
-        sketched = mod.required_statistics(d, width, **dict(extra, sketched=True))
+        sketched = size_pilots(mod.required_statistics(d, width, **dict(extra, sketched=True)), samples, d)
         out["sketch"] = (sketched, list(mod.sketch_passes(d, width)) if hasattr(mod, "sketch_passes") else [])
     return out
 
@@ -175,7 +221,7 @@ def plan_run(cfg: Any, method: Optional[str] = None, *, width: Optional[int] = N
         from .api import _method
 
         mod = _method(method)
-        routes = _candidates(mod, cfg, width, dict(extra or {}))
+        routes = _candidates(mod, cfg, width, dict(extra or {}), n)
         projected = {form: _passes(cfg, stats, more, rates, workers, n, src, outputs)
                      for form, (stats, more) in routes.items()}
         form, choice = _choose(cfg, mod, width, projected)
