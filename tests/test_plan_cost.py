@@ -68,13 +68,17 @@ def test_dense_work_is_the_syrk_count_and_the_sketch_work_is_linear_in_d():
 
 def test_a_pass_projects_linearly_in_samples_and_inversely_in_workers():
     cfg = cfg_of(200, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}})
-    one = project_pass(cfg, RATES, workers=1, samples=1_000_000)
-    two = project_pass(cfg, RATES, workers=2, samples=1_000_000)
-    big = project_pass(cfg, RATES, workers=2, samples=4_000_000)
+    one = project_pass(cfg, RATES, workers=1, samples=1_600_000)
+    two = project_pass(cfg, RATES, workers=2, samples=1_600_000)  # 32 chunks, 8 blocks: 4 on each worker
+    big = project_pass(cfg, RATES, workers=2, samples=6_400_000)
     for part in ("generation", "teacher", "update", "chunks"):
         assert two.seconds[part] == pytest.approx(one.seconds[part] / 2)
         assert big.seconds[part] == pytest.approx(4 * two.seconds[part])
-    assert big.blocks == math.ceil(80 / cfg.run.chunks_per_block)
+    assert big.blocks == math.ceil(128 / cfg.run.chunks_per_block)
+    # 5 blocks on two workers: the pass lasts 3 blocks, not 2.5
+    five = project_pass(cfg, RATES, workers=2, samples=1_000_000)
+    alone = project_pass(cfg, RATES, workers=1, samples=1_000_000)
+    assert five.seconds["update"] == pytest.approx(alone.seconds["update"] * 3 / 5)
     # one commit per commit_interval of work, and the last: each writes the block partial's bytes
     worker_wall = sum(big.seconds[p] for p in ("generation", "teacher", "update", "chunks"))
     commits = 1 + int(worker_wall // cfg.run.commit_interval)
@@ -103,6 +107,26 @@ def test_the_planner_stays_dense_at_small_d_and_where_products_are_cheap():
     fast = Rates(peak=4e12, half=25.0, memory=1.5e10, normals=9e7, disk=1e9)
     assert plan_run(cfg_of(512), "moments", workers=2, rates=RATES).choice["form"] == "sketch"
     assert plan_run(cfg_of(512), "moments", workers=2, rates=fast).choice["form"] == "dense"
+
+
+@pytest.mark.parametrize("d,samples", [(50, 400_000), (50, 2_000_000), (100, 10**7), (50, 10**8)])
+def test_the_pilot_pass_is_a_small_share_of_the_run(d, samples):
+    """The control variate's pilot (on the driver, before the first block) is sized to the run: within 5 % of the
+    projected pass on two workers, never above its default, and the same whatever the machine's speed (a share
+    of the samples: the statistics' bits must not depend on the rates)."""
+    plan = plan_run(cfg_of(d, samples), "moments", workers=2, rates=RATES)
+    assert plan.choice["form"] == "dense" and plan.statistics["contracted"]["control"]
+    est = plan.passes[0]
+    assert est.seconds["pilot"] <= 0.05 * est.projected_seconds
+    pilot = plan.statistics["contracted"]["control_samples"]
+    assert max(10_000, 20 * d) <= pilot <= 100_000
+    fast = Rates(peak=4e12, half=25.0, memory=1.5e11, normals=9e8, disk=1e10)
+    assert plan_run(cfg_of(d, samples), "moments", workers=2, rates=fast).statistics == plan.statistics
+    # a pilot the configuration gives is kept
+    given = {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True,
+                                         "control_samples": 123_000}}
+    assert plan_run(cfg_of(d, samples, given), "moments", workers=2, rates=RATES).statistics["contracted"][
+        "control_samples"] == 123_000
 
 
 def test_the_planner_sketches_when_the_dense_partial_does_not_fit_the_worker_memory():

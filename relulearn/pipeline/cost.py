@@ -7,7 +7,9 @@ into the passes of a run, and the planner compares forms by their projected time
 * BLAS-3 flops, each product with its *size* (the smallest of its dimensions other than the rows: d for a d × d
   Gram, r for the skinny ``X Ω``); one BLAS thread reaches ``peak · s / (s + half)`` flop/s on products of size s
   (:meth:`Rates.blas`: small products run far below peak);
-* bytes of memory-bound numpy work (weights, gathers, the chunk's own accumulator added and squared);
+* bytes of memory-bound numpy work (weights, gathers, the chunk's own accumulator added and squared), and
+  apart the bytes written into fresh temporaries (a broadcast product's result: its pages are touched first,
+  several times slower per byte than work in place);
 * Gaussian numbers drawn (the inputs, and the noise).
 
 A teacher known to relulearn (a planted network) has its forward pass counted; a black box (ONNX, a callable,
@@ -33,23 +35,26 @@ __all__ = ["Work", "Rates", "calibrate", "family_work", "statistics_work", "teac
 _F = 8  # bytes of a float64
 
 #: bumped when what :func:`calibrate` measures changes: older cached rates are measured again
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 4
 
 
 @dataclass(frozen=True)
 class Work:
-    """Work per sample: BLAS-3 flops by product size, memory-bound bytes, Gaussian numbers drawn."""
+    """Work per sample: BLAS-3 flops by product size, memory-bound bytes (in place, and written into fresh
+    temporaries), Gaussian numbers drawn."""
 
     gemm: tuple[tuple[float, int], ...] = ()
     stream: float = 0.0
     normals: float = 0.0
+    fresh: float = 0.0
 
     def __add__(self, other: "Work") -> "Work":
-        return Work(self.gemm + other.gemm, self.stream + other.stream, self.normals + other.normals)
+        return Work(self.gemm + other.gemm, self.stream + other.stream, self.normals + other.normals,
+                    self.fresh + other.fresh)
 
     def scaled(self, c: float) -> "Work":
         """The work of ``c`` copies (``c`` outputs computed one after the other)."""
-        return Work(tuple((f * c, s) for f, s in self.gemm), self.stream * c, self.normals * c)
+        return Work(tuple((f * c, s) for f, s in self.gemm), self.stream * c, self.normals * c, self.fresh * c)
 
     @property
     def flops(self) -> float:
@@ -61,7 +66,9 @@ class Rates:
     """What one core of this machine does per second, as :func:`calibrate` measured it.
 
     ``peak`` flop/s of one BLAS thread on large products, reached at half by products of size ``half``;
-    ``memory`` bytes/s of elementwise numpy work; ``normals`` Gaussian numbers/s of the sample streams (SFC64);
+    ``memory`` bytes/s of elementwise numpy work in place, ``fresh`` bytes/s written by a broadcast product into
+    a new array (0: not measured, a third of ``memory``); ``normals`` Gaussian numbers/s of the sample streams
+    (SFC64);
     ``disk`` bytes/s of a commit (compressed zarr chunks written and synced); ``task`` seconds of a Dask task's
     round trip (scheduling, pickling a small result); ``setup`` seconds a pass spends whatever its size (the
     store's lease, metadata and statistics set up, its commits' fixed part: a tiny run measured end to end)."""
@@ -71,8 +78,9 @@ class Rates:
     memory: float
     normals: float
     disk: float
-    task: float = 0.01
+    task: float = 0.03  # a block on a local cluster: submitted, its partial returned and merged (0.02–0.04 s here)
     setup: float = 0.5
+    fresh: float = 0.0
     machine: str = ""
     measured: str = ""
 
@@ -84,7 +92,7 @@ class Rates:
     def seconds(self, work: Work) -> float:
         """Seconds of one core for ``work``."""
         return (sum(f / self.blas(s) for f, s in work.gemm) + work.stream / self.memory
-                + work.normals / self.normals)
+                + work.fresh / (self.fresh or self.memory / 3) + work.normals / self.normals)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,15 +107,17 @@ def _syrk(d: int) -> tuple[float, int]:
 
 
 def _gram_work(d: int, matrices: int, *, weighted: bool = True) -> Work:
-    """``matrices`` d × d sums of ``w x xᵀ``: a syrk each above d = 64, one GEMM per row batch for all below it
-    (2 d² flops each), the rows gathered or weighted once per matrix."""
+    """``matrices`` d × d sums of ``w x xᵀ``: a syrk each above d = 64 (the rows gathered or weighted once per
+    matrix, in place), one GEMM per row batch for all below it (2 d² flops each, on a fresh weighted copy of
+    the rows for every matrix, which the GEMM then reads)."""
     from ..hermite import _SYRK_MIN_D
 
     if d >= _SYRK_MIN_D:
-        flops = (matrices * float(d) * (d + 1), d)
-    else:
-        flops = (2.0 * matrices * d * d, min(d, matrices * d))
-    return Work((flops,), stream=(2 if weighted else 1) * _F * d * matrices)
+        return Work(((matrices * float(d) * (d + 1), d),), stream=(2 if weighted else 1) * _F * d * matrices)
+    flops = (2.0 * matrices * d * d, min(d, matrices * d))
+    if not weighted:
+        return Work((flops,), stream=_F * d * matrices)
+    return Work((flops,), stream=_F * d * matrices, fresh=_F * d * matrices)
 
 
 def _section(cfg: Any, name: str) -> Any:
@@ -287,7 +297,7 @@ def sums_entries(statistics: Any, d: int, outputs: Optional[int] = None) -> dict
 # --------------------------------------------------------------------------------------- calibration
 
 
-def _best_of(fn: Any, repeat: int = 3) -> float:
+def _best_of(fn: Any, repeat: int = 5) -> float:
     """The fastest of ``repeat`` timed calls (the machine is shared: the fastest is the least disturbed)."""
     best = math.inf
     for _ in range(repeat):
@@ -298,19 +308,33 @@ def _best_of(fn: Any, repeat: int = 3) -> float:
 
 
 def _measure() -> dict[str, float]:
-    """The measurements behind :class:`Rates`, on one BLAS thread: Grams of 2048 rows at sizes 32–1024 (their
-    flop rates fit ``1/rate = 1/peak + half/(peak·size)``), elementwise work on 64 MB, SFC64 normals, and a
-    compressed 16 MB write synced to disk, a tiny pass end to end. About three seconds."""
+    """The measurements behind :class:`Rates`: :func:`_measure_core`, the disk, and a tiny pass.
+
+    One process measures: two at once (a local cluster's workers side by side on two cores) measured the same
+    rates here, within the machine's own noise."""
+    return dict(_measure_core(0.0), disk=_disk_rate(_tempdir()), setup=_setup_seconds())
+
+
+def _tempdir() -> str:
     import tempfile
 
+    return tempfile.gettempdir()
+
+
+def _measure_core(start: float) -> dict[str, float]:
+    """The measurements behind :class:`Rates` in this process, on one BLAS thread, from the time ``start``:
+    Grams of 2048 rows at sizes 32–1024 (their flop rates fit ``1/rate = 1/peak + half/(peak·size)``),
+    elementwise work on 64 MB in place and a broadcast product into a fresh array, SFC64 normals. About two
+    seconds."""
     from threadpoolctl import threadpool_limits
 
     from .sources import Stream, generator
 
     gen = generator(0, Stream.PILOT, 99)
+    time.sleep(max(0.0, start - time.time()))
     with threadpool_limits(limits=1, user_api="blas"):
         sizes, inv = [], []
-        for s in (32, 128, 512, 1024):
+        for s in (32, 64, 128, 256, 512, 1024):
             x = gen.standard_normal((2048, s))
             sec = _best_of(lambda: x.T @ x)
             sizes.append(s)
@@ -323,11 +347,15 @@ def _measure() -> dict[str, float]:
     big = np.ones(2**23)  # 64 MB: past the caches, as a chunk's accumulator is
     other = np.ones(2**23)
     memory = 3 * big.nbytes / _best_of(lambda: np.multiply(big, other, out=big))
+    # a broadcast product into a new array of 16 MB, as the small-d weighted copies of a row batch are made
+    rows, cols = np.ones((2**12, 16)), np.ones((2**12, 32))
+    fresh = 2**12 * 16 * 32 * 8 / _best_of(lambda: rows[:, :, None] * cols[:, None, :], repeat=5)
+    # the rate of a batch's normals depends on where its array lands (it varies by ~40 % between allocations of
+    # the same size here): the median over several arrays, each timed at its best
     draws = 2**20
-    normals = draws / _best_of(lambda: gen.standard_normal(draws), repeat=5)
-    disk = _disk_rate(tempfile.gettempdir())
-    return {"peak": float(peak), "half": float(half), "memory": float(memory), "normals": float(normals),
-            "disk": float(disk), "setup": _setup_seconds()}
+    normals = draws / float(np.median([_best_of(lambda: gen.standard_normal(draws), repeat=3) for _ in range(9)]))
+    return {"peak": float(peak), "half": float(half), "memory": float(memory), "fresh": float(fresh),
+            "normals": float(normals)}
 
 
 def _setup_seconds() -> float:

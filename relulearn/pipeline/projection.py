@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
 
-__all__ = ["FamilyCost", "PassPlan", "project_pass", "format_seconds", "format_bytes"]
+__all__ = ["FamilyCost", "PassPlan", "project_pass", "makespan", "format_seconds", "format_bytes"]
 
 _F = 8
 
@@ -142,11 +142,14 @@ def project_pass(cfg: Any, rates: Rates, *, workers: int, samples: Optional[int]
     acc_terms = sum(e for _, e in entries.values())
     partial = _F * (acc_sums + acc_terms)
     chunk_seconds = rates.seconds(Work(stream=CHUNK_COPIES * _F * (acc_sums + acc_terms)))
+    # the workers' wall time: the blocks (``per_block`` chunks, the last maybe fewer) taken in order by the
+    # first free worker; 5 equal blocks on 2 workers take 3 blocks' time, not 2.5
+    share = makespan(chunks, per_block, workers) / chunks
     parallel = {
-        "generation": n * src.generation / workers,
-        "teacher": n * src.teacher / workers,
-        "update": n * update / workers,
-        "chunks": chunks * chunk_seconds / workers,
+        "generation": n * src.generation * share,
+        "teacher": n * src.teacher * share,
+        "update": n * update * share,
+        "chunks": chunks * chunk_seconds * share,
     }
     worker_wall = sum(parallel.values())
     merge = blocks * (rates.seconds(Work(stream=MERGE_COPIES * partial)) + rates.task)
@@ -165,6 +168,19 @@ def project_pass(cfg: Any, rates: Rates, *, workers: int, samples: Optional[int]
     return PassPlan(name, n, chunks, blocks, workers, tuple(families), src, seconds,
                     worker_bytes=int(partial + _F * acc_sums + batch), driver_bytes=int(partial * (1 + in_flight)),
                     optional=optional)
+
+
+def makespan(chunks: int, per_block: int, workers: int) -> float:
+    """Chunks' worth of time until the last block of a pass is done: blocks of ``per_block`` chunks (the last
+    one the rest) taken in order by whichever of ``workers`` equal workers is free first."""
+    full, rest = divmod(int(chunks), int(per_block))
+    workers = max(1, int(workers))
+    if full + (rest > 0) <= workers:
+        return float(per_block if full else rest)
+    rounds, left = divmod(full, workers)  # equal blocks fill whole rounds; then the leftover ones and the rest
+    if left == 0:
+        return float(rounds * per_block + (rest if rest else 0))
+    return float(rounds * per_block + per_block)  # the rest goes to a worker free after `rounds` blocks
 
 
 def format_seconds(s: float) -> str:
