@@ -651,9 +651,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             sys.stdout.flush()
             return 0 if result["intact"] else EXIT_DAMAGED
         elif args.command == "report":
-            from .report import _plt, write_report
+            from .report import plt, write_report
 
-            _plt()  # matplotlib installed, before the store is read
+            plt()  # matplotlib installed, before the store is read
 
             result = write_report(args.store, args.out, model=args.model, teacher=args.teacher)
             if not args.json:
@@ -661,6 +661,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       f"{', '.join(result['figures']) or 'none'}")
                 for name, why in result["not_drawn"].items():
                     print(f"  not drawn: {name}: {why}")
+                for name, pairs in result["overlaps"].items():
+                    print(f"  overlapping text in {name}: {'; '.join(pairs[:3])}")
                 return 0
         elif args.command == "merge":
             result = api.merge(args.a, args.b, args.out, break_lock=args.break_lock)

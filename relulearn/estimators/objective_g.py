@@ -18,7 +18,7 @@ r² × r² matrix, all pair values are ``C = S T Sᵀ``, one GEMM, and the gradi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 from scipy.optimize import minimize
@@ -94,10 +94,26 @@ class StartResult:
     distinct: int
     max_cross_cos: float  # largest |cos| between two rows: 0 for an orthonormal answer
     unbounded: bool
+    trace: tuple[float, ...] = ()  # G at the start and after every iteration
 
     def to_dict(self) -> dict:
         return {"start": self.start, "G": self.value, "iterations": self.iterations, "converged": self.converged,
-                "distinct_rows": self.distinct, "max_cross_cos": self.max_cross_cos, "unbounded": self.unbounded}
+                "distinct_rows": self.distinct, "max_cross_cos": self.max_cross_cos, "unbounded": self.unbounded,
+                "trace": thin_trace(self.trace)}
+
+
+#: points of a start's G trace kept in a report (log-spaced in the iteration: the early descent and the end)
+TRACE_POINTS = 80
+
+
+def thin_trace(trace: tuple[float, ...], points: int = TRACE_POINTS) -> list[list[float]]:
+    """``[[iteration, G], ...]`` at about ``points`` iterations spaced evenly in log(1 + iteration), the first
+    and the last included."""
+    if not trace:
+        return []
+    last = len(trace) - 1
+    keep = np.unique(np.round(np.expm1(np.linspace(0.0, np.log1p(last), points))).astype(int))
+    return [[int(i), float(trace[i])] for i in keep]
 
 
 def _one_start(tmat: np.ndarray, m: int, mu: float, lam: float, seed: tuple[int, ...], start: int,
@@ -110,7 +126,12 @@ def _one_start(tmat: np.ndarray, m: int, mu: float, lam: float, seed: tuple[int,
         v, g = g_value_grad(flat.reshape(m, r), tmat, mu, lam)
         return v, g.ravel()
 
-    res = minimize(fun, b0.ravel(), jac=True, method="L-BFGS-B",
+    trace = [float(fun(b0.ravel())[0])]
+
+    def seen(intermediate_result: Any) -> None:  # scipy passes the iterate's value: no extra evaluation
+        trace.append(float(intermediate_result.fun))
+
+    res = minimize(fun, b0.ravel(), jac=True, method="L-BFGS-B", callback=seen,
                    options={"maxiter": max_iter, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-10})
     b = res.x.reshape(m, r)
     norms = np.linalg.norm(b, axis=1)
@@ -119,7 +140,7 @@ def _one_start(tmat: np.ndarray, m: int, mu: float, lam: float, seed: tuple[int,
     bn = b / np.maximum(norms[:, None], 1e-300)
     cross = np.abs(bn @ bn.T) - np.eye(m)
     return StartResult(start, float(res.fun), int(res.nit), bool(res.success), b, distinct_rows(b),
-                       float(cross.max(initial=0.0)), unbounded)
+                       float(cross.max(initial=0.0)), unbounded, tuple(trace))
 
 
 def minimize_g(tmat: np.ndarray, m: int, params: GParameters, *, starts: int = 8, seed: tuple[int, ...] = (0,),

@@ -1,0 +1,130 @@
+"""``relulearn report``: one self-contained HTML file with PNG figures of a store and what was learned from it.
+
+Every store gets the common figures (each drawn when its inputs exist, else a line saying what would draw it):
+
+1. **Spectra**: eigenvalues of the stored second-moment estimates (contracted ``M_l^g``, filtered ``M_τ``, the
+   Hermite ``T_2``, the output moments' ``T_2``), largest in magnitude first, with error bars and the noise floor.
+2. **τ grid**: the thresholds of the filtered family against ``P[|y| > τ]``.
+3. **Learning curves**: the stages of the last learn on the store.
+4. **Units** (``--model`` and ``--teacher``): per teacher unit, the angle to its matched learned unit and the
+   output weights side by side.
+5. **Samples**: every learn on the store against the samples it held (the store extended): the test error of the
+   network it learned on fresh samples of ``--teacher``, or else the held-out loss it reported.
+
+and the figures of the method of its last learn (:mod:`.methods`): polynomial (error against degree), landscape
+(the objective G over the optimisation, the units' angles), exact (the decomposition, the weights of every
+output), filtered-pca (the filtered spectra per τ, the residual passes).
+
+Pure plotting on numpy arrays read from the store; the figures are PNG bytes embedded as base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..atomic import write_text
+from . import common
+from ._plot import Figure, plt
+from .methods import METHOD_FIGURES, method_figures
+
+__all__ = ["Figure", "FIGURES", "FRAME_COLOURS", "report_figures", "render_html", "write_report", "plt"]
+
+#: the common figures of every report, in order: (name, title)
+FIGURES = (("spectra", "Eigenvalue spectra with error bars and noise floor"),
+           ("tau", "Filter thresholds τ and P[|y| > τ]"),
+           ("learning", "Learning curves of the last learn"),
+           ("units", "Learned vs teacher units"),
+           ("samples", "Test error against samples, as the store was extended"))
+
+#: fresh teacher samples on which every recorded network's test error is measured
+TEST_SAMPLES = 50_000
+
+#: a distinct frame colour per figure (a screenshot test finds every figure by it)
+FRAME_COLOURS = {"spectra": "#d62728", "tau": "#2ca02c", "learning": "#1f77b4", "units": "#9467bd",
+                 "samples": "#ff7f0e", "degree": "#8c564b", "objective": "#e377c2", "angles": "#17becf",
+                 "decomposition": "#bcbd22", "outputs": "#7f7f7f", "filtered": "#393b79", "passes": "#637939"}
+
+
+# ------------------------------------------------------------------- html
+
+
+def render_html(figures: list[Figure], heading: str, facts: list[tuple[str, str]]) -> str:
+    """One self-contained page: a table of facts, then every figure (PNG as a data URL) with its caption."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(heading)}</title>",
+             "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}td{padding:2px 12px}"
+             "figure{margin:18px 0}img{display:block;max-width:100%}figcaption{color:#444;font-size:90%}"
+             "</style></head><body>", f"<h1>{html.escape(heading)}</h1><table>"]
+    parts += [f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts]
+    parts.append("</table>")
+    for f in figures:
+        parts.append(f"<h2>{html.escape(f.title)}</h2>")
+        if f.png is None:
+            parts.append(f"<p><em>Not drawn: {html.escape(f.caption)}</em></p>")
+            continue
+        data = base64.b64encode(f.png).decode()
+        parts.append(f"<figure id='{f.name}'><img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}' "
+                     f"style='border:6px solid {FRAME_COLOURS[f.name]}'><figcaption>{html.escape(f.caption)}"
+                     "</figcaption></figure>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def report_figures(store: str, *, model: Optional[Any] = None, teacher: Optional[Any] = None,
+                   test: Optional[tuple[np.ndarray, np.ndarray]] = None) -> list[Figure]:
+    """The figures of :data:`FIGURES` and of the last learn's method for ``store`` (and a learned ``model``
+    against a ``teacher`` network, whose samples ``test`` measure every recorded network)."""
+    from ..storage import RunStore, open_store
+
+    run = open_store(store)
+    stats = {name: run.arrays(name) for name in run.statistics}
+    records = RunStore(store).records("learn")
+    last = records[-1] if records else None
+    return [common.spectra(stats), common.tau(stats), *method_figures(last), common.learning(last),
+            common.units(model, teacher), common.samples(records, teacher, test)]
+
+
+def write_report(store: str, out: str | Path, *, model: Optional[str] = None,
+                 teacher: Optional[str] = None) -> dict[str, Any]:
+    """Write the HTML report of ``store`` to ``out``; returns what was drawn and what was not (and why)."""
+    from ..api import status
+    from ..polynomial import load_model
+
+    net = load_model(model) if model is not None else None
+    t_net = _teacher_network(teacher) if teacher is not None else None
+    test = None
+    if t_net is not None:  # noiseless fresh samples of the teacher (the test stream, never used to learn)
+        from ..pipeline.sources import Stream, generator
+
+        x = generator(0, Stream.TEST, 0).standard_normal((TEST_SAMPLES, t_net.input_dim))
+        y = t_net.forward(x)
+        test = (x, y[:, 0] if y.shape[1] == 1 else y)
+    figs = report_figures(store, model=net, teacher=t_net, test=test)
+    st = status(store)
+    facts = [("store", store), ("samples", f"{st.get('samples', 0):,}"),
+             ("statistics", ", ".join(st.get("statistics", []))), ("seeds", str(st.get("seeds")))]
+    if model is not None:
+        facts.append(("model", str(model)))
+    if teacher is not None:
+        facts.append(("teacher", str(teacher)))
+    page = render_html(figs, f"relulearn report: {Path(store).name}", facts)
+    write_text(out, page)
+    return {"out": str(out), "bytes": len(page.encode()),
+            "figures": [f.name for f in figs if f.png is not None],
+            "not_drawn": {f.name: f.caption for f in figs if f.png is None},
+            "overlaps": {f.name: list(f.overlaps) for f in figs if f.overlaps}}
+
+
+def _teacher_network(teacher: str):
+    """The network of a ``.npz`` teacher, or of a config's planted/file teacher (None for a black box or data)."""
+    from ..config import load_config
+    from ..network import Network
+    from ..pipeline.sources import make_source
+
+    if str(teacher).endswith(".npz"):
+        return Network.load(teacher)
+    return getattr(make_source(load_config(teacher)), "network", None)

@@ -1,0 +1,242 @@
+"""The figures every store may have, whatever the method: spectra of its second-moment families, the filter's τ
+grid, the stages of the last learn, learned against teacher units, and the learns against the samples held."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ._plot import Figure, integer_axis, log_bars, panels, drawn, unit_angle
+
+#: the spectra figure shows at most this many matrices (the strongest evidence first)
+MAX_SPECTRA = 6
+
+
+def second_moments(stats: dict) -> tuple[list, list, list[str]]:
+    """Every stored symmetric d × d estimate with its standard errors: contracted ``M_l^g``, filtered ``M_τ``,
+    the Hermite ``T_2`` (of ``hermite``, or of each output in ``output_moments``)."""
+    from ..estimators import spectral
+    from ..hermite import unpack
+
+    mats: list = []
+    ses: list = []
+    names: list[str] = []
+    if "contracted" in stats:
+        m, s, n = spectral.matrices_from_store(stats["contracted"])
+        mats, ses, names = mats + m, ses + s, names + n
+    if "filtered" in stats:
+        try:
+            m, s, n, _ = spectral.filtered_matrices(stats["filtered"], "M_tau", "")
+            mats, ses, names = mats + m, ses + s, names + n
+        except ValueError:
+            pass
+    if "hermite" in stats and "T2" in stats["hermite"]:
+        t2 = np.asarray(stats["hermite"]["T2"], dtype=float)
+        d = int(np.asarray(stats["hermite"]["T1"]).shape[-1])
+        mats.append(unpack(t2, d, 2))
+        ses.append(unpack(np.asarray(stats["hermite"]["T2_se"], dtype=float), d, 2))
+        names.append("T_2")
+    if "output_moments" in stats:
+        t2 = np.asarray(stats["output_moments"]["T2"], dtype=float)
+        se = np.asarray(stats["output_moments"]["T2_se"], dtype=float)
+        for j in range(t2.shape[0]):
+            mats.append(t2[j])
+            ses.append(se[j])
+            names.append(f"T_2 of output {j}")
+    return mats, ses, names
+
+
+def spectra(stats: dict) -> Figure:
+    from ..estimators import spectral
+
+    title = "Eigenvalue spectra with error bars and noise floor"
+    mats, ses, names = second_moments(stats)
+    if not mats:
+        return Figure("spectra", title, "no second-moment family in the store (contracted, filtered, hermite or "
+                      "output_moments)")
+    found = spectral.relevant_subspace(mats, ses, names=names).to_dict().get("spectra", [])[:MAX_SPECTRA]
+    fig, axes = panels(len(found))
+    for ax, sp in zip(axes, found):
+        ev = np.asarray(sp["eigenvalues"], dtype=float)
+        order = np.argsort(-np.abs(ev))[:20]
+        ev, err = ev[order], np.asarray(sp["error_bar"], dtype=float)[order]
+        ax.errorbar(np.arange(1, len(ev) + 1), ev, yerr=err, fmt="o", ms=3, capsize=2, color="C0")
+        for sign in (1, -1):
+            ax.axhline(sign * sp["floor"], color="C3", ls="--", lw=1)
+        ax.axhline(0, color="0.6", lw=0.5)
+        ax.set_title(f"{sp['name']} (rank {sp['rank']})", fontsize=9)
+        ax.set_xlabel("eigenvalue index (by |λ|)", fontsize=8)
+        ax.set_ylabel("eigenvalue ± error bar", fontsize=8)
+        integer_axis(ax.xaxis)
+    caption = (f"{len(found)} of {len(mats)} matrices; dashed: ± the noise floor; points outside it are the "
+               "directions the spectral stage keeps")
+    return Figure("spectra", title, caption, *drawn(fig))
+
+
+def tau(stats: dict) -> Figure:
+    title = "Filter thresholds τ and P[|y| > τ]"
+    if "filtered" not in stats:
+        return Figure("tau", title, "no filtered statistic in the store (statistics.filtered)")
+    arrays = stats["filtered"]
+    grid = np.asarray(arrays["tau"], dtype=float).reshape(-1)
+    prob = np.asarray(arrays["prob"], dtype=float).reshape(-1)
+    se = np.asarray(arrays["prob_se"], dtype=float).reshape(-1) if "prob_se" in arrays else None
+    fig, axes = panels(1, width=5.0)
+    ax = axes[0]
+    ax.errorbar(grid, prob, yerr=se, fmt="o-", ms=4, capsize=2, color="C2")
+    ax.set_xlabel("threshold τ")
+    ax.set_ylabel("P[|y| > τ]")
+    ax.set_ylim(0, 1)
+    return Figure("tau", title, f"{len(grid)} thresholds of the filtered second moment M_τ = E[1{{|y| > τ}} "
+                  "(xxᵀ − I)]", *drawn(fig))
+
+
+def curves(record: Optional[dict]) -> list[tuple[str, list[float]]]:
+    """(label, losses) of the stages of a learn report: enumeration stages, candidate answers, refinement."""
+    if record is None:
+        return []
+    rep = record.get("report", {})
+    out = []
+    enum = rep.get("enumeration") or {}
+    stages = [s.get("heldout_loss") for s in enum.get("stages", []) if s.get("heldout_loss") is not None]
+    if stages:
+        out.append(("enumeration stages (held-out)", stages))
+    models = [m.get("heldout_loss") for m in enum.get("models", []) if m.get("heldout_loss") is not None]
+    if models:
+        out.append(("candidate answers (held-out)", models))
+    ref = rep.get("refinement") or {}
+    steps = ref.get("iterations") or (ref.get("passes") if isinstance(ref.get("passes"), list) else [])
+    passes = [p.get("relative_loss", p.get("loss")) for p in steps if isinstance(p, dict)]
+    passes = [v for v in passes if v is not None]
+    if passes:
+        out.append(("refinement passes", passes))
+    rounds = rep.get("validation_relative_loss")
+    if isinstance(rounds, dict) and len(rounds) > 1:  # e.g. an answer and its polish, in turn
+        out.append(("answers in turn: " + ", ".join(rounds), [v for v in rounds.values() if v is not None]))
+    cands = [c.get("heldout_loss") for c in rep.get("candidates", []) if c.get("heldout_loss") is not None]
+    if cands:
+        out.append(("candidate networks (held-out)", cands))
+    return out
+
+
+def learning(record: Optional[dict]) -> Figure:
+    title = "Learning curves of the last learn"
+    shown = [(label, [v for v in vals if v is not None and v > 0]) for label, vals in curves(record)]
+    shown = [(label, vals) for label, vals in shown if vals]
+    if not shown or record is None:
+        return Figure("learning", title, "no learn with stage losses recorded in this store (relulearn learn / fit)")
+    fig, axes = panels(1, width=6.0, height=3.2)
+    ax = axes[0]
+    for i, (label, vals) in enumerate(shown):
+        ax.semilogy(np.arange(1, len(vals) + 1), vals, "o-", ms=3, label=label, color=f"C{i}")
+    ax.set_xlabel("stage / pass")
+    ax.set_ylabel("relative loss")
+    integer_axis(ax.xaxis)
+    ax.legend(fontsize=8)
+    return Figure("learning", title, f"method {record.get('method')}, {record.get('samples', 0):,} samples",
+                  *drawn(fig))
+
+
+def _unit_rows(net: Any) -> np.ndarray:
+    w = net.weights[0] if net.biases is None else np.column_stack([net.weights[0], net.biases[0]])
+    return w / np.linalg.norm(w, axis=1, keepdims=True)
+
+
+def units(model: Optional[Any], teacher: Optional[Any]) -> Figure:
+    title = "Learned vs teacher units"
+    if model is None or teacher is None:
+        return Figure("units", title, "give --model and --teacher (a network .npz or a config with a network "
+                      "teacher) to compare units")
+    from ..network import Network, compare
+
+    if not isinstance(model, Network) or model.depth != 1 or teacher.depth != 1:
+        return Figure("units", title, "units are compared for one-hidden-layer networks")
+    ut, ul = _unit_rows(teacher), _unit_rows(model)
+    k = ut.shape[0]
+    try:
+        error = (f"parameter error {compare(teacher, model).relative_error:.3g} (up to permutation and positive "
+                 "rescaling)")
+    except ValueError:  # defined for ReLU networks only; the angles are defined for any
+        error = f"{teacher.activation} units matched by angle"
+    from ..network import RELU_POWERS
+
+    # output weights times the unit's norm to the activation's degree: what a positively homogeneous unit
+    # contributes, per output
+    power = RELU_POWERS.get(getattr(teacher, "activation", "relu"), 1)
+    lt = teacher.weights[1] * np.linalg.norm(teacher.weights[0], axis=1) ** power
+    ll = model.weights[1] * np.linalg.norm(model.weights[0], axis=1) ** power
+    angles, lam_l = np.full(k, np.nan), np.full(lt.shape, np.nan)
+    if ul.shape[1] == ut.shape[1]:
+        from scipy.optimize import linear_sum_assignment
+
+        rows, cols = linear_sum_assignment(-(ut @ ul.T))  # the matching of largest total cosine
+        for i, j in zip(rows, cols):
+            angles[i] = unit_angle(ut[i], ul[j])
+            if ll.shape[0] == lt.shape[0]:
+                lam_l[:, i] = ll[:, j]
+    fig, (a1, a2) = panels(2, width=4.2, height=3.2)
+    clipped = log_bars(a1, angles, color="C4")
+    a1.set_xlabel("teacher unit")
+    a1.set_ylabel("angle to learned unit (rad)")
+    if clipped:
+        a1.legend(fontsize=7, loc="upper right")
+    lim = float(np.nanmax(np.abs(np.r_[lt.ravel(), lam_l.ravel()]))) * 1.15
+    a2.plot([-lim, lim], [-lim, lim], color="0.6", lw=0.8)
+    a2.scatter(lt.ravel(), lam_l.ravel(), color="C4", zorder=3, s=14)
+    sup = {1: "", 2: "²", 3: "³"}.get(power, f"^{power}")
+    a2.set_xlabel(f"teacher λ‖u‖{sup}")
+    a2.set_ylabel(f"learned λ‖u‖{sup}")
+    return Figure("units", title, f"{error}; unmatched units have no bar; {clipped} angle(s) at or below 10⁻¹⁵ "
+                  "drawn hatched", *drawn(fig))
+
+
+def recorded_network(record: dict) -> Any:
+    from ..network import Network
+
+    arrays = record.get("network")
+    if not arrays:
+        return None
+    return Network.from_arrays({k: (np.asarray(v, dtype=np.float64) if isinstance(v, list) else np.asarray(v))
+                                for k, v in arrays.items()}, origin="a learn record")
+
+
+def _heldout(record: dict) -> Optional[float]:
+    """The held-out loss a learn reported (a network's validation loss, a polynomial's held-out error)."""
+    if record.get("validation_relative_loss") is not None:
+        return float(record["validation_relative_loss"])
+    summary = (record.get("report") or {}).get("summary") or {}
+    got = summary.get("held_out_error")
+    return None if got is None else float(got)
+
+
+def samples(records: list[dict], teacher: Optional[Any], test: Optional[tuple[np.ndarray, np.ndarray]]) -> Figure:
+    """Test error of every recorded network on the teacher's fresh samples (with ``--teacher``), else the
+    held-out loss each learn reported, against the samples the store held."""
+    title = "Test error against samples, as the store was extended"
+    pts, kind = [], "held-out relative loss (the learn's validation samples)"
+    if teacher is not None and test is not None:
+        x, y = test
+        for r in records:
+            net = recorded_network(r)
+            if net is not None and net.input_dim == x.shape[1] and r.get("samples"):
+                pred = net.forward(x)
+                pred = pred[:, 0] if y.ndim == 1 else pred
+                pts.append((r["samples"], float(np.mean((y - pred) ** 2) / np.mean(y**2))))
+        kind = f"relative test error ({len(y):,} fresh samples of the teacher)"
+    if not pts:
+        pts = [(r["samples"], _heldout(r)) for r in records if _heldout(r) is not None and r.get("samples")]
+    if not pts:
+        return Figure("samples", title, "no learn recorded on this store yet")
+    pts.sort()
+    fig, axes = panels(1, width=5.0)
+    ax = axes[0]
+    n, loss = np.array(pts, dtype=float).T
+    exact = loss <= 1e-30
+    ax.loglog(n, np.maximum(loss, 1e-30), "o-", color="C1")
+    if exact.any():
+        ax.scatter(n[exact], np.full(exact.sum(), 1e-30), marker="v", color="C1", label="≤ 10⁻³⁰ (exact)")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("samples in the store")
+    ax.set_ylabel(kind.split(" (")[0])
+    return Figure("samples", title, f"{len(pts)} learn(s) on this store, one point each; {kind}", *drawn(fig))
