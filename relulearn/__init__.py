@@ -1,7 +1,8 @@
 """relulearn: learn hidden neural networks from samples with moment and spectral methods.
 
 The public API: :func:`estimate` streams samples through Dask into a zarr store of
-sufficient statistics; :func:`open_store` reads them back with standard errors; :func:`verify`
+sufficient statistics; :func:`open_store` reads them back with standard errors (:func:`open_datatree`: as an
+xarray DataTree at stable paths, every array described); :func:`verify`
 checks every chunk of a store against its checksums.
 """
 
@@ -12,6 +13,7 @@ __version__ = "0.1.0"
 _PUBLIC = {**dict.fromkeys(("estimate", "evaluate", "fit", "learn", "merge", "open_store", "predict", "status",
                             "verify"), "api"),
            **dict.fromkeys(("ConfigError", "RunConfig", "load_config"), "config"), "Network": "network",
+           "open_datatree": "datatree",
            **dict.fromkeys(("PolynomialModel", "load_model"), "polynomial"),
            **dict.fromkeys(("StoreDamagedError", "StoreError", "StoredRun"), "storage")}
 
@@ -19,7 +21,7 @@ _PUBLIC = {**dict.fromkeys(("estimate", "evaluate", "fit", "learn", "merge", "op
 REGRESSORS = ("MomentsRegressor", "TensorRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
               "LandscapeRegressor")
 
-__all__ = ["estimate", "merge", "open_store", "status", "verify", "learn", "fit", "evaluate", "predict",
+__all__ = ["estimate", "merge", "open_store", "open_datatree", "status", "verify", "learn", "fit", "evaluate", "predict",
            "load_config", "RunConfig", "ConfigError", "Network", "PolynomialModel", "load_model", "StoreError",
            "StoreDamagedError", "StoredRun", "__version__", *REGRESSORS]
 
