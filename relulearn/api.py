@@ -399,6 +399,7 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
                 projected: Optional[dict[str, float]] = None) -> dict[str, Any]:
     from .config import config_from_dict
     from .pipeline.sources import make_source
+    from .progress import reporting as stage_progress
 
     t0 = time.perf_counter()
     mod = _method(method)
@@ -412,7 +413,9 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
     passes: list[dict] = []
     pass_info: list[dict] = []
     for _ in range(getattr(mod, "MAX_PASSES", 3) + 1):  # a method asks for a bounded number of passes
-        with one_blas_thread():  # the driver's products give the same bits in any process (CLI, notebook, tests)
+        # the driver's products give the same bits in any process (CLI, notebook, tests); the long stages
+        # (enumeration, refinement, polish) report to the command's progress stream
+        with one_blas_thread(), stage_progress(progress):
             result = mod.learn(stats, passes, samples, mapper=_mapper(client), seed=cfg.seed, **options)
         if not isinstance(result, PassRequest):
             break

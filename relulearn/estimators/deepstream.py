@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .. import progress
 from ..network import Network
 from .base import part_sum
 from .refine import parts
@@ -212,6 +213,8 @@ def refine_deep(net: Network, basis: np.ndarray, draw: Any, total: int, *, mappe
     passes, stop, damping, rejects, poor = 1, "max_passes", DAMPING, 0, 0
     theta = np.concatenate([w.ravel() for w in ws])
     while passes < max_passes:
+        progress.step("deep refinement: passes over the samples", passes, max_passes,
+                      f"relative loss {cur.loss / y2:.3g}")
         if cur.loss / y2 < ROUNDING_LOSS * n_params:
             stop = "loss at rounding level"
             break

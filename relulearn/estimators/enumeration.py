@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from .. import progress
 from ..network import Network
 from .base import BudgetError
 
@@ -880,6 +881,8 @@ class _Search:
                 stopped = f"budget exhausted ({self.evaluated} of {o.budget} candidate evaluations used)"
                 break
             stage += 1
+            progress.step("enumeration: stages", stage, None, f"{m} units, {self.evaluated:,} of {o.budget:,} "
+                          "candidate evaluations")
             exchange = m >= o.k_max
             exchanges += exchange
             before = self.evaluated

@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from .. import progress
 from ..network import Network
 from .polish_cg import matrix_free, polish_outputs_cg, start_rows, trusted_samples
 
@@ -106,6 +107,7 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
     used = 0
     it = 0
     for it in range(1, max_iter + 1):
+        progress.step("exact polish: Gauss–Newton steps", it - 1, max_iter)
         proj = x @ dirs.T  # (n, k)
         trusted = np.all(np.abs(proj) >= margin, axis=1)
         pattern = proj[trusted] > 0
@@ -234,6 +236,7 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
     prev = None
     stop, used, it = "max_iter", 0, 0
     for it in range(1, max_iter + 1):
+        progress.step("exact polish: Gauss–Newton steps", it - 1, max_iter)
         proj, trusted = trusted_samples(xt, h, margin)
         used = int(trusted.sum())
         if used < 2 * p:

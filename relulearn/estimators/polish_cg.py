@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import scipy.linalg
 
+from .. import progress
 from ..network import Network
 
 if TYPE_CHECKING:
@@ -330,6 +331,7 @@ def polish_outputs_cg(net: Network, x: np.ndarray, y: np.ndarray, *, margin: flo
     stop, used, it, slow, kept = "max_iter", 0, 0, False, 1.0
     proj, trusted = trusted_samples(xt, h, margin)
     for it in range(1, max_iter + 1):
+        progress.step("exact polish (matrix-free): Gauss–Newton steps", it - 1, max_iter)
         used = int(trusted.sum())
         if used * m < 2 * p:
             raise ValueError(f"polish needs more than {2 * p} equations away from the unit boundaries; got "

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .. import progress
 from ..network import RELU_POWERS, Network
 from .rectified import activate, derivative
 
@@ -224,6 +225,7 @@ def refine(net: Network, draw: Any, total: int, *, mapper: Callable = map, max_i
     damping, converged, passes = INITIAL_DAMPING, False, 1
     k, d = v.shape
     while passes <= max_iter:
+        progress.step("refinement: passes over the samples", passes, max_iter + 1, f"relative loss {eq.loss / y2:.3g}")
         delta = _step(eq, v, u, power, damping)
         v_new = v + delta[: k * d].reshape(k, d)
         u_new = u + delta[k * d:].reshape(u.shape)

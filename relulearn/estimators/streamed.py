@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from .. import progress
 from ..network import Network
 from .base import part_batches, part_sum
 from .polish import refinement_verdict
@@ -374,6 +375,7 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
     iterates: list[np.ndarray] = []
     steps: list[np.ndarray] = []
     while passes < max_passes:
+        progress.step("refinement: passes over the samples", passes, max_passes, f"relative loss {cur.loss / y2:.3g}")
         if cur.loss / y2 < ROUNDING_LOSS * w.shape[1]:
             stop = "loss at rounding level"
             break

@@ -1,0 +1,88 @@
+"""Progress of the long stages of a learn (enumeration, refinement passes, polish): one line per step, on the
+stream the command reports to (a terminal's line is rewritten in place).
+
+The estimators call :func:`step` wherever a stage advances; it prints only inside :func:`reporting` (which
+``relulearn learn`` and ``fit`` open around a learn) and at most every :data:`INTERVAL` seconds (or
+:data:`TTY_INTERVAL` on a terminal), so a library caller and the tests see nothing. The reporter lives in a
+context variable of the driver's thread: workers never print.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, TextIO
+
+__all__ = ["reporting", "step"]
+
+#: seconds between two lines on a stream that is not a terminal (a log file, a CI log)
+INTERVAL = 10.0
+
+#: seconds between two rewrites of a terminal's line
+TTY_INTERVAL = 0.5
+
+
+@dataclass
+class _Reporter:
+    stream: TextIO
+    tty: bool
+    stage: str = ""
+    started: float = 0.0
+    last: float = -1e9
+    shown: set = field(default_factory=set)
+
+    def step(self, stage: str, done: int, total: Optional[int], detail: str) -> None:
+        now = time.perf_counter()
+        if stage != self.stage:
+            self.stage, self.started = stage, now
+            if self.tty and self.shown:
+                self.stream.write("\n")
+        first = stage not in self.shown
+        if not first and now - self.last < (TTY_INTERVAL if self.tty else INTERVAL) and done != total:
+            return
+        self.last = now
+        self.shown.add(stage)
+        line = f"{stage}: {done:,}" + (f"/{total:,}" if total else "")
+        if total and done:
+            line += f"  ETA at most {_clock((now - self.started) / done * (total - done))}"
+        if detail:
+            line += f"  ({detail})"
+        self.stream.write(("\r" + line.ljust(100)) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(max(seconds, 0.0)))
+
+
+_CURRENT: ContextVar[Optional[_Reporter]] = ContextVar("relulearn_progress", default=None)
+
+
+@contextmanager
+def reporting(stream: Optional[TextIO]) -> Iterator[None]:
+    """Report the stages run inside the block to ``stream`` (None: report nothing)."""
+    if stream is None:
+        yield
+        return
+    rep = _Reporter(stream, bool(getattr(stream, "isatty", lambda: False)()))
+    token = _CURRENT.set(rep)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+        rep.close()
+
+
+def step(stage: str, done: int, total: Optional[int] = None, detail: str = "") -> None:
+    """``stage`` has done ``done`` of at most ``total`` steps (``detail``: e.g. the loss so far). The ETA is an
+    upper bound: a stage may stop early (converged, exact)."""
+    rep = _CURRENT.get()
+    if rep is not None:
+        rep.step(stage, done, total, detail)
