@@ -59,9 +59,9 @@ def described(family: str, ds: Any) -> Any:
     missing = {dim: np.arange(size) for dim, size in ds.sizes.items() if dim not in ds.variables}
     ds = ds.assign_coords(missing)
     for name, var in ds.variables.items():
-        long_name, text = describe_array(family, str(name))
-        if name in ds.dims and text.startswith("array "):  # an index the family does not describe itself
-            long_name, text = describe_dimension(str(name))
+        # the family's own words, else those of the dimension it indexes, else a plain name
+        got = describe_array(family, str(name)) or (describe_dimension(str(name)) if name in ds.dims else None)
+        long_name, text = got or (str(name), f"array {name} of the {family} statistic")
         var.attrs.update(long_name=long_name, description=text)
     ds.attrs.update(long_name=f"statistic {family}", description=f"the {family} statistic family")
     return ds

@@ -312,17 +312,13 @@ def _measure() -> dict[str, float]:
 
     One process measures: two at once (a local cluster's workers side by side on two cores) measured the same
     rates here, within the machine's own noise."""
-    return dict(_measure_core(0.0), disk=_disk_rate(_tempdir()), setup=_setup_seconds())
-
-
-def _tempdir() -> str:
     import tempfile
 
-    return tempfile.gettempdir()
+    return dict(_measure_core(), disk=_disk_rate(tempfile.gettempdir()), setup=_setup_seconds())
 
 
-def _measure_core(start: float) -> dict[str, float]:
-    """The measurements behind :class:`Rates` in this process, on one BLAS thread, from the time ``start``:
+def _measure_core() -> dict[str, float]:
+    """The measurements behind :class:`Rates` in this process, on one BLAS thread:
     Grams of 2048 rows at sizes 32–1024 (their flop rates fit ``1/rate = 1/peak + half/(peak·size)``),
     elementwise work on 64 MB in place and a broadcast product into a fresh array, SFC64 normals. About two
     seconds."""
@@ -331,7 +327,6 @@ def _measure_core(start: float) -> dict[str, float]:
     from .sources import Stream, generator
 
     gen = generator(0, Stream.PILOT, 99)
-    time.sleep(max(0.0, start - time.time()))
     with threadpool_limits(limits=1, user_api="blas"):
         sizes, inv = [], []
         for s in (32, 64, 128, 256, 512, 1024):

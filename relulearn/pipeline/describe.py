@@ -133,14 +133,14 @@ def _estimand(family: str, name: str) -> tuple[str, str] | None:
     return None
 
 
-def describe_array(family: str, name: str) -> tuple[str, str]:
+def describe_array(family: str, name: str) -> tuple[str, str] | None:
     """``(long_name, description)`` of the array ``name`` of a statistic ``family``: an estimand, its standard
-    error, an accumulator (``sum_*``, ``sumsq_*``, ``count``) or a coordinate."""
+    error, an accumulator (``sum_*``, ``sumsq_*``, ``count``) or a coordinate; None for a name it does not know."""
     if name == "count":
         return "samples", "the samples the sums hold"
     if name.endswith("_se"):
         base = name[: -len("_se")]
-        long_name, _ = describe_array(family, base)
+        long_name = (describe_array(family, base) or (base, ""))[0]
         return f"standard error of {long_name}", _SE.format(name=base)
     for prefix, what in (("sumsq_", "sum over chunks of the squared chunk sums of {0} (its standard error's "
                                     "accumulator)"),
@@ -148,16 +148,13 @@ def describe_array(family: str, name: str) -> tuple[str, str]:
         if name.startswith(prefix):
             base = name[len(prefix):]
             return f"accumulator of {base}", what.format(base)
-    got = _estimand(family, name)
-    if got is not None:
-        return got
-    return name, f"array {name} of the {family} statistic"
+    return _estimand(family, name)
 
 
-def describe_dimension(name: str) -> tuple[str, str]:
-    """``(long_name, description)`` of a dimension of the store's arrays."""
+def describe_dimension(name: str) -> tuple[str, str] | None:
+    """``(long_name, description)`` of a dimension of the store's arrays; None for a name it does not know."""
     for pattern, (long_name, text) in _DIMENSIONS:
         m = re.fullmatch(pattern, name)
         if m:
             return long_name.format(*m.groups()), text.format(*m.groups())
-    return name, f"dimension {name}"
+    return None

@@ -125,3 +125,18 @@ def unit_angle(u: np.ndarray, v: np.ndarray) -> float:
     """The angle between two directions, accurate near zero (``arccos`` of a cosine cannot go below ~10⁻⁸)."""
     a, b = u / np.linalg.norm(u), v / np.linalg.norm(v)
     return float(2.0 * np.arcsin(min(1.0, np.linalg.norm(a - b) / 2.0)))
+
+
+def matched_angles(reference: np.ndarray, other: np.ndarray) -> np.ndarray:
+    """Per row of ``reference``, the angle to the row of ``other`` it is matched with (the matching of largest total
+    cosine between unit rows; NaN for a row left unmatched, or for rows of another length)."""
+    angles = np.full(len(reference), np.nan)
+    if reference.shape[1:] != other.shape[1:] or not len(other):
+        return angles
+    from scipy.optimize import linear_sum_assignment
+
+    a = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    b = other / np.linalg.norm(other, axis=1, keepdims=True)
+    for i, j in zip(*linear_sum_assignment(-(a @ b.T))):
+        angles[i] = unit_angle(a[i], b[j])
+    return angles

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._plot import Figure, integer_axis, log_bars, panels, drawn, unit_angle
+from ._plot import Figure, drawn, integer_axis, log_bars, matched_angles, panels
 
 #: the spectra figure shows at most this many matrices (the strongest evidence first)
 MAX_SPECTRA = 6
@@ -153,7 +153,6 @@ def units(model: Optional[Any], teacher: Optional[Any]) -> Figure:
     if not isinstance(model, Network) or model.depth != 1 or teacher.depth != 1:
         return Figure("units", title, "units are compared for one-hidden-layer networks")
     ut, ul = _unit_rows(teacher), _unit_rows(model)
-    k = ut.shape[0]
     try:
         error = (f"parameter error {compare(teacher, model).relative_error:.3g} (up to permutation and positive "
                  "rescaling)")
@@ -166,15 +165,12 @@ def units(model: Optional[Any], teacher: Optional[Any]) -> Figure:
     power = RELU_POWERS.get(getattr(teacher, "activation", "relu"), 1)
     lt = teacher.weights[1] * np.linalg.norm(teacher.weights[0], axis=1) ** power
     ll = model.weights[1] * np.linalg.norm(model.weights[0], axis=1) ** power
-    angles, lam_l = np.full(k, np.nan), np.full(lt.shape, np.nan)
-    if ul.shape[1] == ut.shape[1]:
+    angles, lam_l = matched_angles(ut, ul), np.full(lt.shape, np.nan)
+    if ul.shape[1] == ut.shape[1] and ll.shape[0] == lt.shape[0]:
         from scipy.optimize import linear_sum_assignment
 
-        rows, cols = linear_sum_assignment(-(ut @ ul.T))  # the matching of largest total cosine
-        for i, j in zip(rows, cols):
-            angles[i] = unit_angle(ut[i], ul[j])
-            if ll.shape[0] == lt.shape[0]:
-                lam_l[:, i] = ll[:, j]
+        for i, j in zip(*linear_sum_assignment(-(ut @ ul.T))):  # the same matching as the angles'
+            lam_l[:, i] = ll[:, j]
     fig, (a1, a2) = panels(2, width=4.2, height=3.2)
     clipped = log_bars(a1, angles, color="C4")
     a1.set_xlabel("teacher unit")

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ._plot import EXACT, Figure, integer_axis, log_bars, panels, drawn, unit_angle
+from ._plot import EXACT, Figure, drawn, integer_axis, log_bars, matched_angles, panels
 from .common import recorded_network
 
 #: how many residual passes and τ matrices a figure shows at most
@@ -88,17 +88,9 @@ def landscape_angles(record: Optional[dict]) -> Figure:
     final = recorded_network(record or {})
     if not before or final is None:
         return Figure("angles", title, "no landscape learn with its answer before the polish recorded")
-    from ..network import Network, compare
-
-    start = Network.from_arrays({k: np.asarray(v, dtype=np.float64) for k, v in before.items()},
-                                origin="the landscape's answer")
-    cmp = compare(final, start)
-    w0, s0 = final.weights[0], start.weights[0]
+    w0 = final.weights[0]
+    angles = matched_angles(w0, np.asarray(before["W0"], dtype=np.float64))
     k = w0.shape[0]
-    angles = np.full(k, np.nan)
-    for i, j in enumerate(cmp.matching):
-        if j >= 0:
-            angles[i] = unit_angle(w0[i], s0[j])
     unit = w0 / np.linalg.norm(w0, axis=1, keepdims=True)
     cross = np.abs(unit @ unit.T)[~np.eye(k, dtype=bool)]
     fig, (a1, a2) = panels(2, width=4.4, height=3.2)
