@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -336,29 +338,14 @@ def test_a_float64_onnx_graph_with_biases_is_extracted_to_machine_precision(tmp_
 
 def torch_onnx(folder) -> Network:
     """A small PyTorch network (Linear 10→4 with bias, ReLU, Linear 4→1 with bias; float32, PyTorch's default),
-    trained briefly on scikit-learn's diabetes data and exported by torch.onnx with a variable batch size: the
-    file ``folder / 'torch.onnx'``; returns the model's weights as a float64 network."""
-    import warnings
-
-    import torch
-    from sklearn.datasets import load_diabetes
-
-    x, y = load_diabetes(return_X_y=True)
-    x = torch.tensor((x - x.mean(axis=0)) / x.std(axis=0), dtype=torch.float32)
-    y = torch.tensor(y / y.std(), dtype=torch.float32)[:, None]
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(10, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(200):
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    with warnings.catch_warnings():  # the TorchScript exporter (the torch.export one needs onnxscript)
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x[:2],), str(folder / "torch.onnx"), input_names=["input"], output_names=["y"],
-                          dynamic_axes={"input": {0: "rows"}, "y": {0: "rows"}}, dynamo=False)
-    w = [p.detach().numpy().astype(np.float64) for p in model.parameters()]
-    return Network((w[0], w[2]), (w[1], w[3]))
+    trained briefly on scikit-learn's diabetes data and exported by torch.onnx with a variable batch size
+    (``tests/fixtures/make_fixtures.py`` made it): copied to ``folder / 'torch.onnx'``; returns the model's
+    weights as a float64 network."""
+    fixtures = Path(__file__).parent / "fixtures"
+    shutil.copyfile(fixtures / "torch_diabetes.onnx", folder / "torch.onnx")
+    with np.load(fixtures / "torch_diabetes.npz") as w:
+        return Network((w["w0"].astype(np.float64), w["w1"].astype(np.float64)),
+                       (w["b0"].astype(np.float64), w["b1"].astype(np.float64)))
 
 
 def test_a_pytorch_network_exported_to_onnx_is_extracted_to_its_float32_rounding(tmp_path):

@@ -4,12 +4,12 @@ There is no Docker engine, Kubernetes or Slurm here, so each recipe is checked a
 specification its tool ships and then run with local processes standing in for the machinery:
 
 * ``docker-compose.yml``: validated against the Compose specification (the schema vendored by
-  ``check-jsonschema``); its variables interpolated the way Compose does; its services' commands
+  ``check-jsonschema``, copied to ``tests/fixtures``); its variables interpolated the way Compose does; its services' commands
   run as local processes (scheduler, then the workers once the scheduler's healthcheck passes,
   then the driver), with the volumes mapped to temporary directories.
 * ``Dockerfile``: its ``COPY`` sources exist and are all that installing relulearn needs.
 * ``kubernetes/*.yaml``: validated against the CustomResourceDefinitions that ``dask-kubernetes``
-  ships (unknown fields refused, like ``kubectl apply --validate=strict``), and the DaskJob's
+  ships (a copy in ``tests/fixtures``; unknown fields refused, like ``kubectl apply --validate=strict``), and the DaskJob's
   containers run as local processes wired the way the operator wires them.
 * ``hpc/relulearn.sbatch``: run by bash with a stand-in ``srun`` (and ``scontrol``) on PATH.
 * ``hpc/jobqueue_cluster.py``: its generated job script checked, and the driver run with
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gzip
 import json
 import os
 import re
@@ -32,7 +33,6 @@ import subprocess
 import sys
 import time
 import warnings
-from importlib.metadata import files as package_files
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -228,11 +228,10 @@ def jsonschema_errors(schema: dict, doc: Any, validator=None) -> list[str]:
 
 
 def compose_schema() -> dict:
-    pytest.importorskip("check_jsonschema", reason="the Compose schema comes with check-jsonschema")
-    import check_jsonschema
-
-    path = Path(check_jsonschema.__file__).parent / "builtin_schemas" / "vendor" / "compose-spec.json"
-    return json.loads(path.read_text())
+    """The Compose specification's JSON schema (a copy of the one check-jsonschema vendors, made by
+    ``tests/fixtures/make_fixtures.py``)."""
+    with gzip.open(Path(__file__).parent / "fixtures" / "compose_spec.json.gz") as f:
+        return json.load(f)["schema"]
 
 
 _VAR = re.compile(r"\$(?:\$|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
@@ -388,17 +387,10 @@ def test_dockerfile_installs_relulearn_from_the_repository(tmp_path: Path):
 
 
 def crd_schemas() -> dict[str, dict]:
-    """kind -> the openAPIV3Schema of its v1 version, from the CRDs dask-kubernetes ships."""
-    try:
-        shipped = package_files("dask-kubernetes")
-    except Exception:  # noqa: BLE001 - PackageNotFoundError
-        pytest.skip("dask-kubernetes is not installed")
-    schemas = {}
-    for f in shipped or []:
-        if "/crds/" in str(f) and str(f).endswith(".yaml"):
-            crd = yaml.load(f.locate().read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-            version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-            schemas[crd["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
+    """kind -> the openAPIV3Schema of its v1 version, from the CRDs dask-kubernetes ships (copied from its
+    release named in the file by ``tests/fixtures/make_fixtures.py``)."""
+    with gzip.open(Path(__file__).parent / "fixtures" / "dask_kubernetes_crds.json.gz") as f:
+        schemas = json.load(f)["schemas"]
     assert {"DaskCluster", "DaskJob"} <= set(schemas), sorted(schemas)
     return schemas
 
