@@ -1,5 +1,5 @@
 """A deep teacher at large d: ``filtered-pca`` with and without the streamed deep refinement
-(a script, not a test; issue 12's d = 2048 item).
+(a script, not a test).
 
 The teacher: ``deep_relu`` with widths (4, 8) (first layer 4 unit rows) in d = 2048. One store of
 ``--samples`` samples with the method's own statistics — dense ``basic`` and seven ``M_τ`` (537 MB per

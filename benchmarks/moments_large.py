@@ -1,4 +1,4 @@
-"""``moments`` end to end at large d (a script, not a test; issue 12's d = 10⁴ item).
+"""``moments`` end to end at large d (a script, not a test).
 
 A planted noiseless one-hidden-layer teacher (``one_hidden_relu``, ``--width`` unit rows in
 ``--d`` dimensions). ``api.fit(..., "moments")`` on a two-worker ``LocalCluster``: the per-worker budget

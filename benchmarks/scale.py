@@ -1,6 +1,6 @@
 """Scale benchmark: one resumable 10^9-sample run through the real command line (a script, not a test).
 
-What it does, in one script run (DESIGN.md §4 store rules, §7 "memory independent of the sample
+What it does, in one script run (docs/design.md §4 store rules, §7 "memory independent of the sample
 count", §9 "the driver's death costs at most the blocks merged since the last commit"):
 
 1. **Short runs** (before the big one): ``--workers 1`` and ``--workers 2`` runs of

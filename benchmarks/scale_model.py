@@ -1,4 +1,4 @@
-"""Cost model of one estimation pass at large d (a script, not a test; DESIGN.md §7).
+"""Cost model of one estimation pass at large d (a script, not a test; docs/design.md §7).
 
 Measures here, per sample, on one core (one BLAS thread, as on a pipeline worker), at several
 input dimensions d and row batches of ``BATCH_ROWS`` (the pipeline's batch), the cost of:

@@ -1,6 +1,6 @@
 """Throughput benchmark of the statistics pipeline (a script, not a test).
 
-Measures, in one process and one run (DESIGN.md §7, performance model):
+Measures, in one process and one run (docs/design.md §7, performance model):
 
 1. per statistic family and input dimension d: samples/s of ``Statistic.update`` on
    pre-generated batches of ``BATCH_ROWS`` rows, of generation + update, and of the whole
@@ -21,7 +21,7 @@ The environment is used as it is (this machine may force an OpenBLAS core type w
 FLOP convention
 ---------------
 One flop is one float64 multiply or add (a multiply-add counts 2). A family's flops per
-sample are the model counts of DESIGN.md §7, exploiting symmetry: a symmetric d×d second
+sample are the model counts of docs/design.md §7, exploiting symmetry: a symmetric d×d second
 moment needs d(d+1)/2 multiply-adds, i.e. ``d(d+1) ≈ d²`` flops per sample (a ``syrk``
 of an n×d batch: ``n·d(d+1)`` flops; the same ``XᵀX`` done as a general GEMM costs
 ``2·n·d²``). A full packed Hermite tensor of order l costs one multiply-add per unique

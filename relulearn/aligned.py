@@ -1,4 +1,4 @@
-"""Fresh, aligned memory for every array a task computes with (DESIGN.md §4).
+"""Fresh, aligned memory for every array a task computes with (docs/design.md §4).
 
 Dask's transport may hand a worker an array that lives inside a received frame at any
 byte offset (addresses ≡ 11 mod 64 were seen). numpy then treats it as unaligned and

@@ -1,4 +1,4 @@
-"""Orchestration: the one place that runs passes on a cluster (DESIGN.md §1).
+"""Orchestration: the one place that runs passes on a cluster (docs/design.md §1).
 
 Functions here take plain arguments (paths, counts) and return plain data; the CLI
 only parses arguments and prints what these return.

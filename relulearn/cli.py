@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "command again resumes an interrupted run (bitwise identical to an uninterrupted one); a larger "
         "--samples extends a finished run. A store made with a different configuration is refused.",
     )
-    p.add_argument("config", help="run configuration (YAML; see examples/ and DESIGN.md §8)")
+    p.add_argument("config", help="run configuration (YAML; see examples/ and docs/design.md §8)")
     p.add_argument("--store", required=True, help="store location: a directory or an fsspec URL")
     p.add_argument("--samples", type=_positive, help="total samples wanted (default: the config's `samples`)")
     where = p.add_mutually_exclusive_group()

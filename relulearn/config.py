@@ -1,4 +1,4 @@
-"""The run configuration: typed, validated, loaded from YAML (DESIGN.md §8).
+"""The run configuration: typed, validated, loaded from YAML (docs/design.md §8).
 
 Every section is a pydantic model with ``extra="forbid"``, so a mistyped key is an
 error that names the key and the closest valid one, instead of being silently ignored.
@@ -41,7 +41,7 @@ class _Section(BaseModel):
 
 
 class OneHiddenReluTeacher(_Section):
-    """``y = Σ_i λ_i relu(<u_i, x>)`` with unit ``u_i`` (DESIGN.md §3)."""
+    """``y = Σ_i λ_i relu(<u_i, x>)`` with unit ``u_i`` (docs/design.md §3)."""
 
     kind: Literal["one_hidden_relu"] = "one_hidden_relu"
     width: int = Field(3, ge=1, description="number of hidden units k")
@@ -165,7 +165,7 @@ class RandomXavierTeacher(_Section):
 
 
 class FileTeacher(_Section):
-    """Any network file in the format of DESIGN.md §5 (``W0..WL``, ``activation``)."""
+    """Any network file in the format of docs/design.md §5 (``W0..WL``, ``activation``)."""
 
     file: str = Field(..., description="path of a .npz network file, relative to the config file")
 
@@ -276,7 +276,7 @@ class OutputMomentsConfig(_Section):
 
 class ExpansionConfig(_Section):
     """A polynomial expansion of degree ≤ 2 in Hermite form, ``t0 + <t1, x> + ½<t2, xxᵀ − I>``
-    (DESIGN.md §3): the ``P_{≤2} y`` that residual labels subtract."""
+    (docs/design.md §3): the ``P_{≤2} y`` that residual labels subtract."""
 
     t0: float = Field(0.0, description="constant term (E[y])")
     t1: Optional[list[float]] = Field(None, description="linear term T_1 (d entries); omitted: zero")
@@ -480,7 +480,7 @@ class SketchSecondConfig(_Section):
 
 
 class SketchConfig(_Section):
-    """Second-moment families in sketch form (DESIGN.md §6, §7): for each chosen d × d matrix M,
+    """Second-moment families in sketch form (docs/design.md §6, §7): for each chosen d × d matrix M,
     ``Y = M Ω`` (d × r) with Ω a seeded Gaussian test matrix, or, for a subspace pass with an
     orthonormal ``basis`` B (rows, r × d), ``M Bᵀ`` and ``B M Bᵀ`` (r × r). O(d r) per sample and
     matrix instead of O(d²)."""

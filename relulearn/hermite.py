@@ -1,6 +1,6 @@
 """Hermite polynomials, Hermite tensors and their moment estimators.
 
-Conventions (DESIGN.md section 3): probabilists' Hermite polynomials ``He_k``;
+Conventions (docs/design.md section 3): probabilists' Hermite polynomials ``He_k``;
 the Hermite tensor ``He_l(x)`` is the sum over partial matchings of the ``l``
 index positions (matched pair -> ``-delta``, unmatched position -> ``x_i``);
 ``T_l = E[y He_l(x)]``.  Symmetric tensors are stored *packed*: the entries with
@@ -694,7 +694,7 @@ def contracted_matrix_sums(
 
     Notes
     -----
-    With ``w_p = y He_n(z)``, ``n = l - 2`` (DESIGN.md section 3), pair p is
+    With ``w_p = y He_n(z)``, ``n = l - 2`` (docs/design.md section 3), pair p is
     ``X^T diag(w_p) X - sum(w_p) I - (g v^T + v g^T) + sum(c_p) g g^T``. The first term is two
     symmetric rank-k updates per pair (:func:`_add_signed_grams`: ``d(d+1)`` flops per sample and
     pair, half of a general GEMM), the rank-two rest one ``dsyr2k``, all into the upper triangle,
@@ -803,7 +803,7 @@ def contracted_scalar_sums(
 
 def subtract_expansion(x: np.ndarray, y: np.ndarray, t0: float, t1: np.ndarray, t2: np.ndarray) -> np.ndarray:
     """Residual labels ``y − (t0 + <t1, x> + ½ <t2, xxᵀ − I>)``: ``y`` less a Hermite expansion of
-    degree ≤ 2 (DESIGN.md §3; ``E[(y − P_{≤2} y) He_l(x)] = T_l`` for ``l ≥ 3``).
+    degree ≤ 2 (docs/design.md §3; ``E[(y − P_{≤2} y) He_l(x)] = T_l`` for ``l ≥ 3``).
 
     Parameters
     ----------
@@ -860,7 +860,7 @@ def expansion_coefficients(tensors: Sequence[np.ndarray], d: int) -> list[np.nda
     """Monomial coefficients of the Hermite expansion ``Σ_l <T_l, He_l(x)> / l!``, per degree.
 
     ``<T_l, He_l(x)> / l! = Σ_p (−1)^p / (2^p p! (l−2p)!) <tr^p T_l, x^{⊗(l−2p)}>`` (the
-    matchings of ``p`` pairs, DESIGN.md §3). Entry ``m`` of the result has shape
+    matchings of ``p`` pairs, docs/design.md §3). Entry ``m`` of the result has shape
     ``(C(d+m−1, m), L+1)``: column ``l`` holds, for each sorted monomial of order ``m``, its
     coefficient in degree ``l``'s term, multiplicity included, so that
     ``Σ_m products_m(x) @ coef[m]`` gives every degree's term of every sample in one GEMM per order.

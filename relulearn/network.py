@@ -1,4 +1,4 @@
-"""Network: layered weights, forward pass, and the .npz file format (DESIGN.md §5).
+"""Network: layered weights, forward pass, and the .npz file format (docs/design.md §5).
 
 A network file holds arrays ``W0, W1, ..., WL`` (layer j maps ``dim_j -> dim_{j+1}``
 and has shape ``(dim_{j+1}, dim_j)``; the last is the linear output layer), optional

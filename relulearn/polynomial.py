@@ -1,4 +1,4 @@
-"""Polynomial models: a Hermite expansion truncated at degree L, and its file format (DESIGN.md §5).
+"""Polynomial models: a Hermite expansion truncated at degree L, and its file format (docs/design.md §5).
 
 ``f(x) = Σ_{l ≤ L} <T_l, He_l(z)> / l!`` with packed symmetric ``T_l`` (``T_l = E[y He_l(z)]`` for
 the model read off a store's moments) and ``z = x`` or, for a model fitted on a subspace,

@@ -10,7 +10,7 @@ Its *shadow* ``Ψ_n`` replaces ``σ`` by the Hermite truncation
 
     σ_n(z) = Σ_{l ≤ n} a_l h_l(z),   a_l = E[σ(z) h_l(z)],   h_l = He_l / √(l!)
 
-(DESIGN.md §3 conventions); ``ε_σ(n) = Σ_{l > n} a_l² = 1 − Σ_{l ≤ n} a_l²`` is what one layer loses
+(docs/design.md §3 conventions); ``ε_σ(n) = Σ_{l > n} a_l² = 1 − Σ_{l ≤ n} a_l²`` is what one layer loses
 at a standard Gaussian pre-activation. ``Ψ_n`` is a polynomial of degree ``n^{i−1}``.
 
 Activations and their scales

@@ -77,7 +77,7 @@ def test_every_start_of_g_reaches_the_orthogonal_components():
 
 
 def population(b: np.ndarray, a: np.ndarray, *, n: int = 10**6) -> dict:
-    """The first pass's arrays at their population values (DESIGN.md §3), tiny standard errors."""
+    """The first pass's arrays at their population values (docs/design.md §3), tiny standard errors."""
     lam, u = a * np.linalg.norm(b, axis=1), b / np.linalg.norm(b, axis=1, keepdims=True)
     t2 = C[2] * (u.T * lam) @ u
     se = np.full(t2.shape, 1e-9)

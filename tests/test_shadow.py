@@ -98,7 +98,7 @@ def test_normalised_activation_has_unit_second_moment(act):
 
 def test_relu_coefficients_are_design_c_l_orthonormalised():
     a = S.normalized_hermite_coefficients("relu", 60)
-    # DESIGN.md §3: c_l = E[relu He_l]; h_l = He_l/√(l!); ‖relu‖² = 1/2
+    # docs/design.md §3: c_l = E[relu He_l]; h_l = He_l/√(l!); ‖relu‖² = 1/2
     ref = [relu_hermite_coefficient(l) / math.exp(math.lgamma(l + 1) / 2) / math.sqrt(0.5) for l in range(61)]
     np.testing.assert_allclose(a, ref, rtol=0, atol=1e-12)
     assert S.paper_activation("relu").lipschitz == pytest.approx(math.sqrt(2), rel=1e-12)

@@ -1,6 +1,6 @@
 """The ``sketch`` statistic, subspace passes and iteration, and the dense-or-sketch plan.
 
-Truths checked, all in-process (no cluster), on d >= 20 (DESIGN.md §4: tiny matrices hide
+Truths checked, all in-process (no cluster), on d >= 20 (docs/design.md §4: tiny matrices hide
 arithmetic differences):
 
 1. ``Y = M Ω`` of every family equals the dense family's stored estimate times the stored Ω, on
@@ -260,7 +260,7 @@ def test_iteration_on_a_noisy_matrix_converges_within_its_angle_bound():
 
 def test_second_with_an_expansion_estimates_the_same_moments_with_less_variance(tmp_path):
     """A degree-≤2 expansion subtracted from the labels (control variate) leaves the estimands of the
-    ``second`` family unbiased — ``M_2 Ω``, ``E[y]``, ``E[y x]`` in closed form (DESIGN.md §3) within their
+    ``second`` family unbiased — ``M_2 Ω``, ``E[y]``, ``E[y x]`` in closed form (docs/design.md §3) within their
     standard errors — and, being the teacher's own, cuts their standard errors (the residual is the
     degree-≥3 part: about 2 % of a ReLU unit's energy)."""
     teacher = make_source(config({"basic": {}})).network

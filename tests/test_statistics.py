@@ -1,4 +1,4 @@
-"""Every statistic family against its closed form for planted teachers (DESIGN.md §3).
+"""Every statistic family against its closed form for planted teachers (docs/design.md §3).
 
 For ``y = Σ_i λ_i relu(<u_i, x>) + σ ε`` with unit ``u_i`` and ``x ~ N(0, I_d)`` the
 population value of every stored estimand is known in closed form (or, for the filtered

@@ -18,7 +18,7 @@ from relulearn.pipeline.sources import Stream, generator
 
 
 def test_the_offset_profile_is_the_hermite_coefficient_of_a_shifted_relu():
-    """f_l(β) = E[relu(z + β) He_l(z)] (DESIGN.md §3) against adaptive quadrature from the kink (z = −β) on,
+    """f_l(β) = E[relu(z + β) He_l(z)] (docs/design.md §3) against adaptive quadrature from the kink (z = −β) on,
     orders 1–7 (f_1 = Φ)."""
     from scipy.integrate import quad
 
@@ -215,7 +215,7 @@ def test_a_planted_network_with_biases_and_three_outputs_is_learned_exactly(tmp_
 
 
 def _population_output_moments(net: Network) -> dict:
-    """Closed-form ``output_moments`` of a one-hidden-layer ReLU network with biases (DESIGN.md §3):
+    """Closed-form ``output_moments`` of a one-hidden-layer ReLU network with biases (docs/design.md §3):
     ``T_1[j] = Σ_i A_ji Φ(β_i) û_i``, ``T_2[j] = Σ_i A_ji φ(β_i) û_i û_iᵀ`` with ``A = a|u|``, ``β = b/|u|``; unit
     standard errors."""
     u, a, b = net.weights[0], net.weights[1], net.biases[0]
@@ -413,7 +413,7 @@ def test_the_subspace_power_method_separates_more_units_than_dimensions():
 def test_lifted_slices_of_full_tensors_decompose_an_overcomplete_network_exactly():
     """A network of width 15 at d = 5 (k ≤ d(d+1)/2 = 15): its exact T_4, T_5 and T_6, flattened and contracted
     on symmetric matrices, decompose into its directions, and the profile over orders 2–6 gives every offset
-    and output weight (DESIGN.md §3's f_l)."""
+    and output weight (docs/design.md §3's f_l)."""
     from relulearn import hermite
 
     rng = np.random.default_rng(2)

@@ -1,4 +1,4 @@
-"""Vector-output teachers ``A = U f(V x) + e`` and per-output statistics (DESIGN.md §3, §5).
+"""Vector-output teachers ``A = U f(V x) + e`` and per-output statistics (docs/design.md §3, §5).
 
 1. the planted ``two_layer`` teacher has the promised structure, and its config errors name the key;
 2. ``output_moments`` matches the closed forms for relu, relu2, relu3 with non-unit rows of V
@@ -249,7 +249,7 @@ def arrays_in(obj, seen=None) -> list[np.ndarray]:
 
 
 def test_tasks_compute_with_aligned_copies_of_per_output_statistics():
-    """What a block task computes with (DESIGN.md §4): every array of the per-output
+    """What a block task computes with (docs/design.md §4): every array of the per-output
     statistics (each output's τ grids, bases, candidates) and of the source, freshly aligned."""
     from relulearn.aligned import fresh, is_aligned
 

@@ -1,4 +1,4 @@
-"""Types every learning method shares (DESIGN.md §6).
+"""Types every learning method shares (docs/design.md §6).
 
 A method is a pure function ``learn(stats, passes, samples, *, mapper, seed, **options)``
 that returns a :class:`LearnResult` or a :class:`PassRequest`; ``api`` runs the pass and

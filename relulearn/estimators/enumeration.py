@@ -1,4 +1,4 @@
-"""Enumeration of one-hidden-layer ReLU networks inside a found subspace (DESIGN.md §6).
+"""Enumeration of one-hidden-layer ReLU networks inside a found subspace (docs/design.md §6).
 
 After the spectral stage has found a ``k'``-dimensional subspace with orthonormal basis
 ``V`` (``d × r``), a sample ``x ~ N(0, I_d)`` is projected to ``z = Vᵀx ~ N(0, I_r)`` and the

@@ -5,7 +5,7 @@
 (``k ≪ d`` rows). The method:
 
 1. **Filtered PCA.** The stored ``M_τ = E[1{|y| > τ}(xxᵀ − I)]`` (a grid of τ) have their
-   range inside ``V`` (DESIGN.md §3), also for networks whose low-order Hermite moments
+   range inside ``V`` (docs/design.md §3), also for networks whose low-order Hermite moments
    vanish. Their eigenvectors above the noise floor (from the standard errors,
    :func:`.spectral.relevant_subspace`) give the first directions ``W``.
 2. **Iterate.** Fit candidate networks ``F̃`` on ``z = Wᵀx`` (architectures up to the

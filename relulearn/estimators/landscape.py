@@ -13,7 +13,7 @@ products ``λ_i = a_i |b_i|`` are identifiable; the learned network has unit row
    works in the subspace).
 2. One more pass, ``projected_hermite`` on Q: the fourth moment on the subspace, on residual
    labels ``y − P_{≤2} y`` with ``P_{≤2}`` from the first pass (same expectation, about ten
-   times less variance for ReLU units; DESIGN.md §3). In the eigenbasis whitening is a
+   times less variance for ReLU units; docs/design.md §3). In the eigenbasis whitening is a
    diagonal scaling, so each entry's standard error scales the same way.
 3. ``T = sign(c_4) T̃_4 = Σ_i β_i ũ_i^{⊗4}`` with orthonormal ``ũ_i``; G from many random starts
    (:mod:`.objective_g`), μ and λ from the theorem's conditions (``μ = c/κ``, ``λ = β_max/c``),

@@ -293,7 +293,7 @@ def _control(sketch: Arrays, step: Optional[subspace.RitzStep] = None) -> dict[s
     (``M_2 ≈ V Θ Vᵀ``). Any fixed expansion leaves the pass's estimate of ``M_2 B`` unbiased; a good one
     removes most of the labels' variance (for a ReLU unit, degrees 0–2 carry 0.489 of ``E[relu(z)²] = ½``),
     and the noise of ``M̂_2`` falls with ``E[(y − q)²]``: at d/n = 0.01 a top-5 angle of 0.92 rad with raw
-    labels, 0.31 with degrees 0–1 removed, 0.12 with degree 2 too (DESIGN.md §3, "Residual labels").
+    labels, 0.31 with degrees 0–1 removed, 0.12 with degree 2 too (docs/design.md §3, "Residual labels").
     Empty (raw labels) for a sketch store without ``t0_second``.
     """
     if "t0_second" not in sketch:

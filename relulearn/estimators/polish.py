@@ -1,4 +1,4 @@
-"""Exact refinement of a one-hidden-layer ReLU network (DESIGN.md §6, ``polish``).
+"""Exact refinement of a one-hidden-layer ReLU network (docs/design.md §6, ``polish``).
 
 Once the activation pattern ``1{<u_i, x> > 0}`` of every unit is known on a sample, the
 output ``y = Σ_i λ_i relu(<u_i, x>) = Σ_i 1{<u_i,x> > 0} <w_i, x>`` is linear in the

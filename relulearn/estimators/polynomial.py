@@ -4,7 +4,7 @@
 Random Xavier networks of constant depth with Lipschitz activations are close in L² to
 low-degree polynomials, so an improper learner that fits the best degree-L polynomial learns
 them. Under Gaussian inputs the best degree-L approximation in L² is read off the moments
-relulearn streams (DESIGN.md §3): ``f̂_L(x) = Σ_{l ≤ L} <T̂_l, He_l(x)> / l!``; its excess
+relulearn streams (docs/design.md §3): ``f̂_L(x) = Σ_{l ≤ L} <T̂_l, He_l(x)> / l!``; its excess
 error over the population truncation is ``Σ_{l ≤ L} ‖T̂_l − T_l‖_F² / l!``, whose expectation
 ``Σ_l V_l / l!`` (``V_l = Σ_entries multiplicity · se²``) is the *predicted variance term*.
 

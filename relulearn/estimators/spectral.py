@@ -1,4 +1,4 @@
-"""Spectral stage: the relevant subspace from stored second-order statistics (DESIGN.md §3, §6).
+"""Spectral stage: the relevant subspace from stored second-order statistics (docs/design.md §3, §6).
 
 For ``y = Σ_i λ_i relu(<u_i, x>)`` with unit ``u_i`` and signed ``λ_i``, every stored matrix
 

@@ -1,4 +1,4 @@
-"""Streamed refinement of one-hidden-layer ReLU networks on every sample (DESIGN.md §6, polish).
+"""Streamed refinement of one-hidden-layer ReLU networks on every sample (docs/design.md §6, polish).
 
 Fits ``f(x) = Σ_i s_i relu(<w_i, x>)`` (signs ``s_i = ±1`` fixed, magnitudes in ``w_i``) to the
 least-squares minimum over ``n`` streamed samples, with memory independent of ``n`` and of ``d²``.

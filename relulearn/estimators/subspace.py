@@ -1,4 +1,4 @@
-"""Subspace iteration on sketched second moments (DESIGN.md §6; the ``sketch`` statistic).
+"""Subspace iteration on sketched second moments (docs/design.md §6; the ``sketch`` statistic).
 
 At large d a d × d moment matrix ``M̂ = M + E`` is never formed: a first pass stores
 ``Y = M̂ Ω`` for a Gaussian Ω (d × r), later *subspace passes* store ``M̂ B`` and ``Bᵀ M̂ B`` for

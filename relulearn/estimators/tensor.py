@@ -3,7 +3,7 @@ symmetric CP decomposition of Hermite moments of several orders.
 
 For ``y_j = Σ_i A_ji relu(<û_i, x> + β_i) + c_j`` (unit ``û_i``; a unit ``a relu(<u, x> + b)`` is
 ``A = a|u|``, ``β = b/|u|``) every Hermite moment of order ``l ≥ 2`` has the same rank-one factors
-(DESIGN.md §3): ``T_l[j] = Σ_i A_ji f_l(β_i) û_i^{⊗l}`` with ``f_l(β) = (−1)^l He_{l−2}(β) φ(β)``. So, whatever
+(docs/design.md §3): ``T_l[j] = Σ_i A_ji f_l(β_i) û_i^{⊗l}`` with ``f_l(β) = (−1)^l He_{l−2}(β) φ(β)``. So, whatever
 the signs of the output weights and however many outputs there are:
 
 * **complete widths** (``k ≤ d``): the contracted moments ``M_l^g[j] = T_l[j](g, …, g, ·, ·)`` (orders 2–6,
@@ -178,7 +178,7 @@ def sample_sizes(d: int, k: int, m: int) -> tuple[int, int]:
 
 
 def profile(order: int | np.ndarray, beta: float | np.ndarray) -> np.ndarray:
-    """``f_l(β) = E[relu(z + β) He_l(z)] = (−1)^l He_{l−2}(β) φ(β)`` for ``l ≥ 2`` (DESIGN.md §3), and
+    """``f_l(β) = E[relu(z + β) He_l(z)] = (−1)^l He_{l−2}(β) φ(β)`` for ``l ≥ 2`` (docs/design.md §3), and
     ``f_1(β) = Φ(β)``."""
     order, beta = np.broadcast_arrays(np.asarray(order), np.asarray(beta, dtype=np.float64))
     high = (-1.0) ** order * eval_hermitenorm(np.maximum(order, 2) - 2, beta) * np.exp(-0.5 * beta**2) / np.sqrt(2 * np.pi)

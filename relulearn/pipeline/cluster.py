@@ -1,4 +1,4 @@
-"""Where the accumulation runs: a local cluster by default, or an existing scheduler (DESIGN.md §9).
+"""Where the accumulation runs: a local cluster by default, or an existing scheduler (docs/design.md §9).
 
 Whatever the cluster, :func:`prepare` runs before any block: it checks that every worker
 imports the same relulearn version as the driver (naming the worker and both versions

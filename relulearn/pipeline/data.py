@@ -1,4 +1,4 @@
-"""Data sources: a user's samples ``(x, y)`` in files instead of a teacher (DESIGN.md §5).
+"""Data sources: a user's samples ``(x, y)`` in files instead of a teacher (docs/design.md §5).
 
 ``source: {d: D, data: {x: PATH_OR_URL, y: PATH_OR_URL}}`` reads rows of ``.npy`` files, zarr arrays or Parquet
 columns (:mod:`.arrays`), local or at fsspec URLs. Rows are laid out as a run needs them:

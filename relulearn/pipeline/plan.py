@@ -1,4 +1,4 @@
-"""Planning: dense or sketched second-moment families for a per-worker memory budget (DESIGN.md §7).
+"""Planning: dense or sketched second-moment families for a per-worker memory budget (docs/design.md §7).
 
 A block partial holds, per statistic, its sums and its error terms (sums over chunks of squared
 per-chunk estimands), both float64. A dense family of ``c`` d × d matrices costs ``2 c d²``

@@ -1,4 +1,4 @@
-"""Sketched second-moment families and subspace passes (DESIGN.md §3, §6, §7).
+"""Sketched second-moment families and subspace passes (docs/design.md §3, §6, §7).
 
 At large d a d × d moment matrix per τ or direction does not fit a block partial (800 MB at
 d = 10⁴, twice with its error terms). The ``sketch`` statistic keeps, for each chosen matrix
@@ -16,12 +16,12 @@ linear in the sums, so standard errors, merging and resuming follow the :class:`
 protocol like every other family. Families:
 
 - ``second``: ``M_2 = E[y (xxᵀ − I)]``: ``Y = Xᵀ diag(y) Z − (Σy) Ω``;
-- ``contracted``: ``M_l^g`` (DESIGN.md §3) for orders × directions, all pairs in one GEMM:
+- ``contracted``: ``M_l^g`` (docs/design.md §3) for orders × directions, all pairs in one GEMM:
   ``Y_p = Xᵀ diag(a_p) Z − (Σa_p) Ω − g (v_pᵀ Ω) − v_p (gᵀ Ω) + (Σc_p) g (gᵀ Ω)`` with
   ``v_p = Xᵀ b_p`` and per-sample weights ``(a, b, c) = y · contracted_coefficients``;
 - ``filtered``: ``M_τ = E[1{|y|>τ}(xxᵀ − I)]``: per-bin ``X_bᵀ Z_b`` and suffix sums over bins;
 - ``residual``: ``M[c, τ] = E[1{|y − F̃_c(Bx)| > τ}(x⊥x⊥ᵀ − (I − BᵀB))]``, ``x⊥ = x − BᵀBx``, for candidate
-  networks ``F̃_c`` on a found subspace (rows B): the dense ``residual`` family (DESIGN.md §3) in sketch
+  networks ``F̃_c`` on a found subspace (rows B): the dense ``residual`` family (docs/design.md §3) in sketch
   form, ``Z⊥ = X⊥ Ω = Z − (X Bᵀ)(B Ω)`` and per-bin ``X⊥_bᵀ Z⊥_b``; ``(I − BᵀB) Ω`` replaces Ω in the
   centring.
 """

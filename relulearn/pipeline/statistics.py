@@ -5,7 +5,7 @@ The quantity it estimates is ``terms(sums) / N`` where ``terms`` is linear (the 
 for most statistics; the raw-to-Hermite conversion for the Hermite tensors; suffix sums
 over bins for the filtered matrices). The standard error of every entry comes from the
 spread of per-chunk values: the accumulation also keeps ``Σ_c terms(chunk sum_c)²`` over
-the equal-size chunks c (DESIGN.md §3, "Standard errors").
+the equal-size chunks c (docs/design.md §3, "Standard errors").
 
 The driver-side bookkeeping (a :class:`Partial` per block, merged in block order) lives
 here too, so that the same code runs in a worker, in a single-process loop and in tests.
@@ -409,7 +409,7 @@ class ContractedMoments(Statistic):
     """``M_l^g = T_l(g,…,g,·,·)``, ``T_l(g,…,g,·)`` and ``T_l(g,…,g)`` for orders × directions.
 
     Each pair costs two symmetric rank-k updates (rows of positive and of negative weight), d(d+1)
-    flops per sample; DESIGN.md §3 batches them into one GEMM, at twice the flops.
+    flops per sample; docs/design.md §3 batches them into one GEMM, at twice the flops.
     Pairs are ordered order-major: pair ``p = a·G + b`` is (orders[a], directions[b]).
     """
 
@@ -769,7 +769,7 @@ def projected_setup(cfg: ProjectedHermiteConfig, d: int) -> tuple[np.ndarray, Op
 
 
 class ProjectedHermite(HermiteTensors):
-    """Hermite tensors on a subspace, on residual labels (DESIGN.md §3, "Residual labels").
+    """Hermite tensors on a subspace, on residual labels (docs/design.md §3, "Residual labels").
 
     For orthonormal rows ``P`` (r × d), ``z = P x`` is standard normal in ``R^r`` and
     ``He_l(z) = P^{⊗l} He_l(x)``, so ``E[ỹ He_l(z)] = T_l(Pᵀ·, …, Pᵀ·)``: the moment tensors

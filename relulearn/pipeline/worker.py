@@ -1,4 +1,4 @@
-"""What every worker process gets, whoever started it (DESIGN.md §4, §9).
+"""What every worker process gets, whoever started it (docs/design.md §4, §9).
 
 A ``LocalCluster`` started by relulearn and a ``dask worker`` started by hand (or by a
 batch system, a compose file, a Kubernetes operator) must compute the same bits at the

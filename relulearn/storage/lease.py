@@ -1,4 +1,4 @@
-"""The writer lease of a store: one writer at a time (DESIGN.md §4).
+"""The writer lease of a store: one writer at a time (docs/design.md §4).
 
 Every command that writes a store (``estimate`` when it starts, resumes or extends a run, ``merge`` into its
 output, the extra passes of ``learn`` and ``fit`` into their own stores) first takes the store's lease, a small

@@ -1,4 +1,4 @@
-"""The run store: one zarr v3 group per run, committed atomically (DESIGN.md §4).
+"""The run store: one zarr v3 group per run, committed atomically (docs/design.md §4).
 
 Layout::
 
