@@ -10,20 +10,50 @@ __version__ = "0.1.0"
 
 #: the public names and the modules they live in, imported on first use: `relulearn.cli` starts (and refuses a
 #: locked store) without importing numpy, zarr, dask and the methods first
-_PUBLIC = {**dict.fromkeys(("estimate", "evaluate", "fit", "learn", "merge", "open_store", "predict", "status",
-                            "verify"), "api"),
-           **dict.fromkeys(("ConfigError", "RunConfig", "load_config"), "config"), "Network": "network",
-           "open_datatree": "datatree",
-           **dict.fromkeys(("PolynomialModel", "load_model"), "polynomial"),
-           **dict.fromkeys(("StoreDamagedError", "StoreError", "StoredRun"), "storage")}
+_PUBLIC = {
+    **dict.fromkeys(
+        ("estimate", "evaluate", "fit", "learn", "merge", "open_store", "predict", "status", "verify"), "api"
+    ),
+    **dict.fromkeys(("ConfigError", "RunConfig", "load_config"), "config"),
+    "Network": "network",
+    "open_datatree": "datatree",
+    **dict.fromkeys(("PolynomialModel", "load_model"), "polynomial"),
+    **dict.fromkeys(("StoreDamagedError", "StoreError", "StoredRun"), "storage"),
+}
 
 #: scikit-learn estimators (relulearn.regressors), imported on first use: scikit-learn is an optional dependency
-REGRESSORS = ("MomentsRegressor", "TensorRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
-              "LandscapeRegressor")
+REGRESSORS = (
+    "MomentsRegressor",
+    "TensorRegressor",
+    "FilteredPCARegressor",
+    "ExactRegressor",
+    "PolynomialRegressor",
+    "LandscapeRegressor",
+)
 
-__all__ = ["estimate", "merge", "open_store", "open_datatree", "status", "verify", "learn", "fit", "evaluate", "predict",
-           "load_config", "RunConfig", "ConfigError", "Network", "PolynomialModel", "load_model", "StoreError",
-           "StoreDamagedError", "StoredRun", "__version__", *REGRESSORS]
+__all__ = [
+    "estimate",
+    "merge",
+    "open_store",
+    "open_datatree",
+    "status",
+    "verify",
+    "learn",
+    "fit",
+    "evaluate",
+    "predict",
+    "load_config",
+    "RunConfig",
+    "ConfigError",
+    "Network",
+    "PolynomialModel",
+    "load_model",
+    "StoreError",
+    "StoreDamagedError",
+    "StoredRun",
+    "__version__",
+    *REGRESSORS,
+]
 
 
 def __getattr__(name: str):
@@ -35,7 +65,9 @@ def __getattr__(name: str):
         try:
             from . import regressors
         except ImportError as err:
-            raise ImportError(f"relulearn.{name} needs scikit-learn: pip install 'relulearn[sklearn]' ({err})") from None
+            raise ImportError(
+                f"relulearn.{name} needs scikit-learn: pip install 'relulearn[sklearn]' ({err})"
+            ) from None
         return getattr(regressors, name)
     raise AttributeError(f"module 'relulearn' has no attribute {name!r}")
 

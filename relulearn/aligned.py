@@ -15,7 +15,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class _OneBlasThread:
     """Sets every loaded BLAS to one thread, and back on exit (threadpoolctl's own limiter re-reads every
     library's state on each use: about 4 ms)."""
 
-    def __enter__(self) -> "_OneBlasThread":
+    def __enter__(self) -> _OneBlasThread:
         self._libs = [c for c in _blas_controller().lib_controllers if c.user_api == "blas"]
         self._saved = [c.get_num_threads() for c in self._libs]
         for c in self._libs:
@@ -68,7 +69,7 @@ def aligned_copy(a: np.ndarray, alignment: int = ALIGNMENT) -> np.ndarray:
         return np.array(a, order="C", copy=True)
     buf = np.empty(a.nbytes + alignment, dtype=np.uint8)
     offset = (-buf.ctypes.data) % alignment
-    out = buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
+    out = buf[offset : offset + a.nbytes].view(a.dtype).reshape(a.shape)
     out[...] = a
     return out
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pickle
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -20,21 +21,42 @@ from .config import ConfigError, RunConfig, load_config
 from .estimators.base import PassRequest, Samples
 from .network import Network
 from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepare
-from .pipeline.run import RunSummary, merge_stores
-from .pipeline.sources import data_of
-from .pipeline.run import estimate as _estimate
 from .pipeline.projection import format_seconds
+from .pipeline.run import RunSummary, merge_stores
+from .pipeline.run import estimate as _estimate
+from .pipeline.sources import data_of
 from .storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
 
-__all__ = ["estimate", "plan", "status", "verify", "merge", "open_store", "learn", "fit", "evaluate", "predict",
-           "exact_arbitrary"]
+__all__ = [
+    "estimate",
+    "plan",
+    "status",
+    "verify",
+    "merge",
+    "open_store",
+    "learn",
+    "fit",
+    "evaluate",
+    "predict",
+    "exact_arbitrary",
+]
 
 
-def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[int] = None,
-             workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-             progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
-             on_start: Optional[Callable[[dict], None]] = None, break_lock: bool = False,
-             dashboard: Optional[str] = None, new_store_here: bool = False) -> RunSummary:
+def estimate(
+    config: str | Path | RunConfig,
+    store: str,
+    *,
+    samples: int | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    commit_interval: float | None = None,
+    on_start: Callable[[dict], None] | None = None,
+    break_lock: bool = False,
+    dashboard: str | None = None,
+    new_store_here: bool = False,
+) -> RunSummary:
     """Start, resume or extend the run described by ``config`` in ``store``.
 
     Parameters
@@ -80,8 +102,14 @@ def estimate(config: str | Path | RunConfig, store: str, *, samples: Optional[in
         plan_run(cfg, None, samples=samples, workers=_planned_workers(client, workers))
     # before a cluster starts: a refusal is immediate
     with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
-        kw = dict(samples=samples, progress=progress, commit_interval=commit_interval, on_start=on_start,
-                  lease=lease, new_store_here=new_store_here)
+        kw = dict(
+            samples=samples,
+            progress=progress,
+            commit_interval=commit_interval,
+            on_start=on_start,
+            lease=lease,
+            new_store_here=new_store_here,
+        )
         if client == "local":
             return _estimate(cfg, store, client=None, **kw)
         if client is not None:
@@ -114,8 +142,13 @@ def status(store: str) -> dict[str, Any]:
     sizes = RunStore(store).check_sizes()
     out["damaged"] = None if sizes is None else [d.to_dict() for d in sizes]
     found = read_lease(store)
-    out["lease"] = (found.to_dict() if isinstance(found, LeaseInfo)
-                    else None if found is None else {"holder": None, "stale": "its lease document cannot be read"})
+    out["lease"] = (
+        found.to_dict()
+        if isinstance(found, LeaseInfo)
+        else None
+        if found is None
+        else {"holder": None, "stale": "its lease document cannot be read"}
+    )
     return out
 
 
@@ -201,9 +234,11 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
             "set source.output to the output to learn, or use --method exact (two-layer networks with vector outputs)"
         )
     if method == "polynomial" and getattr(source, "whitening", None) is not None:
-        raise ValueError("--method polynomial on whitened data would give a polynomial of the whitened inputs; "
-                         "set source.data.whiten: false (inputs already of mean 0 and identity covariance), or use "
-                         "--method moments")
+        raise ValueError(
+            "--method polynomial on whitened data would give a polynomial of the whitened inputs; "
+            "set source.data.whiten: false (inputs already of mean 0 and identity covariance), or use "
+            "--method moments"
+        )
     if method == "landscape":
         _check_landscape_teacher(getattr(source, "network", None))
     if method == "moments" and options.get("biases") is None:
@@ -214,8 +249,9 @@ def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[st
         from .estimators import polynomial
 
         if options.get("subspace"):
-            polynomial.check_degree(1, options["degree"], limit=polynomial.SUBSPACE_ORDER_LIMIT,
-                                    what="statistics.projected_hermite")
+            polynomial.check_degree(
+                1, options["degree"], limit=polynomial.SUBSPACE_ORDER_LIMIT, what="statistics.projected_hermite"
+            )
         else:
             polynomial.check_degree(source.d, options["degree"])
     if method != "exact":
@@ -247,15 +283,17 @@ def _check_tensor(source: Any, options: dict[str, Any]) -> dict[str, Any]:
     net = getattr(source, "network", None)
     if net is not None and (net.depth != 1 or net.activation != "relu"):
         raise ValueError(
-            f"--method tensor learns one hidden ReLU layer; the teacher has {net.depth} hidden layer(s) with activation "
-            f"{net.activation!r}; use --method filtered-pca for deep networks"
-            + (", --method exact for other rectified activations" if net.depth == 1 else ""))
+            f"--method tensor learns one hidden ReLU layer; the teacher has {net.depth} hidden layer(s) with "
+            f"activation {net.activation!r}; use --method filtered-pca for deep networks"
+            + (", --method exact for other rectified activations" if net.depth == 1 else "")
+        )
     acts = source.activations() if hasattr(source, "activations") else None
     if acts is not None and acts != ["Relu"]:
         raise ValueError(
             f"--method tensor learns one hidden ReLU layer; the ONNX model {source.path} has "
             f"{len(acts)} activation layer(s) ({', '.join(acts) or 'none'}): use --method filtered-pca for deep ReLU "
-            "networks, --method polynomial for other activations")
+            "networks, --method polynomial for other activations"
+        )
     tensor.check_width(options.get("width"), source.d)
     if net is not None and options.get("width") is None:
         tensor.check_width(int(net.weights[0].shape[0]), source.d)
@@ -271,11 +309,12 @@ def _setting_source(cfg: RunConfig) -> Any:
 
     if cfg.source.data is None:
         return make_source(cfg)
-    return SimpleNamespace(d=cfg.source.d, outputs=None, network=None,
-                           whitening=True if cfg.source.data.whiten else None)
+    return SimpleNamespace(
+        d=cfg.source.d, outputs=None, network=None, whitening=True if cfg.source.data.whiten else None
+    )
 
 
-def _check_landscape_teacher(net: Optional[Network]) -> None:
+def _check_landscape_teacher(net: Network | None) -> None:
     """Refuse a planted or file teacher outside Ge–Lee–Ma's setting ``y = aᵀ relu(B x)``, ``a ≥ 0``,
     ``B`` of full row rank ``m ≤ d``, naming what differs and what to use instead."""
     if net is None:
@@ -325,6 +364,7 @@ def _mapper(client: Any) -> Callable:
     network does not depend on where a batch ran or how its bytes travelled.
     """
     if client is None:
+
         def local_map(fn: Callable, items: Any) -> list:
             # one BLAS thread, as on a worker (pipeline.worker): multi-threaded BLAS sums in another order
             with one_blas_thread():
@@ -343,8 +383,10 @@ def _mapper(client: Any) -> Callable:
             return [fresh(r) for r in client.gather(client.map(task, items, pure=False))]
         except Exception as err:  # noqa: BLE001 - only a lost scheduler is translated
             if connection_lost(client, err):
-                raise ClusterLostError("lost the connection to the Dask scheduler while learning; the "
-                                       "statistics and the passes already stored are kept") from None
+                raise ClusterLostError(
+                    "lost the connection to the Dask scheduler while learning; the "
+                    "statistics and the passes already stored are kept"
+                ) from None
             raise
 
     return cluster_map
@@ -394,9 +436,16 @@ def _pass_url(store: str, name: str, statistics: dict) -> str:
     return f"{store.rstrip('/')}/passes/{name}-{digest}"
 
 
-def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], out: Optional[str],
-                progress: Optional[TextIO], break_lock: bool = False,
-                projected: Optional[dict[str, float]] = None) -> dict[str, Any]:
+def _learn_with(
+    client: Any,
+    store: str,
+    method: str,
+    options: dict[str, Any],
+    out: str | None,
+    progress: TextIO | None,
+    break_lock: bool = False,
+    projected: dict[str, float] | None = None,
+) -> dict[str, Any]:
     from .config import config_from_dict
     from .pipeline.sources import make_source
     from .progress import reporting as stage_progress
@@ -423,11 +472,15 @@ def _learn_with(client: Any, store: str, method: str, options: dict[str, Any], o
         pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
         when = (projected or {}).get(result.name)
         if progress is not None:
-            print(f"pass '{result.name}': {result.reason}"
-                  + (f" (projected {format_seconds(when)})" if when is not None else ""), file=progress)
+            print(
+                f"pass '{result.name}': {result.reason}"
+                + (f" (projected {format_seconds(when)})" if when is not None else ""),
+                file=progress,
+            )
         # a pass is a store of its own, written under its own lease
-        summary = _estimate(pass_cfg, url, samples=run.samples, client=client, progress=progress,
-                            break_lock=break_lock, projected=when)
+        summary = _estimate(
+            pass_cfg, url, samples=run.samples, client=client, progress=progress, break_lock=break_lock, projected=when
+        )
         pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
         passes.append(open_store(url).all_arrays())
     else:
@@ -485,10 +538,18 @@ def _model_shape(model: Any) -> dict[str, Any]:
     from .polynomial import PolynomialModel
 
     if isinstance(model, PolynomialModel):
-        return {"kind": "polynomial", "degree": model.degree, "input_dim": model.input_dim,
-                "subspace_rank": None if model.basis is None else model.dim}
-    out = {"kind": "network", "width": int(model.weights[0].shape[0]), "depth": int(model.depth),
-           "input_dim": model.input_dim}
+        return {
+            "kind": "polynomial",
+            "degree": model.degree,
+            "input_dim": model.input_dim,
+            "subspace_rank": None if model.basis is None else model.dim,
+        }
+    out = {
+        "kind": "network",
+        "width": int(model.weights[0].shape[0]),
+        "depth": int(model.depth),
+        "input_dim": model.input_dim,
+    }
     if model.depth == 1 and model.output_dim == 1 and out["width"] <= 64:
         # the units at a glance, in the scale-free form compare uses: λ_i ‖u_i‖ and b_i / ‖u_i‖
         norms = np.linalg.norm(model.weights[0], axis=1)
@@ -500,14 +561,31 @@ def _model_shape(model: Any) -> dict[str, Any]:
     return out
 
 
-def learn(store: str, method: str = "moments", *, width: Optional[int] = None, depth: Optional[int] = None,
-          budget: Optional[int] = None, activation: Optional[str] = None, exact_samples: Optional[int] = None,
-          refine_samples: Optional[int] = None, starts: Optional[int] = None, route: Optional[str] = None,
-          degree: Optional[int] = None, shrink: Optional[str] = None, subspace: Optional[bool] = None,
-          residual: Optional[bool] = None, biases: Optional[bool] = None, out: Optional[str] = None,
-          workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-          progress: Optional[TextIO] = sys.stderr, break_lock: bool = False,
-          dashboard: Optional[str] = None) -> dict[str, Any]:
+def learn(
+    store: str,
+    method: str = "moments",
+    *,
+    width: int | None = None,
+    depth: int | None = None,
+    budget: int | None = None,
+    activation: str | None = None,
+    exact_samples: int | None = None,
+    refine_samples: int | None = None,
+    starts: int | None = None,
+    route: str | None = None,
+    degree: int | None = None,
+    shrink: str | None = None,
+    subspace: bool | None = None,
+    residual: bool | None = None,
+    biases: bool | None = None,
+    out: str | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    break_lock: bool = False,
+    dashboard: str | None = None,
+) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
     Runs the extra passes the method asks for (stored under ``STORE/passes/``), evaluates
@@ -537,9 +615,22 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
     dict
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
-    options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
-                       degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
+    options = _options(
+        method,
+        width=width,
+        depth=depth,
+        budget=budget,
+        activation=activation,
+        exact_samples=exact_samples,
+        refine_samples=refine_samples,
+        starts=starts,
+        route=route,
+        degree=degree,
+        shrink=shrink,
+        subspace=subspace,
+        residual=residual,
+        biases=biases,
+    )
     open_store(store)  # no store, or a damaged root, is refused before a cluster starts
     if client == "local":
         return _learn_with(None, store, method, options, out, progress, break_lock)
@@ -550,16 +641,34 @@ def learn(store: str, method: str = "moments", *, width: Optional[int] = None, d
         return _learn_with(c, store, method, options, out, progress, break_lock)
 
 
-def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, width: Optional[int] = None,
-        depth: Optional[int] = None, budget: Optional[int] = None, activation: Optional[str] = None,
-        exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, starts: Optional[int] = None,
-        route: Optional[str] = None, degree: Optional[int] = None, shrink: Optional[str] = None,
-        subspace: Optional[bool] = None, residual: Optional[bool] = None, biases: Optional[bool] = None,
-        out: Optional[str] = None,
-        samples: Optional[int] = None,
-        workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-        progress: Optional[TextIO] = sys.stderr, break_lock: bool = False,
-        dashboard: Optional[str] = None, dry_run: bool = False) -> dict[str, Any]:
+def fit(
+    config: str | Path | RunConfig,
+    store: str,
+    method: str = "moments",
+    *,
+    width: int | None = None,
+    depth: int | None = None,
+    budget: int | None = None,
+    activation: str | None = None,
+    exact_samples: int | None = None,
+    refine_samples: int | None = None,
+    starts: int | None = None,
+    route: str | None = None,
+    degree: int | None = None,
+    shrink: str | None = None,
+    subspace: bool | None = None,
+    residual: bool | None = None,
+    biases: bool | None = None,
+    out: str | None = None,
+    samples: int | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    break_lock: bool = False,
+    dashboard: str | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
     A configuration without a ``statistics`` section gets the method's own statistics, in the form
@@ -569,9 +678,22 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     without any work. The other options are those of :func:`learn` and :func:`estimate`; the store's
     lease is taken before a cluster starts and held until the learn ends.
     """
-    options = _options(method, width=width, depth=depth, budget=budget, activation=activation,
-                       exact_samples=exact_samples, refine_samples=refine_samples, starts=starts, route=route,
-                       degree=degree, shrink=shrink, subspace=subspace, residual=residual, biases=biases)
+    options = _options(
+        method,
+        width=width,
+        depth=depth,
+        budget=budget,
+        activation=activation,
+        exact_samples=exact_samples,
+        refine_samples=refine_samples,
+        starts=starts,
+        route=route,
+        degree=degree,
+        shrink=shrink,
+        subspace=subspace,
+        residual=residual,
+        biases=biases,
+    )
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     setting = _setting_source(cfg)
     _check_setting(method, setting, options)  # before anything is written
@@ -591,8 +713,9 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
         if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
             from .pipeline.plan import plan_families
 
-            memory = plan_families(cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width),
-                                   cfg.run.worker_memory, k=width)
+            memory = plan_families(
+                cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
+            )
         cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
     if dry_run:
         return {"method": method, "dry_run": True, "plan": run_plan.to_dict(), "plan_lines": run_plan.lines()}
@@ -602,8 +725,9 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
     projected = {p.name: p.projected_seconds for p in run_plan.passes}
 
     def run(c: Any, lease: Any) -> dict[str, Any]:
-        summary = _estimate(cfg, store, samples=samples, client=c, progress=progress, lease=lease,
-                            projected=projected.get("estimate"))
+        summary = _estimate(
+            cfg, store, samples=samples, client=c, progress=progress, lease=lease, projected=projected.get("estimate")
+        )
         result = _learn_with(c, store, method, options, out, progress, break_lock, projected=projected)
         result["estimate"] = summary.to_dict()
         result["plan"] = run_plan.to_dict()
@@ -621,7 +745,7 @@ def fit(config: str | Path | RunConfig, store: str, method: str = "moments", *, 
             return run(c, lease)
 
 
-def _stored_statistics(store: str) -> Optional[dict]:
+def _stored_statistics(store: str) -> dict | None:
     """The statistics section of the run already committed at ``store`` (None: no run there yet, or a store
     that cannot be read, which the run itself then reports)."""
     try:
@@ -633,7 +757,7 @@ def _stored_statistics(store: str) -> Optional[dict]:
     return dict(meta["config"].get("statistics") or {}) or None
 
 
-def _planned_workers(client: Any, workers: Optional[int]) -> int:
+def _planned_workers(client: Any, workers: int | None) -> int:
     """Workers a run will have: 1 in process, a client's current workers, else the local cluster's."""
     import os
 
@@ -644,20 +768,41 @@ def _planned_workers(client: Any, workers: Optional[int]) -> int:
     return int(workers or os.cpu_count() or 1)
 
 
-def _plan_fit(cfg: RunConfig, method: str, setting: Any, width: Optional[int], options: dict[str, Any],
-              samples: Optional[int], workers: int) -> Any:
+def _plan_fit(
+    cfg: RunConfig,
+    method: str,
+    setting: Any,
+    width: int | None,
+    options: dict[str, Any],
+    samples: int | None,
+    workers: int,
+) -> Any:
     """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options."""
     from .runplan import plan_run
 
     mod = _method(method)
     extra = {k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())}
     extra.update({k: getattr(setting, k, None) for k in getattr(mod, "SOURCE_OPTIONS", ())})
-    return plan_run(cfg, method, width=width, samples=samples, workers=workers, extra=extra,
-                    outputs=getattr(setting, "outputs", None))
+    return plan_run(
+        cfg,
+        method,
+        width=width,
+        samples=samples,
+        workers=workers,
+        extra=extra,
+        outputs=getattr(setting, "outputs", None),
+    )
 
 
-def plan(config: str | Path | RunConfig, method: Optional[str] = None, *, samples: Optional[int] = None,
-         width: Optional[int] = None, workers: Optional[int] = None, **method_options: Any) -> dict[str, Any]:
+def plan(
+    config: str | Path | RunConfig,
+    method: str | None = None,
+    *,
+    samples: int | None = None,
+    width: int | None = None,
+    workers: int | None = None,
+    **method_options: Any,
+) -> dict[str, Any]:
     """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (no method) for a configuration,
     without any work: each pass, each family's form, flops and bytes per sample, projected wall time on
     ``workers`` (default: one per core) and memory per worker and on the driver.
@@ -704,9 +849,11 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         cfg = load_config(teacher)
         source, seed = make_source(cfg), cfg.seed
     else:
-        raise ConfigError(f"teacher {teacher}: a {teacher.suffix} file is not a teacher; give a network file (.npz) "
-                          "or a run configuration (.yaml) whose source is the teacher (an ONNX model or a callable "
-                          "goes in its `teacher:` section)")
+        raise ConfigError(
+            f"teacher {teacher}: a {teacher.suffix} file is not a teacher; give a network file (.npz) "
+            "or a run configuration (.yaml) whose source is the teacher (an ONNX model or a callable "
+            "goes in its `teacher:` section)"
+        )
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
     if data_of(source) is not None:  # data: its last rows, raw (the model maps raw inputs)
@@ -716,8 +863,10 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         x, y = draw(source, seed, Stream.TEST, samples)
     y2 = y.reshape(len(y), -1)
     if net.output_dim != y2.shape[1]:
-        raise ValueError(f"the model has {net.output_dim} outputs but the teacher's labels have {y2.shape[1]}; "
-                         "learn a model of the same source (or set source.output to compare one output)")
+        raise ValueError(
+            f"the model has {net.output_dim} outputs but the teacher's labels have {y2.shape[1]}; "
+            "learn a model of the same source (or set source.output to compare one output)"
+        )
     pred = net.forward(x)
     err2, ey2 = np.mean((y2 - pred) ** 2, axis=0), np.mean(y2**2, axis=0)
     out: dict[str, Any] = {
@@ -737,30 +886,46 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         out["relative_test_error_per_output"] = [float(e) for e in err2 / ey2]
     if isinstance(net, PolynomialModel):
         # an improper model: no weights to compare, no first layer whose span could be measured
-        out.update({"model_kind": "polynomial", "model_degree": net.degree,
-                    "model_subspace_rank": None if net.basis is None else net.dim, "parameter_error": None,
-                    "parameter_error_note": "the model is a polynomial (improper learner): compare by test error"})
+        out.update(
+            {
+                "model_kind": "polynomial",
+                "model_degree": net.degree,
+                "model_subspace_rank": None if net.basis is None else net.dim,
+                "parameter_error": None,
+                "parameter_error_note": "the model is a polynomial (improper learner): compare by test error",
+            }
+        )
         return out
     out.update({"model_kind": "network", "model_width": int(net.weights[0].shape[0]), "model_depth": int(net.depth)})
     if t_net is None and data_of(source) is not None:
         out["parameter_error"] = None
-        out["parameter_error_note"] = (f"the source is data: the test error is on its last {samples:,} rows (held out "
-                                       "only if the run used fewer rows); no teacher weights to compare with")
+        out["parameter_error_note"] = (
+            f"the source is data: the test error is on its last {samples:,} rows (held out "
+            "only if the run used fewer rows); no teacher weights to compare with"
+        )
         return out
     if t_net is None:
         out["parameter_error"] = None
-        out["parameter_error_note"] = (f"the teacher is a black box ({getattr(source, 'label', 'no weights')}): no "
-                                       "weights to compare with; compare by test error")
+        out["parameter_error_note"] = (
+            f"the teacher is a black box ({getattr(source, 'label', 'no weights')}): no "
+            "weights to compare with; compare by test error"
+        )
         return out
-    scalar_relu = (t_net.activation == "relu" and net.activation == "relu" and y2.shape[1] == 1
-                   and getattr(source, "output", None) is None)
+    scalar_relu = (
+        t_net.activation == "relu"
+        and net.activation == "relu"
+        and y2.shape[1] == 1
+        and getattr(source, "output", None) is None
+    )
     if scalar_relu and t_net.biases is None:
         # the subspace the teacher depends on against the one the model depends on (π/2: a direction is missing)
         out["subspace_angle"] = subspace_angle(t_net, net, x[:20_000])
     if getattr(source, "output", None) is not None:
         out["parameter_error"] = None
-        out["parameter_error_note"] = ("the label is one output of a vector-output teacher; parameter errors compare "
-                                       "whole networks (compare by test error)")
+        out["parameter_error_note"] = (
+            "the label is one output of a vector-output teacher; parameter errors compare "
+            "whole networks (compare by test error)"
+        )
         return out
     try:
         cmp = compare(t_net, net) if scalar_relu else compare_two_layer(t_net, net)
@@ -772,9 +937,13 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
             u_t = t_net.weights[0] / np.linalg.norm(t_net.weights[0], axis=1, keepdims=True)
             u_l = net.weights[0] / np.linalg.norm(net.weights[0], axis=1, keepdims=True)
             out["merged_teacher_units"] = [
-                {"teacher_unit": i, "into_learned_unit": int(np.argmax(u_l @ u_t[i])),
-                 "angle": float(np.arccos(np.clip(np.max(u_l @ u_t[i]), -1.0, 1.0)))}
-                for i, j in enumerate(cmp.matching) if j < 0
+                {
+                    "teacher_unit": i,
+                    "into_learned_unit": int(np.argmax(u_l @ u_t[i])),
+                    "angle": float(np.arccos(np.clip(np.max(u_l @ u_t[i]), -1.0, 1.0))),
+                }
+                for i, j in enumerate(cmp.matching)
+                if j < 0
             ]
     except ValueError as err:
         out["parameter_error"] = None
@@ -782,7 +951,7 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     return out
 
 
-def predict(model: str | Path, inputs: str | Path, out: Optional[str | Path] = None) -> dict[str, Any]:
+def predict(model: str | Path, inputs: str | Path, out: str | Path | None = None) -> dict[str, Any]:
     """Evaluate a model file of any kind (network or polynomial) on the rows of ``inputs`` (``.npy``,
     n × d) and write the predictions to ``out`` (``.npy``: shape (n,) for one output, (n, m) for m).
 
@@ -794,15 +963,23 @@ def predict(model: str | Path, inputs: str | Path, out: Optional[str | Path] = N
     net = load_model(model)
     x = _load_matrix(inputs, "inputs")
     if x.shape[1] != net.input_dim:
-        raise ValueError(f"inputs {inputs} have {x.shape[1]} columns but the model {model} takes d = {net.input_dim} "
-                         f"inputs; give an n × {net.input_dim} array (one sample per row)")
+        raise ValueError(
+            f"inputs {inputs} have {x.shape[1]} columns but the model {model} takes d = {net.input_dim} "
+            f"inputs; give an n × {net.input_dim} array (one sample per row)"
+        )
     y = net.forward(x)
     y = y[:, 0] if y.shape[1] == 1 else y
     if out is not None:
         np.save(Path(out), y)
-    return {"model": str(model), "kind": _model_shape(net)["kind"], "samples": int(x.shape[0]),
-            "input_dim": int(x.shape[1]), "outputs": int(net.output_dim), "out": None if out is None else str(out),
-            "seconds": time.perf_counter() - t0}
+    return {
+        "model": str(model),
+        "kind": _model_shape(net)["kind"],
+        "samples": int(x.shape[0]),
+        "input_dim": int(x.shape[1]),
+        "outputs": int(net.output_dim),
+        "out": None if out is None else str(out),
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _load_matrix(path: str | Path, what: str) -> np.ndarray:
@@ -819,12 +996,16 @@ def _load_matrix(path: str | Path, what: str) -> np.ndarray:
         except OSError:  # a folder, no permission: the error says it
             head = b"\x93NUMPY"
         if head != b"\x93NUMPY":  # np.load reads any other bytes as a pickle, and says so
-            raise ValueError(f"{what} file {path} is not a .npy file (it lacks numpy's header); save the array with "
-                             "np.save(PATH, x) and give that file") from None
+            raise ValueError(
+                f"{what} file {path} is not a .npy file (it lacks numpy's header); save the array with "
+                "np.save(PATH, x) and give that file"
+            ) from None
         raise ValueError(f"{what} file {path} is not a readable .npy array of numbers: {err}") from None
     if not isinstance(arr, np.ndarray) or arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{what} file {path} must hold a 1-d or 2-d numeric array, got "
-                         f"{getattr(arr, 'shape', '?')} of {getattr(arr, 'dtype', type(arr).__name__)}")
+        raise ValueError(
+            f"{what} file {path} must hold a 1-d or 2-d numeric array, got "
+            f"{getattr(arr, 'shape', '?')} of {getattr(arr, 'dtype', type(arr).__name__)}"
+        )
     arr = np.asarray(arr, dtype=np.float64)
     arr = arr[:, None] if arr.ndim == 1 else arr
     bad = ~np.isfinite(arr)
@@ -834,8 +1015,9 @@ def _load_matrix(path: str | Path, what: str) -> np.ndarray:
     return arr
 
 
-def exact_arbitrary(inputs: str | Path, labels: str | Path, width: int, *, activation: str = "relu",
-                    out: Optional[str] = None) -> dict[str, Any]:
+def exact_arbitrary(
+    inputs: str | Path, labels: str | Path, width: int, *, activation: str = "relu", out: str | None = None
+) -> dict[str, Any]:
     """Recover ``A = U f(V X)`` exactly from arbitrary inputs (files ``inputs`` X, n × d, and
     ``labels`` A, n × m, ``.npy``) with :func:`relulearn.estimators.exact.recover`; write the
     network to ``out``. Returns the width, shapes, the check on the given samples and the report."""
@@ -844,22 +1026,40 @@ def exact_arbitrary(inputs: str | Path, labels: str | Path, width: int, *, activ
     t0 = time.perf_counter()
     x, a = _load_matrix(inputs, "inputs"), _load_matrix(labels, "labels")
     if len(x) != len(a):
-        raise ValueError(f"inputs {inputs} have {len(x)} rows but labels {labels} have {len(a)}; one label row "
-                         "per input row")
+        raise ValueError(
+            f"inputs {inputs} have {len(x)} rows but labels {labels} have {len(a)}; one label row per input row"
+        )
     result = exact.recover(x, a, width, activation=activation)
     net = result.network
     if out is not None:
         net.save(out)
     pred = net.forward(x)
-    return {"out": out, "samples": int(len(x)), "input_dim": int(x.shape[1]), "outputs": int(a.shape[1]),
-            "width": int(net.weights[0].shape[0]), "activation": activation,
-            "relative_error": float(np.sum((a - pred) ** 2) / max(np.sum(a**2), 1e-300)),
-            "seconds": time.perf_counter() - t0, "report": result.report}
+    return {
+        "out": out,
+        "samples": int(len(x)),
+        "input_dim": int(x.shape[1]),
+        "outputs": int(a.shape[1]),
+        "width": int(net.weights[0].shape[0]),
+        "activation": activation,
+        "relative_error": float(np.sum((a - pred) ** 2) / max(np.sum(a**2), 1e-300)),
+        "seconds": time.perf_counter() - t0,
+        "report": result.report,
+    }
 
 
-def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0, store: Optional[str] = None,
-         workers: Optional[int] = None, scheduler: Optional[str] = None, client: Any = None,
-         progress: Optional[TextIO] = sys.stderr, dashboard: Optional[str] = None) -> dict[str, Any]:
+def demo(
+    *,
+    d: int = 20,
+    width: int = 3,
+    samples: int = 1_000_000,
+    seed: int = 0,
+    store: str | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    dashboard: str | None = None,
+) -> dict[str, Any]:
     """Plant a one-hidden-layer ReLU network, estimate, learn, polish, evaluate.
 
     Returns the teacher's and the learned network's units side by side (matched up to
@@ -871,17 +1071,30 @@ def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0
     from .network import compare
     from .pipeline.sources import make_source
 
-    cfg = config_from_dict({
-        "seed": seed, "samples": samples, "chunk_size": 50_000,
-        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": width, "seed": seed}},
-        "run": {"commit_interval": 30},
-    })
+    cfg = config_from_dict(
+        {
+            "seed": seed,
+            "samples": samples,
+            "chunk_size": 50_000,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": width, "seed": seed}},
+            "run": {"commit_interval": 30},
+        }
+    )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="relulearn-demo-") as tmp:
         url = store or str(Path(tmp) / "demo.zarr")
         model = str(Path(tmp) / "model.npz")
-        fitted = fit(cfg, url, "moments", out=model, workers=workers, scheduler=scheduler, client=client,
-                     progress=progress, dashboard=dashboard)
+        fitted = fit(
+            cfg,
+            url,
+            "moments",
+            out=model,
+            workers=workers,
+            scheduler=scheduler,
+            client=client,
+            progress=progress,
+            dashboard=dashboard,
+        )
         learned = Network.load(model)
     teacher = make_source(cfg).network
     cmp = compare(teacher, learned)
@@ -893,8 +1106,13 @@ def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0
     u_t, lam_t = teacher.weights[0], teacher.weights[1][0]
     u_l, lam_l = learned.weights[0], learned.weights[1][0]
     for i, j in enumerate(cmp.matching):
-        row = {"unit": i, "teacher_lambda": float(lam_t[i]), "learned_lambda": None, "angle": None,
-               "relative_error": cmp.unit_errors[i]}
+        row = {
+            "unit": i,
+            "teacher_lambda": float(lam_t[i]),
+            "learned_lambda": None,
+            "angle": None,
+            "relative_error": cmp.unit_errors[i],
+        }
         if j >= 0:
             scale = float(np.linalg.norm(u_l[j]))
             row["learned_lambda"] = float(lam_l[j] * scale)
@@ -903,11 +1121,17 @@ def demo(*, d: int = 20, width: int = 3, samples: int = 1_000_000, seed: int = 0
             row["angle"] = float(np.arctan2(np.linalg.norm(a - (a @ b) * b), a @ b))
         units.append(row)
     return {
-        "d": d, "width": width, "samples": fitted["samples"],
-        "parameter_error": cmp.relative_error, "relative_test_error": rel,
-        "units": units, "seconds": time.perf_counter() - t0,
-        "estimate_seconds": fitted["estimate"]["seconds"], "learn_seconds": fitted["seconds"],
-        "passes": fitted["passes"], "merged_units": fitted["report"].get("merged_units", []),
+        "d": d,
+        "width": width,
+        "samples": fitted["samples"],
+        "parameter_error": cmp.relative_error,
+        "relative_test_error": rel,
+        "units": units,
+        "seconds": time.perf_counter() - t0,
+        "estimate_seconds": fitted["estimate"]["seconds"],
+        "learn_seconds": fitted["seconds"],
+        "passes": fitted["passes"],
+        "merged_units": fitted["report"].get("merged_units", []),
     }
 
 
@@ -936,8 +1160,10 @@ def shadow(teacher: str | Path | Network, degree: int, *, samples: int = 200_000
     else:
         path = Path(teacher)
         if not path.is_file():
-            raise ValueError(f"{path} does not exist (or is not a file); give a network file (.npz) or a run "
-                             "configuration (.yaml) whose source.teacher to compare with its shadow")
+            raise ValueError(
+                f"{path} does not exist (or is not a file); give a network file (.npz) or a run "
+                "configuration (.yaml) whose source.teacher to compare with its shadow"
+            )
         if path.suffix == ".npz":
             net = Network.load(path)
         else:
@@ -945,13 +1171,18 @@ def shadow(teacher: str | Path | Network, degree: int, *, samples: int = 200_000
             source = make_source(cfg)
             net = getattr(source, "network", None)
             if net is None:
-                raise ValueError(f"{path}: shadow needs the teacher's weights (a planted or file teacher), but "
-                                 f"{getattr(source, 'label', 'its teacher')} is a black box")
+                raise ValueError(
+                    f"{path}: shadow needs the teacher's weights (a planted or file teacher), but "
+                    f"{getattr(source, 'label', 'its teacher')} is a black box"
+                )
             if cfg.source.output is not None:  # the scalar label the configuration learns
-                net = Network(net.weights[:-1] + (net.weights[-1][cfg.source.output:cfg.source.output + 1],),
-                              None if net.biases is None else
-                              net.biases[:-1] + (net.biases[-1][cfg.source.output:cfg.source.output + 1],),
-                              net.activation)
+                net = Network(
+                    net.weights[:-1] + (net.weights[-1][cfg.source.output : cfg.source.output + 1],),
+                    None
+                    if net.biases is None
+                    else net.biases[:-1] + (net.biases[-1][cfg.source.output : cfg.source.output + 1],),
+                    net.activation,
+                )
         name = str(path)
     return {"teacher": name, **shadow_report(net, degree, samples=samples, seed=seed)}
 

@@ -7,8 +7,9 @@ import json
 import math
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from . import __version__
 from .errors import MissingDependencyError
@@ -36,7 +37,11 @@ def _load() -> None:
 
     api, write_text, summary_lines = api_, write_text_, summary_lines_
     ConfigError, NetworkFileError, ClusterLostError, SourceDataError = (
-        config_error, network_file_error, cluster_lost, source_data_error)
+        config_error,
+        network_file_error,
+        cluster_lost,
+        source_data_error,
+    )
 
 
 #: the store each writing command writes (the argument naming it)
@@ -58,6 +63,7 @@ def _refuse_if_locked(args: argparse.Namespace) -> None:
     info = read_lease(str(url))
     if isinstance(info, LeaseInfo):
         raise StoreLockedError(str(url), info, info.stale_reason())
+
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -103,13 +109,17 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-_BREAK_LOCK_HELP = ("break a stale lease on the store: one whose process is no longer running on this host, or "
-                    "without a heartbeat for RELULEARN_LEASE_TIMEOUT seconds (default 600), as a writer killed with "
-                    "SIGKILL or on a lost machine leaves; a live lease is never broken")
-_DASHBOARD_HELP = ("HOST:PORT where the local cluster's Dask dashboard listens (default: the config's run.dashboard, "
-                   "else 127.0.0.1:0, this machine only on a free port). An address on another interface, e.g. "
-                   "0.0.0.0:8787, lets anyone who reaches this host read the cluster's pages (task names, worker "
-                   "logs and memory); ignored with --scheduler and --in-process")
+_BREAK_LOCK_HELP = (
+    "break a stale lease on the store: one whose process is no longer running on this host, or "
+    "without a heartbeat for RELULEARN_LEASE_TIMEOUT seconds (default 600), as a writer killed with "
+    "SIGKILL or on a lost machine leaves; a live lease is never broken"
+)
+_DASHBOARD_HELP = (
+    "HOST:PORT where the local cluster's Dask dashboard listens (default: the config's run.dashboard, "
+    "else 127.0.0.1:0, this machine only on a free port). An address on another interface, e.g. "
+    "0.0.0.0:8787, lets anyone who reaches this host read the cluster's pages (task names, worker "
+    "logs and memory); ignored with --scheduler and --in-process"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,235 +146,362 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, help="store location: a directory or an fsspec URL")
     p.add_argument("--samples", type=_positive, help="total samples wanted (default: the config's `samples`)")
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=_positive, help="worker processes of the local cluster (default: one per core)")
-    where.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786) or the file written by "
-                       "`dask scheduler --scheduler-file FILE` (waited for up to RELULEARN_CONNECT_TIMEOUT s); "
-                       "default: DASK_SCHEDULER_ADDRESS if set, else a local cluster. Workers must run the "
-                       "driver's relulearn version (checked before any block)")
-    where.add_argument("--in-process", action="store_true",
-                       help="run the blocks in this process without Dask (same results, no parallelism)")
-    p.add_argument("--commit-interval", type=_non_negative_float,
-                   help="seconds between commits (default: the config's run.commit_interval, 30)")
+    where.add_argument(
+        "--workers", type=_positive, help="worker processes of the local cluster (default: one per core)"
+    )
+    where.add_argument(
+        "--scheduler",
+        help="address of a running Dask scheduler (tcp://host:8786) or the file written by "
+        "`dask scheduler --scheduler-file FILE` (waited for up to RELULEARN_CONNECT_TIMEOUT s); "
+        "default: DASK_SCHEDULER_ADDRESS if set, else a local cluster. Workers must run the "
+        "driver's relulearn version (checked before any block)",
+    )
+    where.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the blocks in this process without Dask (same results, no parallelism)",
+    )
+    p.add_argument(
+        "--commit-interval",
+        type=_non_negative_float,
+        help="seconds between commits (default: the config's run.commit_interval, 30)",
+    )
     p.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP)
-    p.add_argument("--new-store-here", action="store_true",
-                   help="start a new store in a folder that is not a readable store: other files there are left "
-                   "as they are; the data of a relulearn store whose root metadata is missing or damaged is moved "
-                   "into STORE/set-aside-<time>/, never deleted (a readable store is resumed as without it)")
+    p.add_argument(
+        "--new-store-here",
+        action="store_true",
+        help="start a new store in a folder that is not a readable store: other files there are left "
+        "as they are; the data of a relulearn store whose root metadata is missing or damaged is moved "
+        "into STORE/set-aside-<time>/, never deleted (a readable store is resumed as without it)",
+    )
     p.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
 
-    p = sub.add_parser("status", help="what a store holds", description="Show what a store holds: samples "
-                       "committed, statistics, fingerprint, last commit.")
+    p = sub.add_parser(
+        "status",
+        help="what a store holds",
+        description="Show what a store holds: samples committed, statistics, fingerprint, last commit.",
+    )
     p.add_argument("store", help="store location")
     p.add_argument("--json", action="store_true", help="print as JSON")
 
-    p = sub.add_parser("verify", help="check every chunk of a store against its checksums",
-                       description="Check the store's root metadata against its digest, and every chunk and "
-                       "metadata document of its committed generation (statistics and ledger, then each extra "
-                       "pass under STORE/passes/) against the commit's manifest: a missing, truncated or altered "
-                       "chunk (crc32c, sha256) is named with its array and file. Nothing is written. Exit code: "
-                       "0 intact, 1 damaged, 2 no store to verify (or another error). A store written before "
-                       "checksums is checked for missing and truncated chunks only.")
+    p = sub.add_parser(
+        "verify",
+        help="check every chunk of a store against its checksums",
+        description="Check the store's root metadata against its digest, and every chunk and "
+        "metadata document of its committed generation (statistics and ledger, then each extra "
+        "pass under STORE/passes/) against the commit's manifest: a missing, truncated or altered "
+        "chunk (crc32c, sha256) is named with its array and file. Nothing is written. Exit code: "
+        "0 intact, 1 damaged, 2 no store to verify (or another error). A store written before "
+        "checksums is checked for missing and truncated chunks only.",
+    )
     p.add_argument("store", help="store location")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("report", help="an HTML report of a store: spectra, τ grid, learning curves, units",
-                       description="Write one self-contained HTML file with PNG figures: the eigenvalue spectra of "
-                       "the stored second-moment families with error bars and noise floor, the τ grid with "
-                       "P[|y| > τ], the learning curves of the last learn on the store, learned vs teacher units "
-                       "(--model and --teacher), and the held-out loss of every learn against the samples as the "
-                       "store was extended. A figure whose inputs are missing is replaced by a line saying what "
-                       "would draw it. Needs matplotlib (pip install 'relulearn[report]').")
+    p = sub.add_parser(
+        "report",
+        help="an HTML report of a store: spectra, τ grid, learning curves, units",
+        description="Write one self-contained HTML file with PNG figures: the eigenvalue spectra of "
+        "the stored second-moment families with error bars and noise floor, the τ grid with "
+        "P[|y| > τ], the learning curves of the last learn on the store, learned vs teacher units "
+        "(--model and --teacher), and the held-out loss of every learn against the samples as the "
+        "store was extended. A figure whose inputs are missing is replaced by a line saying what "
+        "would draw it. Needs matplotlib (pip install 'relulearn[report]').",
+    )
     p.add_argument("store", help="store location")
     p.add_argument("--model", help="a learned network (.npz) to compare with --teacher")
-    p.add_argument("--teacher", help="the teacher: a network .npz or a run configuration with a planted or file "
-                   "teacher")
+    p.add_argument(
+        "--teacher", help="the teacher: a network .npz or a run configuration with a planted or file teacher"
+    )
     p.add_argument("--out", required=True, help="where to write the HTML file")
     p.add_argument("--json", action="store_true", help="print what was drawn as JSON")
 
-    p = sub.add_parser("merge", help="merge two stores of the same source with different seeds",
-                       description="Merge two runs of the same source and statistics that used different seeds "
-                       "into a new store whose statistics cover both runs' samples.")
+    p = sub.add_parser(
+        "merge",
+        help="merge two stores of the same source with different seeds",
+        description="Merge two runs of the same source and statistics that used different seeds "
+        "into a new store whose statistics cover both runs' samples.",
+    )
     p.add_argument("a", help="first store")
     p.add_argument("b", help="second store")
     p.add_argument("--out", required=True, help="location of the new merged store")
     p.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP.replace("the store", "the --out store"))
     p.add_argument("--json", action="store_true", help="print as JSON")
+
     def add_cluster_options(q: argparse.ArgumentParser) -> None:
         w = q.add_mutually_exclusive_group()
-        w.add_argument("--workers", type=_positive, help="worker processes of the local cluster (default: one per core)")
-        w.add_argument("--scheduler", help="address of a running Dask scheduler or a scheduler file; estimation, "
-                       "candidate batches and extra passes all run there (default: DASK_SCHEDULER_ADDRESS if set, "
-                       "else a local cluster)")
+        w.add_argument(
+            "--workers", type=_positive, help="worker processes of the local cluster (default: one per core)"
+        )
+        w.add_argument(
+            "--scheduler",
+            help="address of a running Dask scheduler or a scheduler file; estimation, "
+            "candidate batches and extra passes all run there (default: DASK_SCHEDULER_ADDRESS if set, "
+            "else a local cluster)",
+        )
         w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
         q.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
 
     def add_learn_options(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--method", default="moments", choices=list(METHODS),
-                       help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default; narrow: "
-                       "the enumeration grows as exp(width)); tensor = wide one-hidden-layer ReLU nets with biases and any "
-                       "number of outputs, by a CP decomposition of Hermite moments of orders 2-6 (widths up to d, and "
-                       "up to d(d+1)/2 for d <= 50 on symmetric matrices); "
-                       "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace; "
-                       "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
-                       "(tensor step, signs, null vectors of the row span, refinement); landscape = one-hidden-layer ReLU nets "
-                       "with non-negative output weights and B of full row rank, up to width d, by minimizing Ge–Lee–Ma's "
-                       "designed objective G (no spurious local minima) on the whitened 4th moment; polynomial = any "
-                       "network (e.g. random Xavier nets) by its Hermite expansion truncated at a degree L, read off "
-                       "the stored T_0..T_L (Daniely–Srebro–Vardi; the model is a polynomial, not a network)")
-        q.add_argument("--width", type=_positive,
-                       help="moments, tensor: hidden units wanted (default: the rank the noise floor supports; "
-                       "tensor refuses a width the floor does not support, naming the samples that would); "
-                       "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
-                       "for --depth 1, else twice it, at least 4)")
-        q.add_argument("--depth", type=_positive,
-                       help="filtered-pca: hidden layers of the candidate networks; architectures of depth 1.."
-                       "DEPTH are enumerated (default 1)")
-        q.add_argument("--budget", type=_positive,
-                       help="candidate evaluations the enumeration may spend. filtered-pca: candidate networks "
-                       "fitted (default 256; a larger --depth/--width is refused before any work). moments: "
-                       "directions scored over the k+1 stages of its search (default 200000; a width whose search "
-                       "needs more is refused with the budget it needs; --method tensor needs no enumeration)")
-        q.add_argument("--activation", choices=["relu", "relu2", "relu3"],
-                       help="exact: the rectified activation f(z) = max(z,0)^c of the network learned (default: the "
-                       "teacher's, relu for other sources)")
-        q.add_argument("--exact-samples", type=_positive,
-                       help="exact: samples of the bounded exact step (default: chosen from d and the width; too few is "
-                       "refused with the number needed)")
-        q.add_argument("--refine-samples", type=_nonnegative,
-                       help="moments, tensor, exact, filtered-pca: samples streamed through the refinement, each pass "
-                       "regenerating them on the workers; 0 turns it off. moments and tensor (one output, labels not "
-                       "fitted exactly by polish): preconditioned Gauss-Newton, 3·k·d flops per sample and pass "
-                       "(default: as many as the store holds). exact: Levenberg-Marquardt, "
-                       "(k·d)^2 flops per sample and pass (default: as many as the store holds, at most 10^7 and at "
-                       "most 2e13/(k·d)^2). filtered-pca (depth >= 2): Levenberg-Marquardt on the network and its "
-                       "subspace basis, 4·d·r + P^2 flops per sample and pass for P weights (default: as many as the "
-                       "store holds, at most 10^7)")
-        q.add_argument("--biases", action=argparse.BooleanOptionalAction, default=None,
-                       help="moments: learn hidden biases and an output bias, y = Σ λ_i relu(u_i·x + b_i) + c (default: "
-                       "yes for black-box teachers and network files with biases, no for bias-free planted and file "
-                       "networks); the enumeration then searches directions and offsets")
-        q.add_argument("--starts", type=_positive,
-                       help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept")
-        q.add_argument("--route", choices=["moments", "stream"],
-                       help="landscape: moments = G from the 4th moment on the subspace (one extra pass, C(m+3,4) "
-                       "entries per sample); stream = the paper's stochastic gradient of G on fresh samples, O(m·d) per "
-                       "sample (default: stream above 32 units)")
-        q.add_argument("--degree", type=_nonnegative,
-                       help="polynomial: degree L of the expansion (default: the degree of least error on held-out "
-                       "samples, up to the stored order; fit estimates up to 4, or 6 with --subspace); a degree whose "
-                       "tensors exceed the entry budget is refused with the largest that fits")
-        q.add_argument("--shrink", choices=["none", "order", "entry"],
-                       help="polynomial: shrink coefficients by their standard errors: order = James–Stein factor "
-                       "max(0, 1 − V_l/‖T_l‖²) per order (default), entry = max(0, 1 − se²/T²) per coefficient, "
-                       "none = plain projection; shrinking helps where an order's signal is comparable with its noise")
-        q.add_argument("--subspace", action="store_true", default=None,
-                       help="polynomial: find the relevant subspace first (T_2, filtered matrices, T_1) and expand the "
-                       "projected inputs to a higher degree (one projected_hermite pass); for teachers whose first "
-                       "layer has few rows")
-        q.add_argument("--no-residual", dest="residual", action="store_false", default=None,
-                       help="polynomial: use the stored T_3..T_L as they are instead of re-estimating them on "
-                       "residual labels in one more pass (half the estimation work, more variance)")
-        q.add_argument("--out", help="where to write the learned model (.npz: a network, or a polynomial model for "
-                       "--method polynomial); required but with fit --dry-run")
+        q.add_argument(
+            "--method",
+            default="moments",
+            choices=list(METHODS),
+            help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default; narrow: "
+            "the enumeration grows as exp(width)); tensor = wide one-hidden-layer ReLU nets with biases and any "
+            "number of outputs, by a CP decomposition of Hermite moments of orders 2-6 (widths up to d, and "
+            "up to d(d+1)/2 for d <= 50 on symmetric matrices); "
+            "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace; "
+            "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
+            "(tensor step, signs, null vectors of the row span, refinement); landscape = one-hidden-layer ReLU nets "
+            "with non-negative output weights and B of full row rank, up to width d, by minimizing Ge–Lee–Ma's "
+            "designed objective G (no spurious local minima) on the whitened 4th moment; polynomial = any "
+            "network (e.g. random Xavier nets) by its Hermite expansion truncated at a degree L, read off "
+            "the stored T_0..T_L (Daniely–Srebro–Vardi; the model is a polynomial, not a network)",
+        )
+        q.add_argument(
+            "--width",
+            type=_positive,
+            help="moments, tensor: hidden units wanted (default: the rank the noise floor supports; "
+            "tensor refuses a width the floor does not support, naming the samples that would); "
+            "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
+            "for --depth 1, else twice it, at least 4)",
+        )
+        q.add_argument(
+            "--depth",
+            type=_positive,
+            help="filtered-pca: hidden layers of the candidate networks; architectures of depth 1.."
+            "DEPTH are enumerated (default 1)",
+        )
+        q.add_argument(
+            "--budget",
+            type=_positive,
+            help="candidate evaluations the enumeration may spend. filtered-pca: candidate networks "
+            "fitted (default 256; a larger --depth/--width is refused before any work). moments: "
+            "directions scored over the k+1 stages of its search (default 200000; a width whose search "
+            "needs more is refused with the budget it needs; --method tensor needs no enumeration)",
+        )
+        q.add_argument(
+            "--activation",
+            choices=["relu", "relu2", "relu3"],
+            help="exact: the rectified activation f(z) = max(z,0)^c of the network learned (default: the "
+            "teacher's, relu for other sources)",
+        )
+        q.add_argument(
+            "--exact-samples",
+            type=_positive,
+            help="exact: samples of the bounded exact step (default: chosen from d and the width; too few is "
+            "refused with the number needed)",
+        )
+        q.add_argument(
+            "--refine-samples",
+            type=_nonnegative,
+            help="moments, tensor, exact, filtered-pca: samples streamed through the refinement, each pass "
+            "regenerating them on the workers; 0 turns it off. moments and tensor (one output, labels not "
+            "fitted exactly by polish): preconditioned Gauss-Newton, 3·k·d flops per sample and pass "
+            "(default: as many as the store holds). exact: Levenberg-Marquardt, "
+            "(k·d)^2 flops per sample and pass (default: as many as the store holds, at most 10^7 and at "
+            "most 2e13/(k·d)^2). filtered-pca (depth >= 2): Levenberg-Marquardt on the network and its "
+            "subspace basis, 4·d·r + P^2 flops per sample and pass for P weights (default: as many as the "
+            "store holds, at most 10^7)",
+        )
+        q.add_argument(
+            "--biases",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="moments: learn hidden biases and an output bias, y = Σ λ_i relu(u_i·x + b_i) + c (default: "
+            "yes for black-box teachers and network files with biases, no for bias-free planted and file "
+            "networks); the enumeration then searches directions and offsets",
+        )
+        q.add_argument(
+            "--starts",
+            type=_positive,
+            help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept",
+        )
+        q.add_argument(
+            "--route",
+            choices=["moments", "stream"],
+            help="landscape: moments = G from the 4th moment on the subspace (one extra pass, C(m+3,4) "
+            "entries per sample); stream = the paper's stochastic gradient of G on fresh samples, O(m·d) per "
+            "sample (default: stream above 32 units)",
+        )
+        q.add_argument(
+            "--degree",
+            type=_nonnegative,
+            help="polynomial: degree L of the expansion (default: the degree of least error on held-out "
+            "samples, up to the stored order; fit estimates up to 4, or 6 with --subspace); a degree whose "
+            "tensors exceed the entry budget is refused with the largest that fits",
+        )
+        q.add_argument(
+            "--shrink",
+            choices=["none", "order", "entry"],
+            help="polynomial: shrink coefficients by their standard errors: order = James–Stein factor "
+            "max(0, 1 − V_l/‖T_l‖²) per order (default), entry = max(0, 1 − se²/T²) per coefficient, "
+            "none = plain projection; shrinking helps where an order's signal is comparable with its noise",
+        )
+        q.add_argument(
+            "--subspace",
+            action="store_true",
+            default=None,
+            help="polynomial: find the relevant subspace first (T_2, filtered matrices, T_1) and expand the "
+            "projected inputs to a higher degree (one projected_hermite pass); for teachers whose first "
+            "layer has few rows",
+        )
+        q.add_argument(
+            "--no-residual",
+            dest="residual",
+            action="store_false",
+            default=None,
+            help="polynomial: use the stored T_3..T_L as they are instead of re-estimating them on "
+            "residual labels in one more pass (half the estimation work, more variance)",
+        )
+        q.add_argument(
+            "--out",
+            help="where to write the learned model (.npz: a network, or a polynomial model for "
+            "--method polynomial); required but with fit --dry-run",
+        )
         add_cluster_options(q)
-        q.add_argument("--break-lock", action="store_true", help=_BREAK_LOCK_HELP + "; learn: on the stores of the "
-                       "extra passes it writes (learn only reads STORE), fit: on STORE and those")
+        q.add_argument(
+            "--break-lock",
+            action="store_true",
+            help=_BREAK_LOCK_HELP + "; learn: on the stores of the "
+            "extra passes it writes (learn only reads STORE), fit: on STORE and those",
+        )
         q.add_argument("--quiet", action="store_true", help="no progress output")
         q.add_argument("--json", action="store_true", help="print the full result as JSON (default: a short summary)")
         add_report_option(q)
 
-    p = sub.add_parser("learn", help="learn a model (a network, or a polynomial) from a store's statistics",
-                       description="Learn a network from the statistics in a store with a learning method. "
-                       "Extra passes the method asks for (moments: contracted moments along directions inside the "
-                       "found subspace; tensor: contracted orders 3-6 inside the subspace, or the full Hermite tensors for networks "
-                       "wider than d; filtered-pca: residual-filtered matrices of its candidate networks; landscape: the fourth "
-                       "moment on the subspace of T_2, on residual labels) are "
-                       "run and stored under STORE/passes/.")
+    p = sub.add_parser(
+        "learn",
+        help="learn a model (a network, or a polynomial) from a store's statistics",
+        description="Learn a network from the statistics in a store with a learning method. "
+        "Extra passes the method asks for (moments: contracted moments along directions inside the "
+        "found subspace; tensor: contracted orders 3-6 inside the subspace, or the full Hermite tensors for networks "
+        "wider than d; filtered-pca: residual-filtered matrices of its candidate networks; landscape: the fourth "
+        "moment on the subspace of T_2, on residual labels) are "
+        "run and stored under STORE/passes/.",
+    )
     p.add_argument("store", help="store location")
     add_learn_options(p)
 
-    p = sub.add_parser("fit", help="estimate the statistics a method needs, then learn",
-                       description="Estimate (or resume/extend) a run, then learn a network from it, with the extra "
-                       "passes the method asks for. A configuration without a `statistics` section gets the "
-                       "statistics the method needs.")
+    p = sub.add_parser(
+        "fit",
+        help="estimate the statistics a method needs, then learn",
+        description="Estimate (or resume/extend) a run, then learn a network from it, with the extra "
+        "passes the method asks for. A configuration without a `statistics` section gets the "
+        "statistics the method needs.",
+    )
     p.add_argument("config", help="run configuration (YAML)")
     p.add_argument("--store", required=True, help="store location")
     p.add_argument("--samples", type=_positive, help="total samples (default: the config's `samples`)")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the plan (as `relulearn plan CONFIG --method M` does) and stop: nothing is written")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (as `relulearn plan CONFIG --method M` does) and stop: nothing is written",
+    )
     add_learn_options(p)
 
-    p = sub.add_parser("plan", help="the plan of a run before any work: passes, forms, projected time and memory",
-                       description="Show what `relulearn fit CONFIG --method M` (or `relulearn estimate CONFIG`, "
-                       "without --method) would do, before any work: each pass, each statistic family with its form "
-                       "(dense, or sketched with its rank), flops and bytes per sample, the projected wall time on "
-                       "this machine and the memory per worker and on the driver, and where the time goes "
-                       "(generation, teacher, update, merge, commit, pilot). The projection prices each family's "
-                       "work by rates measured once on this machine (a few products, normals and a write: about "
-                       "two seconds, cached in ~/.cache/relulearn or $RELULEARN_CACHE); a black-box teacher or a "
-                       "data file is timed on one batch. The learning after the passes is not projected.")
+    p = sub.add_parser(
+        "plan",
+        help="the plan of a run before any work: passes, forms, projected time and memory",
+        description="Show what `relulearn fit CONFIG --method M` (or `relulearn estimate CONFIG`, "
+        "without --method) would do, before any work: each pass, each statistic family with its form "
+        "(dense, or sketched with its rank), flops and bytes per sample, the projected wall time on "
+        "this machine and the memory per worker and on the driver, and where the time goes "
+        "(generation, teacher, update, merge, commit, pilot). The projection prices each family's "
+        "work by rates measured once on this machine (a few products, normals and a write: about "
+        "two seconds, cached in ~/.cache/relulearn or $RELULEARN_CACHE); a black-box teacher or a "
+        "data file is timed on one batch. The learning after the passes is not projected.",
+    )
     p.add_argument("config", help="run configuration (YAML)")
-    p.add_argument("--method", choices=list(METHODS),
-                   help="plan `fit` with this method: a configuration without a `statistics` section gets the "
-                   "method's statistics, dense or sketched, whichever is projected faster within "
-                   "run.worker_memory (default: plan `estimate` of the configured statistics)")
+    p.add_argument(
+        "--method",
+        choices=list(METHODS),
+        help="plan `fit` with this method: a configuration without a `statistics` section gets the "
+        "method's statistics, dense or sketched, whichever is projected faster within "
+        "run.worker_memory (default: plan `estimate` of the configured statistics)",
+    )
     p.add_argument("--samples", type=_positive, help="samples per pass (default: the config's `samples`)")
     p.add_argument("--width", type=_positive, help="hidden units wanted (as for fit; the sketch's rank grows with it)")
-    p.add_argument("--workers", type=_positive, help="workers of the cluster (default: one per core, as a local "
-                   "cluster starts)")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON (projected_seconds for the whole "
-                   "command and for each pass)")
+    p.add_argument(
+        "--workers", type=_positive, help="workers of the cluster (default: one per core, as a local cluster starts)"
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the plan as JSON (projected_seconds for the whole command and for each pass)",
+    )
 
-    p = sub.add_parser("exact-arbitrary", help="recover a two-layer rectified net exactly from arbitrary inputs",
-                       description="Recover A = U f(V X) exactly from samples with arbitrary (non-Gaussian) inputs X, "
-                       "by enumerating the zero patterns realisable in the row span of A (Bakshi–Jayaram–Woodruff's "
-                       "n^O(k) algorithm). Needs rank(A) = k and small k (at most 3 with a few hundred samples); "
-                       "labels must be noiseless.")
+    p = sub.add_parser(
+        "exact-arbitrary",
+        help="recover a two-layer rectified net exactly from arbitrary inputs",
+        description="Recover A = U f(V X) exactly from samples with arbitrary (non-Gaussian) inputs X, "
+        "by enumerating the zero patterns realisable in the row span of A (Bakshi–Jayaram–Woodruff's "
+        "n^O(k) algorithm). Needs rank(A) = k and small k (at most 3 with a few hundred samples); "
+        "labels must be noiseless.",
+    )
     p.add_argument("inputs", help="inputs X (.npy, n rows × d columns)")
     p.add_argument("labels", help="labels A (.npy, n rows × m outputs, or a vector of n labels)")
     p.add_argument("--width", type=_positive, required=True, help="hidden units k")
-    p.add_argument("--activation", choices=["relu", "relu2", "relu3"], default="relu",
-                   help="the rectified activation f(z) = max(z,0)^c (default relu)")
+    p.add_argument(
+        "--activation",
+        choices=["relu", "relu2", "relu3"],
+        default="relu",
+        help="the rectified activation f(z) = max(z,0)^c (default relu)",
+    )
     p.add_argument("--out", required=True, help="where to write the recovered network (.npz)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("predict", help="evaluate a model file on inputs from a .npy file",
-                       description="Predictions of a model file of any kind (a network, or a polynomial model from "
-                       "--method polynomial) at the rows of an n × d .npy array; written as .npy: shape (n,) for one "
-                       "output, (n, m) for m outputs.")
+    p = sub.add_parser(
+        "predict",
+        help="evaluate a model file on inputs from a .npy file",
+        description="Predictions of a model file of any kind (a network, or a polynomial model from "
+        "--method polynomial) at the rows of an n × d .npy array; written as .npy: shape (n,) for one "
+        "output, (n, m) for m outputs.",
+    )
     p.add_argument("model", help="model file (.npz)")
     p.add_argument("--input", required=True, help="inputs X (.npy, n rows × d columns)")
     p.add_argument("--out", required=True, help="where to write the predictions (.npy)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("evaluate", help="test error of a model against a teacher",
-                       description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "
-                       "used for estimation), the angle between the subspace the teacher depends on and the one the "
-                       "model depends on, and for one-hidden-layer ReLU networks the parameter error up to "
-                       "permutation and positive rescaling of hidden units.")
+    p = sub.add_parser(
+        "evaluate",
+        help="test error of a model against a teacher",
+        description="Relative test error E[(y - f(x))^2] / E[y^2] on fresh samples (a stream never "
+        "used for estimation), the angle between the subspace the teacher depends on and the one the "
+        "model depends on, and for one-hidden-layer ReLU networks the parameter error up to "
+        "permutation and positive rescaling of hidden units.",
+    )
     p.add_argument("model", help="model file (.npz): a network or a polynomial model")
-    p.add_argument("--teacher", required=True, help="a run configuration (its source, noise included) or a network .npz")
+    p.add_argument(
+        "--teacher", required=True, help="a run configuration (its source, noise included) or a network .npz"
+    )
     p.add_argument("--samples", type=_positive, default=200_000, help="test samples (default 200000)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("shadow", help="distance of a network from its Hermite-truncated shadow, next to the bound",
-                       description="Replace each hidden activation of a network (relu, erf, erf_relu, tanh; no biases) "
-                       "by its degree-n Hermite truncation — the shadow network of Daniely–Srebro–Vardi (2023), a "
-                       "polynomial of degree n^(depth-1) — and measure E(N − Ψ_n)² on fresh Gaussian inputs, next to "
-                       "ε_σ(n) and the bound Σ_j Lip^(i−1−j) sqrt(ε̄_j(n)) for random Xavier networks of depth i (see "
-                       "relulearn.shadow; a random_xavier teacher is such a network).")
+    p = sub.add_parser(
+        "shadow",
+        help="distance of a network from its Hermite-truncated shadow, next to the bound",
+        description="Replace each hidden activation of a network (relu, erf, erf_relu, tanh; no biases) "
+        "by its degree-n Hermite truncation — the shadow network of Daniely–Srebro–Vardi (2023), a "
+        "polynomial of degree n^(depth-1) — and measure E(N − Ψ_n)² on fresh Gaussian inputs, next to "
+        "ε_σ(n) and the bound Σ_j Lip^(i−1−j) sqrt(ε̄_j(n)) for random Xavier networks of depth i (see "
+        "relulearn.shadow; a random_xavier teacher is such a network).",
+    )
     p.add_argument("teacher", help="a network file (.npz) or a run configuration (YAML) whose teacher to use")
     p.add_argument("--degree", type=int, required=True, help="degree n of the Hermite truncation (0..100)")
     p.add_argument("--samples", type=_positive, default=200_000, help="Gaussian inputs (default 200000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    p = sub.add_parser("demo", help="plant a network, estimate, learn, polish, evaluate",
-                       description="The end-to-end demonstration: plant a one-hidden-layer ReLU network with "
-                       "random-sign output weights, estimate its moments on a local cluster, learn it back, "
-                       "polish, evaluate, and print teacher and learned units side by side.")
+    p = sub.add_parser(
+        "demo",
+        help="plant a network, estimate, learn, polish, evaluate",
+        description="The end-to-end demonstration: plant a one-hidden-layer ReLU network with "
+        "random-sign output weights, estimate its moments on a local cluster, learn it back, "
+        "polish, evaluate, and print teacher and learned units side by side.",
+    )
     p.add_argument("--d", type=_positive, default=20, help="input dimension (default 20)")
     p.add_argument("--width", type=_positive, default=3, help="hidden units of the planted network (default 3)")
     p.add_argument("--samples", type=_positive, default=1_000_000, help="samples to estimate on (default 1e6)")
@@ -377,11 +514,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_report_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--report", metavar="PATH", help="also write the full result (the --json output) to PATH; its "
-                   "folder must exist (checked before any work)")
+    p.add_argument(
+        "--report",
+        metavar="PATH",
+        help="also write the full result (the --json output) to PATH; its folder must exist (checked before any work)",
+    )
 
 
-def _check_file_path(flag: str, path: Optional[str], example: str) -> None:
+def _check_file_path(flag: str, path: str | None, example: str) -> None:
     """Refuse, before a long run, an output file path whose folder does not exist or that is a folder."""
     if path is None:
         return
@@ -393,16 +533,23 @@ def _check_file_path(flag: str, path: Optional[str], example: str) -> None:
 
 
 #: commands whose ``--out`` is a local file written when the work is done, and an example file name
-_FILE_OUT = {"learn": "model.npz", "fit": "model.npz", "exact-arbitrary": "model.npz", "predict": "predictions.npy",
-             "report": "report.html"}
+_FILE_OUT = {
+    "learn": "model.npz",
+    "fit": "model.npz",
+    "exact-arbitrary": "model.npz",
+    "predict": "predictions.npy",
+    "report": "report.html",
+}
 
 
 def _check_output_paths(args: argparse.Namespace) -> None:
     """Every file a command writes after its work, checked before the work starts."""
     _check_file_path("--report", getattr(args, "report", None), "report.json")
     if args.command in ("learn", "fit") and not getattr(args, "dry_run", False) and not args.out:
-        raise ConfigError(f"relulearn {args.command} needs --out FILE: where to write the learned model (.npz)"
-                          + (" (or --dry-run to see the plan only)" if args.command == "fit" else ""))
+        raise ConfigError(
+            f"relulearn {args.command} needs --out FILE: where to write the learned model (.npz)"
+            + (" (or --dry-run to see the plan only)" if args.command == "fit" else "")
+        )
     if args.command in _FILE_OUT:
         _check_file_path("--out", getattr(args, "out", None), _FILE_OUT[args.command])
 
@@ -421,26 +568,44 @@ def _write_report(path: str, result: dict[str, Any]) -> None:
 
 
 def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"workers": args.workers, "scheduler": args.scheduler, "client": "local" if args.in_process else None,
-            "progress": None if args.quiet else sys.stderr, "dashboard": _dashboard(args)}
+    return {
+        "workers": args.workers,
+        "scheduler": args.scheduler,
+        "client": "local" if args.in_process else None,
+        "progress": None if args.quiet else sys.stderr,
+        "dashboard": _dashboard(args),
+    }
 
 
-def _dashboard(args: argparse.Namespace) -> Optional[str]:
+def _dashboard(args: argparse.Namespace) -> str | None:
     from .pipeline.cluster import check_dashboard
 
     return None if args.dashboard is None else check_dashboard(args.dashboard)
 
 
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"width": args.width, "depth": args.depth, "budget": args.budget, "activation": args.activation,
-            "exact_samples": args.exact_samples, "refine_samples": args.refine_samples, "starts": args.starts,
-            "route": args.route, "degree": args.degree, "shrink": args.shrink, "subspace": args.subspace,
-            "residual": args.residual, "biases": args.biases}
+    return {
+        "width": args.width,
+        "depth": args.depth,
+        "budget": args.budget,
+        "activation": args.activation,
+        "exact_samples": args.exact_samples,
+        "refine_samples": args.refine_samples,
+        "starts": args.starts,
+        "route": args.route,
+        "degree": args.degree,
+        "shrink": args.shrink,
+        "subspace": args.subspace,
+        "residual": args.residual,
+        "biases": args.biases,
+    }
 
 
 def _print_demo(result: dict[str, Any]) -> None:
-    print(f"planted one-hidden-layer ReLU network: d = {result['d']}, width = {result['width']}, "
-          f"{result['samples']:,} samples")
+    print(
+        f"planted one-hidden-layer ReLU network: d = {result['d']}, width = {result['width']}, "
+        f"{result['samples']:,} samples"
+    )
     print(f"{'unit':>4}  {'teacher λ':>12}  {'learned λ':>12}  {'angle (rad)':>12}  {'rel. error':>10}")
     for u in result["units"]:
         learned = "—" if u["learned_lambda"] is None else f"{u['learned_lambda']:12.8f}"
@@ -450,12 +615,16 @@ def _print_demo(result: dict[str, Any]) -> None:
     print(f"relative test error:                {result['relative_test_error']:.3e}")
     missing = [u["unit"] for u in result["units"] if u["learned_lambda"] is None]
     if missing and result["merged_units"]:  # merges matter only when a teacher unit did not come out
-        print(f"teacher unit{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not found: the search "
-              "merged units it could not tell apart at this sample count ("
-              + ", ".join(f"into unit {m['into']}: {m['reason']}" for m in result["merged_units"])
-              + "); more samples separate them")
-    print(f"time: estimate {result['estimate_seconds']:.1f} s, learn {result['learn_seconds']:.1f} s, "
-          f"total {result['seconds']:.1f} s")
+        print(
+            f"teacher unit{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} not found: the search "
+            "merged units it could not tell apart at this sample count ("
+            + ", ".join(f"into unit {m['into']}: {m['reason']}" for m in result["merged_units"])
+            + "); more samples separate them"
+        )
+    print(
+        f"time: estimate {result['estimate_seconds']:.1f} s, learn {result['learn_seconds']:.1f} s, "
+        f"total {result['seconds']:.1f} s"
+    )
 
 
 def _print_shadow(r: dict[str, Any]) -> None:
@@ -469,22 +638,40 @@ def _print_shadow(r: dict[str, Any]) -> None:
         ("degree n", f"{r['degree']} (the shadow is a polynomial of degree {r['polynomial_degree']:,})"),
         ("ε_σ(n)", f"{r['epsilon_sigma']:.4g}"),
         ("bound", f"{r['bound']:.4g} (Gaussian inputs; {r['bound_sphere']:.4g} on the paper's sphere)"),
-        ("distance", f"{pm(r['distance'], r['distance_se'])}  (relative to ‖N‖: "
-                     f"{pm(r['relative_distance'], r['relative_distance_se'])}; scaled: "
-                     f"{pm(r['scaled_distance'], r['scaled_distance_se'])})"),
+        (
+            "distance",
+            f"{pm(r['distance'], r['distance_se'])}  (relative to ‖N‖: "
+            f"{pm(r['relative_distance'], r['relative_distance_se'])}; scaled: "
+            f"{pm(r['scaled_distance'], r['scaled_distance_se'])})",
+        ),
     ]
     if "exact_distance_squared" in r:
         agree = abs(r["distance_squared"] - r["exact_distance_squared"]) <= 4 * r["distance_squared_se"]
-        rows.append(("exact", f"{math.sqrt(r['exact_distance_squared']):.4g} for these weights "
-                              f"(measured agrees within 4 SE: {'yes' if agree else 'no'})"))
+        rows.append(
+            (
+                "exact",
+                f"{math.sqrt(r['exact_distance_squared']):.4g} for these weights "
+                f"(measured agrees within 4 SE: {'yes' if agree else 'no'})",
+            )
+        )
     ratio = "—" if r["ratio_to_bound"] is None else f"{r['ratio_to_bound']:.3f}"
     if r["within_bound"] is None:
-        rows.append(("within bound", f"— (depth 2: the bound is the mean over random weights, not an upper bound; "
-                                     f"scaled distance / bound = {ratio})"))
+        rows.append(
+            (
+                "within bound",
+                f"— (depth 2: the bound is the mean over random weights, not an upper bound; "
+                f"scaled distance / bound = {ratio})",
+            )
+        )
     else:
         rows.append(("within bound", f"{'yes' if r['within_bound'] else 'no'} (scaled distance / bound = {ratio})"))
-    rows.append(("samples", f"{r['samples']:,} (seed {r['seed']}); pre-activation scales "
-                            + ", ".join(f"{s:.3f}" for s in r["preactivation_scales"])))
+    rows.append(
+        (
+            "samples",
+            f"{r['samples']:,} (seed {r['seed']}); pre-activation scales "
+            + ", ".join(f"{s:.3f}" for s in r["preactivation_scales"]),
+        )
+    )
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
@@ -497,31 +684,48 @@ def _print_status(st: dict[str, Any]) -> None:
     damaged = st.get("damaged") or []
     if damaged:
         first = damaged[0]
-        where = (f"array {first['array']}, chunk {first['chunk']} (file {first['key']})" if first["chunk"]
-                 else f"file {first['key']}")
-        print(f"DAMAGED      {len(damaged)} object(s) missing or truncated, e.g. {where} {first['problem']}; "
-              f"`relulearn verify {st['store']}` names them all; {RESTORE_HINT}")
-    print(f"chunks       {st['chunks']:,} × {st['chunk_size']:,} samples, in {st['blocks']:,} blocks; "
-          f"seeds {', '.join(map(str, st['seeds']))}")
+        where = (
+            f"array {first['array']}, chunk {first['chunk']} (file {first['key']})"
+            if first["chunk"]
+            else f"file {first['key']}"
+        )
+        print(
+            f"DAMAGED      {len(damaged)} object(s) missing or truncated, e.g. {where} {first['problem']}; "
+            f"`relulearn verify {st['store']}` names them all; {RESTORE_HINT}"
+        )
+    print(
+        f"chunks       {st['chunks']:,} × {st['chunk_size']:,} samples, in {st['blocks']:,} blocks; "
+        f"seeds {', '.join(map(str, st['seeds']))}"
+    )
     print(f"statistics   {', '.join(st['statistics'])}")
     print(f"commits      {st['commits']:,} (created {st['created']}, last {st['last_commit']}, head {st['head']})")
-    print("checksums    " + ("crc32c in every chunk, sha256 manifest of the commit (`relulearn verify` checks all)"
-                             if st.get("checksums") else "none (written before checksums; the next commit adds them)"))
+    print(
+        "checksums    "
+        + (
+            "crc32c in every chunk, sha256 manifest of the commit (`relulearn verify` checks all)"
+            if st.get("checksums")
+            else "none (written before checksums; the next commit adds them)"
+        )
+    )
     platforms = st.get("platforms") or ["unknown"]
     print(f"computed on  {platforms[0]}")
     for p in platforms[1:]:
         print(f"             {p}")
     if st.get("mixed_platforms"):
-        print("note: blocks were computed under different numpy versions or BLAS kernels; the sums agree with a "
-              "single-platform run within rounding, not bitwise")
+        print(
+            "note: blocks were computed under different numpy versions or BLAS kernels; the sums agree with a "
+            "single-platform run within rounding, not bitwise"
+        )
     lease = st.get("lease")
     if lease is not None:
         if lease.get("holder") is None:
             print("locked       by a lease whose document cannot be read (stale; --break-lock breaks it)")
         else:
             who = f"process {lease['pid']}" + (f" ({lease['command']})" if lease.get("command") else "")
-            print(f"locked       by {who} on {lease['host']}, since {lease['started']}, last heartbeat "
-                  f"{lease['heartbeat']}")
+            print(
+                f"locked       by {who} on {lease['host']}, since {lease['started']}, last heartbeat "
+                f"{lease['heartbeat']}"
+            )
             if lease["stale"]:
                 print(f"             stale: {lease['stale']} (the next writer needs --break-lock)")
     print("(the fingerprint and the rest: --json)")
@@ -529,24 +733,42 @@ def _print_status(st: dict[str, Any]) -> None:
 
 def _print_verify(r: dict[str, Any]) -> None:
     """The table of `relulearn verify`: one row per array (chunks checked, status), then the metadata."""
+
     def rows(rep: dict[str, Any], prefix: str = "") -> list[tuple[str, str, str]]:
         problems: dict[str, list[str]] = {}
         for d in rep["damaged"]:
             problems.setdefault(d["array"], []).append(
-                f"chunk {d['chunk']} ({d['key']}) {d['problem']}" if d["chunk"] else f"{d['key']} {d['problem']}")
-        out = [(prefix + a["array"], str(a["chunks"]), "ok" if a["status"] == "ok" else
-                "DAMAGED: " + "; ".join(problems.pop(a["array"], ["damaged"]))) for a in rep["arrays"]]
+                f"chunk {d['chunk']} ({d['key']}) {d['problem']}" if d["chunk"] else f"{d['key']} {d['problem']}"
+            )
+        out = [
+            (
+                prefix + a["array"],
+                str(a["chunks"]),
+                "ok" if a["status"] == "ok" else "DAMAGED: " + "; ".join(problems.pop(a["array"], ["damaged"])),
+            )
+            for a in rep["arrays"]
+        ]
         for array, found in problems.items():  # metadata documents, the root
-            out.append((prefix + ("root metadata" if array == "root" else f"{array} (metadata)"), "-",
-                        "DAMAGED: " + "; ".join(found)))
+            out.append(
+                (
+                    prefix + ("root metadata" if array == "root" else f"{array} (metadata)"),
+                    "-",
+                    "DAMAGED: " + "; ".join(found),
+                )
+            )
         if not any(d["array"] != "root" and not d["chunk"] for d in rep["damaged"]):
             out.append((prefix + "metadata documents", str(rep["documents"]), "ok"))
         if rep["root"] == "ok":
             out.append((prefix + "root metadata", "1", "ok"))
         return out
 
-    checks = ("crc32c + sha256 manifest" if r["checksums"] else "unknown (no readable root metadata)"
-              if r["head"] is None else "none (written before checksums: missing and truncated chunks only)")
+    checks = (
+        "crc32c + sha256 manifest"
+        if r["checksums"]
+        else "unknown (no readable root metadata)"
+        if r["head"] is None
+        else "none (written before checksums: missing and truncated chunks only)"
+    )
     print(f"store {r['store']}: head {r['head'] or '-'}, checksums {checks}")
     table = rows(r)
     for p in r["passes"]:
@@ -559,8 +781,10 @@ def _print_verify(r: dict[str, Any]) -> None:
         print(f"found: {r['found'].removeprefix('it holds ')} (not checked: the manifest was in the root metadata)")
     damaged = r["damaged"] + [d for p in r["passes"] for d in p["damaged"]]
     if r["intact"]:
-        print(f"intact: {sum(a['chunks'] for a in r['arrays'])} chunks of {len(r['arrays'])} arrays and "
-              f"{r['documents']} metadata documents checked in {r['seconds']:.2f} s")
+        print(
+            f"intact: {sum(a['chunks'] for a in r['arrays'])} chunks of {len(r['arrays'])} arrays and "
+            f"{r['documents']} metadata documents checked in {r['seconds']:.2f} s"
+        )
     else:
         arrays = {d["array"] for d in damaged}
         print(f"DAMAGED: {len(damaged)} damaged object(s) in {len(arrays)} array(s) or document(s); {RESTORE_HINT}")
@@ -582,9 +806,11 @@ def _print(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(result, indent=2, default=str))
         return
+
     def short(v: Any) -> bool:  # a scalar, or a short list of numbers
-        return not isinstance(v, (dict, list)) or (isinstance(v, list) and 0 < len(v) <= 12
-                                                   and all(isinstance(e, (int, float)) for e in v))
+        return not isinstance(v, (dict, list)) or (
+            isinstance(v, list) and 0 < len(v) <= 12 and all(isinstance(e, (int, float)) for e in v)
+        )
 
     rows = [(k, _format(v)) for k, v in result.items() if short(v) and k != "passes"]
     summary = result.get("report", {}).get("summary", {}) if isinstance(result.get("report"), dict) else {}
@@ -607,22 +833,37 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
             print(f"dashboard: {info['dashboard']}", file=sys.stderr)
         if info.get("set_aside"):
             moved = info["set_aside"]
-            print(f"set aside the damaged store's data ({', '.join(moved['moved'])}) in {moved['folder']}; nothing "
-                  "was deleted", file=sys.stderr)
+            print(
+                f"set aside the damaged store's data ({', '.join(moved['moved'])}) in {moved['folder']}; nothing "
+                "was deleted",
+                file=sys.stderr,
+            )
         verb = "resuming" if info["resumed_from_samples"] else "starting"
-        print(f"{verb} run in {info['store']}: {info['resumed_from_samples']:,} -> {info['target_samples']:,} "
-              f"samples in {info['blocks']} blocks", file=sys.stderr)
+        print(
+            f"{verb} run in {info['store']}: {info['resumed_from_samples']:,} -> {info['target_samples']:,} "
+            f"samples in {info['blocks']} blocks",
+            file=sys.stderr,
+        )
 
     client = "local" if args.in_process else None
-    summary = api.estimate(args.config, args.store, samples=args.samples, workers=args.workers,
-                           scheduler=args.scheduler, client=client, commit_interval=args.commit_interval,
-                           progress=None if args.quiet else sys.stderr, on_start=on_start,
-                           break_lock=args.break_lock, dashboard=_dashboard(args),
-                           new_store_here=args.new_store_here)
+    summary = api.estimate(
+        args.config,
+        args.store,
+        samples=args.samples,
+        workers=args.workers,
+        scheduler=args.scheduler,
+        client=client,
+        commit_interval=args.commit_interval,
+        progress=None if args.quiet else sys.stderr,
+        on_start=on_start,
+        break_lock=args.break_lock,
+        dashboard=_dashboard(args),
+        new_store_here=args.new_store_here,
+    )
     return summary.to_dict()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -657,8 +898,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             result = write_report(args.store, args.out, model=args.model, teacher=args.teacher)
             if not args.json:
-                print(f"wrote {result['out']} ({result['bytes'] / 1e3:.0f} kB): figures "
-                      f"{', '.join(result['figures']) or 'none'}")
+                print(
+                    f"wrote {result['out']} ({result['bytes'] / 1e3:.0f} kB): figures "
+                    f"{', '.join(result['figures']) or 'none'}"
+                )
                 for name, why in result["not_drawn"].items():
                     print(f"  not drawn: {name}: {why}")
                 for name, pairs in result["overlaps"].items():
@@ -667,12 +910,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "merge":
             result = api.merge(args.a, args.b, args.out, break_lock=args.break_lock)
         elif args.command == "learn":
-            result = api.learn(args.store, args.method, out=args.out, break_lock=args.break_lock,
-                               **_method_kwargs(args), **_cluster_kwargs(args))
+            result = api.learn(
+                args.store,
+                args.method,
+                out=args.out,
+                break_lock=args.break_lock,
+                **_method_kwargs(args),
+                **_cluster_kwargs(args),
+            )
         elif args.command == "fit":
-            result = api.fit(args.config, args.store, args.method, out=args.out, samples=args.samples,
-                             break_lock=args.break_lock, dry_run=args.dry_run, **_method_kwargs(args),
-                             **_cluster_kwargs(args))
+            result = api.fit(
+                args.config,
+                args.store,
+                args.method,
+                out=args.out,
+                samples=args.samples,
+                break_lock=args.break_lock,
+                dry_run=args.dry_run,
+                **_method_kwargs(args),
+                **_cluster_kwargs(args),
+            )
             if args.dry_run:
                 if args.json:
                     print(json.dumps(result["plan"], indent=2))
@@ -680,16 +937,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print("\n".join(result["plan_lines"]))
                 return 0
         elif args.command == "plan":
-            result = api.plan(args.config, args.method, samples=args.samples, width=args.width,
-                              workers=args.workers)
+            result = api.plan(args.config, args.method, samples=args.samples, width=args.width, workers=args.workers)
             if args.json:
                 print(json.dumps({k: v for k, v in result.items() if k != "lines"}, indent=2))
             else:
                 print("\n".join(result["lines"]))
             return 0
         elif args.command == "exact-arbitrary":
-            result = api.exact_arbitrary(args.inputs, args.labels, args.width, activation=args.activation,
-                                         out=args.out)
+            result = api.exact_arbitrary(args.inputs, args.labels, args.width, activation=args.activation, out=args.out)
         elif args.command == "predict":
             result = api.predict(args.model, args.input, args.out)
         elif args.command == "evaluate":
@@ -700,29 +955,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 _print_shadow(result)
                 return 0
         elif args.command == "demo":
-            result = api.demo(d=args.d, width=args.width, samples=args.samples, seed=args.seed,
-                              **_cluster_kwargs(args))
+            result = api.demo(d=args.d, width=args.width, samples=args.samples, seed=args.seed, **_cluster_kwargs(args))
         else:  # pragma: no cover - argparse rejects unknown commands
             parser.error(f"unknown command {args.command}")
         if getattr(args, "report", None):
             _write_report(args.report, result)
     except ClusterLostError as err:
         resume = "relulearn " + shlex.join(sys.argv[1:] if argv is None else list(argv))
-        msg = (f"{err}. Start the scheduler and workers again (or drop --scheduler for a local cluster) and run "
-               f"the same command to resume: {resume}")
+        msg = (
+            f"{err}. Start the scheduler and workers again (or drop --scheduler for a local cluster) and run "
+            f"the same command to resume: {resume}"
+        )
         if getattr(args, "json", False):
             print(json.dumps({"error": msg, "kind": type(err).__name__}))
         print(f"relulearn: error: {msg}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (ConfigError, StoreError, NetworkFileError, SourceDataError, OSError, ValueError,
-            MissingDependencyError) as err:
+    except (
+        ConfigError,
+        StoreError,
+        NetworkFileError,
+        SourceDataError,
+        OSError,
+        ValueError,
+        MissingDependencyError,
+    ) as err:
         if getattr(args, "json", False):
             print(json.dumps({"error": str(err), "kind": type(err).__name__}))
         print(f"relulearn: error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
-        print(f"relulearn: interrupted; {_INTERRUPTED.get(getattr(args, 'command', None), 'nothing was written')}",
-              file=sys.stderr)
+        print(
+            f"relulearn: interrupted; {_INTERRUPTED.get(getattr(args, 'command', None), 'nothing was written')}",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     try:
         if args.command in ("learn", "fit") and not args.json:

@@ -10,7 +10,7 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -45,16 +45,16 @@ class OneHiddenReluTeacher(_Section):
 
     kind: Literal["one_hidden_relu"] = "one_hidden_relu"
     width: int = Field(3, ge=1, description="number of hidden units k")
-    output_weights: Optional[list[float]] = Field(
+    output_weights: list[float] | None = Field(
         None, description="λ_1..λ_k; drawn from `seed` (random signs, |λ| in [0.5, 1.5]) when omitted"
     )
-    weights: Optional[list[list[float]]] = Field(
+    weights: list[list[float]] | None = Field(
         None, description="k rows u_i of length d (normalized to unit length); random unit vectors when omitted"
     )
     seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
 
     @model_validator(mode="after")
-    def _lengths(self) -> "OneHiddenReluTeacher":
+    def _lengths(self) -> OneHiddenReluTeacher:
         if self.output_weights is not None and len(self.output_weights) != self.width:
             raise ValueError(
                 f"output_weights has {len(self.output_weights)} entries but width is {self.width}; "
@@ -108,9 +108,11 @@ class TwoLayerTeacher(_Section):
     v_norms: list[float] = Field(
         [0.5, 2.0], description="[lo, hi]: the norms of the rows of V are uniform in [lo, hi], 0 < lo <= hi"
     )
-    output_rank: Optional[int] = Field(
-        None, ge=1, description="rank r of U, at most min(outputs, width) (the default); below width, U = P Q "
-        "with an antipodal pair of columns (u, −u)"
+    output_rank: int | None = Field(
+        None,
+        ge=1,
+        description="rank r of U, at most min(outputs, width) (the default); below width, U = P Q "
+        "with an antipodal pair of columns (u, −u)",
     )
 
     @field_validator("v_norms")
@@ -121,7 +123,7 @@ class TwoLayerTeacher(_Section):
         return value
 
     @model_validator(mode="after")
-    def _rank(self) -> "TwoLayerTeacher":
+    def _rank(self) -> TwoLayerTeacher:
         full = min(self.outputs, self.width)
         r = self.output_rank
         if r is not None and r > full:
@@ -159,8 +161,10 @@ class RandomXavierTeacher(_Section):
     @classmethod
     def _positive(cls, value: list[int]) -> list[int]:
         if any(w < 1 for w in value):
-            raise ValueError(f"every hidden width must be at least 1, got {value}; give one positive width per "
-                             "hidden layer, e.g. [512] or [256, 256]")
+            raise ValueError(
+                f"every hidden width must be at least 1, got {value}; give one positive width per "
+                "hidden layer, e.g. [512] or [256, 256]"
+            )
         return value
 
 
@@ -175,17 +179,20 @@ class CallableTeacher(_Section):
     the run's Gaussian inputs on the workers (``relulearn.pipeline.blackbox``)."""
 
     callable: str = Field(
-        ..., description="'package.module:function': F(x) for a batch x of shape (rows, d) returns labels (rows,) "
+        ...,
+        description="'package.module:function': F(x) for a batch x of shape (rows, d) returns labels (rows,) "
         "or (rows, m); vectorised over the rows and deterministic; its module must import on the driver and on "
-        "every worker"
+        "every worker",
     )
 
     @field_validator("callable")
     @classmethod
     def _name(cls, value: str) -> str:
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", value):
-            raise ValueError(f"'{value}' is not 'package.module:function' (a module to import, a colon, and the "
-                             "name of a function in it)")
+            raise ValueError(
+                f"'{value}' is not 'package.module:function' (a module to import, a colon, and the "
+                "name of a function in it)"
+            )
         return value
 
 
@@ -193,12 +200,22 @@ class OnnxTeacher(_Section):
     """A black-box teacher: an ONNX model (from scikit-learn via skl2onnx, PyTorch via torch.onnx, ...) run by
     onnxruntime at the run's Gaussian inputs (``relulearn.pipeline.blackbox``)."""
 
-    onnx: str = Field(..., description="path of an .onnx model, relative to the config file: one input (rows, d), "
-                      "its first output (rows,) or (rows, m)")
+    onnx: str = Field(
+        ...,
+        description="path of an .onnx model, relative to the config file: one input (rows, d), "
+        "its first output (rows,) or (rows, m)",
+    )
 
 
-TeacherConfig = Union[OneHiddenReluTeacher, DeepReluTeacher, TwoLayerTeacher, RandomXavierTeacher, FileTeacher,
-                      CallableTeacher, OnnxTeacher]
+TeacherConfig = (
+    OneHiddenReluTeacher
+    | DeepReluTeacher
+    | TwoLayerTeacher
+    | RandomXavierTeacher
+    | FileTeacher
+    | CallableTeacher
+    | OnnxTeacher
+)
 
 
 def is_url(path: str) -> bool:
@@ -209,36 +226,48 @@ def is_url(path: str) -> bool:
 class DataConfig(_Section):
     """Samples from files instead of a teacher (``relulearn.pipeline.data``)."""
 
-    x: str = Field(..., description="inputs: a .npy file (rows, d), a zarr array or a Parquet file; a path "
-                   "(relative to the config file) or an fsspec URL")
+    x: str = Field(
+        ...,
+        description="inputs: a .npy file (rows, d), a zarr array or a Parquet file; a path "
+        "(relative to the config file) or an fsspec URL",
+    )
     y: str = Field(..., description="labels: a .npy file (rows,), a zarr array or a Parquet file (y_column)")
-    x_columns: Optional[list[str]] = Field(None, description="Parquet: the input columns (default: all columns "
-                                           "of x's file)")
-    y_column: Optional[str] = Field(None, description="Parquet: the label column (default: the file's only column)")
-    whiten: bool = Field(True, description="estimate the inputs' mean and covariance and whiten them on the fly; "
-                         "the learned network is mapped back to raw coordinates")
-    nan_rows: Literal["refuse", "skip"] = Field("refuse", description="rows with NaN or inf: refuse (naming the "
-                                                "first row) or skip them (counted in `estimate`'s `data`)")
+    x_columns: list[str] | None = Field(
+        None, description="Parquet: the input columns (default: all columns of x's file)"
+    )
+    y_column: str | None = Field(None, description="Parquet: the label column (default: the file's only column)")
+    whiten: bool = Field(
+        True,
+        description="estimate the inputs' mean and covariance and whiten them on the fly; "
+        "the learned network is mapped back to raw coordinates",
+    )
+    nan_rows: Literal["refuse", "skip"] = Field(
+        "refuse",
+        description="rows with NaN or inf: refuse (naming the first row) or skip them (counted in `estimate`'s `data`)",
+    )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for URLs")
 
 
 class SourceConfig(_Section):
     d: int = Field(..., ge=1, description="input dimension")
     teacher: TeacherConfig = Field(default_factory=OneHiddenReluTeacher)
-    data: Optional[DataConfig] = Field(None, description="samples from files instead of a teacher")
+    data: DataConfig | None = Field(None, description="samples from files instead of a teacher")
     noise_std: float = Field(0.0, ge=0.0, description="standard deviation of additive Gaussian label noise")
-    output: Optional[int] = Field(
-        None, ge=0, description="for a vector-output teacher: which output coordinate is the (scalar) label y; "
-        "omitted: the label is the vector of all outputs, and every statistic is computed per output"
+    output: int | None = Field(
+        None,
+        ge=0,
+        description="for a vector-output teacher: which output coordinate is the (scalar) label y; "
+        "omitted: the label is the vector of all outputs, and every statistic is computed per output",
     )
 
     @model_validator(mode="after")
-    def _data_or_teacher(self) -> "SourceConfig":
+    def _data_or_teacher(self) -> SourceConfig:
         if self.data is not None:
             given = [k for k in ("teacher", "noise_std", "output") if k in self.model_fields_set]
             if given:
-                raise ValueError(f"source.data gives the samples; source.{given[0]} applies to teachers only: "
-                                 "remove it")
+                raise ValueError(
+                    f"source.data gives the samples; source.{given[0]} applies to teachers only: remove it"
+                )
         return self
 
     @field_validator("teacher", mode="before")
@@ -279,24 +308,27 @@ class ExpansionConfig(_Section):
     (docs/design.md §3): the ``P_{≤2} y`` that residual labels subtract."""
 
     t0: float = Field(0.0, description="constant term (E[y])")
-    t1: Optional[list[float]] = Field(None, description="linear term T_1 (d entries); omitted: zero")
-    t2: Optional[list[list[float]]] = Field(None, description="second-order term T_2 (d × d, symmetric); omitted: zero")
-    t2_vectors: Optional[list[list[float]]] = Field(
-        None, description="T_2 of low rank, Σ_j t2_values[j] v_j v_jᵀ: the rows v_j (each of d entries); the form "
-        "for large d, where a d × d t2 does not fit a configuration (give t2_values too, and no t2)"
+    t1: list[float] | None = Field(None, description="linear term T_1 (d entries); omitted: zero")
+    t2: list[list[float]] | None = Field(None, description="second-order term T_2 (d × d, symmetric); omitted: zero")
+    t2_vectors: list[list[float]] | None = Field(
+        None,
+        description="T_2 of low rank, Σ_j t2_values[j] v_j v_jᵀ: the rows v_j (each of d entries); the form "
+        "for large d, where a d × d t2 does not fit a configuration (give t2_values too, and no t2)",
     )
-    t2_values: Optional[list[float]] = Field(None, description="the weights of the t2_vectors rows")
+    t2_values: list[float] | None = Field(None, description="the weights of the t2_vectors rows")
 
     @model_validator(mode="after")
-    def _low_rank(self) -> "ExpansionConfig":
+    def _low_rank(self) -> ExpansionConfig:
         if (self.t2_vectors is None) != (self.t2_values is None):
             raise ValueError("give t2_vectors and t2_values together (T_2 = Σ_j t2_values[j] v_j v_jᵀ)")
         if self.t2_vectors is not None:
             if self.t2 is not None:
                 raise ValueError("give T_2 either dense (t2) or of low rank (t2_vectors, t2_values), not both")
             if len(self.t2_vectors) != len(self.t2_values):
-                raise ValueError(f"t2_vectors has {len(self.t2_vectors)} rows but t2_values has "
-                                 f"{len(self.t2_values)} entries; give one value per row")
+                raise ValueError(
+                    f"t2_vectors has {len(self.t2_vectors)} rows but t2_values has "
+                    f"{len(self.t2_values)} entries; give one value per row"
+                )
         return self
 
 
@@ -305,30 +337,33 @@ class HermiteConfig(_Section):
     max_entries: int = Field(
         2_000_000, ge=1, description="refuse when the packed tensors would have more entries than this (large d)"
     )
-    expansion: Optional[Union[ExpansionConfig, list[ExpansionConfig]]] = Field(
-        None, description="degree-≤2 expansion subtracted from the labels (residual labels: orders ≥ 3 unchanged, "
-        "lower variance); one per output for a source with several outputs; omitted: raw labels"
+    expansion: ExpansionConfig | list[ExpansionConfig] | None = Field(
+        None,
+        description="degree-≤2 expansion subtracted from the labels (residual labels: orders ≥ 3 unchanged, "
+        "lower variance); one per output for a source with several outputs; omitted: raw labels",
     )
 
 
 class ContractedConfig(_Section):
     orders: list[int] = Field([2, 4], min_length=1, description="orders l of the contracted matrices M_l^g")
-    directions: Union[int, list[list[float]]] = Field(
+    directions: int | list[list[float]] = Field(
         8, description="number of random unit directions g, or the directions themselves (rows of length d)"
     )
-    directions_seed: Optional[int] = Field(
+    directions_seed: int | None = Field(
         None, ge=0, description="seed of the random direction bank (default: the run's seed)"
     )
-    control: Optional[bool] = Field(
-        None, description="subtract from the labels their expansion of degree ≤ 1, ȳ + βᵀx, estimated on a pilot "
+    control: bool | None = Field(
+        None,
+        description="subtract from the labels their expansion of degree ≤ 1, ȳ + βᵀx, estimated on a pilot "
         "pass: the same M_l^g (E[He_l] = E[x He_l] = 0 for l ≥ 2), far less variance when E[y] or E[y x] is "
-        "large (networks with biases, whose mean is large next to their spread)"
+        "large (networks with biases, whose mean is large next to their spread)",
     )
     control_samples: int = Field(100_000, ge=1000, description="samples of the pilot pass of `control`")
-    expansion: Optional[Union[ExpansionConfig, list[ExpansionConfig]]] = Field(
-        None, description="a degree-≤2 expansion subtracted from the labels (residual labels: orders ≥ 3 unchanged, "
+    expansion: ExpansionConfig | list[ExpansionConfig] | None = Field(
+        None,
+        description="a degree-≤2 expansion subtracted from the labels (residual labels: orders ≥ 3 unchanged, "
         "far less variance; order 2 then holds the residual's T_2); one per output for a source with several "
-        "outputs; not together with `control`"
+        "outputs; not together with `control`",
     )
 
     @field_validator("orders")
@@ -349,14 +384,16 @@ class ContractedConfig(_Section):
         return value
 
     @model_validator(mode="after")
-    def _one_control(self) -> "ContractedConfig":
+    def _one_control(self) -> ContractedConfig:
         if self.control and self.expansion is not None:
-            raise ValueError("give `control` (a linear control variate from a pilot pass) or `expansion` (a given "
-                             "degree-≤2 expansion), not both")
+            raise ValueError(
+                "give `control` (a linear control variate from a pilot pass) or `expansion` (a given "
+                "degree-≤2 expansion), not both"
+            )
         return self
 
 
-def _check_grid(quantiles: Optional[list[float]], thresholds: Optional[list[float]]) -> None:
+def _check_grid(quantiles: list[float] | None, thresholds: list[float] | None) -> None:
     """Exactly one τ grid, increasing: quantiles in [0, 1) (strictly) or non-negative thresholds."""
     if (quantiles is None) == (thresholds is None):
         raise ValueError("give exactly one of `quantiles` (e.g. [0.5, 0.8, 0.95]) or `thresholds`")
@@ -375,14 +412,14 @@ def _check_grid(quantiles: Optional[list[float]], thresholds: Optional[list[floa
 
 
 class FilteredConfig(_Section):
-    quantiles: Optional[list[float]] = Field(
+    quantiles: list[float] | None = Field(
         None, description="thresholds τ as quantiles of |y| (estimated in a short pilot pass)"
     )
-    thresholds: Optional[list[float]] = Field(None, description="thresholds τ given directly")
+    thresholds: list[float] | None = Field(None, description="thresholds τ given directly")
     pilot_samples: int = Field(100_000, ge=1000, description="samples of the pilot pass that estimates quantiles")
 
     @model_validator(mode="after")
-    def _one_grid(self) -> "FilteredConfig":
+    def _one_grid(self) -> FilteredConfig:
         _check_grid(self.quantiles, self.thresholds)
         return self
 
@@ -403,14 +440,14 @@ class ResidualConfig(_Section):
 
     basis: list[list[float]] = Field(..., min_length=1, description="orthonormal rows B (r × d) of the found subspace")
     candidates: list[CandidateNetworkConfig] = Field(..., min_length=1, description="networks F̃ on z = B x")
-    quantiles: Optional[list[float]] = Field(
+    quantiles: list[float] | None = Field(
         None, description="thresholds τ as quantiles of each candidate's |residual| (pilot pass)"
     )
-    thresholds: Optional[list[float]] = Field(None, description="thresholds τ given directly (all candidates)")
+    thresholds: list[float] | None = Field(None, description="thresholds τ given directly (all candidates)")
     pilot_samples: int = Field(100_000, ge=1000, description="samples of the pilot pass that estimates quantiles")
 
     @model_validator(mode="after")
-    def _one_grid(self) -> "ResidualConfig":
+    def _one_grid(self) -> ResidualConfig:
         _check_grid(self.quantiles, self.thresholds)
         return self
 
@@ -424,7 +461,7 @@ class ProjectedHermiteConfig(_Section):
 
     basis: list[list[float]] = Field(..., min_length=1, description="orthonormal rows P (r × d) of the subspace")
     max_order: int = Field(4, ge=0, le=6, description="largest order l")
-    expansion: Optional[ExpansionConfig] = Field(
+    expansion: ExpansionConfig | None = Field(
         None, description="degree-≤2 expansion subtracted from the labels (residual labels); omitted: raw labels"
     )
 
@@ -442,8 +479,14 @@ def required_sketch_rank(d: int, k: int, oversampling: int = SKETCH_OVERSAMPLING
     return min(int(d), int(k) + int(oversampling))
 
 
-def check_sketch_rank(d: int, rank: int, k: Optional[int] = None, *, where: str = "statistics.sketch.rank",
-                      oversampling: int = SKETCH_OVERSAMPLING) -> None:
+def check_sketch_rank(
+    d: int,
+    rank: int,
+    k: int | None = None,
+    *,
+    where: str = "statistics.sketch.rank",
+    oversampling: int = SKETCH_OVERSAMPLING,
+) -> None:
     """Refuse a sketch rank ``r`` that cannot hold what is asked of it.
 
     Raises
@@ -471,11 +514,12 @@ def check_sketch_rank(d: int, rank: int, k: Optional[int] = None, *, where: str 
 class SketchSecondConfig(_Section):
     """``M_2 = E[y (x xᵀ − I)]`` in sketch form."""
 
-    expansion: Optional[ExpansionConfig] = Field(
-        None, description="a degree-≤2 expansion of the labels used as a control variate: the sums are taken of "
+    expansion: ExpansionConfig | None = Field(
+        None,
+        description="a degree-≤2 expansion of the labels used as a control variate: the sums are taken of "
         "y − (t0 + <t1, x> + ½<T_2, xxᵀ − I>) and T_2 Ω is added back, so the estimate is still of M_2 (and E[y], "
         "E[y x]) with the far smaller variance of the residual labels; T_2 of low rank (t2_vectors, t2_values) at "
-        "large d; omitted: raw labels"
+        "large d; omitted: raw labels",
     )
 
 
@@ -485,39 +529,45 @@ class SketchConfig(_Section):
     orthonormal ``basis`` B (rows, r × d), ``M Bᵀ`` and ``B M Bᵀ`` (r × r). O(d r) per sample and
     matrix instead of O(d²)."""
 
-    rank: Optional[int] = Field(
-        None, ge=1, description=f"columns r of the Gaussian test matrix Ω (d × r); default {SKETCH_DEFAULT_RANK}, "
-        "or the number of basis rows"
+    rank: int | None = Field(
+        None,
+        ge=1,
+        description=f"columns r of the Gaussian test matrix Ω (d × r); default {SKETCH_DEFAULT_RANK}, "
+        "or the number of basis rows",
     )
-    seed: Optional[int] = Field(None, ge=0, description="seed of Ω (default: the run's seed)")
-    basis: Optional[list[list[float]]] = Field(
-        None, min_length=1,
-        description="orthonormal rows B (r × d): a subspace pass (Ω = Bᵀ, and B M Bᵀ is stored)"
+    seed: int | None = Field(None, ge=0, description="seed of Ω (default: the run's seed)")
+    basis: list[list[float]] | None = Field(
+        None, min_length=1, description="orthonormal rows B (r × d): a subspace pass (Ω = Bᵀ, and B M Bᵀ is stored)"
     )
-    second: Optional[SketchSecondConfig] = Field(None, description="M_2 = E[y (xxᵀ − I)]")
-    contracted: Optional[ContractedConfig] = Field(None, description="M_l^g for orders × directions")
-    filtered: Optional[FilteredConfig] = Field(None, description="M_τ = E[1{|y| > τ}(xxᵀ − I)] for a τ grid")
-    residual: Optional[ResidualConfig] = Field(
-        None, description="residual-filtered M of candidate networks on a found subspace, projected off it "
-        "(the dense `residual` family's matrices, sketched)"
+    second: SketchSecondConfig | None = Field(None, description="M_2 = E[y (xxᵀ − I)]")
+    contracted: ContractedConfig | None = Field(None, description="M_l^g for orders × directions")
+    filtered: FilteredConfig | None = Field(None, description="M_τ = E[1{|y| > τ}(xxᵀ − I)] for a τ grid")
+    residual: ResidualConfig | None = Field(
+        None,
+        description="residual-filtered M of candidate networks on a found subspace, projected off it "
+        "(the dense `residual` family's matrices, sketched)",
     )
-    refines: Optional[dict[str, Any]] = Field(
-        None, description="for a subspace pass: the record of the store it refines (its fingerprint but the "
-        "statistics, and its sample count); the run is refused unless it draws the same chunks"
+    refines: dict[str, Any] | None = Field(
+        None,
+        description="for a subspace pass: the record of the store it refines (its fingerprint but the "
+        "statistics, and its sample count); the run is refused unless it draws the same chunks",
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "SketchConfig":
+    def _consistent(self) -> SketchConfig:
         if self.second is None and self.contracted is None and self.filtered is None and self.residual is None:
-            raise ValueError("give at least one family to sketch: `second: {}`, `contracted: {orders: [...], "
-                             "directions: ...}`, `filtered: {quantiles: [...]}` or `residual: {basis: ..., "
-                             "candidates: ..., quantiles: [...]}`")
+            raise ValueError(
+                "give at least one family to sketch: `second: {}`, `contracted: {orders: [...], "
+                "directions: ...}`, `filtered: {quantiles: [...]}` or `residual: {basis: ..., "
+                "candidates: ..., quantiles: [...]}`"
+            )
         if self.basis is not None:
             if self.rank is not None and self.rank != len(self.basis):
                 raise ValueError(f"rank is {self.rank} but basis has {len(self.basis)} rows; omit rank with a basis")
             if self.seed is not None:
-                raise ValueError("seed draws the Gaussian test matrix; a subspace pass with a basis has none "
-                                 "(omit seed)")
+                raise ValueError(
+                    "seed draws the Gaussian test matrix; a subspace pass with a basis has none (omit seed)"
+                )
         elif self.refines is not None:
             raise ValueError("refines names the store a subspace pass refines; give it together with a basis")
         return self
@@ -531,20 +581,28 @@ class SketchConfig(_Section):
 
 
 class StatisticsConfig(_Section):
-    basic: Optional[BasicConfig] = Field(default_factory=BasicConfig)
-    output_moments: Optional[OutputMomentsConfig] = None
-    hermite: Optional[HermiteConfig] = None
-    contracted: Optional[ContractedConfig] = None
-    filtered: Optional[FilteredConfig] = None
-    residual: Optional[ResidualConfig] = None
-    projected_hermite: Optional[ProjectedHermiteConfig] = None
-    sketch: Optional[SketchConfig] = None
+    basic: BasicConfig | None = Field(default_factory=BasicConfig)
+    output_moments: OutputMomentsConfig | None = None
+    hermite: HermiteConfig | None = None
+    contracted: ContractedConfig | None = None
+    filtered: FilteredConfig | None = None
+    residual: ResidualConfig | None = None
+    projected_hermite: ProjectedHermiteConfig | None = None
+    sketch: SketchConfig | None = None
 
     def enabled(self) -> dict[str, _Section]:
         """The statistics to accumulate, by name, in a fixed order."""
         out = {}
-        for name in ("basic", "output_moments", "hermite", "contracted", "filtered", "residual", "projected_hermite",
-                     "sketch"):
+        for name in (
+            "basic",
+            "output_moments",
+            "hermite",
+            "contracted",
+            "filtered",
+            "residual",
+            "projected_hermite",
+            "sketch",
+        ):
             section = getattr(self, name)
             if section is not None:
                 out[name] = section
@@ -558,22 +616,28 @@ class RunOptions(_Section):
     commit_interval: float = Field(
         30.0, ge=0.0, description="seconds between commits to the store (0: commit after every block)"
     )
-    max_blocks_in_flight: Optional[int] = Field(
+    max_blocks_in_flight: int | None = Field(
         None, ge=1, description="bound on submitted, unmerged blocks (default: 2 × workers + 1)"
     )
     worker_memory: int = Field(
-        4 * 2**30, ge=1, description="bytes one block partial (sums and error terms of every statistic) may take on "
+        4 * 2**30,
+        ge=1,
+        description="bytes one block partial (sums and error terms of every statistic) may take on "
         "a worker; a run needing more is refused before any work, with the bytes needed, and `fit` sketches the "
-        "d × d families to fit it (default 4 GiB)"
+        "d × d families to fit it (default 4 GiB)",
     )
-    max_hours: Optional[float] = Field(
-        None, gt=0, description="refuse a run (estimate, fit) projected to take longer than this many hours, before "
-        "any work, with the plan and the sample count that would fit (`relulearn plan` shows the projection)"
+    max_hours: float | None = Field(
+        None,
+        gt=0,
+        description="refuse a run (estimate, fit) projected to take longer than this many hours, before "
+        "any work, with the plan and the sample count that would fit (`relulearn plan` shows the projection)",
     )
-    dashboard: Optional[str] = Field(
-        None, pattern=r"^\S*:\d{1,5}$", description="HOST:PORT where a local cluster's Dask dashboard listens "
+    dashboard: str | None = Field(
+        None,
+        pattern=r"^\S*:\d{1,5}$",
+        description="HOST:PORT where a local cluster's Dask dashboard listens "
         "(default 127.0.0.1:0: this machine only, any free port); 0.0.0.0:8787 exposes it on every interface, "
-        "where anyone who reaches the host can read the cluster's pages. --dashboard overrides it"
+        "where anyone who reaches the host can read the cluster's pages. --dashboard overrides it",
     )
 
 
@@ -585,7 +649,7 @@ class RunConfig(_Section):
     statistics: StatisticsConfig = Field(default_factory=StatisticsConfig)
     run: RunOptions = Field(default_factory=RunOptions)
     # Where the config was read from: relative teacher files resolve against it. Not user-set.
-    base_dir: Optional[str] = Field(None, exclude=True, repr=False)
+    base_dir: str | None = Field(None, exclude=True, repr=False)
 
     @property
     def n_chunks(self) -> int:
@@ -632,7 +696,7 @@ def _kind_of(model: type[BaseModel]) -> Any:
     return getattr(field.annotation, "__args__", (None,))[0] if field is not None else None
 
 
-def _model_at(loc: tuple, root: type[BaseModel], data: Any = None) -> Optional[type[BaseModel]]:
+def _model_at(loc: tuple, root: type[BaseModel], data: Any = None) -> type[BaseModel] | None:
     """The model class that owns the location ``loc`` (used to suggest keys); ``data`` is
     the input, used to tell the members of a union apart by their ``kind``."""
     model: Any = root
@@ -686,10 +750,12 @@ def _format_errors(err: ValidationError, where: str, data: Any = None) -> str:
         elif e["type"] == "literal_error" and loc[-2:] == ("teacher", "kind"):
             kinds = [k for k in (_kind_of(c) for c in TeacherConfig.__args__) if k]
             close = difflib.get_close_matches(str(e.get("input")), kinds, n=1, cutoff=0.5)
-            line = (f"'{key}': unknown teacher kind {e.get('input')!r}" + (f" — did you mean '{close[0]}'?" if close
-                                                                            else "")
-                    + f" (kinds: {', '.join(kinds)}; or a network from a file, an ONNX model or a Python callable: "
-                    "the keys file, onnx or callable instead of kind)")
+            line = (
+                f"'{key}': unknown teacher kind {e.get('input')!r}"
+                + (f" — did you mean '{close[0]}'?" if close else "")
+                + f" (kinds: {', '.join(kinds)}; or a network from a file, an ONNX model or a Python callable: "
+                "the keys file, onnx or callable instead of kind)"
+            )
             if line not in lines:  # one line for all members of the union
                 lines.append(line)
         elif e["type"] in ("model_type", "dict_type"):
@@ -703,7 +769,7 @@ def _format_errors(err: ValidationError, where: str, data: Any = None) -> str:
     return f"invalid configuration {where}:\n  " + "\n  ".join(lines)
 
 
-def config_from_dict(data: Any, *, where: str = "", base_dir: Optional[str] = None) -> RunConfig:
+def config_from_dict(data: Any, *, where: str = "", base_dir: str | None = None) -> RunConfig:
     """Validate a configuration given as a dict (the parsed YAML)."""
     if not isinstance(data, dict):
         raise ConfigError(f"invalid configuration {where}: expected a mapping of keys, got {type(data).__name__}")
@@ -725,8 +791,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"the key {key!r} is given twice (line {seen[key] + 1} and line "
-                    f"{key_node.start_mark.line + 1}); keep one", key_node.start_mark)
+                    None,
+                    None,
+                    f"the key {key!r} is given twice (line {seen[key] + 1} and line "
+                    f"{key_node.start_mark.line + 1}); keep one",
+                    key_node.start_mark,
+                )
             seen[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
@@ -746,8 +816,10 @@ def load_config(path: str | Path) -> RunConfig:
     except OSError as err:
         raise ConfigError(f"cannot read configuration file {path}: {err.strerror}") from None
     except UnicodeDecodeError as err:
-        raise ConfigError(f"configuration file {path} is not a text file (byte {err.start} is not UTF-8): give the "
-                          "run's YAML configuration (examples/small.yaml in the source tree is one)") from None
+        raise ConfigError(
+            f"configuration file {path} is not a text file (byte {err.start} is not UTF-8): give the "
+            "run's YAML configuration (examples/small.yaml in the source tree is one)"
+        ) from None
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:

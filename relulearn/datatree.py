@@ -40,13 +40,20 @@ def open_datatree(url: str) -> Any:
 
     run = open_store(url)
     meta = run.meta
-    root = {"configuration": json.dumps(meta.get("config", {})), "fingerprint": json.dumps(meta.get("fingerprint")),
-            "samples": int(meta["samples"]), "chunks": int(meta["chunks"]), "chunk_size": int(meta["chunk_size"]),
-            "seeds": json.dumps(meta.get("seeds", [])), "format_version": int(meta["format_version"]),
-            "created": str(meta.get("created")), "last_commit": str(meta.get("updated")),
-            "description": f"relulearn statistics of {int(meta['samples']):,} samples; each child node is one "
-                           "statistic family, each array an estimate (mean over the samples) with its standard "
-                           "error `<name>_se`, or the sums they come from"}
+    root = {
+        "configuration": json.dumps(meta.get("config", {})),
+        "fingerprint": json.dumps(meta.get("fingerprint")),
+        "samples": int(meta["samples"]),
+        "chunks": int(meta["chunks"]),
+        "chunk_size": int(meta["chunk_size"]),
+        "seeds": json.dumps(meta.get("seeds", [])),
+        "format_version": int(meta["format_version"]),
+        "created": str(meta.get("created")),
+        "last_commit": str(meta.get("updated")),
+        "description": f"relulearn statistics of {int(meta['samples']):,} samples; each child node is one "
+        "statistic family, each array an estimate (mean over the samples) with its standard "
+        "error `<name>_se`, or the sums they come from",
+    }
     nodes = {"/": xr.Dataset(attrs=root)}
     for name in run.statistics:
         nodes[f"/{name}"] = described(name, run.dataset(name))

@@ -6,13 +6,14 @@ index positions (matched pair -> ``-delta``, unmatched position -> ``x_i``);
 ``T_l = E[y He_l(x)]``.  Symmetric tensors are stored *packed*: the entries with
 ``i1 <= ... <= il`` in ``itertools.combinations_with_replacement`` order.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 
 import numpy as np
 from numpy.polynomial.hermite_e import hermegauss
@@ -25,11 +26,23 @@ from scipy.linalg.blas import dsyrk as _dsyrk
 
 __all__ = [
     "subtract_expansion",
-    "hermite_e", "relu_hermite_coefficient", "activation_hermite_coefficients",
-    "unique_indices", "packed_index", "pack", "unpack", "partial_matchings",
-    "raw_moment_sums", "raw_moment_sums_upto", "raw_moment_flops", "raw_to_hermite", "hermite_tensor",
+    "hermite_e",
+    "relu_hermite_coefficient",
+    "activation_hermite_coefficients",
+    "unique_indices",
+    "packed_index",
+    "pack",
+    "unpack",
+    "partial_matchings",
+    "raw_moment_sums",
+    "raw_moment_sums_upto",
+    "raw_moment_flops",
+    "raw_to_hermite",
+    "hermite_tensor",
     "contracted_coefficients",
-    "contracted_matrix_sums", "contracted_vector_sums", "contracted_scalar_sums",
+    "contracted_matrix_sums",
+    "contracted_vector_sums",
+    "contracted_scalar_sums",
 ]
 
 # Temporaries (in float64 elements) are kept below ~64 MB by processing rows in batches.
@@ -118,7 +131,7 @@ def activation_hermite_coefficients(
         t, wt = np.polynomial.legendre.leggauss(quad_points)
         half = np.diff(ends)[:, None] / 2
         nodes = ((ends[:-1, None] + ends[1:, None]) / 2 + half * t).ravel()
-        weights = (half * wt).ravel() * np.exp(-nodes**2 / 2) / math.sqrt(2.0 * math.pi)
+        weights = (half * wt).ravel() * np.exp(-(nodes**2) / 2) / math.sqrt(2.0 * math.pi)
     w = weights * np.asarray(f(nodes), dtype=np.float64)
     return hermite_e(nodes, lmax) @ w
 
@@ -136,7 +149,7 @@ def unique_indices(d: int, l: int) -> np.ndarray:
     return np.fromiter(flat, dtype=np.int64, count=count * l).reshape(count, l)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _binomials(nmax: int, kmax: int) -> np.ndarray:
     """Pascal table ``B[n, k] = C(n, k)`` (int64, zero for k > n)."""
     b = np.zeros((nmax + 1, kmax + 1), dtype=np.int64)
@@ -191,7 +204,7 @@ def unpack(packed: np.ndarray, d: int, l: int) -> np.ndarray:
     return packed[packed_index(_full_indices(d, l), d)].reshape((d,) * l)
 
 
-@lru_cache(maxsize=None)
+@cache
 def partial_matchings(l: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     """All partial matchings of positions ``0..l-1`` as tuples of pairs ``(a, b)``, a < b."""
 
@@ -202,7 +215,7 @@ def partial_matchings(l: int) -> tuple[tuple[tuple[int, int], ...], ...]:
         first, rest = pos[0], pos[1:]
         yield from rec(rest)  # first position unmatched
         for j, other in enumerate(rest):
-            for m in rec(rest[:j] + rest[j + 1:]):
+            for m in rec(rest[:j] + rest[j + 1 :]):
                 yield ((first, other),) + m
 
     return tuple(rec(tuple(range(l))))
@@ -244,8 +257,8 @@ def _tuple_products(x: np.ndarray, a: int) -> np.ndarray:
         out = np.empty((n, math.comb(d + r - 1, r)))
         col = 0
         for i in range(d):
-            tail = prev[:, prev.shape[1] - math.comb(d - i + r - 2, r - 1):]
-            np.multiply(x[:, i:i + 1], tail, out=out[:, col:col + tail.shape[1]])
+            tail = prev[:, prev.shape[1] - math.comb(d - i + r - 2, r - 1) :]
+            np.multiply(x[:, i : i + 1], tail, out=out[:, col : col + tail.shape[1]])
             col += tail.shape[1]
         prev = out
     return prev
@@ -329,7 +342,7 @@ def _plan_breaks(dim: int, a: int, b: int, waste_weight: float) -> tuple[float, 
     return best[-1][0], best[-1][1], tuple(reversed(breaks))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _moment_plan(dim: int, order: int) -> _MomentPlan:
     """The GEMM plan for sorted ``order``-tuples (``order >= 2``) over ``dim`` coordinates.
 
@@ -348,8 +361,9 @@ def _moment_plan(dim: int, order: int) -> _MomentPlan:
             break
     b = order - a
     tails = [math.comb(dim - c + b - 1, b) for c in breaks]
-    gemms = tuple((math.comb(hi + a - 1, a), tails[0] - tails[j], tails[0] - tails[j + 1])
-                  for j, hi in enumerate(breaks[1:]))
+    gemms = tuple(
+        (math.comb(hi + a - 1, a), tails[0] - tails[j], tails[0] - tails[j + 1]) for j, hi in enumerate(breaks[1:])
+    )
     sizes = [m * (s1 - s0) for m, s0, s1 in gemms]
     offsets = tuple(int(o) for o in np.cumsum([0] + sizes[:-1]))
     return _MomentPlan(dim, order, a, breaks, gemms, offsets, sum(sizes), 2 * sum(sizes))
@@ -393,7 +407,7 @@ def _colex_products(xt: np.ndarray, w: np.ndarray, a: int) -> np.ndarray:
         col = 0
         for j in range(D):
             h = math.comb(j + r - 1, r - 1)
-            np.multiply(prev[:h], xt[j], out=out[col:col + h])
+            np.multiply(prev[:h], xt[j], out=out[col : col + h])
             col += h
         prev = out
     return prev
@@ -409,14 +423,13 @@ def _lex_products(xt: np.ndarray, b: int) -> np.ndarray:
         col = 0
         for i in range(D):
             t = math.comb(D - i + r - 2, r - 1)
-            np.multiply(xt[i], prev[prev.shape[0] - t:], out=out[col:col + t])
+            np.multiply(xt[i], prev[prev.shape[0] - t :], out=out[col : col + t])
             col += t
         prev = out
     return prev
 
 
-def _sorted_tuple_sums(x: np.ndarray, y: np.ndarray, order: int, constant: bool,
-                       budget: int | None) -> np.ndarray:
+def _sorted_tuple_sums(x: np.ndarray, y: np.ndarray, order: int, constant: bool, budget: int | None) -> np.ndarray:
     """Packed ``Σ_s y_s Π_k z_s[i_k]`` over sorted ``order``-tuples (``order >= 2``) of the
     coordinates ``z = [1, x]`` (``constant``) or ``z = x``: one GEMM per plan block and row batch."""
     n, d = x.shape
@@ -424,16 +437,15 @@ def _sorted_tuple_sums(x: np.ndarray, y: np.ndarray, order: int, constant: bool,
     plan = _moment_plan(dim, order)
     a, b = plan.prefix, order - plan.prefix
     row_elements = dim + math.comb(dim + a - 1, a) + math.comb(dim + b - 1, b)
-    budget = min(_TEMP_ELEMENTS if budget is None else budget,
-                 max(_OPERAND_ELEMENTS, _MIN_ROWS * row_elements))
+    budget = min(_TEMP_ELEMENTS if budget is None else budget, max(_OPERAND_ELEMENTS, _MIN_ROWS * row_elements))
     acc = np.zeros(plan.size)
-    views = [acc[off:off + m * (s1 - s0)].reshape(m, s1 - s0) for (m, s0, s1), off in zip(plan.gemms, plan.offsets)]
+    views = [acc[off : off + m * (s1 - s0)].reshape(m, s1 - s0) for (m, s0, s1), off in zip(plan.gemms, plan.offsets)]
     for sl in _row_batches(n, row_elements, budget):
         # coordinates as rows: a block of tuples is then a contiguous row range for BLAS
         zt = np.empty((dim, sl.stop - sl.start))
         if constant:
             zt[0] = 1.0
-        zt[int(constant):] = x[sl].T
+        zt[int(constant) :] = x[sl].T
         left = _colex_products(zt, y[sl], a)
         right = _lex_products(zt, b)
         for view, (m, s0, s1) in zip(views, plan.gemms):
@@ -449,8 +461,9 @@ def _check_xy(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def raw_moment_sums_upto(x: np.ndarray, y: np.ndarray, max_order: int, *,
-                         _temp_elements: int | None = None) -> list[np.ndarray]:
+def raw_moment_sums_upto(
+    x: np.ndarray, y: np.ndarray, max_order: int, *, _temp_elements: int | None = None
+) -> list[np.ndarray]:
     """Packed ``Σ_s y_s x_s^{(x)m}`` for every ``m = 0..max_order``, in one pass.
 
     With the constant coordinate ``z = [1, x]``, the sorted ``L``-tuples over ``d + 1``
@@ -485,7 +498,7 @@ def raw_moment_sums_upto(x: np.ndarray, y: np.ndarray, max_order: int, *,
         return [np.array([y.sum()]), x.T @ y]
     flat = _sorted_tuple_sums(x, y, max_order, True, _temp_elements)
     ends = [math.comb(d + m, m) for m in range(max_order + 1)]  # Σ_{m' <= m} C(d+m'-1, m')
-    return [flat[e - math.comb(d + m - 1, m):e] for m, e in enumerate(ends)]
+    return [flat[e - math.comb(d + m - 1, m) : e] for m, e in enumerate(ends)]
 
 
 def raw_moment_flops(d: int, max_order: int) -> int:
@@ -649,10 +662,10 @@ def _add_signed_grams(quad: np.ndarray, x: np.ndarray, w: np.ndarray, buf: np.nd
             idx = np.flatnonzero(rows)
             scale = np.sqrt(alpha * w[idx, p])
             for start in range(0, idx.size, block):
-                part = idx[start:start + block]
-                z = buf[:part.size]
+                part = idx[start : start + block]
+                z = buf[: part.size]
                 np.take(x, part, axis=0, out=z, mode="clip")  # indices are valid: clip only avoids a copy
-                z *= scale[start:start + block, None]
+                z *= scale[start : start + block, None]
                 out = _dsyrk(alpha, z.T, beta=1.0, c=c, trans=0, lower=1, overwrite_c=1)
                 if out is not c:  # pragma: no cover - f2py updates a Fortran-ordered float64 c in place
                     c[...] = out
@@ -670,9 +683,7 @@ def _mirror_upper(m: np.ndarray, block: int = 32) -> None:
         diag[..., lo_i, lo_j] = diag[..., lo_j, lo_i]
 
 
-def contracted_matrix_sums(
-    x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: Sequence[int]
-) -> np.ndarray:
+def contracted_matrix_sums(x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: Sequence[int]) -> np.ndarray:
     """``sum_s y_s He_l(x_s)[g^{(l-2)}, ., .]`` for every (order, direction) pair.
 
     Parameters
@@ -728,7 +739,7 @@ def contracted_matrix_sums(
         out = _dsyr2k(1.0, gp[p][:, None], u[:, None], beta=1.0, c=c, trans=0, lower=1, overwrite_c=1)
         if out is not c:  # pragma: no cover - f2py updates a Fortran-ordered float64 c in place
             c[...] = out
-        m.reshape(-1)[::d + 1] -= wa_sum[p]
+        m.reshape(-1)[:: d + 1] -= wa_sum[p]
     _mirror_upper(quad)
     return quad
 
@@ -762,9 +773,7 @@ def _contracted_matrix_sums_gemm(x: np.ndarray, y: np.ndarray, G: np.ndarray, or
     return 0.5 * (out + out.transpose(0, 2, 1))
 
 
-def contracted_vector_sums(
-    x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: Sequence[int]
-) -> np.ndarray:
+def contracted_vector_sums(x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: Sequence[int]) -> np.ndarray:
     """``sum_s y_s He_l(x_s)[g^{(l-1)}, .]`` for every (order, direction) pair.
 
     Uses ``He_l(x)[g^{(l-1)}, .] = He_{l-1}(z) x - (l-1) He_{l-2}(z) g``, ``z = <g, x>``.
@@ -786,9 +795,7 @@ def contracted_vector_sums(
     return v.T - w2_sum[:, None] * np.tile(G, (len(orders), 1))
 
 
-def contracted_scalar_sums(
-    x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: Sequence[int]
-) -> np.ndarray:
+def contracted_scalar_sums(x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: Sequence[int]) -> np.ndarray:
     """``sum_s y_s He_l(<g, x_s>)`` for every (order, direction) pair; shape ``(P,)``.
 
     Orders ``l >= 0``; pairs order-major as in :func:`contracted_matrix_sums`.
@@ -914,8 +921,10 @@ def _add_order_terms(x: np.ndarray, c: np.ndarray, m: int, out: np.ndarray, cols
     plan = _moment_plan(d, m)
     flat = np.zeros((plan.size, k))
     flat[_plan_gather(d, m)] = c  # pairs the plan computes twice (diagonal blocks) keep a zero coefficient
-    blocks = [flat[off:off + mb * (s1 - s0)].reshape(mb, s1 - s0, k).transpose(2, 0, 1).reshape(k * mb, s1 - s0)
-              for (mb, s0, s1), off in zip(plan.gemms, plan.offsets)]
+    blocks = [
+        flat[off : off + mb * (s1 - s0)].reshape(mb, s1 - s0, k).transpose(2, 0, 1).reshape(k * mb, s1 - s0)
+        for (mb, s0, s1), off in zip(plan.gemms, plan.offsets)
+    ]
     a, b = plan.prefix, m - plan.prefix
     row_elements = d + math.comb(d + a - 1, a) + math.comb(d + b - 1, b) * (1 + k)
     for sl in _row_batches(n, row_elements, max(_OPERAND_ELEMENTS, _MIN_ROWS * row_elements)):

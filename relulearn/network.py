@@ -10,15 +10,25 @@ from __future__ import annotations
 import hashlib
 import re
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 import numpy as np
 
 from .atomic import save_npz
 
-__all__ = ["Network", "NetworkFileError", "ACTIVATIONS", "RELU_POWERS", "compare", "compare_two_layer", "input_gradients", "gradient_subspace", "subspace_angle"]
+__all__ = [
+    "Network",
+    "NetworkFileError",
+    "ACTIVATIONS",
+    "RELU_POWERS",
+    "compare",
+    "compare_two_layer",
+    "input_gradients",
+    "gradient_subspace",
+    "subspace_angle",
+]
 
 
 def _relu(h: np.ndarray) -> np.ndarray:
@@ -126,7 +136,7 @@ class Network:
     """
 
     weights: tuple[np.ndarray, ...]
-    biases: Optional[tuple[np.ndarray, ...]] = None
+    biases: tuple[np.ndarray, ...] | None = None
     activation: str = "relu"
     _origin: str = field(default="network", compare=False, repr=False)
 
@@ -135,17 +145,15 @@ class Network:
         if len(self.weights) < 1:
             raise NetworkFileError(f"{where}: a network needs at least one weight matrix W0")
         if self.activation not in ACTIVATIONS:
-            raise NetworkFileError(
-                f"{where}: unknown activation {self.activation!r}; use one of {sorted(ACTIVATIONS)}"
-            )
+            raise NetworkFileError(f"{where}: unknown activation {self.activation!r}; use one of {sorted(ACTIVATIONS)}")
         ws = tuple(np.asarray(w, dtype=np.float64) for w in self.weights)
         for j, w in enumerate(ws):
             if w.ndim != 2:
                 raise NetworkFileError(f"{where}: W{j} must be a 2-d matrix, got shape {w.shape}")
             if j > 0 and w.shape[1] != ws[j - 1].shape[0]:
                 raise NetworkFileError(
-                    f"{where}: W{j} has shape {w.shape} but W{j-1} has shape {ws[j-1].shape}: "
-                    f"W{j} must have {ws[j-1].shape[0]} columns (layer j maps dim_j -> dim_(j+1))"
+                    f"{where}: W{j} has shape {w.shape} but W{j - 1} has shape {ws[j - 1].shape}: "
+                    f"W{j} must have {ws[j - 1].shape[0]} columns (layer j maps dim_j -> dim_(j+1))"
                 )
             if not np.all(np.isfinite(w)):
                 raise NetworkFileError(f"{where}: W{j} contains NaN or inf")
@@ -153,7 +161,7 @@ class Network:
         if self.biases is not None:
             bs = tuple(np.asarray(b, dtype=np.float64) for b in self.biases)
             if len(bs) != len(ws):
-                raise NetworkFileError(f"{where}: {len(bs)} biases for {len(ws)} layers; give b0..b{len(ws)-1}")
+                raise NetworkFileError(f"{where}: {len(bs)} biases for {len(ws)} layers; give b0..b{len(ws) - 1}")
             for j, (b, w) in enumerate(zip(bs, ws)):
                 if b.shape != (w.shape[0],):
                     raise NetworkFileError(f"{where}: b{j} has shape {b.shape}, expected ({w.shape[0]},)")
@@ -204,16 +212,18 @@ class Network:
         save_npz(path, self.to_arrays())
 
     @classmethod
-    def load(cls, path: str | Path) -> "Network":
+    def load(cls, path: str | Path) -> Network:
         """Read a network file, checking that its shapes chain and its values are finite."""
         return cls.from_arrays(read_arrays(path, "network", "W0..WL"), origin=str(path))
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "network") -> "Network":
+    def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "network") -> Network:
         names = set(arrays)
         if "kind" in names and str(arrays["kind"]) != "network":
-            raise NetworkFileError(f"{origin} is a {arrays['kind']} model, not a network; read it with "
-                                   "relulearn.load_model (predict and evaluate take either kind)")
+            raise NetworkFileError(
+                f"{origin} is a {arrays['kind']} model, not a network; read it with "
+                "relulearn.load_model (predict and evaluate take either kind)"
+            )
         w_idx = sorted(int(m.group(1)) for k in names if (m := re.fullmatch(r"W(\d+)", k)))
         b_idx = sorted(int(m.group(1)) for k in names if (m := re.fullmatch(r"b(\d+)", k)))
         unknown = names - {f"W{j}" for j in w_idx} - {f"b{j}" for j in b_idx} - {"activation"}
@@ -222,9 +232,11 @@ class Network:
                 f"{origin}: unexpected arrays {sorted(unknown)}; a network file holds W0..WL, b0..bL, activation"
             )
         if not w_idx or w_idx != list(range(len(w_idx))):
-            raise NetworkFileError(f"{origin}: weight arrays must be W0, W1, ..., WL without gaps; found {sorted(names)}")
+            raise NetworkFileError(
+                f"{origin}: weight arrays must be W0, W1, ..., WL without gaps; found {sorted(names)}"
+            )
         if b_idx and b_idx != w_idx:
-            raise NetworkFileError(f"{origin}: biases must be b0..b{len(w_idx)-1} when present; found b{b_idx}")
+            raise NetworkFileError(f"{origin}: biases must be b0..b{len(w_idx) - 1} when present; found b{b_idx}")
         act = str(arrays["activation"]) if "activation" in arrays else "relu"
         ws = tuple(arrays[f"W{j}"] for j in w_idx)
         bs = tuple(arrays[f"b{j}"] for j in b_idx) if b_idx else None
@@ -296,8 +308,10 @@ def compare(reference: Network, learned: Network) -> Comparison:
     w, rw, c_ref = _unit_products(reference)
     v, rv, c_learned = _unit_products(learned)
     if rw.shape[1] != rv.shape[1] or w.shape[1] != v.shape[1]:
-        raise ValueError(f"shapes differ: {reference.input_dim}→{reference.output_dim} inputs→outputs vs "
-                         f"{learned.input_dim}→{learned.output_dim}")
+        raise ValueError(
+            f"shapes differ: {reference.input_dim}→{reference.output_dim} inputs→outputs vs "
+            f"{learned.input_dim}→{learned.output_dim}"
+        )
     k, m = len(w), len(v)
     n = max(k, m)
     # pad with zero units: matching a unit to a padding unit costs its whole norm
@@ -318,8 +332,9 @@ def compare(reference: Network, learned: Network) -> Comparison:
         if r < k:
             matching[r] = int(c) if c < m and cost[r, c] == diff[r, c] else -1
             errors[r] = float(np.sqrt(cost[r, c]) / max(np.linalg.norm(w[r]), 1e-300))
-    return Comparison(float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)),
-                      tuple(matching), tuple(errors))
+    return Comparison(
+        float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)), tuple(matching), tuple(errors)
+    )
 
 
 def compare_two_layer(reference: Network, learned: Network) -> Comparison:
@@ -350,8 +365,10 @@ def compare_two_layer(reference: Network, learned: Network) -> Comparison:
     if reference.activation != learned.activation:
         raise ValueError(f"activations differ: {reference.activation} vs {learned.activation}")
     if reference.input_dim != learned.input_dim or reference.output_dim != learned.output_dim:
-        raise ValueError(f"shapes differ: {reference.input_dim}→{reference.output_dim} inputs→outputs vs "
-                         f"{learned.input_dim}→{learned.output_dim}")
+        raise ValueError(
+            f"shapes differ: {reference.input_dim}→{reference.output_dim} inputs→outputs vs "
+            f"{learned.input_dim}→{learned.output_dim}"
+        )
     k, m = len(a), len(b)
     n = max(k, m)
     ap, bp = np.zeros((n, a.shape[1])), np.zeros((n, b.shape[1]))
@@ -365,8 +382,9 @@ def compare_two_layer(reference: Network, learned: Network) -> Comparison:
             errors[r] = float(np.sqrt(cost[r, c]) / max(np.linalg.norm(a[r]), 1e-300))
     norm = float((a**2).sum())
     total = float(cost[rows, cols].sum())
-    return Comparison(float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)),
-                      tuple(matching), tuple(errors))
+    return Comparison(
+        float(np.sqrt(total / norm)) if norm > 0 else float(np.sqrt(total)), tuple(matching), tuple(errors)
+    )
 
 
 def input_gradients(net: Network, x: np.ndarray, output: int = 0) -> np.ndarray:

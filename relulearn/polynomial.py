@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Union
 
 import numpy as np
 
@@ -39,7 +38,7 @@ class PolynomialModel:
 
     tensors: tuple[np.ndarray, ...]
     input_dim: int
-    basis: Optional[np.ndarray] = None
+    basis: np.ndarray | None = None
     _origin: str = field(default="polynomial model", compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -57,8 +56,10 @@ class PolynomialModel:
         ts = tuple(np.asarray(t, dtype=np.float64).reshape(-1) for t in self.tensors)
         for l, t in enumerate(ts):
             if t.shape != (math.comb(r + l - 1, l),):
-                raise NetworkFileError(f"{where}: T{l} has {t.size} entries; packed order {l} over {r} "
-                                       f"coordinates has {math.comb(r + l - 1, l)}")
+                raise NetworkFileError(
+                    f"{where}: T{l} has {t.size} entries; packed order {l} over {r} "
+                    f"coordinates has {math.comb(r + l - 1, l)}"
+                )
             if not np.all(np.isfinite(t)):
                 raise NetworkFileError(f"{where}: T{l} contains NaN or inf")
         object.__setattr__(self, "tensors", ts)
@@ -91,16 +92,19 @@ class PolynomialModel:
         """Predictions for a batch ``x`` (n, d); returns ``(n, 1)`` like :meth:`Network.forward`."""
         return self.terms(x).sum(axis=1, keepdims=True)
 
-    def truncate(self, degree: int) -> "PolynomialModel":
+    def truncate(self, degree: int) -> PolynomialModel:
         """The same expansion cut at ``degree`` (≤ this model's degree)."""
         if not 0 <= degree <= self.degree:
             raise ValueError(f"degree {degree} is outside 0..{self.degree}")
-        return PolynomialModel(self.tensors[:degree + 1], self.input_dim, self.basis)
+        return PolynomialModel(self.tensors[: degree + 1], self.input_dim, self.basis)
 
     # ---------------------------------------------------------------- files
     def to_arrays(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {"kind": np.array("polynomial"), "degree": np.array(self.degree),
-                                      "input_dim": np.array(self.input_dim)}
+        out: dict[str, np.ndarray] = {
+            "kind": np.array("polynomial"),
+            "degree": np.array(self.degree),
+            "input_dim": np.array(self.input_dim),
+        }
         out.update({f"T{l}": t for l, t in enumerate(self.tensors)})
         if self.basis is not None:
             out["basis"] = self.basis
@@ -111,7 +115,7 @@ class PolynomialModel:
         save_npz(path, self.to_arrays())
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "polynomial model") -> "PolynomialModel":
+    def from_arrays(cls, arrays: dict[str, np.ndarray], origin: str = "polynomial model") -> PolynomialModel:
         missing = [k for k in ("degree", "input_dim") if k not in arrays]
         if missing:
             raise NetworkFileError(f"{origin}: a polynomial model file needs {missing} (and T0..TL)")
@@ -122,13 +126,19 @@ class PolynomialModel:
         known = {"kind", "degree", "input_dim", "basis"} | {f"T{l}" for l in range(degree + 1)}
         unknown = set(arrays) - known
         if unknown:
-            raise NetworkFileError(f"{origin}: unexpected arrays {sorted(unknown)}; a polynomial model file holds "
-                                   "kind, degree, input_dim, T0..TL and optionally basis")
-        return cls(tuple(arrays[f"T{l}"] for l in range(degree + 1)), int(arrays["input_dim"]),
-                   arrays.get("basis"), _origin=origin)
+            raise NetworkFileError(
+                f"{origin}: unexpected arrays {sorted(unknown)}; a polynomial model file holds "
+                "kind, degree, input_dim, T0..TL and optionally basis"
+            )
+        return cls(
+            tuple(arrays[f"T{l}"] for l in range(degree + 1)),
+            int(arrays["input_dim"]),
+            arrays.get("basis"),
+            _origin=origin,
+        )
 
 
-Model = Union[Network, PolynomialModel]
+Model = Network | PolynomialModel
 
 
 def load_model(path: str | Path) -> Model:

@@ -10,10 +10,11 @@ context variable of the driver's thread: workers never print.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, TextIO
+from typing import TextIO
 
 __all__ = ["reporting", "step"]
 
@@ -33,7 +34,7 @@ class _Reporter:
     last: float = -1e9
     shown: set = field(default_factory=set)
 
-    def step(self, stage: str, done: int, total: Optional[int], detail: str) -> None:
+    def step(self, stage: str, done: int, total: int | None, detail: str) -> None:
         now = time.perf_counter()
         if stage != self.stage:
             self.stage, self.started = stage, now
@@ -62,11 +63,11 @@ def _clock(seconds: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(max(seconds, 0.0)))
 
 
-_CURRENT: ContextVar[Optional[_Reporter]] = ContextVar("relulearn_progress", default=None)
+_CURRENT: ContextVar[_Reporter | None] = ContextVar("relulearn_progress", default=None)
 
 
 @contextmanager
-def reporting(stream: Optional[TextIO]) -> Iterator[None]:
+def reporting(stream: TextIO | None) -> Iterator[None]:
     """Report the stages run inside the block to ``stream`` (None: report nothing)."""
     if stream is None:
         yield
@@ -80,7 +81,7 @@ def reporting(stream: Optional[TextIO]) -> Iterator[None]:
         rep.close()
 
 
-def step(stage: str, done: int, total: Optional[int] = None, detail: str = "") -> None:
+def step(stage: str, done: int, total: int | None = None, detail: str = "") -> None:
     """``stage`` has done ``done`` of at most ``total`` steps (``detail``: e.g. the loss so far). The ETA is an
     upper bound: a stage may stop early (converged, exact)."""
     rep = _CURRENT.get()

@@ -17,14 +17,20 @@ from __future__ import annotations
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-__all__ = ["MomentsRegressor", "TensorRegressor", "FilteredPCARegressor", "ExactRegressor", "PolynomialRegressor",
-           "LandscapeRegressor"]
+__all__ = [
+    "MomentsRegressor",
+    "TensorRegressor",
+    "FilteredPCARegressor",
+    "ExactRegressor",
+    "PolynomialRegressor",
+    "LandscapeRegressor",
+]
 
 #: rows per chunk at most; fewer so that every row is used when the data is small (chunks are equal)
 CHUNK_ROWS = 50_000
@@ -65,10 +71,15 @@ class _Regressor(RegressorMixin, BaseEstimator):
 
     def run_config(self, x_path: str, y_path: str, rows: int, d: int) -> dict[str, Any]:
         """The run configuration ``fit`` uses for ``rows`` rows of width ``d`` in the given files."""
-        size, samples = chunking(rows) if self.chunk_size is None else (self.chunk_size,
-                                                                         rows // self.chunk_size * self.chunk_size)
-        return {"seed": int(self.seed), "samples": int(samples), "chunk_size": int(size),
-                "source": {"d": int(d), "data": {"x": x_path, "y": y_path, "whiten": bool(self._whiten_source())}}}
+        size, samples = (
+            chunking(rows) if self.chunk_size is None else (self.chunk_size, rows // self.chunk_size * self.chunk_size)
+        )
+        return {
+            "seed": int(self.seed),
+            "samples": int(samples),
+            "chunk_size": int(size),
+            "source": {"d": int(d), "data": {"x": x_path, "y": y_path, "whiten": bool(self._whiten_source())}},
+        }
 
     def _whiten_source(self) -> bool:
         return self.whiten
@@ -78,7 +89,7 @@ class _Regressor(RegressorMixin, BaseEstimator):
 
     # ---------------------------------------------------------------- fitting
 
-    def fit(self, X: Any, y: Any) -> "_Regressor":
+    def fit(self, X: Any, y: Any) -> _Regressor:
         """Estimate the method's statistics on the rows of ``X`` (n, d) and ``y`` (n,) and learn the model.
 
         Returns
@@ -89,7 +100,7 @@ class _Regressor(RegressorMixin, BaseEstimator):
         self._rows = [(X, y)]
         return self._fit_rows(X, y)
 
-    def partial_fit(self, X: Any, y: Any) -> "_Regressor":
+    def partial_fit(self, X: Any, y: Any) -> _Regressor:
         """Add the rows of ``X, y`` to those seen so far and learn again on all of them.
 
         The statistics are sums over rows, but a store is tied to its data's bytes, so every call estimates
@@ -100,7 +111,7 @@ class _Regressor(RegressorMixin, BaseEstimator):
         self._rows = ([] if first else self._rows) + [(X, y)]
         return self._fit_rows(np.concatenate([r[0] for r in self._rows]), np.concatenate([r[1] for r in self._rows]))
 
-    def _fit_rows(self, X: np.ndarray, y: np.ndarray) -> "_Regressor":
+    def _fit_rows(self, X: np.ndarray, y: np.ndarray) -> _Regressor:
         from . import api
         from .config import config_from_dict
         from .estimators.base import NoSignalError
@@ -111,8 +122,10 @@ class _Regressor(RegressorMixin, BaseEstimator):
         if y.ndim != 1:
             raise ValueError(f"{type(self).__name__} learns one label per row; y has shape {y.shape}")
         if n < MIN_ROWS:
-            raise ValueError(f"n_samples = {n}: {type(self).__name__} needs at least {MIN_ROWS} rows (standard errors "
-                             "come from two chunks or more), and the methods need 10⁴ rows or more to learn")
+            raise ValueError(
+                f"n_samples = {n}: {type(self).__name__} needs at least {MIN_ROWS} rows (standard errors "
+                "come from two chunks or more), and the methods need 10⁴ rows or more to learn"
+            )
         with tempfile.TemporaryDirectory(prefix="relulearn-") as tmp:
             work = Path(self.store) if self.store is not None else Path(tmp)
             work.mkdir(parents=True, exist_ok=True)
@@ -127,16 +140,29 @@ class _Regressor(RegressorMixin, BaseEstimator):
 
                 shutil.rmtree(store)
             try:
-                result = api.fit(cfg, str(store), self._method, client=self.client or "local", progress=None,
-                                 out=str(work / "model.npz"), **self._method_options())
+                result = api.fit(
+                    cfg,
+                    str(store),
+                    self._method,
+                    client=self.client or "local",
+                    progress=None,
+                    out=str(work / "model.npz"),
+                    **self._method_options(),
+                )
                 self.model_ = load_model(work / "model.npz")
             except NoSignalError as err:  # nothing above the noise floor: the mean is all these rows support
                 # the error speaks to command-line users (`relulearn estimate ... --samples N`); here the fix is rows
                 why = str(err).split("; estimate with more samples")[0]
-                warnings.warn(f"{type(self).__name__}: {why}; the model is the constant mean(y) (n_samples = {n:,}: "
-                              "fit on more rows to learn the network)", UserWarning, stacklevel=3)
+                warnings.warn(
+                    f"{type(self).__name__}: {why}; the model is the constant mean(y) (n_samples = {n:,}: "
+                    "fit on more rows to learn the network)",
+                    UserWarning,
+                    stacklevel=3,
+                )
                 result = {"report": {"unresolved": str(err)}, "samples": cfg.samples, "kind": "network", "width": 0}
-                self.model_ = Network((np.zeros((0, d)), np.zeros((1, 0))), (np.zeros(0), np.array([float(np.mean(y))])))
+                self.model_ = Network(
+                    (np.zeros((0, d)), np.zeros((1, 0))), (np.zeros(0), np.array([float(np.mean(y))]))
+                )
         self.report_ = result["report"]
         self.n_samples_seen_ = int(n)
         self.samples_used_ = int(result["samples"])
@@ -144,7 +170,7 @@ class _Regressor(RegressorMixin, BaseEstimator):
             self.width_ = int(result["width"])
         return self
 
-    def _prepare(self, X: np.ndarray) -> tuple[np.ndarray, Optional[tuple[np.ndarray, np.ndarray]]]:
+    def _prepare(self, X: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
         """The rows written for the run, and a whitening ``predict`` must apply itself (None: the model maps
         raw inputs)."""
         return X, None
@@ -203,9 +229,18 @@ class MomentsRegressor(_Regressor):
     _method = "moments"
     _options = ("width", "biases", "refine_samples")
 
-    def __init__(self, width: Optional[int] = None, *, biases: Optional[bool] = None,
-                 refine_samples: Optional[int] = None, whiten: bool = True, seed: int = 0,
-                 chunk_size: Optional[int] = None, client: Any = None, store: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        width: int | None = None,
+        *,
+        biases: bool | None = None,
+        refine_samples: int | None = None,
+        whiten: bool = True,
+        seed: int = 0,
+        chunk_size: int | None = None,
+        client: Any = None,
+        store: str | None = None,
+    ) -> None:
         _keep(self, locals())
 
 
@@ -220,9 +255,17 @@ class TensorRegressor(_Regressor):
     _method = "tensor"
     _options = ("width", "refine_samples")
 
-    def __init__(self, width: Optional[int] = None, *, refine_samples: Optional[int] = None, whiten: bool = True,
-                 seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
-                 store: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        width: int | None = None,
+        *,
+        refine_samples: int | None = None,
+        whiten: bool = True,
+        seed: int = 0,
+        chunk_size: int | None = None,
+        client: Any = None,
+        store: str | None = None,
+    ) -> None:
         _keep(self, locals())
 
 
@@ -236,9 +279,19 @@ class FilteredPCARegressor(_Regressor):
     _method = "filtered-pca"
     _options = ("width", "depth", "budget", "refine_samples")
 
-    def __init__(self, width: Optional[int] = None, *, depth: Optional[int] = None, budget: Optional[int] = None,
-                 refine_samples: Optional[int] = None, whiten: bool = True, seed: int = 0,
-                 chunk_size: Optional[int] = None, client: Any = None, store: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        width: int | None = None,
+        *,
+        depth: int | None = None,
+        budget: int | None = None,
+        refine_samples: int | None = None,
+        whiten: bool = True,
+        seed: int = 0,
+        chunk_size: int | None = None,
+        client: Any = None,
+        store: str | None = None,
+    ) -> None:
         _keep(self, locals())
 
 
@@ -252,10 +305,19 @@ class ExactRegressor(_Regressor):
     _method = "exact"
     _options = ("width", "activation", "exact_samples", "refine_samples")
 
-    def __init__(self, width: Optional[int] = None, *, activation: Optional[str] = None,
-                 exact_samples: Optional[int] = None, refine_samples: Optional[int] = None, whiten: bool = True,
-                 seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
-                 store: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        width: int | None = None,
+        *,
+        activation: str | None = None,
+        exact_samples: int | None = None,
+        refine_samples: int | None = None,
+        whiten: bool = True,
+        seed: int = 0,
+        chunk_size: int | None = None,
+        client: Any = None,
+        store: str | None = None,
+    ) -> None:
         _keep(self, locals())
 
 
@@ -266,9 +328,18 @@ class LandscapeRegressor(_Regressor):
     _method = "landscape"
     _options = ("width", "starts", "route")
 
-    def __init__(self, width: Optional[int] = None, *, starts: Optional[int] = None, route: Optional[str] = None,
-                 whiten: bool = True, seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
-                 store: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        width: int | None = None,
+        *,
+        starts: int | None = None,
+        route: str | None = None,
+        whiten: bool = True,
+        seed: int = 0,
+        chunk_size: int | None = None,
+        client: Any = None,
+        store: str | None = None,
+    ) -> None:
         _keep(self, locals())
 
 
@@ -283,20 +354,33 @@ class PolynomialRegressor(_Regressor):
     _method = "polynomial"
     _options = ("degree", "shrink", "subspace", "residual")
 
-    def __init__(self, degree: Optional[int] = None, *, shrink: Optional[str] = None,
-                 subspace: Optional[bool] = None, residual: Optional[bool] = None, whiten: bool = True,
-                 seed: int = 0, chunk_size: Optional[int] = None, client: Any = None,
-                 store: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        degree: int | None = None,
+        *,
+        shrink: str | None = None,
+        subspace: bool | None = None,
+        residual: bool | None = None,
+        whiten: bool = True,
+        seed: int = 0,
+        chunk_size: int | None = None,
+        client: Any = None,
+        store: str | None = None,
+    ) -> None:
         _keep(self, locals())
 
     def _whiten_source(self) -> bool:
         return False
 
-    def _prepare(self, X: np.ndarray) -> tuple[np.ndarray, Optional[tuple[np.ndarray, np.ndarray]]]:
+    def _prepare(self, X: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
         if not self.whiten:
             return X, None
         from .pipeline.data import whitening_map
 
-        mu, a = whitening_map(X.mean(axis=0), np.cov(X, rowvar=False, bias=True).reshape(X.shape[1], X.shape[1]),
-                              "the covariance of X", "set whiten=False")
+        mu, a = whitening_map(
+            X.mean(axis=0),
+            np.cov(X, rowvar=False, bias=True).reshape(X.shape[1], X.shape[1]),
+            "the covariance of X",
+            "set whiten=False",
+        )
         return (X - mu) @ a.T, (mu, a)

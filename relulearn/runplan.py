@@ -4,7 +4,8 @@
 choice it makes. For a method whose second-moment families have a dense and a sketched form (``moments``,
 ``filtered-pca``) and a configuration without a ``statistics`` section, the planner projects both routes — the
 dense families in one pass, or their sketch and the subspace passes it adds (counting those it may add) — and
-takes the faster of those whose block partial fits ``run.worker_memory``, the dense one on a tie. With a ``statistics`` section it projects that section's pass.
+takes the faster of those whose block partial fits ``run.worker_memory``, the dense one on a tie. With a
+``statistics`` section it projects that section's pass.
 A run projected past ``run.max_hours`` is refused before any work, with the sample count that would fit.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from .config import ConfigError
 from .pipeline.cost import Rates, SourceCost, calibrate, source_cost
@@ -31,14 +32,14 @@ class RunPlan:
     only if the method asks for them. ``choice`` (dense or sketched families, and the projections behind it) for
     a method that has both forms and no ``statistics`` section."""
 
-    method: Optional[str]
+    method: str | None
     d: int
     samples: int
     workers: int
     statistics: dict
     passes: tuple[PassPlan, ...]
     rates: Rates
-    choice: Optional[dict] = None
+    choice: dict | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -51,11 +52,20 @@ class RunPlan:
         return float(sum(p.projected_seconds for p in self.passes))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "d": self.d, "samples": self.samples, "workers": self.workers,
-                "projected_seconds": self.projected_seconds, "projected_seconds_max": self.projected_seconds_max,
-                "where": seconds_split([p for p in self.passes if not p.optional]),
-                "passes": [p.to_dict() for p in self.passes], "choice": self.choice,
-                "statistics": self.statistics, "rates": self.rates.to_dict(), "notes": list(self.notes)}
+        return {
+            "method": self.method,
+            "d": self.d,
+            "samples": self.samples,
+            "workers": self.workers,
+            "projected_seconds": self.projected_seconds,
+            "projected_seconds_max": self.projected_seconds_max,
+            "where": seconds_split([p for p in self.passes if not p.optional]),
+            "passes": [p.to_dict() for p in self.passes],
+            "choice": self.choice,
+            "statistics": self.statistics,
+            "rates": self.rates.to_dict(),
+            "notes": list(self.notes),
+        }
 
     def summary(self) -> str:
         """One line: passes, forms, projected time and memory."""
@@ -66,30 +76,42 @@ class RunPlan:
         span = format_seconds(self.projected_seconds)
         if extra:
             span += f" (up to {format_seconds(self.projected_seconds_max)} with {extra} more passes if needed)"
-        return (f"plan: {len(required)} pass{'es' if len(required) != 1 else ''} of {self.samples:,} samples on "
-                f"{self.workers} worker{'s' if self.workers != 1 else ''} ({forms}); projected {span}; "
-                f"{format_bytes(max(p.worker_bytes for p in self.passes))} per worker")
+        return (
+            f"plan: {len(required)} pass{'es' if len(required) != 1 else ''} of {self.samples:,} samples on "
+            f"{self.workers} worker{'s' if self.workers != 1 else ''} ({forms}); projected {span}; "
+            f"{format_bytes(max(p.worker_bytes for p in self.passes))} per worker"
+        )
 
     def lines(self) -> list[str]:
         """The plan as a person reads it: a table of passes, where the time goes, and the choice made."""
-        out = [f"d = {self.d}, {self.samples:,} samples per pass, {self.workers} worker"
-               f"{'s' if self.workers != 1 else ''}" + (f", method {self.method}" if self.method else "")]
+        out = [
+            f"d = {self.d}, {self.samples:,} samples per pass, {self.workers} worker"
+            f"{'s' if self.workers != 1 else ''}" + (f", method {self.method}" if self.method else "")
+        ]
         head = f"{'pass':<16}{'families (form)':<40}{'Gflop/sample':>13}{'per worker':>12}{'projected':>12}"
         out += ["", head, "-" * len(head)]
         for p in self.passes:
             fams = ", ".join(f.form for f in p.families)
             gflop = sum(f.flops_per_sample for f in p.families) / 1e9
             name = p.name + (" *" if p.optional else "")
-            out.append(f"{name:<16}{fams[:39]:<40}{gflop:>13.3g}{format_bytes(p.worker_bytes):>12}"
-                       f"{format_seconds(p.projected_seconds):>12}")
+            out.append(
+                f"{name:<16}{fams[:39]:<40}{gflop:>13.3g}{format_bytes(p.worker_bytes):>12}"
+                f"{format_seconds(p.projected_seconds):>12}"
+            )
         total = f"{format_seconds(self.projected_seconds)}"
         if self.projected_seconds_max > self.projected_seconds:
             total += f" (up to {format_seconds(self.projected_seconds_max)}; * runs only if the method asks)"
         out += ["", f"projected: {total}"]
         split = seconds_split([p for p in self.passes if not p.optional])
         whole = sum(split.values()) or 1.0
-        out.append("where the time goes: " + ", ".join(
-            f"{k} {100 * v / whole:.0f}%" for k, v in sorted(split.items(), key=lambda kv: -kv[1]) if v / whole >= 0.01))
+        out.append(
+            "where the time goes: "
+            + ", ".join(
+                f"{k} {100 * v / whole:.0f}%"
+                for k, v in sorted(split.items(), key=lambda kv: -kv[1])
+                if v / whole >= 0.01
+            )
+        )
         out.append(f"driver memory: {format_bytes(max(p.driver_bytes for p in self.passes))}")
         if self.choice is not None:
             out.append(f"form: {self.choice['form']} — {self.choice['reason']}")
@@ -133,7 +155,7 @@ def size_pilots(statistics: dict, samples: int, d: int) -> dict:
     return out
 
 
-def _default_of(annotation: Any, key: str) -> Optional[int]:
+def _default_of(annotation: Any, key: str) -> int | None:
     """The default of ``key`` in a section's pydantic model (``Optional[Model]`` unwrapped)."""
     for model in (annotation, *getattr(annotation, "__args__", ())):
         field = getattr(model, "model_fields", {}).get(key)
@@ -142,8 +164,7 @@ def _default_of(annotation: Any, key: str) -> Optional[int]:
     return None
 
 
-def _candidates(mod: Any, cfg: Any, width: Optional[int], extra: dict, samples: int
-                ) -> dict[str, tuple[dict, list]]:
+def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int) -> dict[str, tuple[dict, list]]:
     """``{form: (statistics, [(name, statistics, optional), ...])}`` of a method's routes, pilots sized to the
     run's ``samples``."""
     d = cfg.source.d
@@ -155,20 +176,57 @@ def _candidates(mod: Any, cfg: Any, width: Optional[int], extra: dict, samples: 
     return out
 
 
-def _passes(cfg: Any, statistics: dict, extra: list, rates: Rates, workers: int, samples: int,
-            source: SourceCost, outputs: Optional[int]) -> list[PassPlan]:
-    plans = [project_pass(cfg, rates, workers=workers, samples=samples, statistics=statistics, name="estimate",
-                          source=source, outputs=outputs)]
+def _passes(
+    cfg: Any,
+    statistics: dict,
+    extra: list,
+    rates: Rates,
+    workers: int,
+    samples: int,
+    source: SourceCost,
+    outputs: int | None,
+) -> list[PassPlan]:
+    plans = [
+        project_pass(
+            cfg,
+            rates,
+            workers=workers,
+            samples=samples,
+            statistics=statistics,
+            name="estimate",
+            source=source,
+            outputs=outputs,
+        )
+    ]
     for name, stats, optional in extra:
-        plans.append(project_pass(cfg, rates, workers=workers, samples=samples, statistics=stats, name=name,
-                                  optional=optional, source=source, outputs=outputs))
+        plans.append(
+            project_pass(
+                cfg,
+                rates,
+                workers=workers,
+                samples=samples,
+                statistics=stats,
+                name=name,
+                optional=optional,
+                source=source,
+                outputs=outputs,
+            )
+        )
     return plans
 
 
-def plan_run(cfg: Any, method: Optional[str] = None, *, width: Optional[int] = None,
-             samples: Optional[int] = None, workers: Optional[int] = None, rates: Optional[Rates] = None,
-             extra: Optional[dict] = None, source: Optional[SourceCost] = None,
-             outputs: Optional[int] = None) -> RunPlan:
+def plan_run(
+    cfg: Any,
+    method: str | None = None,
+    *,
+    width: int | None = None,
+    samples: int | None = None,
+    workers: int | None = None,
+    rates: Rates | None = None,
+    extra: dict | None = None,
+    source: SourceCost | None = None,
+    outputs: int | None = None,
+) -> RunPlan:
     """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (``method`` None) for ``cfg``.
 
     Parameters
@@ -215,15 +273,18 @@ def plan_run(cfg: Any, method: Optional[str] = None, *, width: Optional[int] = N
             statistics["basic"] = None
         passes = _passes(cfg, cfg.statistics, [], rates, workers, n, src, outputs)
         if method is not None:
-            notes.append("the statistics as configured (or as the store holds them, when a run is resumed or "
-                         "extended) are followed; passes the method asks for are not projected")
+            notes.append(
+                "the statistics as configured (or as the store holds them, when a run is resumed or "
+                "extended) are followed; passes the method asks for are not projected"
+            )
     else:
         from .api import _method
 
         mod = _method(method)
         routes = _candidates(mod, cfg, width, dict(extra or {}), n)
-        projected = {form: _passes(cfg, stats, more, rates, workers, n, src, outputs)
-                     for form, (stats, more) in routes.items()}
+        projected = {
+            form: _passes(cfg, stats, more, rates, workers, n, src, outputs) for form, (stats, more) in routes.items()
+        }
         form, choice = _choose(cfg, mod, width, projected)
         statistics, passes = routes[form][0], projected[form]
     plan = RunPlan(method, int(cfg.source.d), n, workers, statistics, tuple(passes), rates, choice, tuple(notes))
@@ -231,8 +292,7 @@ def plan_run(cfg: Any, method: Optional[str] = None, *, width: Optional[int] = N
     return plan
 
 
-def _choose(cfg: Any, mod: Any, width: Optional[int], projected: dict[str, list[PassPlan]]
-            ) -> tuple[str, Optional[dict]]:
+def _choose(cfg: Any, mod: Any, width: int | None, projected: dict[str, list[PassPlan]]) -> tuple[str, dict | None]:
     """The form of the families: the fastest whose block partial fits ``run.worker_memory``."""
     if len(projected) == 1:
         return "dense", None
@@ -242,16 +302,21 @@ def _choose(cfg: Any, mod: Any, width: Optional[int], projected: dict[str, list[
     info = {}
     for form, plans in projected.items():
         need = max(sum(f.partial_bytes for f in p.families) for p in plans)  # what run.worker_memory bounds
-        info[form] = {"projected_seconds": float(sum(p.projected_seconds for p in plans if not p.optional)),
-                      "projected_seconds_max": float(sum(p.projected_seconds for p in plans)),
-                      "partial_bytes": int(need), "fits": need <= budget, "passes": len(plans)}
+        info[form] = {
+            "projected_seconds": float(sum(p.projected_seconds for p in plans if not p.optional)),
+            "projected_seconds_max": float(sum(p.projected_seconds for p in plans)),
+            "partial_bytes": int(need),
+            "fits": need <= budget,
+            "passes": len(plans),
+        }
     fitting = [f for f in info if info[f]["fits"]]
     if not fitting:
         raise MemoryBudgetError(
             "no form of the statistics fits run.worker_memory = "
-            f"{format_bytes(budget)} per worker: " + "; ".join(
-                f"{f} needs {format_bytes(v['partial_bytes'])}" for f, v in info.items())
-            + "; give the workers more memory (run.worker_memory) or lower d. Nothing was written")
+            f"{format_bytes(budget)} per worker: "
+            + "; ".join(f"{f} needs {format_bytes(v['partial_bytes'])}" for f, v in info.items())
+            + "; give the workers more memory (run.worker_memory) or lower d. Nothing was written"
+        )
     # a route is judged by all the passes it may make (the sketch's subspace iteration may need its optional
     # passes; the dense families are read in one): the exact dense form unless the sketch is faster even then
     form = min(fitting, key=lambda f: (info[f]["projected_seconds_max"], f != "dense"))
@@ -259,11 +324,15 @@ def _choose(cfg: Any, mod: Any, width: Optional[int], projected: dict[str, list[
     if not other:
         reason = "the only form"
     elif not info[other[0]]["fits"]:
-        reason = (f"the {other[0]} form's block partial needs {format_bytes(info[other[0]]['partial_bytes'])}, "
-                  f"more than run.worker_memory = {format_bytes(budget)}")
+        reason = (
+            f"the {other[0]} form's block partial needs {format_bytes(info[other[0]]['partial_bytes'])}, "
+            f"more than run.worker_memory = {format_bytes(budget)}"
+        )
     else:
-        reason = (f"projected {format_seconds(info[form]['projected_seconds_max'])} at most against "
-                  f"{format_seconds(info[other[0]]['projected_seconds_max'])} {other[0]}")
+        reason = (
+            f"projected {format_seconds(info[form]['projected_seconds_max'])} at most against "
+            f"{format_seconds(info[other[0]]['projected_seconds_max'])} {other[0]}"
+        )
     return form, {"form": form, "reason": reason, "forms": info, "budget_bytes": budget}
 
 
@@ -275,6 +344,9 @@ def _check_hours(cfg: Any, plan: RunPlan) -> None:
     fit = int(plan.samples * scale) // cfg.chunk_size * cfg.chunk_size
     raise TooLongError(
         f"the run is projected to take {format_seconds(plan.projected_seconds)}, more than run.max_hours = "
-        f"{limit:g} h:\n  " + "\n  ".join(plan.lines()) + "\n"
+        f"{limit:g} h:\n  "
+        + "\n  ".join(plan.lines())
+        + "\n"
         + (f"about {fit:,} samples per pass would fit (samples: {fit}); " if fit > 0 else "")
-        + "raise run.max_hours, lower the samples, or add workers. Nothing was written")
+        + "raise run.max_hours, lower the samples, or add workers. Nothing was written"
+    )

@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -109,8 +109,12 @@ _INPUT_SCALE = {"relu": 1.0, "erf": 1.0 / math.sqrt(2.0), "erf_relu": 1.0, "tanh
 #: ‖f(s·)‖ = sqrt(E f(s z)²): closed forms for relu (1/2) and erf (E erf(z/√2)² = (2/π) arcsin(1/2) = 1/3);
 #: erf_relu and tanh by mpmath's adaptive quadrature at 40 digits (Gauss–Legendre agrees to 5e-14). Constants,
 #: not quadrature at run time, so a planted teacher's bytes never depend on the quadrature rule.
-_NORM = {"relu": math.sqrt(0.5), "erf": math.sqrt(1.0 / 3.0), "erf_relu": 1.1798193476778229244,
-         "tanh": 0.62792873034910671653}
+_NORM = {
+    "relu": math.sqrt(0.5),
+    "erf": math.sqrt(1.0 / 3.0),
+    "erf_relu": 1.1798193476778229244,
+    "tanh": 0.62792873034910671653,
+}
 #: Lipschitz constants of the unscaled activations f (sup |f'|)
 _F_LIPSCHITZ = {"relu": 1.0, "erf": 2.0 / math.sqrt(math.pi), "erf_relu": 2.0, "tanh": 1.0}
 SUPPORTED_ACTIVATIONS = tuple(_INPUT_SCALE)
@@ -167,19 +171,21 @@ def _check_degree(n: int) -> int:
     if n < 0:
         raise ShadowError(f"the degree n of the Hermite truncation must be >= 0, got {n}")
     if n > MAX_DEGREE:
-        raise ShadowError(f"degree {n} is above {MAX_DEGREE}, the largest supported (ε_σ({MAX_DEGREE}) is 8e-5 for "
-                          f"relu and at rounding level for erf, erf_relu and tanh); use a degree up to {MAX_DEGREE}")
+        raise ShadowError(
+            f"degree {n} is above {MAX_DEGREE}, the largest supported (ε_σ({MAX_DEGREE}) is 8e-5 for "
+            f"relu and at rounding level for erf, erf_relu and tanh); use a degree up to {MAX_DEGREE}"
+        )
     return int(n)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _legendre() -> tuple[np.ndarray, np.ndarray]:
     from scipy.special import roots_legendre  # O(n) asymptotic nodes: 0.1 s where numpy's eigensolver takes 2 s
 
     return roots_legendre(_LEGENDRE_NODES)
 
 
-@lru_cache(maxsize=None)
+@cache
 def normal_rule(lmax: int) -> tuple[np.ndarray, np.ndarray]:
     """Nodes and weights integrating against the N(0, 1) density: Gauss–Legendre (800 nodes each) on
     ``[−L, 0]`` and ``[0, L]`` (every supported activation is smooth except at 0), ``L = 14 + 2√(lmax+1)``
@@ -188,7 +194,7 @@ def normal_rule(lmax: int) -> tuple[np.ndarray, np.ndarray]:
     t, wt = _legendre()
     half = edge / 2
     nodes = np.concatenate([-half + half * t, half + half * t])
-    weights = np.concatenate([half * wt, half * wt]) * np.exp(-nodes**2 / 2) / math.sqrt(2.0 * math.pi)
+    weights = np.concatenate([half * wt, half * wt]) * np.exp(-(nodes**2) / 2) / math.sqrt(2.0 * math.pi)
     nodes.flags.writeable = weights.flags.writeable = False
     return nodes, weights
 
@@ -205,7 +211,7 @@ def orthonormal_hermite(z: np.ndarray, lmax: int) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def paper_activation(activation: str) -> PaperActivation:
     """The paper's normalised activation for a file activation name (relu, erf, erf_relu, tanh).
 
@@ -219,7 +225,7 @@ def paper_activation(activation: str) -> PaperActivation:
     return PaperActivation(activation, s, norm, s * _F_LIPSCHITZ[activation] / norm)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _all_coefficients(activation: str) -> np.ndarray:
     """``a_0 .. a_MAX_DEGREE``: the rule of :func:`relulearn.hermite.activation_hermite_coefficients` with
     ``breakpoints=(0,)``, evaluated with orthonormal ``h_l`` (no ``He_l / √(l!)`` overflow)."""
@@ -323,7 +329,7 @@ class ShadowNetwork:
     @property
     def polynomial_degree(self) -> int:
         """Degree of ``Ψ_n`` as a polynomial of the input: ``n^{hidden layers}``."""
-        return int(self.degree ** self.network.depth)
+        return int(self.degree**self.network.depth)
 
     def hidden(self, y: np.ndarray) -> np.ndarray:
         """``f_n(y)`` for the file's pre-activations ``y``."""
@@ -384,7 +390,7 @@ def length_map(activation: str, tau: np.ndarray | float) -> np.ndarray:
     return np.sqrt(act(tau.reshape(-1, 1) * nodes) ** 2 @ weights).reshape(tau.shape)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _chi_rule(d: int, points: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """Nodes ``τ`` and weights for ``τ² = |x|²/d ~ χ²_d/d`` (generalised Gauss–Laguerre in ``|x|²/2``)."""
     from scipy.special import roots_genlaguerre
@@ -539,8 +545,10 @@ def shadow_report(net: Network, degree: int, samples: int = 200_000, seed: int =
 
     shadow = shadow_network(net, degree)
     if net.output_dim != 1:
-        raise ShadowError(f"the network has {net.output_dim} outputs; the report compares a scalar output "
-                          "(for a configuration, set source.output to pick one)")
+        raise ShadowError(
+            f"the network has {net.output_dim} outputs; the report compares a scalar output "
+            "(for a configuration, set source.output to pick one)"
+        )
     if samples < 2:
         raise ShadowError(f"need at least 2 samples for a standard error, got {samples}")
     act, n, d = shadow.activation, shadow.degree, net.input_dim

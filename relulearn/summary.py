@@ -7,7 +7,8 @@ every line is optional, so any method's report gives a summary of what it holds,
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["summary_lines", "MAX_LINES"]
 
@@ -48,7 +49,7 @@ def _model(result: Mapping[str, Any]) -> str:
     return f"a {kind}"
 
 
-def _subspace(rep: Mapping[str, Any]) -> Optional[str]:
+def _subspace(rep: Mapping[str, Any]) -> str | None:
     sub = rep.get("subspace")
     if not isinstance(sub, Mapping) or "rank" not in sub:
         return None
@@ -65,7 +66,7 @@ def _subspace(rep: Mapping[str, Any]) -> Optional[str]:
     return line
 
 
-def _units(result: Mapping[str, Any], rep: Mapping[str, Any]) -> Optional[str]:
+def _units(result: Mapping[str, Any], rep: Mapping[str, Any]) -> str | None:
     units = result.get("units")
     if isinstance(units, Mapping) and units.get("output_weights"):
         line = f"λ‖u‖ = {_nums(units['output_weights'])}"
@@ -78,15 +79,16 @@ def _units(result: Mapping[str, Any], rep: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
-def _data(est: Any) -> Optional[str]:
+def _data(est: Any) -> str | None:
     data = est.get("data") if isinstance(est, Mapping) else None
     if not isinstance(data, Mapping):
         return None
-    return (f"{data['rows']:,} usable rows, {data['skipped_rows']:,} skipped (NaN/inf), "
-            + ("whitened (the model maps raw inputs)" if data.get("whitened") else "not whitened"))
+    return f"{data['rows']:,} usable rows, {data['skipped_rows']:,} skipped (NaN/inf), " + (
+        "whitened (the model maps raw inputs)" if data.get("whitened") else "not whitened"
+    )
 
 
-def _losses(rep: Mapping[str, Any]) -> Optional[str]:
+def _losses(rep: Mapping[str, Any]) -> str | None:
     val = rep.get("validation_relative_loss")
     if not isinstance(val, Mapping) or not val:
         return None
@@ -96,7 +98,7 @@ def _losses(rep: Mapping[str, Any]) -> Optional[str]:
     return line
 
 
-def _stage(part: Any) -> Optional[str]:
+def _stage(part: Any) -> str | None:
     """One line for a polish or refinement report: skipped, or its passes / iterations and stop."""
     if not isinstance(part, Mapping):
         return None
@@ -120,14 +122,15 @@ def _stage(part: Any) -> Optional[str]:
 def summary_lines(result: Mapping[str, Any]) -> list[str]:
     """The lines of a short summary of a ``learn`` or ``fit`` result (at most :data:`MAX_LINES`)."""
     rep = result.get("report") if isinstance(result.get("report"), Mapping) else {}
-    rows: list[tuple[str, Optional[str]]] = []
+    rows: list[tuple[str, str | None]] = []
     where = f" written to {result['out']}" if result.get("out") else " (not written: no --out)"
     head = f"{result.get('method', '?')}: {_model(result)}{where}"
     est = result.get("estimate")
     samples = f"{result['samples']:,}" if isinstance(result.get("samples"), int) else None
     if isinstance(est, Mapping) and samples:
-        samples += (f" (this run estimated {est.get('blocks_run', 0):,} blocks in {_num(est.get('seconds', 0))} s"
-                    + (f", {_num(est['samples_per_second'])} samples/s)" if est.get("samples_per_second") else ")"))
+        samples += f" (this run estimated {est.get('blocks_run', 0):,} blocks in {_num(est.get('seconds', 0))} s" + (
+            f", {_num(est['samples_per_second'])} samples/s)" if est.get("samples_per_second") else ")"
+        )
     rows.append(("samples", samples))
     rows.append(("input d", _num(result["input_dim"]) if "input_dim" in result else None))
     rows.append(("data", _data(est)))
@@ -148,6 +151,6 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
     rows = [(k, v) for k, v in rows if v]
     width = max(len(k) for k, _ in rows) if rows else 0
     lines = [head] + [f"  {k:<{width}}  {v}" for k, v in rows]
-    lines = lines[:MAX_LINES - 1]
+    lines = lines[: MAX_LINES - 1]
     lines.append("(the full report: --json, or --report PATH)")
     return lines

@@ -8,14 +8,25 @@ method.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..network import Network
 
-__all__ = ["Arrays", "BudgetError", "TooFewSamplesError", "MissingStatisticError", "NoSignalError", "PassRequest", "Samples", "SampleDraw", "LearnResult"]
+__all__ = [
+    "Arrays",
+    "BudgetError",
+    "TooFewSamplesError",
+    "MissingStatisticError",
+    "NoSignalError",
+    "PassRequest",
+    "Samples",
+    "SampleDraw",
+    "LearnResult",
+]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -24,7 +35,7 @@ class MissingStatisticError(ValueError):
     """A store lacks a statistic the method needs; the message gives the config lines."""
 
     @classmethod
-    def lacking(cls, method: str, statistic: str, what: str, section: str) -> "MissingStatisticError":
+    def lacking(cls, method: str, statistic: str, what: str, section: str) -> MissingStatisticError:
         """The error for a store without ``statistic`` (``what`` it holds), with the config line
         ``statistic: section`` that produces it."""
         return cls(

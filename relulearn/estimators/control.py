@@ -16,8 +16,9 @@ estimate is unbiased whatever the model (the model only changes the variance).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -66,8 +67,12 @@ def quadratic(a: np.ndarray, t1: np.ndarray, t2: np.ndarray, basis: np.ndarray) 
     """:class:`Quadratic` from estimated moments, ``T_2`` kept inside ``span(basis)`` (outside it the estimate is
     noise: adding it would add its noise to the residual)."""
     sym = 0.5 * (t2 + t2.transpose(0, 2, 1))
-    return Quadratic(np.asarray(a, dtype=np.float64), np.asarray(t1, dtype=np.float64), basis,
-                     np.stack([basis.T @ s @ basis for s in sym]))
+    return Quadratic(
+        np.asarray(a, dtype=np.float64),
+        np.asarray(t1, dtype=np.float64),
+        basis,
+        np.stack([basis.T @ s @ basis for s in sym]),
+    )
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,9 @@ def residual_parts(total: int, first: int) -> list[tuple[int, int]]:
     return [(first + i, base) for i in range(count)]
 
 
-def residual_moments(draw: Any, model: Any, parts: list[tuple[int, int]], mapper: Callable = map
-                     ) -> dict[str, np.ndarray]:
+def residual_moments(
+    draw: Any, model: Any, parts: list[tuple[int, int]], mapper: Callable = map
+) -> dict[str, np.ndarray]:
     """The mean over ``parts`` of :class:`ResidualMoments` and its standard error (the parts' spread), as an
     ``output_moments`` group: ``A``, ``T1``, ``T2`` and their ``_se``, and ``count``. Parts are mapped
     :data:`WINDOW` at a time and merged as they come (Welford), so the driver holds a window, not every part."""
@@ -110,7 +116,7 @@ def residual_moments(draw: Any, model: Any, parts: list[tuple[int, int]], mapper
     m2: dict[str, np.ndarray] = {}
     seen = 0
     for start in range(0, len(parts), WINDOW):
-        for got in mapper(fn, parts[start:start + WINDOW]):
+        for got in mapper(fn, parts[start : start + WINDOW]):
             seen += 1
             for key, value in got.items():
                 if key not in mean:
@@ -131,6 +137,12 @@ def controlled(residual: dict[str, np.ndarray], model: Quadratic) -> dict[str, n
     residual's standard errors (the model's part has none)."""
     t1, t2 = model.moments()
     t2 = t2 + residual["T2"]
-    return {"A": model.a + residual["A"], "A_se": residual["A_se"], "T1": t1 + residual["T1"],
-            "T1_se": residual["T1_se"], "T2": 0.5 * (t2 + t2.transpose(0, 2, 1)), "T2_se": residual["T2_se"],
-            "count": residual["count"]}
+    return {
+        "A": model.a + residual["A"],
+        "A_se": residual["A_se"],
+        "T1": t1 + residual["T1"],
+        "T1_se": residual["T1_se"],
+        "T2": 0.5 * (t2 + t2.transpose(0, 2, 1)),
+        "T2_se": residual["T2_se"],
+        "count": residual["count"],
+    }

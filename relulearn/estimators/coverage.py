@@ -78,8 +78,16 @@ def side_counts(x: np.ndarray, directions: np.ndarray, beta: np.ndarray) -> tupl
     return side, side.sum(axis=0)
 
 
-def cover(draw: Any, x: np.ndarray, directions: np.ndarray, beta: np.ndarray, *, rows: int = SIDE_ROWS,
-          max_queries: int = COVER_QUERIES, part: int = COVER_PART) -> tuple[np.ndarray, np.ndarray, Coverage]:
+def cover(
+    draw: Any,
+    x: np.ndarray,
+    directions: np.ndarray,
+    beta: np.ndarray,
+    *,
+    rows: int = SIDE_ROWS,
+    max_queries: int = COVER_QUERIES,
+    part: int = COVER_PART,
+) -> tuple[np.ndarray, np.ndarray, Coverage]:
     """Samples to add to ``x`` so that each unit has ``rows · (d+1)`` of them on its smaller side.
 
     Parameters

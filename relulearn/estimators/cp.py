@@ -19,8 +19,9 @@ output rather than two combinations of them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -146,8 +147,15 @@ def _solve_gram(rhs: np.ndarray, gram: np.ndarray) -> np.ndarray:
     return np.linalg.solve(gram + ridge * np.eye(len(gram)), rhs.T).T
 
 
-def decompose(t2: Sequence[np.ndarray] | np.ndarray, basis: np.ndarray, *, seed: int = 0,
-              draws: int = JENNRICH_DRAWS, sweeps: int = ALS_SWEEPS, starts: int = 1) -> TensorDecomposition:
+def decompose(
+    t2: Sequence[np.ndarray] | np.ndarray,
+    basis: np.ndarray,
+    *,
+    seed: int = 0,
+    draws: int = JENNRICH_DRAWS,
+    sweeps: int = ALS_SWEEPS,
+    starts: int = 1,
+) -> TensorDecomposition:
     """Decompose ``T2_j = Σ_i α_ji ν_i ν_iᵀ`` inside ``span(basis)`` by simultaneous diagonalisation.
 
     Parameters
@@ -181,8 +189,10 @@ def decompose(t2: Sequence[np.ndarray] | np.ndarray, basis: np.ndarray, *, seed:
     w = np.asarray(basis, dtype=np.float64)
     m, k = t2.shape[0], w.shape[1]
     if m < 2 and k > 1:
-        raise ValueError(f"a decomposition into {k} components needs at least two slices (got {m}): Jennrich's "
-                         "algorithm compares two combinations of them")
+        raise ValueError(
+            f"a decomposition into {k} components needs at least two slices (got {m}): Jennrich's "
+            "algorithm compares two combinations of them"
+        )
     s = w.T @ t2 @ w  # GEMMs: the three-operand einsum without a path is O(m d² k²)
     s = 0.5 * (s + s.transpose(0, 2, 1))
     best, residuals = None, []
@@ -198,9 +208,11 @@ def decompose(t2: Sequence[np.ndarray] | np.ndarray, basis: np.ndarray, *, seed:
         if best is None or res < best[0]:
             best = (res, b)
     if best is None:
-        raise ValueError("Jennrich's algorithm failed on every draw: the output combinations were singular "
-                         "(the per-output weights do not have rank k)")
-    ranked = sorted((r, i) for i, r in enumerate(residuals) if np.isfinite(r))[:max(1, int(starts))]
+        raise ValueError(
+            "Jennrich's algorithm failed on every draw: the output combinations were singular "
+            "(the per-output weights do not have rank k)"
+        )
+    ranked = sorted((r, i) for i, r in enumerate(residuals) if np.isfinite(r))[: max(1, int(starts))]
     kept = None
     for _, draw in ranked:
         rng = np.random.default_rng((int(seed), _TENSOR_STREAM, draw))

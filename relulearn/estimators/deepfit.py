@@ -21,8 +21,9 @@ network with the basis to act on ``x ∈ R^d``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -128,9 +129,11 @@ def check_budget(depth: int, width: int, starts: int, budget: int) -> int:
 
 def _budget_message(depth: int, width: int, starts: int, count: int, budget: int) -> str:
     n_arch = count // starts
-    return (f"--depth {depth} --width {width} gives {count} candidates ({n_arch} architectures x {starts} "
-            f"random starts) over the budget of {budget}: lower --depth or --width (or the number of starts), "
-            f"or raise --budget to at least {count}")
+    return (
+        f"--depth {depth} --width {width} gives {count} candidates ({n_arch} architectures x {starts} "
+        f"random starts) over the budget of {budget}: lower --depth or --width (or the number of starts), "
+        f"or raise --budget to at least {count}"
+    )
 
 
 # ------------------------------------------------------------------ candidates
@@ -180,8 +183,7 @@ class Candidate:
         }
 
 
-def init_network(widths: tuple[int, ...], r: int, seed: int, start: int,
-                 radius: float = INIT_RADIUS) -> Network:
+def init_network(widths: tuple[int, ...], r: int, seed: int, start: int, radius: float = INIT_RADIUS) -> Network:
     """A random start on a net inside a norm ball of weights.
 
     Hidden layers are He-scaled Gaussian (std ``sqrt(2/fan_in)``), the output layer has std
@@ -249,7 +251,7 @@ def _unpack(theta: np.ndarray, shapes: list[tuple[int, int]]) -> list[np.ndarray
     out, i = [], 0
     for s in shapes:
         size = s[0] * s[1]
-        out.append(theta[i:i + size].reshape(s))
+        out.append(theta[i : i + size].reshape(s))
         i += size
     return out
 
@@ -262,8 +264,9 @@ def _forward(ws: list[np.ndarray], z: np.ndarray) -> np.ndarray:
     return (h @ ws[-1].T)[:, 0]
 
 
-def _loss_grad(theta: np.ndarray, zt: np.ndarray, y: np.ndarray, shapes: list[tuple[int, int]]
-               ) -> tuple[float, np.ndarray]:
+def _loss_grad(
+    theta: np.ndarray, zt: np.ndarray, y: np.ndarray, shapes: list[tuple[int, int]]
+) -> tuple[float, np.ndarray]:
     """``mean((f − y)²)`` and its exact gradient by backpropagation.
 
     ``zt`` is the *transposed* sample, ``(r, n)``: activations are held as ``(width, rows)``
@@ -278,7 +281,7 @@ def _loss_grad(theta: np.ndarray, zt: np.ndarray, y: np.ndarray, shapes: list[tu
     grads = [np.zeros(s) for s in shapes]
     total = 0.0
     for start in range(0, n, _BLOCK):
-        zb = zt[:, start:start + _BLOCK]
+        zb = zt[:, start : start + _BLOCK]
         hs = [zb]  # inputs of every layer (post-activation), (dim_j, block)
         h = zb
         for w in ws[:-1]:
@@ -286,7 +289,7 @@ def _loss_grad(theta: np.ndarray, zt: np.ndarray, y: np.ndarray, shapes: list[tu
             np.maximum(h, 0.0, out=h)
             hs.append(h)
         e = wl @ h
-        e -= y[start:start + _BLOCK]
+        e -= y[start : start + _BLOCK]
         total += float(e @ e)
         grads[-1][0] += h @ e
         delta = (h > 0) * wl[:, None]  # d f / d pre-activation of the last hidden layer ...
@@ -330,8 +333,9 @@ def _balance(ws: list[np.ndarray]) -> list[np.ndarray]:
     return ws
 
 
-def fit_network(net: Network, z: np.ndarray, y: np.ndarray, *, max_iter: int = 500,
-                tol: float = 1e-12) -> tuple[Network, dict]:
+def fit_network(
+    net: Network, z: np.ndarray, y: np.ndarray, *, max_iter: int = 500, tol: float = 1e-12
+) -> tuple[Network, dict]:
     """Local optimisation of all weights of a bias-free ReLU network on the mean squared error.
 
     ``scipy.optimize.minimize(method="L-BFGS-B", jac=True)`` with the exact backprop
@@ -364,8 +368,7 @@ def fit_network(net: Network, z: np.ndarray, y: np.ndarray, *, max_iter: int = 5
         return _fit_network(net, z, y, max_iter=max_iter, tol=tol)
 
 
-def _fit_network(net: Network, z: np.ndarray, y: np.ndarray, *, max_iter: int, tol: float
-                 ) -> tuple[Network, dict]:
+def _fit_network(net: Network, z: np.ndarray, y: np.ndarray, *, max_iter: int, tol: float) -> tuple[Network, dict]:
     from scipy.optimize import minimize
 
     _check_relu(net)
@@ -385,17 +388,27 @@ def _fit_network(net: Network, z: np.ndarray, y: np.ndarray, *, max_iter: int, t
     if max_iter <= 0:
         loss, _ = _loss_grad(theta0, zt, ys, shapes)
         return net, {"iterations": 0, "loss": loss, "converged": False, "message": "max_iter = 0"}
-    res = minimize(_loss_grad, theta0, args=(zt, ys, shapes), jac=True, method="L-BFGS-B",
-                   options={"maxiter": int(max_iter), "maxfun": max(15000, 4 * int(max_iter)),
-                            "ftol": float(tol), "gtol": float(tol), "maxcor": MAXCOR})
+    res = minimize(
+        _loss_grad,
+        theta0,
+        args=(zt, ys, shapes),
+        jac=True,
+        method="L-BFGS-B",
+        options={
+            "maxiter": int(max_iter),
+            "maxfun": max(15000, 4 * int(max_iter)),
+            "ftol": float(tol),
+            "gtol": float(tol),
+            "maxcor": MAXCOR,
+        },
+    )
     theta = res.x if np.all(np.isfinite(res.x)) else theta0
     out = _unpack(np.array(theta, dtype=np.float64), shapes)
     loss, _ = _loss_grad(theta, zt, ys, shapes)
     out[-1] = out[-1] * scale
     fitted = Network(tuple(out))
     msg = res.message.decode() if isinstance(res.message, bytes) else str(res.message)
-    return fitted, {"iterations": int(res.nit), "loss": float(loss), "converged": bool(res.success),
-                    "message": msg}
+    return fitted, {"iterations": int(res.nit), "loss": float(loss), "converged": bool(res.success), "message": msg}
 
 
 # ------------------------------------------------------------------ mapped tasks
@@ -424,8 +437,9 @@ def fit_batch(args: tuple) -> list[tuple[tuple[np.ndarray, ...], float, float, i
     return out
 
 
-def _run_batches(mapper: Mapper, z, y, z_val, y_val, nets: list[tuple[np.ndarray, ...]], max_iter: int,
-                 tol: float, per_task: int) -> list[tuple[tuple[np.ndarray, ...], float, float, int]]:
+def _run_batches(
+    mapper: Mapper, z, y, z_val, y_val, nets: list[tuple[np.ndarray, ...]], max_iter: int, tol: float, per_task: int
+) -> list[tuple[tuple[np.ndarray, ...], float, float, int]]:
     """Fit ``nets`` through ``mapper`` in interleaved batches of at most ``per_task``; results
     in the order of ``nets``."""
     if not nets:
@@ -445,10 +459,23 @@ def _run_batches(mapper: Mapper, z, y, z_val, y_val, nets: list[tuple[np.ndarray
     return out
 
 
-def fit_candidates(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, depth: int,
-                   width: int, starts: int = 6, budget: int = 256, mapper: Mapper = map, seed: int = 0,
-                   screen_samples: int = 20_000, screen_iter: int = 300, refine: int = 3,
-                   refine_iter: int = 3000) -> list[Candidate]:
+def fit_candidates(
+    z: np.ndarray,
+    y: np.ndarray,
+    z_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    depth: int,
+    width: int,
+    starts: int = 6,
+    budget: int = 256,
+    mapper: Mapper = map,
+    seed: int = 0,
+    screen_samples: int = 20_000,
+    screen_iter: int = 300,
+    refine: int = 3,
+    refine_iter: int = 3000,
+) -> list[Candidate]:
     """Fit candidate deep ReLU networks on projected samples; best by validation loss first.
 
     Parameters
@@ -504,8 +531,9 @@ def fit_candidates(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.nd
     if z.ndim != 2 or len(z) != len(y) or len(z) == 0:
         raise ValueError(f"z must be (n, r) with n >= 1 rows and y (n,), got {z.shape} and {y.shape}")
     if z_val.ndim != 2 or z_val.shape[1] != z.shape[1] or len(z_val) != len(y_val) or len(z_val) == 0:
-        raise ValueError(f"z_val must be (m, {z.shape[1]}) with m >= 1 rows and y_val (m,), "
-                         f"got {z_val.shape} and {y_val.shape}")
+        raise ValueError(
+            f"z_val must be (m, {z.shape[1]}) with m >= 1 rows and y_val (m,), got {z_val.shape} and {y_val.shape}"
+        )
     if screen_samples < 1 or screen_iter < 0 or refine < 0 or refine_iter < 0:
         raise ValueError("screen_samples must be >= 1 and screen_iter, refine, refine_iter >= 0")
     r = z.shape[1]
@@ -518,20 +546,28 @@ def fit_candidates(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.nd
         ws[-1] = ws[-1] * scale  # start on the scale of y
         nets.append(tuple(ws))
     n_s = min(len(z), int(screen_samples))
-    screened = _run_batches(mapper, z[:n_s], y[:n_s], z_val, y_val, nets, int(screen_iter), 1e-12,
-                            TASK_CANDIDATES)
+    screened = _run_batches(mapper, z[:n_s], y[:n_s], z_val, y_val, nets, int(screen_iter), 1e-12, TASK_CANDIDATES)
     order = sorted(range(len(keys)), key=lambda i: (_nan_last(screened[i][2]), i))
-    chosen = order[:int(refine)]
+    chosen = order[: int(refine)]
     results = {i: screened[i] + (False,) for i in range(len(keys))}
     if chosen and refine_iter > 0:
-        refined = _run_batches(mapper, z, y, z_val, y_val, [screened[i][0] for i in chosen], int(refine_iter),
-                               1e-12, 1)  # one long fit per task
+        refined = _run_batches(
+            mapper, z, y, z_val, y_val, [screened[i][0] for i in chosen], int(refine_iter), 1e-12, 1
+        )  # one long fit per task
         for i, (weights, train, val, it) in zip(chosen, refined):
             results[i] = (weights, train, val, it + screened[i][3], True)
-    cands = [Candidate(widths=keys[i][0], start=keys[i][1], network=Network(tuple(results[i][0])),
-                       train_loss=float(results[i][1]), val_loss=float(results[i][2]),
-                       iterations=int(results[i][3]), refined=bool(results[i][4]))
-             for i in range(len(keys))]
+    cands = [
+        Candidate(
+            widths=keys[i][0],
+            start=keys[i][1],
+            network=Network(tuple(results[i][0])),
+            train_loss=float(results[i][1]),
+            val_loss=float(results[i][2]),
+            iterations=int(results[i][3]),
+            refined=bool(results[i][4]),
+        )
+        for i in range(len(keys))
+    ]
     ranked = sorted(range(len(cands)), key=lambda i: (_nan_last(cands[i].val_loss), i))
     return [cands[i] for i in ranked]
 

@@ -33,8 +33,9 @@ span(B) holds the teacher's first-layer rows, which the steps rotate it onto.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -75,9 +76,16 @@ class DeepSums:
     y2: float
     n: int
 
-    def __add__(self, other: "DeepSums") -> "DeepSums":
-        return DeepSums(self.jtj + other.jtj, self.jte + other.jte, self.g + other.g, self.h + other.h,
-                        self.loss + other.loss, self.y2 + other.y2, self.n + other.n)
+    def __add__(self, other: DeepSums) -> DeepSums:
+        return DeepSums(
+            self.jtj + other.jtj,
+            self.jte + other.jte,
+            self.g + other.g,
+            self.h + other.h,
+            self.loss + other.loss,
+            self.y2 + other.y2,
+            self.n + other.n,
+        )
 
 
 def _jacobians(ws: list[np.ndarray], z: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,10 +122,10 @@ def deep_sums(x: np.ndarray, y: np.ndarray, ws: list[np.ndarray], basis: np.ndar
     jtj, jte = np.zeros((p, p)), np.zeros(p)
     e, dz = np.empty(len(x)), np.empty_like(z)
     for a in range(0, len(x), _BLOCK):
-        f, jac, dz[a:a + _BLOCK] = _jacobians(ws, z[a:a + _BLOCK])
-        e[a:a + _BLOCK] = y[a:a + _BLOCK] - f
+        f, jac, dz[a : a + _BLOCK] = _jacobians(ws, z[a : a + _BLOCK])
+        e[a : a + _BLOCK] = y[a : a + _BLOCK] - f
         jtj += jac.T @ jac
-        jte += jac.T @ e[a:a + _BLOCK]
+        jte += jac.T @ e[a : a + _BLOCK]
     return DeepSums(jtj, jte, x.T @ (e[:, None] * dz), dz.T @ dz, float(e @ e), float(y @ y), len(x))
 
 
@@ -134,8 +142,9 @@ class DeepPart:
         return part_sum(lambda x, y: deep_sums(x, y, list(self.weights), self.basis), self.draw, p, n)
 
 
-def _accumulate(draw: Any, items: list[tuple[int, int]], ws: list[np.ndarray], basis: np.ndarray,
-                mapper: Callable) -> DeepSums:
+def _accumulate(
+    draw: Any, items: list[tuple[int, int]], ws: list[np.ndarray], basis: np.ndarray, mapper: Callable
+) -> DeepSums:
     return mapped_sum(DeepPart(draw, tuple(ws), basis), items, mapper)
 
 
@@ -152,7 +161,7 @@ def _check(net: Network, basis: np.ndarray) -> None:
 def _unflatten(theta: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
     out, i = [], 0
     for s in shapes:
-        out.append(theta[i:i + s[0] * s[1]].reshape(s))
+        out.append(theta[i : i + s[0] * s[1]].reshape(s))
         i += s[0] * s[1]
     return out
 
@@ -170,9 +179,17 @@ def _step(cur: DeepSums, basis: np.ndarray, damping: float) -> tuple[np.ndarray,
     return d_theta, d_basis
 
 
-def refine_deep(net: Network, basis: np.ndarray, draw: Any, total: int, *, mapper: Callable = map,
-                max_passes: int = MAX_PASSES, part_rows: Optional[int] = None, first_part: int = 2
-                ) -> tuple[Network, np.ndarray, dict[str, Any]]:
+def refine_deep(
+    net: Network,
+    basis: np.ndarray,
+    draw: Any,
+    total: int,
+    *,
+    mapper: Callable = map,
+    max_passes: int = MAX_PASSES,
+    part_rows: int | None = None,
+    first_part: int = 2,
+) -> tuple[Network, np.ndarray, dict[str, Any]]:
     """Gauss–Newton on ``total`` streamed samples for ``f(x) = net(Bᵀx)``: the weights and the basis.
 
     Parameters
@@ -213,15 +230,16 @@ def refine_deep(net: Network, basis: np.ndarray, draw: Any, total: int, *, mappe
     passes, stop, damping, rejects, poor = 1, "max_passes", DAMPING, 0, 0
     theta = np.concatenate([w.ravel() for w in ws])
     while passes < max_passes:
-        progress.step("deep refinement: passes over the samples", passes, max_passes,
-                      f"relative loss {cur.loss / y2:.3g}")
+        progress.step(
+            "deep refinement: passes over the samples", passes, max_passes, f"relative loss {cur.loss / y2:.3g}"
+        )
         if cur.loss / y2 < ROUNDING_LOSS * n_params:
             stop = "loss at rounding level"
             break
         d_theta, d_basis = _step(cur, basis, damping)
         # first-order decrease of the summed loss (×½), and the size of the step against the weights
         predicted = float(d_theta @ cur.jte + np.sum(d_basis * cur.g))
-        rel_step = float(np.sqrt(np.sum(d_theta ** 2) / max(float(theta @ theta), 1e-300) + np.sum(d_basis ** 2) / r))
+        rel_step = float(np.sqrt(np.sum(d_theta**2) / max(float(theta @ theta), 1e-300) + np.sum(d_basis**2) / r))
         if rejects == 0 and rel_step < RELATIVE_STEP:
             stop = "step at rounding level"
             break
@@ -238,14 +256,24 @@ def refine_deep(net: Network, basis: np.ndarray, draw: Any, total: int, *, mappe
         model = 2 * predicted - float(d_theta @ (cur.jtj @ d_theta) + np.sum((d_basis @ cur.h) * d_basis))
         gain = (cur.loss - new.loss) / model if model > 0 else 0.0
         moved = float(np.arccos(np.clip(np.linalg.svd(basis.T @ q, compute_uv=False).min(), -1.0, 1.0)))
-        history.append({"relative_loss": new.loss / y2, "relative_step": rel_step, "damping": damping,
-                        "basis_step": moved, "gain": gain, "accepted": bool(accepted)})
+        history.append(
+            {
+                "relative_loss": new.loss / y2,
+                "relative_step": rel_step,
+                "damping": damping,
+                "basis_step": moved,
+                "gain": gain,
+                "accepted": bool(accepted),
+            }
+        )
         poor = poor + 1 if gain < POOR_GAIN else 0
         if poor >= POOR_STEPS:
             if accepted:
                 ws, basis, cur = new_ws, q, new
-            stop = (f"stalled: the last {POOR_STEPS} steps gained less than {POOR_GAIN:g} of the decrease the "
-                    "Gauss–Newton model predicted (ReLU kinks crossing samples: a local minimum of this network)")
+            stop = (
+                f"stalled: the last {POOR_STEPS} steps gained less than {POOR_GAIN:g} of the decrease the "
+                "Gauss–Newton model predicted (ReLU kinks crossing samples: a local minimum of this network)"
+            )
             break
         if accepted:
             ws, basis, cur, rejects = new_ws, q, new, 0
@@ -257,6 +285,12 @@ def refine_deep(net: Network, basis: np.ndarray, draw: Any, total: int, *, mappe
                 stop = "no decrease along the step (rounding level or a bad start)"
                 break
             damping *= 10.0  # shorter steps, turned towards the gradient
-    report = {"samples": int(cur.n), "parts": len(items), "passes": passes, "stop": stop,
-              "relative_loss": cur.loss / y2, "iterations": history}
+    report = {
+        "samples": int(cur.n),
+        "parts": len(items),
+        "passes": passes,
+        "stop": stop,
+        "relative_loss": cur.loss / y2,
+        "iterations": history,
+    }
     return Network(tuple(ws), activation="relu"), basis, report

@@ -38,9 +38,10 @@ directions scored — is spent.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -166,9 +167,15 @@ def _facet_along(points: np.ndarray, ray: np.ndarray, start: np.ndarray) -> floa
     active = [int(i) for i in start]
     for _ in range(100):
         p = points[active]
-        res = linprog(np.r_[np.zeros(r), 1.0], A_ub=np.hstack([p, -np.ones((len(p), 1))]),
-                      b_ub=np.zeros(len(p)), A_eq=np.r_[ray, 0.0][None], b_eq=[1.0],
-                      bounds=[(-1e4, 1e4)] * r + [(None, None)], method="highs")
+        res = linprog(
+            np.r_[np.zeros(r), 1.0],
+            A_ub=np.hstack([p, -np.ones((len(p), 1))]),
+            b_ub=np.zeros(len(p)),
+            A_eq=np.r_[ray, 0.0][None],
+            b_eq=[1.0],
+            bounds=[(-1e4, 1e4)] * r + [(None, None)],
+            method="highs",
+        )
         if res.status != 0:  # pragma: no cover - HiGHS failure; fall back to the sample distance
             return 0.0
         n, b = res.x[:r], res.x[r]
@@ -182,8 +189,9 @@ def _facet_along(points: np.ndarray, ray: np.ndarray, start: np.ndarray) -> floa
     return 0.0  # pragma: no cover
 
 
-def covering_radius(points: np.ndarray, *, exact: Optional[bool] = None, samples: Optional[int] = None,
-                    refine: int = 32, seed: int = 0) -> float:
+def covering_radius(
+    points: np.ndarray, *, exact: bool | None = None, samples: int | None = None, refine: int = 32, seed: int = 0
+) -> float:
     """Angular covering radius ``max_{x ∈ S^{r-1}} min_j ∠(x, p_j)`` of unit vectors ``points``.
 
     The covering radius is the largest angular circumradius of a facet of the convex hull of
@@ -321,7 +329,7 @@ def score_candidates(args: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndar
 
 def _score(mapper: Mapper, z: np.ndarray, res: np.ndarray, cand: np.ndarray, batch: int) -> np.ndarray:
     """Score all candidates through ``mapper`` in batches; results in candidate order."""
-    jobs = [(z, res, cand[i:i + batch]) for i in range(0, len(cand), batch)]
+    jobs = [(z, res, cand[i : i + batch]) for i in range(0, len(cand), batch)]
     parts = list(mapper(score_candidates, jobs))
     if len(parts) != len(jobs):
         raise RuntimeError(f"mapper returned {len(parts)} results for {len(jobs)} batches")
@@ -374,8 +382,15 @@ def _lstsq_weights(z: np.ndarray, y: np.ndarray, a: np.ndarray) -> np.ndarray:
     return lam
 
 
-def fit_units(z: np.ndarray, y: np.ndarray, directions: np.ndarray, weights: Optional[np.ndarray] = None, *,
-              max_iter: int = 200, tol: float = 1e-10) -> UnitFit:
+def fit_units(
+    z: np.ndarray,
+    y: np.ndarray,
+    directions: np.ndarray,
+    weights: np.ndarray | None = None,
+    *,
+    max_iter: int = 200,
+    tol: float = 1e-10,
+) -> UnitFit:
     """Fit all units jointly: ``min Σ_n (y_n − Σ_i λ_i relu(<a_i, z_n>))²`` from a start.
 
     The unknowns are the products ``w_i = |λ_i| a_i`` with the signs ``s_i = sign(λ_i)``
@@ -406,8 +421,9 @@ def fit_units(z: np.ndarray, y: np.ndarray, directions: np.ndarray, weights: Opt
         return _fit_units(z, y, directions, weights, max_iter=max_iter, tol=tol)
 
 
-def _fit_units(z: np.ndarray, y: np.ndarray, directions: np.ndarray, weights: Optional[np.ndarray], *,
-               max_iter: int, tol: float) -> UnitFit:
+def _fit_units(
+    z: np.ndarray, y: np.ndarray, directions: np.ndarray, weights: np.ndarray | None, *, max_iter: int, tol: float
+) -> UnitFit:
     z = np.asarray(z, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     a = _unit_rows(np.asarray(directions, dtype=np.float64).reshape(-1, z.shape[1]))
@@ -431,7 +447,7 @@ def _fit_units(z: np.ndarray, y: np.ndarray, directions: np.ndarray, weights: Op
     mu = 1e-8
     converged = False
     it = 0
-    for it in range(1, max_iter + 1):
+    for it in range(1, max_iter + 1):  # noqa: B007 - `it` is read after the loop
         jac = ((act * s)[:, :, None] * z[:, None, :]).reshape(len(z), m * r)
         grad = jac.T @ e
         jtj = jac.T @ jac
@@ -573,7 +589,7 @@ class EnumerationResult:
         """Alias of ``weights``."""
         return self.weights
 
-    def network(self, basis: Optional[np.ndarray] = None) -> Network:
+    def network(self, basis: np.ndarray | None = None) -> Network:
         """The learned network; with ``basis`` (``d × r``, orthonormal columns) lifted to ``R^d``."""
         u = self.directions if basis is None else self.directions @ np.asarray(basis, dtype=np.float64).T
         return Network((u, self.weights[None, :]))
@@ -597,8 +613,14 @@ def _angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.arccos(np.clip(a @ b.T, -1.0, 1.0))
 
 
-def _significantly_better(z_val: np.ndarray, y_val: np.ndarray, big: tuple[np.ndarray, np.ndarray],
-                          small: tuple[np.ndarray, np.ndarray], margin: float, min_gain: float) -> bool:
+def _significantly_better(
+    z_val: np.ndarray,
+    y_val: np.ndarray,
+    big: tuple[np.ndarray, np.ndarray],
+    small: tuple[np.ndarray, np.ndarray],
+    margin: float,
+    min_gain: float,
+) -> bool:
     """Whether model ``big`` has a lower held-out loss than ``small`` by more than ``margin``
     standard errors of the paired per-sample difference and by more than the fraction
     ``min_gain`` of ``small``'s loss."""
@@ -610,8 +632,9 @@ def _significantly_better(z_val: np.ndarray, y_val: np.ndarray, big: tuple[np.nd
     return mean < -margin * se and mean < -min_gain * float(np.mean(e_small**2))
 
 
-def _pick_centres(net: np.ndarray, red: np.ndarray, *, count: int, separation: float, neighbourhood: float,
-                  fraction: float) -> list[int]:
+def _pick_centres(
+    net: np.ndarray, red: np.ndarray, *, count: int, separation: float, neighbourhood: float, fraction: float
+) -> list[int]:
     """Indices of the strongest local maxima of ``red`` over ``net``, pairwise ``≥ separation``
     apart, each at least ``fraction`` of the best."""
     order = np.argsort(-red, kind="stable")
@@ -631,11 +654,26 @@ def _pick_centres(net: np.ndarray, red: np.ndarray, *, count: int, separation: f
     return picked
 
 
-def enumerate_network(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, k: int,
-                      budget: int = 200_000, mapper: Mapper = map, batch: int = 512, seed: int = 0,
-                      score_samples: int = 8192, extra_units: int = 2, max_exchanges: Optional[int] = None,
-                      separation: float = 0.6, fraction: float = 0.25, merge_angle: float = 0.1,
-                      se_margin: float = 2.0, min_gain: float = 1e-3) -> EnumerationResult:
+def enumerate_network(
+    z: np.ndarray,
+    y: np.ndarray,
+    z_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    k: int,
+    budget: int = 200_000,
+    mapper: Mapper = map,
+    batch: int = 512,
+    seed: int = 0,
+    score_samples: int = 8192,
+    extra_units: int = 2,
+    max_exchanges: int | None = None,
+    separation: float = 0.6,
+    fraction: float = 0.25,
+    merge_angle: float = 0.1,
+    se_margin: float = 2.0,
+    min_gain: float = 1e-3,
+) -> EnumerationResult:
     """Learn ``y ≈ Σ_{i≤m} λ_i relu(<a_i, z>)``, ``m ≤ k``, by multi-stage enumeration.
 
     Each stage scans the residual of the current model over a net of the sphere (through
@@ -715,10 +753,20 @@ def enumerate_network(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np
         raise ValueError(f"batch must be ≥ 1, got {batch}")
     if extra_units < 0:
         raise ValueError(f"extra_units must be ≥ 0, got {extra_units}")
-    opts = _Options(k=k, budget=int(budget), batch=batch, seed=seed, score_samples=score_samples,
-                    k_max=k + extra_units, max_exchanges=k if max_exchanges is None else max_exchanges,
-                    separation=separation, fraction=fraction, merge_angle=merge_angle, se_margin=se_margin,
-                    min_gain=min_gain)
+    opts = _Options(
+        k=k,
+        budget=int(budget),
+        batch=batch,
+        seed=seed,
+        score_samples=score_samples,
+        k_max=k + extra_units,
+        max_exchanges=k if max_exchanges is None else max_exchanges,
+        separation=separation,
+        fraction=fraction,
+        merge_angle=merge_angle,
+        se_margin=se_margin,
+        min_gain=min_gain,
+    )
     with _single_thread():
         return _Search(z, y, z_val, y_val, mapper, opts).run()
 
@@ -761,7 +809,10 @@ class _Search:
                 f"budget={opts.budget} candidate evaluations does not pay for one enumeration stage in r={r} "
                 f"dimensions: a stage scores at least {one} directions (a net of {_min_net(r)} plus local "
                 f"refinement of one peak); give budget >= {one} (>= {(opts.k + 1) * one} to allow k + 1 = "
-                f"{opts.k + 1} stages)", one, (opts.k + 1) * one)
+                f"{opts.k + 1} stages)",
+                one,
+                (opts.k + 1) * one,
+            )
         levels = _levels(_net_scale(r, _min_net(r), opts.seed)) if r > 1 else 0
         per_stage = opts.budget // (opts.k + 1) - levels * self.cap_n
         self.n_net = _ladder(min(max(per_stage, _min_net(r)), _max_net(r)), r)
@@ -786,9 +837,13 @@ class _Search:
             drops = [[i] for i in range(len(lam))]
             if len(lam) - limit >= 2:  # a mirrored pair (±a, ∓λ) is a linear term: drop it whole
                 ang = _angles(a, a)
-                drops += [[i, j] for i in range(len(lam)) for j in range(i + 1, len(lam))
-                          if ang[i, j] > math.pi - self.o.merge_angle]
-            best: Optional[UnitFit] = None
+                drops += [
+                    [i, j]
+                    for i in range(len(lam))
+                    for j in range(i + 1, len(lam))
+                    if ang[i, j] > math.pi - self.o.merge_angle
+                ]
+            best: UnitFit | None = None
             for drop in drops:
                 rest = ~np.isin(np.arange(len(lam)), drop)
                 starts = [a[rest]]
@@ -825,8 +880,14 @@ class _Search:
         best = float(red.max())
         if res_sq <= 1e-28 * float(self.ys @ self.ys) or best <= 1e-14 * res_sq:
             return np.zeros((0, self.r)), np.zeros((0, 2)), res_sq, best
-        picked = _pick_centres(self.net, red, count=want, separation=o.separation,
-                               neighbourhood=min(2.5 * self.scale, o.separation), fraction=o.fraction)
+        picked = _pick_centres(
+            self.net,
+            red,
+            count=want,
+            separation=o.separation,
+            neighbourhood=min(2.5 * self.scale, o.separation),
+            fraction=o.fraction,
+        )
         centres = np.array(self.net[picked])
         cscore = scores[picked].copy()
         radius = 2.0 * self.scale  # caps of halving radius, all centres in one mapped call per level
@@ -834,31 +895,37 @@ class _Search:
             caps = [cap_net(c, radius, self.cap_n, seed=o.seed + level) for c in centres]
             sc = self.score(res, np.vstack(caps))
             for j in range(len(centres)):
-                block = sc[j * self.cap_n:(j + 1) * self.cap_n]
+                block = sc[j * self.cap_n : (j + 1) * self.cap_n]
                 b = int(np.argmax(block[:, 0]))
                 if block[b, 0] > cscore[j, 0]:
                     centres[j], cscore[j] = caps[j][b], block[b]
             radius /= 2.0
         keep: list[int] = []  # centres that refined onto each other count once
         for j in np.argsort(-cscore[:, 0], kind="stable"):
-            if all(_angles(centres[j:j + 1], centres[i:i + 1])[0, 0] > o.separation / 2 for i in keep):
+            if all(_angles(centres[j : j + 1], centres[i : i + 1])[0, 0] > o.separation / 2 for i in keep):
                 keep.append(int(j))
         return centres[keep], cscore[keep], res_sq, best
 
-    def moves(self, state: Model, centres: np.ndarray) -> list[tuple[str, np.ndarray, Optional[np.ndarray], int]]:
+    def moves(self, state: Model, centres: np.ndarray) -> list[tuple[str, np.ndarray, np.ndarray | None, int]]:
         """Starting points of the refits: add all centres, add each centre, split each unit
         whose splitting lowers the loss (most negative curvature first)."""
         a, lam = state
-        out: list[tuple[str, np.ndarray, Optional[np.ndarray], int]] = []
+        out: list[tuple[str, np.ndarray, np.ndarray | None, int]] = []
         if len(centres):
             out.append(("add", np.vstack([a, centres]), None, len(centres)))
             if len(centres) > 1:
-                out += [("add", np.vstack([a, centres[j:j + 1]]), None, 1) for j in range(len(centres))]
+                out += [("add", np.vstack([a, centres[j : j + 1]]), None, 1) for j in range(len(centres))]
         c, s = math.cos(SPLIT_ANGLE), math.sin(SPLIT_ANGLE)
         for _, i, v in _split_directions(self.z, self.y, state):
             rest = np.arange(len(lam)) != i
-            out.append(("split", np.vstack([a[rest], c * a[i] + s * v, c * a[i] - s * v]),
-                        np.r_[lam[rest], lam[i] / 2, lam[i] / 2], 1))
+            out.append(
+                (
+                    "split",
+                    np.vstack([a[rest], c * a[i] + s * v, c * a[i] - s * v]),
+                    np.r_[lam[rest], lam[i] / 2, lam[i] / 2],
+                    1,
+                )
+            )
         return out[:MAX_MOVES]
 
     # -------------------------------------------------------------- the search
@@ -866,8 +933,9 @@ class _Search:
         o = self.o
         empty: Model = (np.zeros((0, self.r)), np.zeros(0))
         state = empty
-        answers: list[dict] = [{"units": 0, "heldout_loss": 1.0, "train_loss": 1.0, "stage": 0,
-                                "accepted": True, "_model": empty}]
+        answers: list[dict] = [
+            {"units": 0, "heldout_loss": 1.0, "train_loss": 1.0, "stage": 0, "accepted": True, "_model": empty}
+        ]
         stages: list[dict] = []
         merged: list[dict] = []
         exchanges, stage, stopped = 0, 0, ""
@@ -881,8 +949,12 @@ class _Search:
                 stopped = f"budget exhausted ({self.evaluated} of {o.budget} candidate evaluations used)"
                 break
             stage += 1
-            progress.step("enumeration: stages", stage, None, f"{m} units, {self.evaluated:,} of {o.budget:,} "
-                          "candidate evaluations")
+            progress.step(
+                "enumeration: stages",
+                stage,
+                None,
+                f"{m} units, {self.evaluated:,} of {o.budget:,} candidate evaluations",
+            )
             exchange = m >= o.k_max
             exchanges += exchange
             before = self.evaluated
@@ -890,21 +962,28 @@ class _Search:
             want = max(1, min(MAX_CENTRES, max(o.k - m, 1), afford))
             centres, cscore, res_sq, best_red = self.peaks(state, want)
             record: dict[str, Any] = {
-                "stage": stage, "kind": "exchange" if exchange else "growth", "net": self.n_net,
-                "scale": self.scale, "levels": self.levels, "best_reduction": best_red / max(res_sq, 1e-300),
-                "centres": centres.tolist(), "centre_weights": cscore[:, 1].tolist(),
-                "centre_reductions": (cscore[:, 0] / max(res_sq, 1e-300)).tolist()}
+                "stage": stage,
+                "kind": "exchange" if exchange else "growth",
+                "net": self.n_net,
+                "scale": self.scale,
+                "levels": self.levels,
+                "best_reduction": best_red / max(res_sq, 1e-300),
+                "centres": centres.tolist(),
+                "centre_weights": cscore[:, 1].tolist(),
+                "centre_reductions": (cscore[:, 0] / max(res_sq, 1e-300)).tolist(),
+            }
             moves = self.moves(state, centres) if len(centres) else []
             accepted = None
-            rejected: Optional[tuple[float, Model]] = None
+            rejected: tuple[float, Model] | None = None
             tried: list[str] = []
             for kind, start, start_w, added in moves:
                 tried.append(kind)
                 # screen on the scoring subsample; refit on all samples only what passes
                 fit = fit_units(self.zs, self.ys, start, start_w, max_iter=200)
                 pre = self.prune((fit.directions, fit.weights), o.k_max)
-                model, merges = _merge_close(self.zs, self.ys, self.z_val, self.y_val, pre, o.merge_angle,
-                                             o.se_margin, o.min_gain)
+                model, merges = _merge_close(
+                    self.zs, self.ys, self.z_val, self.y_val, pre, o.merge_angle, o.se_margin, o.min_gain
+                )
                 if self.better(model, state):
                     model = self.full_fit(model)
                     if self.better(model, state):
@@ -916,22 +995,52 @@ class _Search:
             record |= {"candidates": self.evaluated - before, "moves_tried": tried}
             if accepted is None:
                 stopped = "residual explained" if not len(centres) else "no held-out improvement"
-                stages.append(record | {"added": 0, "units": m, "heldout_loss": self.heldout(state),
-                                        "train_loss": relative_loss(self.z, self.y, *state)})
+                stages.append(
+                    record
+                    | {
+                        "added": 0,
+                        "units": m,
+                        "heldout_loss": self.heldout(state),
+                        "train_loss": relative_loss(self.z, self.y, *state),
+                    }
+                )
                 if rejected is not None:
-                    answers.append({"units": len(rejected[1][1]), "heldout_loss": rejected[0],
-                                    "train_loss": relative_loss(self.z, self.y, *rejected[1]), "stage": stage,
-                                    "accepted": False, "_model": rejected[1]})
+                    answers.append(
+                        {
+                            "units": len(rejected[1][1]),
+                            "heldout_loss": rejected[0],
+                            "train_loss": relative_loss(self.z, self.y, *rejected[1]),
+                            "stage": stage,
+                            "accepted": False,
+                            "_model": rejected[1],
+                        }
+                    )
                 break
             kind, added, state, merges = accepted
             merged.extend(g | {"stage": stage} for g in merges)
             answer = state if len(state[1]) <= o.k else self.full_fit(self.prune(state, o.k))
             h, train = self.heldout(answer), relative_loss(self.z, self.y, *answer)
-            stages.append(record | {"move": kind, "added": added, "units": len(state[1]),
-                                    "heldout_loss": self.heldout(state), "answer_units": len(answer[1]),
-                                    "answer_heldout_loss": h})
-            answers.append({"units": len(answer[1]), "heldout_loss": h, "train_loss": train, "stage": stage,
-                            "accepted": True, "_model": answer})
+            stages.append(
+                record
+                | {
+                    "move": kind,
+                    "added": added,
+                    "units": len(state[1]),
+                    "heldout_loss": self.heldout(state),
+                    "answer_units": len(answer[1]),
+                    "answer_heldout_loss": h,
+                }
+            )
+            answers.append(
+                {
+                    "units": len(answer[1]),
+                    "heldout_loss": h,
+                    "train_loss": train,
+                    "stage": stage,
+                    "accepted": True,
+                    "_model": answer,
+                }
+            )
             if train <= 1e-28:
                 stopped = "exact fit"
                 break
@@ -956,18 +1065,32 @@ class _Search:
             merged.extend(_unmatched(largest["_model"], final, stage=largest["stage"]))
         for g in merged:
             g["into"] = _nearest_unit(np.array(g["merged_direction"]), final[0])
-            g["angle_to_into"] = (float(_angles(np.array(g["merged_direction"])[None], final[0][g["into"]][None])[0, 0])
-                                  if g["into"] >= 0 else None)
+            g["angle_to_into"] = (
+                float(_angles(np.array(g["merged_direction"])[None], final[0][g["into"]][None])[0, 0])
+                if g["into"] >= 0
+                else None
+            )
         return EnumerationResult(
-            directions=final[0], weights=final[1], heldout_loss=self.heldout(final),
-            train_loss=relative_loss(self.z, self.y, *final), stages=stages, candidates_evaluated=self.evaluated,
-            merged=merged, models=[{k_: v for k_, v in a.items() if k_ != "_model"} | {"chosen": i == chosen}
-                                   for i, a in enumerate(answers)],
-            stopped=stopped)
+            directions=final[0],
+            weights=final[1],
+            heldout_loss=self.heldout(final),
+            train_loss=relative_loss(self.z, self.y, *final),
+            stages=stages,
+            candidates_evaluated=self.evaluated,
+            merged=merged,
+            models=[
+                {k_: v for k_, v in a.items() if k_ != "_model"} | {"chosen": i == chosen}
+                for i, a in enumerate(answers)
+            ],
+            stopped=stopped,
+        )
 
 
-def _split_directions(z: np.ndarray, y: np.ndarray, model: tuple[np.ndarray, np.ndarray],
-                      ) -> list[tuple[float, int, np.ndarray]]:
+def _split_directions(
+    z: np.ndarray,
+    y: np.ndarray,
+    model: tuple[np.ndarray, np.ndarray],
+) -> list[tuple[float, int, np.ndarray]]:
     """Units whose splitting lowers the loss to second order, most negative curvature first.
 
     Replacing unit ``(a, λ)`` by ``(a ± ε v, λ/2)`` changes the output by
@@ -995,7 +1118,7 @@ def _split_directions(z: np.ndarray, y: np.ndarray, model: tuple[np.ndarray, np.
     return sorted(out, key=lambda t: t[0])
 
 
-def _match_linear_part(a: np.ndarray, lam: np.ndarray, linear: np.ndarray) -> Optional[np.ndarray]:
+def _match_linear_part(a: np.ndarray, lam: np.ndarray, linear: np.ndarray) -> np.ndarray | None:
     """Directions with some signs flipped so that ``Σ λ_i a_i`` best matches ``linear``.
 
     ``λ relu(<a, z>) = λ relu(<-a, z>) + λ <a, z>``: a unit and its mirror differ by a linear
@@ -1021,9 +1144,16 @@ def _nearest_unit(direction: np.ndarray, final: np.ndarray) -> int:
     return int(np.argmin(_angles(direction[None], final)[0]))
 
 
-def _merge_close(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray,
-                 model: tuple[np.ndarray, np.ndarray], merge_angle: float, se_margin: float, min_gain: float,
-                 ) -> tuple[tuple[np.ndarray, np.ndarray], list[dict]]:
+def _merge_close(
+    z: np.ndarray,
+    y: np.ndarray,
+    z_val: np.ndarray,
+    y_val: np.ndarray,
+    model: tuple[np.ndarray, np.ndarray],
+    merge_angle: float,
+    se_margin: float,
+    min_gain: float,
+) -> tuple[tuple[np.ndarray, np.ndarray], list[dict]]:
     """Merge the closest pair of units while it is closer than ``merge_angle`` and the merged
     model (refitted on ``(z, y)``) is not significantly worse on held-out data."""
     merges: list[dict] = []
@@ -1042,9 +1172,15 @@ def _merge_close(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndar
         cand = (fit.directions, fit.weights)
         if len(cand[1]) == 0 or _significantly_better(z_val, y_val, model, cand, se_margin, min_gain):
             break
-        merges.append({"reason": "close", "directions": [a[i].tolist(), a[j].tolist()],
-                       "weights": [float(lam[i]), float(lam[j])], "angle": float(ang[i, j]),
-                       "merged_direction": into.tolist()})
+        merges.append(
+            {
+                "reason": "close",
+                "directions": [a[i].tolist(), a[j].tolist()],
+                "weights": [float(lam[i]), float(lam[j])],
+                "angle": float(ang[i, j]),
+                "merged_direction": into.tolist(),
+            }
+        )
         model = cand
     return model, merges
 
@@ -1059,5 +1195,13 @@ def _unmatched(big, final, stage):
     else:
         rows, cols = linear_sum_assignment(_angles(final[0], a))
         left = [t for t in range(len(lam)) if t not in set(cols.tolist())]
-    return [{"reason": "held-out", "directions": [a[t].tolist()], "weights": [float(lam[t])], "stage": stage,
-             "merged_direction": a[t].tolist()} for t in left]
+    return [
+        {
+            "reason": "held-out",
+            "directions": [a[t].tolist()],
+            "weights": [float(lam[t])],
+            "stage": stage,
+            "merged_direction": a[t].tolist(),
+        }
+        for t in left
+    ]

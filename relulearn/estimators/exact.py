@@ -21,19 +21,34 @@ The method is a pure function of stored statistics and bounded samples; it never
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..network import Network
+from . import cp, orthants, spectral
 from . import exact_step as _exact_step
 from . import fixed_parameter as _fixed
-from . import cp, orthants, refine as _refine, signs as _signs, spectral
+from . import refine as _refine
+from . import signs as _signs
 from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
 
-__all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "sample_sizes", "learn", "recover", "check_exact_samples",
-           "check_activation", "Rectified", "MissingStatisticError", "LearnResult", "PassRequest"]
+__all__ = [
+    "OPTIONS",
+    "MAX_PASSES",
+    "required_statistics",
+    "sample_sizes",
+    "learn",
+    "recover",
+    "check_exact_samples",
+    "check_activation",
+    "Rectified",
+    "MissingStatisticError",
+    "LearnResult",
+    "PassRequest",
+]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width", "activation", "exact_samples", "refine_samples")
@@ -58,7 +73,7 @@ REFINE_FLOPS_PER_PASS = 2e13
 REDRAWS = 2
 
 
-def required_statistics(d: int, width: Optional[int] = None) -> dict:
+def required_statistics(d: int, width: int | None = None) -> dict:
     """The ``statistics`` config section the method needs (per-output first and second moments)."""
     return {"basic": {}, "output_moments": {}}
 
@@ -76,8 +91,9 @@ def _check(stats: Mapping[str, Arrays]) -> Arrays:
     om = stats["output_moments"]
     missing = [k for k in ("T1", "T1_se", "T2", "T2_se") if k not in om]
     if missing:
-        raise MissingStatisticError(f"the store's output_moments lack {missing}; re-estimate with "
-                                    "statistics.output_moments: {}")
+        raise MissingStatisticError(
+            f"the store's output_moments lack {missing}; re-estimate with statistics.output_moments: {{}}"
+        )
     return om
 
 
@@ -89,17 +105,27 @@ def _basis(sub: spectral.JointRange, t2: np.ndarray, k: int, report: dict) -> np
     if sub.rank >= k:
         return sub.basis[:, :k]
     # fewer directions above the floor than units: the top-k eigenvectors of Σ_j T2_j², with a note
-    report["subspace_note"] = (f"the noise floor supports {sub.rank} of {k} directions; the tensor step uses the "
-                               "top-k eigenvectors of Σ_j T2_j² (more samples would make it reliable)")
+    report["subspace_note"] = (
+        f"the noise floor supports {sub.rank} of {k} directions; the tensor step uses the "
+        "top-k eigenvectors of Σ_j T2_j² (more samples would make it reliable)"
+    )
     total = sum(t @ t.T for t in t2)
     w, v = np.linalg.eigh((total + total.T) / 2.0)
     return v[:, np.argsort(w)[::-1][:k]]
 
 
-def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
-          samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
-          activation: Optional[str] = "relu", exact_samples: Optional[int] = None,
-          refine_samples: Optional[int] = None, mapper: Callable = map, seed: int = 0) -> LearnResult:
+def learn(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None = None,
+    activation: str | None = "relu",
+    exact_samples: int | None = None,
+    refine_samples: int | None = None,
+    mapper: Callable = map,
+    seed: int = 0,
+) -> LearnResult:
     """Learn ``A = U f(V x)`` (``f = max(z, 0)^c``) exactly from per-output moments and bounded samples.
 
     Parameters
@@ -151,8 +177,10 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     sub = spectral.joint_range(list(t2), list(t2_se), rank=width)
     report: dict[str, Any] = {"activation": act.name, "subspace": sub.to_dict(include_basis=False)}
     if sub.rank == 0:
-        raise NoSignalError("the spectral stage found no direction above the noise floor in any T2_j: the statistics "
-                         "are pure noise at this sample count; estimate with more samples")
+        raise NoSignalError(
+            "the spectral stage found no direction above the noise floor in any T2_j: the statistics "
+            "are pure noise at this sample count; estimate with more samples"
+        )
     k = int(width or sub.rank)
     report["width"] = k
     if m < k:
@@ -165,12 +193,15 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     report["tensor"] = dec.to_dict()
     if dec.weight_condition > ALPHA_CONDITION_LIMIT:
         report["path"] = "fixed-parameter"
-        report["path_reason"] = (f"the per-output weights α have condition number {dec.weight_condition:.3g}: "
-                                 "U has rank < k, the tensor step cannot separate the units")
+        report["path_reason"] = (
+            f"the per-output weights α have condition number {dec.weight_condition:.3g}: "
+            "U has rank < k, the tensor step cannot separate the units"
+        )
         return _fixed_path(samples, d, k, act, exact_samples, seed, report, width_known=width is not None)
     report["path"] = "tensor"
-    sg = _signs.signs_from_first_moments(np.asarray(om["T1"]), np.asarray(om["T1_se"]), dec.weights,
-                                         dec.directions, act.power)
+    sg = _signs.signs_from_first_moments(
+        np.asarray(om["T1"]), np.asarray(om["T1_se"]), dec.weights, dec.directions, act.power
+    )
     report["signs"] = sg.to_dict()
     signed = dec.directions * sg.signs[:, None]
     n_train, n_val = sample_sizes(d, k)
@@ -195,8 +226,11 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     elif not hasattr(samples, "part"):
         report["refinement"] = {"skipped": "the sample draw has no independent parts to stream"}
     else:
-        total = int(refine_samples if refine_samples is not None else default_refine_samples(
-            int(np.asarray(om.get("count", n_train))), d, k))
+        total = int(
+            refine_samples
+            if refine_samples is not None
+            else default_refine_samples(int(np.asarray(om.get("count", n_train))), d, k)
+        )
         start = min(losses, key=losses.get)
         refined, rrep = _refine.refine(cands[start], samples, total, mapper=mapper)
         rrep["start"] = start
@@ -241,8 +275,10 @@ def check_exact_samples(exact_samples: int, d: int, k: int, outputs: int) -> Non
     if outputs >= k:
         least = _exact_step.min_samples(d, k)
         if exact_samples < least:
-            raise ValueError(f"exact_samples = {exact_samples} is too few for the exact step: at least {least} samples "
-                             f"are needed (d = {d}, k = {k}; default {sample_sizes(d, k)[0]})")
+            raise ValueError(
+                f"exact_samples = {exact_samples} is too few for the exact step: at least {least} samples "
+                f"are needed (d = {d}, k = {k}; default {sample_sizes(d, k)[0]})"
+            )
         return
     need = _fixed.samples_needed(d, k)
     if exact_samples < need:
@@ -250,11 +286,21 @@ def check_exact_samples(exact_samples: int, d: int, k: int, outputs: int) -> Non
             f"exact_samples = {exact_samples} is too few for the fixed-parameter path: about {need} samples are needed "
             f"(each of the k = {k} units must be the only active one on at least d + {_fixed.FIXED_MARGIN} = "
             f"{d + _fixed.FIXED_MARGIN} samples, a fraction ≈ 2^-k of Gaussian inputs: "
-            f"(d + {_fixed.FIXED_MARGIN})·2^k·{_fixed.FIXED_SAFETY})")
+            f"(d + {_fixed.FIXED_MARGIN})·2^k·{_fixed.FIXED_SAFETY})"
+        )
 
 
-def _fixed_path(samples: Callable[[int, int], Samples], d: int, k: int, act: Rectified,
-                exact_samples: Optional[int], seed: int, report: dict, *, width_known: bool = True) -> LearnResult:
+def _fixed_path(
+    samples: Callable[[int, int], Samples],
+    d: int,
+    k: int,
+    act: Rectified,
+    exact_samples: int | None,
+    seed: int,
+    report: dict,
+    *,
+    width_known: bool = True,
+) -> LearnResult:
     need = _fixed.samples_needed(d, k)
     if exact_samples is not None:
         check_exact_samples(exact_samples, d, k, 0)
@@ -266,14 +312,16 @@ def _fixed_path(samples: Callable[[int, int], Samples], d: int, k: int, act: Rec
             f"would need about {n:,} samples ({n * d * 8 / 2**30:,.1f} GiB of inputs at d = {d}): each of the "
             f"k = {k} units is the only active one on a fraction ≈ 2^-{k} of Gaussian inputs. Check the width "
             f"(--width; the noise floor found {report.get('subspace', {}).get('rank', '?')} directions), use more "
-            "outputs than units, or more samples for the tensor step's statistics")
+            "outputs than units, or more samples for the tensor step's statistics"
+        )
     n_val = sample_sizes(d, k)[1]
     smp = samples(n, n_val)
     redrawn = []
     while True:
         try:
-            net, rep = _fixed.fixed_parameter(smp.x_train, smp.y_train, k, act.power, act.name, seed=seed,
-                                              width_known=width_known)
+            net, rep = _fixed.fixed_parameter(
+                smp.x_train, smp.y_train, k, act.power, act.name, seed=seed, width_known=width_known
+            )
             break
         except _fixed.TooFewSamplesError as err:
             if exact_samples is not None or len(redrawn) >= REDRAWS or err.needed <= n:

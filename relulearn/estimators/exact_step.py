@@ -81,7 +81,9 @@ def _unit(x: np.ndarray, b: np.ndarray, direction: np.ndarray, power: int) -> tu
         if best is not None and best[0] <= CLEAN_GAP:
             break
     if best is None:
-        raise ValueError(f"the exact step needs at least {min_samples(x.shape[1], k)} samples for k = {k} units; got {n}")
+        raise ValueError(
+            f"the exact step needs at least {min_samples(x.shape[1], k)} samples for k = {k} units; got {n}"
+        )
     gap, c, sign, frac, size = best
     r = c @ b
     if r.sum() < 0:  # r = β f(<v_i, x>) with f ≥ 0: choose β > 0
@@ -90,12 +92,24 @@ def _unit(x: np.ndarray, b: np.ndarray, direction: np.ndarray, power: int) -> tu
     h = r[active] ** (1.0 / power)
     v, *_ = np.linalg.lstsq(x[active], h, rcond=None)
     fit = float(np.linalg.norm(x[active] @ v - h) / max(np.linalg.norm(h), 1e-300))
-    return v, {"gap": gap, "clean": bool(gap <= CLEAN_GAP), "inactive_fraction": frac, "inactive_samples": size,
-               "sign_flipped": bool(sign < 0), "active_samples": int(active.sum()), "fit_residual": fit}
+    return v, {
+        "gap": gap,
+        "clean": bool(gap <= CLEAN_GAP),
+        "inactive_fraction": frac,
+        "inactive_samples": size,
+        "sign_flipped": bool(sign < 0),
+        "active_samples": int(active.sum()),
+        "fit_residual": fit,
+    }
 
 
-def exact_step(x: np.ndarray, y: np.ndarray, directions: np.ndarray, power: int, activation: str,
-               ) -> tuple[Network, dict[str, Any]]:
+def exact_step(
+    x: np.ndarray,
+    y: np.ndarray,
+    directions: np.ndarray,
+    power: int,
+    activation: str,
+) -> tuple[Network, dict[str, Any]]:
     """Every unit exactly (noiseless labels, ``rank U = k``) from rough directions.
 
     Parameters

@@ -36,8 +36,9 @@ newest subspace; when a pass adds nothing, the candidate stored with it is the a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,13 +46,25 @@ from ..config import SKETCH_OVERSAMPLING
 from ..network import Network, gradient_subspace
 from . import deepfit, enumeration, spectral, subspace
 from .base import LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .deepstream import refine_deep
 from .polish import polish_and_select, refinement_verdict
 from .spectral import FilterGridError
-from .deepstream import refine_deep
 from .streamed import projected_sample, refine_streamed
 
-__all__ = ["OPTIONS", "MissingStatisticError", "PassRequest", "LearnResult", "Samples", "FilterGridError",
-           "required_statistics", "learn", "MAX_PASSES", "QUANTILES", "DENSE_FAMILIES", "sketch_rank"]
+__all__ = [
+    "OPTIONS",
+    "MissingStatisticError",
+    "PassRequest",
+    "LearnResult",
+    "Samples",
+    "FilterGridError",
+    "required_statistics",
+    "learn",
+    "MAX_PASSES",
+    "QUANTILES",
+    "DENSE_FAMILIES",
+    "sketch_rank",
+]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -79,7 +92,7 @@ DENSE_FAMILIES = {"basic": 1, "filtered": len(QUANTILES)}
 LARGE_INPUT_BYTES = 2 * 2**30
 
 
-def required_statistics(d: int, width: Optional[int] = None, sketched: bool = False) -> dict:
+def required_statistics(d: int, width: int | None = None, sketched: bool = False) -> dict:
     """The ``statistics`` config section the first pass needs: the dense ``M_τ`` (and ``basic``), or,
     when ``api`` finds that they do not fit a worker (``sketched``), their sketch."""
     if not sketched:
@@ -87,16 +100,18 @@ def required_statistics(d: int, width: Optional[int] = None, sketched: bool = Fa
     return {"basic": None, "sketch": {"rank": sketch_rank(d, width), "filtered": {"quantiles": list(QUANTILES)}}}
 
 
-def sketch_rank(d: int, width: Optional[int]) -> int:
+def sketch_rank(d: int, width: int | None) -> int:
     """Columns of the sketch: 32, or more when ``width`` needs them (``width + 8``), at most d."""
     return int(min(d, max(32, (width or 0) + SKETCH_OVERSAMPLING)))
 
 
-def sketch_passes(d: int, width: Optional[int]) -> list[tuple[str, dict, bool]]:
+def sketch_passes(d: int, width: int | None) -> list[tuple[str, dict, bool]]:
     """The subspace passes the sketched route adds before any residual round, for planning
     (:mod:`relulearn.runplan`): ``(name, statistics, optional)`` with the shapes the passes will have."""
-    stats = {"basic": None, "sketch": {"basis": [[0.0]] * sketch_rank(d, width),
-                                       "filtered": {"thresholds": [0.0] * len(QUANTILES)}}}
+    stats = {
+        "basic": None,
+        "sketch": {"basis": [[0.0]] * sketch_rank(d, width), "filtered": {"thresholds": [0.0] * len(QUANTILES)}},
+    }
     return [(f"subspace-{i + 1}", stats, i >= SKETCH_PASSES[0]) for i in range(SKETCH_PASSES[1])]
 
 
@@ -110,8 +125,9 @@ def sample_sizes(d: int, depth: int, width: int) -> tuple[int, int]:
 
 def _check(stats: Mapping[str, Arrays]) -> None:
     if "filtered" not in stats and "Y_filtered" not in stats.get("sketch", {}):
-        raise MissingStatisticError.lacking("filtered-pca", "filtered", "filtered second moments M_τ",
-                                            f"{{quantiles: {QUANTILES}}}")
+        raise MissingStatisticError.lacking(
+            "filtered-pca", "filtered", "filtered second moments M_τ", f"{{quantiles: {QUANTILES}}}"
+        )
 
 
 def _grid_hint(stats: Mapping[str, Arrays]) -> str:
@@ -131,8 +147,9 @@ def _orthonormal_extension(basis: np.ndarray, new: np.ndarray) -> np.ndarray:
     return np.concatenate([basis, q], axis=1)
 
 
-def _subspace_state(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]]
-                    ) -> tuple[np.ndarray, list[dict], bool]:
+def _subspace_state(
+    stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]]
+) -> tuple[np.ndarray, list[dict], bool]:
     """The basis (d, r) after the first pass and every residual pass; per-step records;
     whether the last pass added nothing."""
     mats, ses, names, grid = spectral.filtered_matrices(stats["filtered"], "M_tau", _grid_hint(stats))
@@ -150,13 +167,21 @@ def _subspace_state(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, A
         stored_basis = np.asarray(arrays["basis"]).T
         if stored_basis.shape != basis.shape or not np.allclose(stored_basis, basis, atol=1e-12):
             raise ValueError(f"residual pass {i + 1} was computed on another subspace; this is a bug, please report it")
-        m, s, n, grid = spectral.filtered_matrices(arrays, f"residual{i + 1}", "The candidates fit every sample exactly.")
+        m, s, n, grid = spectral.filtered_matrices(
+            arrays, f"residual{i + 1}", "The candidates fit every sample exactly."
+        )
         step = spectral.relevant_subspace(m, s, names=n)
         # the pass's matrices live off the basis; keep what is off it (noise may leak a little in)
         added = min(step.rank, basis.shape[0] - basis.shape[1])
         basis = _orthonormal_extension(basis, step.basis[:, :added])
-        steps.append({"pass": f"residual-{i + 1}", "grid": grid, "added": int(added),
-                      "subspace": step.to_dict(include_basis=False)})
+        steps.append(
+            {
+                "pass": f"residual-{i + 1}",
+                "grid": grid,
+                "added": int(added),
+                "subspace": step.to_dict(include_basis=False),
+            }
+        )
         exhausted = added == 0
     return basis, steps, exhausted
 
@@ -169,10 +194,20 @@ def _stored_candidate(arrays: Arrays, c: int = 0) -> Network:
     return Network(tuple(layers), activation="relu")
 
 
-def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
-          samples: Callable[[int, int], Samples], *, width: Optional[int] = None, depth: Optional[int] = None,
-          mapper: Callable = map, seed: int = 0, budget: int = 256, starts: int = 6,
-          target: float = 1e-4, refine_samples: Optional[int] = None) -> LearnResult | PassRequest:
+def learn(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None = None,
+    depth: int | None = None,
+    mapper: Callable = map,
+    seed: int = 0,
+    budget: int = 256,
+    starts: int = 6,
+    target: float = 1e-4,
+    refine_samples: int | None = None,
+) -> LearnResult | PassRequest:
     """Learn ``F(x) = W_L relu(… relu(W_0 x))`` by iterative filtered PCA.
 
     Parameters
@@ -232,8 +267,9 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     if sketched:
         ask = _ResidualAsk(basis, rounds, exhausted, target, int(np.asarray(stats["sketch"]["omega"]).shape[1]))
     if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part"):
-        return _learn_large(basis, samples, depth, w, budget, starts, mapper, seed + 1000 * len(passes), total,
-                            report, ask)
+        return _learn_large(
+            basis, samples, depth, w, budget, starts, mapper, seed + 1000 * len(passes), total, report, ask
+        )
     smp = samples(n_train, n_val)
     refine = _Refine(samples, total, mapper)
 
@@ -244,8 +280,18 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         return _finish(net, basis, depth, smp, report, refine)
 
     z, z_val = smp.x_train @ basis, smp.x_val @ basis
-    cands = _fit(z, smp.y_train, z_val, smp.y_val, depth=depth, width=w, budget=budget, starts=starts,
-                 mapper=mapper, seed=seed + 1000 * len(passes))
+    cands = _fit(
+        z,
+        smp.y_train,
+        z_val,
+        smp.y_val,
+        depth=depth,
+        width=w,
+        budget=budget,
+        starts=starts,
+        mapper=mapper,
+        seed=seed + 1000 * len(passes),
+    )
     report["candidates"] = [c.to_dict() for c in cands[:10]]
     best = cands[0]
     report["residual_loss"] = best.val_loss
@@ -269,9 +315,13 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
             break
     return PassRequest(
         f"residual-{len(passes) + 1}",
-        {"residual": {"basis": basis.T.tolist(),
-                      "candidates": [{"weights": [wt.tolist() for wt in c.network.weights]} for c in chosen],
-                      "quantiles": list(QUANTILES)}},
+        {
+            "residual": {
+                "basis": basis.T.tolist(),
+                "candidates": [{"weights": [wt.tolist() for wt in c.network.weights]} for c in chosen],
+                "quantiles": list(QUANTILES),
+            }
+        },
         f"the best network on the {r}-dimensional subspace leaves held-out relative loss {best.val_loss:.3g}; "
         "one pass of residual-filtered matrices looks for the directions still missing",
     )
@@ -288,7 +338,7 @@ class _ResidualAsk:
     target: float
     rank: int
 
-    def __call__(self, best: deepfit.Candidate, report: dict) -> Optional[PassRequest]:
+    def __call__(self, best: deepfit.Candidate, report: dict) -> PassRequest | None:
         d, r = self.basis.shape
         if best.val_loss <= self.target:
             report["stop_reason"] = f"held-out residual loss {best.val_loss:.3g} is below the target {self.target:.3g}"
@@ -299,20 +349,26 @@ class _ResidualAsk:
         if self.rounds >= RESIDUAL_PASSES or r >= d:
             report["stop_reason"] = f"stopped after {self.rounds} residual rounds (rank {r} of d={d})"
             return None
-        section = {"basis": self.basis.T.tolist(), "candidates": [_candidate_config(best.network)],
-                   "quantiles": list(QUANTILES)}
+        section = {
+            "basis": self.basis.T.tolist(),
+            "candidates": [_candidate_config(best.network)],
+            "quantiles": list(QUANTILES),
+        }
         return PassRequest(
-            f"residual-{self.rounds + 1}", {"basic": None, "sketch": {"rank": self.rank, "residual": section}},
+            f"residual-{self.rounds + 1}",
+            {"basic": None, "sketch": {"rank": self.rank, "residual": section}},
             f"the best network on the {r}-dimensional subspace leaves held-out relative loss {best.val_loss:.3g}; "
-            "a sketch of its residual-filtered matrices looks for the directions still missing")
+            "a sketch of its residual-filtered matrices looks for the directions still missing",
+        )
 
 
 def _candidate_config(net: Network) -> dict[str, Any]:
     return {"weights": [w.tolist() for w in net.weights]}
 
 
-def _sketched_state(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
-                    ) -> PassRequest | tuple[np.ndarray, list[dict], bool, int]:
+def _sketched_state(
+    sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
+) -> PassRequest | tuple[np.ndarray, list[dict], bool, int]:
     """Replay the passes of a sketched run: subspace passes on the ``M_τ``, then residual rounds (a sketch
     of the residual family of the best candidate on the basis so far, and its subspace passes; the
     directions they find extend the basis). Returns the next :class:`PassRequest` of an unfinished
@@ -335,19 +391,30 @@ def _sketched_state(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
         d, r = basis.shape
         stored = np.asarray(first["residual_basis"]).T
         if stored.shape != basis.shape or not np.allclose(stored, basis, atol=1e-12):
-            raise ValueError(f"residual round {i + 1} was computed on another subspace; this is a bug, "
-                             "please report it")
+            raise ValueError(
+                f"residual round {i + 1} was computed on another subspace; this is a bug, please report it"
+            )
         count = float(np.asarray(first["count"]))
         keep = np.flatnonzero(np.asarray(first["prob_residual"])[0] * count >= 1)
         if keep.size == 0:  # every |residual| at or below the smallest τ: the candidate fits every sample
             steps.append({"pass": f"residual-{i + 1}", "added": 0, "reason": "no residual above any threshold"})
             exhausted = True
             continue
-        options = {"basis": basis.T.tolist(), "candidates": [_stored_candidate_config(first)],
-                   "thresholds": np.asarray(first["residual_tau"])[0].tolist()}
-        got = _iterate(first, done, "residual", keep, options, f"residual-{i + 1}-subspace",
-                       "a single sketch of the residual-filtered matrices is noisy at large d; subspace passes on "
-                       "the same chunks refine it (all τ at once)")
+        options = {
+            "basis": basis.T.tolist(),
+            "candidates": [_stored_candidate_config(first)],
+            "thresholds": np.asarray(first["residual_tau"])[0].tolist(),
+        }
+        got = _iterate(
+            first,
+            done,
+            "residual",
+            keep,
+            options,
+            f"residual-{i + 1}-subspace",
+            "a single sketch of the residual-filtered matrices is noisy at large d; subspace passes on "
+            "the same chunks refine it (all τ at once)",
+        )
         if isinstance(got, PassRequest):
             return got
         last, rsteps = got
@@ -376,30 +443,48 @@ def _sketch_subspace(sketch: Arrays, done: Sequence[Arrays]) -> PassRequest | tu
     span of the significant eigenvectors and the per-pass records."""
     tau = np.asarray(sketch["tau"], dtype=np.float64)
     if tau.ndim != 1:
-        raise ValueError("filtered-pca on a sketch learns one scalar label; this store sketches the M_τ of "
-                         f"{tau.shape[0]} outputs (choose one with source.output)")
+        raise ValueError(
+            "filtered-pca on a sketch learns one scalar label; this store sketches the M_τ of "
+            f"{tau.shape[0]} outputs (choose one with source.output)"
+        )
     count = float(np.asarray(sketch["count"]))
     keep = np.flatnonzero(np.asarray(sketch["prob_filtered"], dtype=np.float64) * count >= 1)
     if keep.size == 0:
         taus = ", ".join(f"{t:.4g}" for t in tau)
         raise FilterGridError(
             f"no sample passed the filter at any threshold of the sketched M_τ (τ = {taus}, {int(count):,} "
-            f"samples): every |y| is at or below the smallest τ. {_grid_hint({})}")
-    got = _iterate(sketch, done, "filtered", keep, {"thresholds": tau.tolist()}, "subspace",
-                   "a single sketch of the M_τ is swamped by noise at large d; subspace passes on the same "
-                   "chunks refine it (randomised subspace iteration, all τ at once)")
+            f"samples): every |y| is at or below the smallest τ. {_grid_hint({})}"
+        )
+    got = _iterate(
+        sketch,
+        done,
+        "filtered",
+        keep,
+        {"thresholds": tau.tolist()},
+        "subspace",
+        "a single sketch of the M_τ is swamped by noise at large d; subspace passes on the same "
+        "chunks refine it (randomised subspace iteration, all τ at once)",
+    )
     if isinstance(got, PassRequest):
         return got
     last, steps = got
     if last.rank == 0:
         raise NoSignalError(
             "filtered PCA found no direction above the noise floor in the sketched M_τ: the statistics are pure "
-            "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
+            "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
+        )
     return last.basis, steps
 
 
-def _iterate(sketch: Arrays, done: Sequence[Arrays], family: str, keep: np.ndarray, options: dict[str, Any],
-             prefix: str, first_reason: str) -> PassRequest | tuple[subspace.JointStep, list[dict]]:
+def _iterate(
+    sketch: Arrays,
+    done: Sequence[Arrays],
+    family: str,
+    keep: np.ndarray,
+    options: dict[str, Any],
+    prefix: str,
+    first_reason: str,
+) -> PassRequest | tuple[subspace.JointStep, list[dict]]:
     """Subspace iteration on a sketched family's matrices of the τ in ``keep``, replayed from the passes
     ``done``: the next pass (named ``prefix-i``, with the family's ``options``), or the last joint step and
     the per-pass records once the span moves by less than its angle bound (at most ``SKETCH_PASSES[1]``)."""
@@ -416,9 +501,12 @@ def _iterate(sketch: Arrays, done: Sequence[Arrays], family: str, keep: np.ndarr
     steps[-1]["change"] = change
     lo, hi = SKETCH_PASSES
     if len(done) < hi and (len(done) < lo or change > last.angle_bound):
-        return PassRequest(f"{prefix}-{len(done) + 1}", subspace.pass_statistics(last.next_basis, family, options),
-                           f"the span of the significant directions moved by {change:.3g} rad in the last pass, more "
-                           f"than its angle bound {last.angle_bound:.3g} rad (or fewer than {lo} passes so far)")
+        return PassRequest(
+            f"{prefix}-{len(done) + 1}",
+            subspace.pass_statistics(last.next_basis, family, options),
+            f"the span of the significant directions moved by {change:.3g} rad in the last pass, more "
+            f"than its angle bound {last.angle_bound:.3g} rad (or fewer than {lo} passes so far)",
+        )
     steps[-1]["converged"] = bool(change <= last.angle_bound)
     return last, steps
 
@@ -428,14 +516,28 @@ def _joint_step(arrays: Arrays, keep: np.ndarray, family: str = "filtered") -> s
     y, y_se, bmb = (_per_tau(arrays, k, family) for k in (f"Y_{family}", f"Y_{family}_se", f"BMB_{family}"))
     key = f"BMB_{family}_se"
     bmb_se = _per_tau(arrays, key, family) if key in arrays else None
-    return subspace.joint_ritz([y[t] for t in keep], [y_se[t] for t in keep], [bmb[t] for t in keep],
-                               np.asarray(arrays["omega"]),
-                               bmb_ses=None if bmb_se is None else [bmb_se[t] for t in keep])
+    return subspace.joint_ritz(
+        [y[t] for t in keep],
+        [y_se[t] for t in keep],
+        [bmb[t] for t in keep],
+        np.asarray(arrays["omega"]),
+        bmb_ses=None if bmb_se is None else [bmb_se[t] for t in keep],
+    )
 
 
-def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget: int, starts: int,
-                 mapper: Callable, seed: int, total: int, report: dict,
-                 ask: Optional[_ResidualAsk] = None) -> LearnResult | PassRequest:
+def _learn_large(
+    basis: np.ndarray,
+    samples: Any,
+    depth: int,
+    width: int,
+    budget: int,
+    starts: int,
+    mapper: Callable,
+    seed: int,
+    total: int,
+    report: dict,
+    ask: _ResidualAsk | None = None,
+) -> LearnResult | PassRequest:
     """Large d: candidates fitted on inputs projected on the subspace part by part on the workers (no
     bounded sample of d-dimensional inputs is formed); one hidden layer: then the streamed refinement
     on all samples instead of polish."""
@@ -443,8 +545,7 @@ def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget
     n_train, n_val = sample_sizes(r, depth, width)
     z, y, nxt = projected_sample(samples, basis, n_train, 2, mapper)
     z_val, y_val, nxt = projected_sample(samples, basis, n_val, nxt, mapper)
-    cands = _fit(z, y, z_val, y_val, depth=depth, width=width, budget=budget, starts=starts, mapper=mapper,
-                 seed=seed)
+    cands = _fit(z, y, z_val, y_val, depth=depth, width=width, budget=budget, starts=starts, mapper=mapper, seed=seed)
     report["candidates"] = [c.to_dict() for c in cands[:10]]
     best = cands[0]
     report["residual_loss"] = best.val_loss
@@ -464,20 +565,36 @@ def _learn_large(basis: np.ndarray, samples: Any, depth: int, width: int, budget
         report["chosen"] = "refined"
     net = deepfit.lift(net_z, basis)
     if net.depth == 1 and total > 0:
-        report["polish"] = {"skipped": f"d = {d}: a bounded sample of k·d unknowns does not fit; the streamed "
-                                       "refinement fits the network on all samples instead"}
+        report["polish"] = {
+            "skipped": f"d = {d}: a bounded sample of k·d unknowns does not fit; the streamed "
+            "refinement fits the network on all samples instead"
+        }
         net, rep = refine_streamed(net, samples, total, mapper=mapper, first_part=nxt)
         report["refinement"] = rep
         report["chosen"] = "refined"
     _, eig = gradient_subspace(net_z, z_val[:20_000], r)  # z = Bᵀx is N(0, I_r) for any orthonormal B
-    report["subspace"] = {"rank": int(r), "basis": basis.tolist(),
-                          "gradient_spectrum": (eig / max(eig[0], 1e-300)).tolist()}
+    report["subspace"] = {
+        "rank": int(r),
+        "basis": basis.tolist(),
+        "gradient_spectrum": (eig / max(eig[0], 1e-300)).tolist(),
+    }
     report["architecture"] = [int(w.shape[0]) for w in net.weights[:-1]]
     return LearnResult(net, report)
 
 
-def _fit(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, depth: int, width: int,
-         budget: int, starts: int, mapper: Callable, seed: int) -> list[deepfit.Candidate]:
+def _fit(
+    z: np.ndarray,
+    y: np.ndarray,
+    z_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    depth: int,
+    width: int,
+    budget: int,
+    starts: int,
+    mapper: Callable,
+    seed: int,
+) -> list[deepfit.Candidate]:
     """Candidates on the subspace coordinates, best first (held-out loss)."""
     if depth == 1:
         # one hidden layer: the sphere-net enumeration of the moments method (exact on noiseless data)
@@ -486,11 +603,19 @@ def _fit(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, 
         if a.size == 0:
             a, lam = np.zeros((1, z.shape[1])), np.zeros(1)
         net = Network((a, lam[None, :]), activation="relu")
-        return [deepfit.Candidate(widths=(a.shape[0],), start=0, network=net,
-                                  train_loss=deepfit.relative_loss(net, z, y),
-                                  val_loss=deepfit.relative_loss(net, z_val, y_val), iterations=0)]
-    return deepfit.fit_candidates(z, y, z_val, y_val, depth=depth, width=width, starts=starts, budget=budget,
-                                  mapper=mapper, seed=seed)
+        return [
+            deepfit.Candidate(
+                widths=(a.shape[0],),
+                start=0,
+                network=net,
+                train_loss=deepfit.relative_loss(net, z, y),
+                val_loss=deepfit.relative_loss(net, z_val, y_val),
+                iterations=0,
+            )
+        ]
+    return deepfit.fit_candidates(
+        z, y, z_val, y_val, depth=depth, width=width, starts=starts, budget=budget, mapper=mapper, seed=seed
+    )
 
 
 @dataclass(frozen=True)
@@ -501,7 +626,7 @@ class _Refine:
     total: int
     mapper: Callable
 
-    def skipped(self) -> Optional[str]:
+    def skipped(self) -> str | None:
         if self.total <= 0:
             return "refine_samples is 0"
         if not hasattr(self.samples, "part"):
@@ -509,8 +634,9 @@ class _Refine:
         return None
 
 
-def _refined_deep(net_z: Network, basis: np.ndarray, refine: _Refine, smp: Samples, report: dict
-                  ) -> tuple[Network, np.ndarray]:
+def _refined_deep(
+    net_z: Network, basis: np.ndarray, refine: _Refine, smp: Samples, report: dict
+) -> tuple[Network, np.ndarray]:
     """The deep refinement of ``(net_z, basis)`` on the streamed samples, kept unless the validation
     samples say it is worse (its paired loss difference more than two standard errors above zero)."""
     why = refine.skipped()
@@ -519,15 +645,18 @@ def _refined_deep(net_z: Network, basis: np.ndarray, refine: _Refine, smp: Sampl
         return net_z, basis
     net2, basis2, rep = refine_deep(net_z, basis, refine.samples, refine.total, mapper=refine.mapper)
     rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
-        smp.y_val, deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0],
-        deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0])
+        smp.y_val,
+        deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0],
+        deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0],
+    )
     rep["basis_angle_moved"] = float(spectral.principal_angles(basis, basis2).max(initial=0.0))
     report["refinement"] = rep
     return (net2, basis2) if rep["kept"] else (net_z, basis)
 
 
-def _finish(net_z: Network, basis: np.ndarray, depth: int, smp: Samples, report: dict,
-            refine: Optional[_Refine] = None) -> LearnResult:
+def _finish(
+    net_z: Network, basis: np.ndarray, depth: int, smp: Samples, report: dict, refine: _Refine | None = None
+) -> LearnResult:
     """Lift to the input space; polish when there is one hidden layer (keep the better), else the
     streamed refinement of the network and its basis on all samples."""
     if net_z.depth > 1 and refine is not None:
@@ -542,7 +671,10 @@ def _finish(net_z: Network, basis: np.ndarray, depth: int, smp: Samples, report:
     # how strongly the fitted network uses each direction of the found subspace: residual passes
     # also add the directions by which the estimate missed V, so the rank can exceed dim V
     _, eig = gradient_subspace(net_z, smp.x_val[:20_000] @ basis, basis.shape[1])
-    report["subspace"] = {"rank": int(basis.shape[1]), "basis": basis.tolist(),
-                          "gradient_spectrum": (eig / max(eig[0], 1e-300)).tolist()}
+    report["subspace"] = {
+        "rank": int(basis.shape[1]),
+        "basis": basis.tolist(),
+        "gradient_spectrum": (eig / max(eig[0], 1e-300)).tolist(),
+    }
     report["architecture"] = [int(w.shape[0]) for w in net.weights[:-1]]
     return LearnResult(net, report)

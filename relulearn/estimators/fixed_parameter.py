@@ -135,8 +135,9 @@ def _pure(x: np.ndarray, partner: np.ndarray, exact: bool, it: int, need: int) -
     return np.argsort(proj, kind="stable")[: max(need, int(frac * len(proj)))]
 
 
-def _resolve_pair(g_plus: np.ndarray, x_plus: np.ndarray, g_minus: np.ndarray, x_minus: np.ndarray,
-                  power: int, need: int) -> tuple[np.ndarray, np.ndarray, float, int]:
+def _resolve_pair(
+    g_plus: np.ndarray, x_plus: np.ndarray, g_minus: np.ndarray, x_minus: np.ndarray, power: int, need: int
+) -> tuple[np.ndarray, np.ndarray, float, int]:
     """Units ``i`` (cluster ``+u``, values ``g_plus > 0``) and ``i'`` (cluster ``−u``, ``|g_minus|``)."""
     hp, hm = g_plus ** (1.0 / power), np.abs(g_minus) ** (1.0 / power)
     p, rp = _solve(x_plus, hp)
@@ -154,8 +155,9 @@ def _resolve_pair(g_plus: np.ndarray, x_plus: np.ndarray, g_minus: np.ndarray, x
     return p, q, max(rp, rq), PAIR_ITERATIONS
 
 
-def fixed_parameter(x: np.ndarray, y: np.ndarray, k: int, power: int, activation: str, *, seed: int = 0,
-                    width_known: bool = True) -> tuple[Network, dict[str, Any]]:
+def fixed_parameter(
+    x: np.ndarray, y: np.ndarray, k: int, power: int, activation: str, *, seed: int = 0, width_known: bool = True
+) -> tuple[Network, dict[str, Any]]:
     """Learn ``A = U f(V x)`` exactly from noiseless samples when ``U`` may have rank ``< k``.
 
     Parameters
@@ -213,10 +215,14 @@ def fixed_parameter(x: np.ndarray, y: np.ndarray, k: int, power: int, activation
                 raise TooFewSamplesError(
                     f"too few samples for the fixed-parameter path to separate the two units with opposite output "
                     f"columns (clusters of {len(g)} and {len(gb)} samples, best relative residual {res:.2g}): about "
-                    f"{more} samples are needed (set exact_samples)", more)
+                    f"{more} samples are needed (set exact_samples)",
+                    more,
+                )
             units[a], units[b] = p, q
-            info += [{"cluster": a, "samples": len(g), "partner": b, "fit_residual": res, "iterations": its},
-                     {"cluster": b, "samples": len(gb), "partner": a, "fit_residual": res, "iterations": its}]
+            info += [
+                {"cluster": a, "samples": len(g), "partner": b, "fit_residual": res, "iterations": its},
+                {"cluster": b, "samples": len(gb), "partner": a, "fit_residual": res, "iterations": its},
+            ]
             continue
         v, res = _solve(x[g], np.linalg.norm(y[g], axis=1) ** (1.0 / power))
         if res > FIT_TOL:
@@ -224,14 +230,22 @@ def fixed_parameter(x: np.ndarray, y: np.ndarray, k: int, power: int, activation
                 f"the {len(g)} samples whose labels are positive multiples of one output direction do not fit one "
                 f"linear system (relative residual {res:.2g}): two columns of U are positively parallel (u_j = s u_i, "
                 "s > 0), which the fixed-parameter algorithm cannot separate (it needs no two columns of U to be "
-                "positive multiples of each other; u and −u are fine)")
+                "positive multiples of each other; u and −u are fine)"
+            )
         units[a] = v
         info.append({"cluster": a, "samples": len(g), "partner": None, "fit_residual": res})
-    report = {"samples": int(n), "clusters": [len(g) for g in groups[: 2 * k]], "units": info,
-              "samples_needed": samples_needed(d, k), "width": k}
+    report = {
+        "samples": int(n),
+        "clusters": [len(g) for g in groups[: 2 * k]],
+        "units": info,
+        "samples_needed": samples_needed(d, k),
+        "width": k,
+    }
     if k != k_given:
-        report["width_note"] = (f"the noise floor supported {k_given} directions; {k} distinct output directions "
-                                f"are shared by 1-sparse samples, so the network has {k} units")
+        report["width_note"] = (
+            f"the noise floor supported {k_given} directions; {k} distinct output directions "
+            f"are shared by 1-sparse samples, so the network has {k} units"
+        )
     if len(units) < k:
         small = [len(g) for a, g in enumerate(groups) if a not in units][: k - len(units)]
         if small:
@@ -240,16 +254,22 @@ def fixed_parameter(x: np.ndarray, y: np.ndarray, k: int, power: int, activation
             raise TooFewSamplesError(
                 f"too few samples for the fixed-parameter path: {len(units)} of {k} units are the only active unit on "
                 f"at least d + {FIXED_MARGIN} = {need} samples (the others on {sorted(small)}); about {more} samples "
-                f"are needed (set exact_samples), i.e. ≈ (d + {FIXED_MARGIN})·2^k·safety for Gaussian inputs", more)
+                f"are needed (set exact_samples), i.e. ≈ (d + {FIXED_MARGIN})·2^k·safety for Gaussian inputs",
+                more,
+            )
         if not groups:
-            raise ValueError("no two labels are positively parallel: the fixed-parameter path needs noiseless labels "
-                             "(with label noise only the tensor path applies, which needs U of rank k: m ≥ k outputs)")
+            raise ValueError(
+                "no two labels are positively parallel: the fixed-parameter path needs noiseless labels "
+                "(with label noise only the tensor path applies, which needs U of rank k: m ≥ k outputs)"
+            )
         raise ValueError(
             f"found {len(units)} output directions shared by 1-sparse samples but the network has k = {k} units: "
-            "a unit is never the only active one (a zero column of U, or columns that are positive multiples)")
+            "a unit is never the only active one (a zero column of U, or columns that are positive multiples)"
+        )
     if len(units) > k:
-        raise ValueError(f"found {len(units)} clusters of positively parallel labels for k = {k} units; "
-                         "is the width right?")
+        raise ValueError(
+            f"found {len(units)} clusters of positively parallel labels for k = {k} units; is the width right?"
+        )
     v = np.array([units[a] for a in sorted(units)])
     u = output_weights(x, y, v, power)
     return Network((v, u), activation=activation), report

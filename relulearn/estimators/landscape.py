@@ -27,7 +27,8 @@ products ``λ_i = a_i |b_i|`` are identifiable; the learned network has unit row
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,8 +39,16 @@ from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, Pas
 from .objective_g import GParameters, StartResult, best_start, distinct_rows, minimize_g
 from .polish import polish_and_select
 
-__all__ = ["OPTIONS", "MAX_PASSES", "required_statistics", "learn", "NegativeWeightsError", "TooFewSamplesError",
-           "whitened_tensor", "g_parameters"]
+__all__ = [
+    "OPTIONS",
+    "MAX_PASSES",
+    "required_statistics",
+    "learn",
+    "NegativeWeightsError",
+    "TooFewSamplesError",
+    "whitened_tensor",
+    "g_parameters",
+]
 
 #: keyword options of :func:`learn` that ``relulearn learn`` passes through
 OPTIONS = ("width", "starts", "route")
@@ -72,7 +81,7 @@ class NoEigenvalueError(TooFewSamplesError, NoSignalError):
     """``T_2`` has no eigenvalue above its noise floor: nothing but the mean is supported."""
 
 
-def required_statistics(d: int, width: Optional[int] = None) -> dict:
+def required_statistics(d: int, width: int | None = None) -> dict:
     """The ``statistics`` config section the first pass needs: ``T_0, T_1, T_2``."""
     return {"basic": {}, "hermite": {"max_order": 2}}
 
@@ -95,7 +104,7 @@ def _first_pass(stats: Mapping[str, Arrays]) -> tuple[float, np.ndarray, np.ndar
     return float(np.asarray(h["T0"]).reshape(())), np.asarray(h["T1"], dtype=np.float64), t2, se2, d
 
 
-def _subspace(t2: np.ndarray, se2: np.ndarray, width: Optional[int], d: int, n: int, report: dict) -> spectral.Spectrum:
+def _subspace(t2: np.ndarray, se2: np.ndarray, width: int | None, d: int, n: int, report: dict) -> spectral.Spectrum:
     """The spectrum of ``T_2`` against its floor; refuses negative weights and a rank below ``width``."""
     spec = spectral.spectrum(t2, se2, name="T_2")
     report["T2_spectrum"] = spec.to_dict()
@@ -117,8 +126,9 @@ def _subspace(t2: np.ndarray, se2: np.ndarray, width: Optional[int], d: int, n: 
             f"T_2 has {rank} eigenvalue(s) above its noise floor ({spec.floor:.3g}) but --width is {width} (the "
             f"{width}-th is {e:.3g}): either B is not of full row rank {width} (parallel rows, or rows that are "
             f"combinations of others, cannot be told apart; the method needs rank m = width) or {n:,} samples do not "
-            "resolve the weakest unit" + (f", which about {needed:,} samples would (the floor falls as 1/√n)"
-                                          if needed else "") + f"; or learn with --width {rank}"
+            "resolve the weakest unit"
+            + (f", which about {needed:,} samples would (the floor falls as 1/√n)" if needed else "")
+            + f"; or learn with --width {rank}"
         )
     if rank == 0:
         raise NoEigenvalueError(
@@ -159,7 +169,7 @@ def _power_max(t: np.ndarray, seed: int, tries: int = 8, iters: int = 100) -> fl
     return best
 
 
-def g_parameters(t: np.ndarray, se: np.ndarray, betas: Optional[np.ndarray], seed: int) -> GParameters:
+def g_parameters(t: np.ndarray, se: np.ndarray, betas: np.ndarray | None, seed: int) -> GParameters:
     """μ and λ of G from the theorem's conditions and the noise.
 
     ``β_max`` comes from the power method, ``β_min`` from the rows of a first round when
@@ -187,8 +197,9 @@ def _row_betas(t: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("abcd,ja,jb,jc,jd->j", t, bn, bn, bn, bn)
 
 
-def _minimize(t: np.ndarray, se: np.ndarray, m: int, n: int, starts: int, seed: int, mapper: Callable,
-              report: dict) -> tuple[StartResult, list[StartResult], GParameters]:
+def _minimize(
+    t: np.ndarray, se: np.ndarray, m: int, n: int, starts: int, seed: int, mapper: Callable, report: dict
+) -> tuple[StartResult, list[StartResult], GParameters]:
     """Two rounds of G: parameters from the tensor, then from the β of the rows found."""
     tmat = t.reshape(m * m, m * m)
     params = g_parameters(t, se, None, seed)
@@ -196,8 +207,13 @@ def _minimize(t: np.ndarray, se: np.ndarray, m: int, n: int, starts: int, seed: 
     for rnd in range(2):
         results = minimize_g(tmat, m, params, starts=starts, seed=(seed, 7, rnd), mapper=mapper)
         best = best_start(results, m)
-        rounds.append({"parameters": params.to_dict(), "starts": [s.to_dict() for s in results],
-                       "best_start": None if best is None else best.start})
+        rounds.append(
+            {
+                "parameters": params.to_dict(),
+                "starts": [s.to_dict() for s in results],
+                "best_start": None if best is None else best.start,
+            }
+        )
         if best is None:
             break
         betas = _row_betas(t, best.b)
@@ -246,9 +262,17 @@ def _check_noise(params: GParameters, n: int) -> dict:
 MAX_NOISE_RATIO = 1.5
 
 
-def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
-          samples: Callable[[int, int], Samples], *, width: Optional[int] = None, starts: Optional[int] = None,
-          route: Optional[str] = None, mapper: Callable = map, seed: int = 0) -> LearnResult | PassRequest:
+def learn(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None = None,
+    starts: int | None = None,
+    route: str | None = None,
+    mapper: Callable = map,
+    seed: int = 0,
+) -> LearnResult | PassRequest:
     """Learn ``y = Σ a_i relu(<b_i, x>)``, ``a ≥ 0``, ``B`` of full row rank, by minimizing G.
 
     Parameters
@@ -286,7 +310,7 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         raise ValueError(f"--starts must be at least 1, got {starts}")
     t0, t1, t2, se2, d = _first_pass(stats)
     report: dict[str, Any] = {}
-    spec = _subspace(t2, se2, width, d, _count(stats['hermite']), report)
+    spec = _subspace(t2, se2, width, d, _count(stats["hermite"]), report)
     m = width or spec.rank
     q, eig = spec.eigenvectors[:, :m], spec.eigenvalues[:m]
     route = route or ("stream" if m > STREAM_WIDTH else "moments")
@@ -299,8 +323,13 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     if not passes:
         return PassRequest(
             "projected-hermite",
-            {"projected_hermite": {"basis": q.T.tolist(), "max_order": 4,
-                                   "expansion": {"t0": t0, "t1": t1.tolist(), "t2": t2.tolist()}}},
+            {
+                "projected_hermite": {
+                    "basis": q.T.tolist(),
+                    "max_order": 4,
+                    "expansion": {"t0": t0, "t1": t1.tolist(), "t2": t2.tolist()},
+                }
+            },
             f"the fourth moment on the {m}-dimensional subspace of T_2, on residual labels y − P≤2 y",
         )
     ph = passes[-1]["projected_hermite"]
@@ -318,8 +347,17 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     return _finish(best.b, q, eig, t1, d, m, samples, params, report)
 
 
-def _finish(b: np.ndarray, q: np.ndarray, eig: np.ndarray, t1: np.ndarray, d: int, m: int,
-            samples: Callable[[int, int], Samples], params: GParameters, report: dict) -> LearnResult:
+def _finish(
+    b: np.ndarray,
+    q: np.ndarray,
+    eig: np.ndarray,
+    t1: np.ndarray,
+    d: int,
+    m: int,
+    samples: Callable[[int, int], Samples],
+    params: GParameters,
+    report: dict,
+) -> LearnResult:
     """Un-whiten the rows ``b`` of G's minimum, sign them from ``T_1``, and polish."""
     # un-whiten: u ∝ Q Λ^{1/2} b̃ for unit b̃, λ = |Λ^{1/2} b̃|² / c_2
     bt = b / np.linalg.norm(b, axis=1, keepdims=True)
@@ -336,8 +374,9 @@ def _finish(b: np.ndarray, q: np.ndarray, eig: np.ndarray, t1: np.ndarray, d: in
     smp = samples(*sample_sizes(d, m))
     chosen, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
     report["chosen"] = "landscape" if chosen == "enumeration" else chosen
-    report["validation_relative_loss"] = {("landscape" if k == "enumeration" else k): v
-                                          for k, v in report["validation_relative_loss"].items()}
+    report["validation_relative_loss"] = {
+        ("landscape" if k == "enumeration" else k): v for k, v in report["validation_relative_loss"].items()
+    }
     report["width"] = m
     report.setdefault("summary", {"width": m, "route": report["route"]})
     report["summary"]["chosen"] = report["chosen"]
@@ -345,11 +384,21 @@ def _finish(b: np.ndarray, q: np.ndarray, eig: np.ndarray, t1: np.ndarray, d: in
 
 
 def _summary(report: dict, best: StartResult, results: list[StartResult]) -> dict:
-    agree = [s for s in results if not s.unbounded and s.distinct == best.b.shape[0]
-             and abs(s.value - best.value) <= 1e-6 * max(1.0, abs(best.value))]
-    return {"width": int(best.b.shape[0]), "route": "moments", "starts": len(results),
-            "starts_at_lowest_G": len(agree), "lowest_G": best.value,
-            "noise_to_signal": report["noise"]["noise_to_signal"]}
+    agree = [
+        s
+        for s in results
+        if not s.unbounded
+        and s.distinct == best.b.shape[0]
+        and abs(s.value - best.value) <= 1e-6 * max(1.0, abs(best.value))
+    ]
+    return {
+        "width": int(best.b.shape[0]),
+        "route": "moments",
+        "starts": len(results),
+        "starts_at_lowest_G": len(agree),
+        "lowest_G": best.value,
+        "noise_to_signal": report["noise"]["noise_to_signal"],
+    }
 
 
 def _pilot_parts(n: int) -> int:
@@ -357,7 +406,9 @@ def _pilot_parts(n: int) -> int:
     return max(2, -(-n // PILOT_PART))
 
 
-def _pilot(samples: Any, mapper: Callable, t: tuple, v: np.ndarray, first: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _pilot(
+    samples: Any, mapper: Callable, t: tuple, v: np.ndarray, first: int, n: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per row j of ``v``: ``T(v_j⁴)`` and ``Σ_k T(v_j, v_j, v_k, v_k)``, streamed from ``n`` fresh samples
     (parts ``first, first + 1, …``)."""
     from functools import partial
@@ -374,8 +425,17 @@ def _pilot(samples: Any, mapper: Callable, t: tuple, v: np.ndarray, first: int, 
     return np.asarray(own) / total, np.asarray(rows) / total
 
 
-def _stream_route(samples: Any, mapper: Callable, seed: int, t0: float, t1: np.ndarray, t2: np.ndarray,
-                  q: np.ndarray, eig: np.ndarray, report: dict) -> tuple[np.ndarray, GParameters]:
+def _stream_route(
+    samples: Any,
+    mapper: Callable,
+    seed: int,
+    t0: float,
+    t1: np.ndarray,
+    t2: np.ndarray,
+    q: np.ndarray,
+    eig: np.ndarray,
+    report: dict,
+) -> tuple[np.ndarray, GParameters]:
     """G by the paper's stochastic gradient on fresh samples (:mod:`.landscape_stream`).
 
     μ and λ need the β's of the whitened tensor without forming it: a pilot of
@@ -398,13 +458,31 @@ def _stream_route(samples: Any, mapper: Callable, seed: int, t0: float, t1: np.n
             "no fourth-order signal of the sign a ReLU network with a ≥ 0 gives; check the teacher, or use more samples"
         )
     beta_max = max(beta_bar, float(own.max()))
-    params = GParameters(mu=C_THEOREM * beta_bar / beta_max, lam=2.0 * beta_max / C_THEOREM, beta_max=beta_max,
-                         beta_min=beta_bar, noise=float("nan"))
+    params = GParameters(
+        mu=C_THEOREM * beta_bar / beta_max,
+        lam=2.0 * beta_max / C_THEOREM,
+        beta_max=beta_max,
+        beta_min=beta_bar,
+        noise=float("nan"),
+    )
     rounds = []
     first = 2 + pilot_parts
     for rnd in range(2):
-        res = streamed_g(samples, mapper, w=w, t0=t0, t1=t1, t2=t2, m=m, mu=params.mu, lam=params.lam,
-                         seed=seed + rnd, beta_max=params.beta_max, beta_min=params.beta_min, first_part=first)
+        res = streamed_g(
+            samples,
+            mapper,
+            w=w,
+            t0=t0,
+            t1=t1,
+            t2=t2,
+            m=m,
+            mu=params.mu,
+            lam=params.lam,
+            seed=seed + rnd,
+            beta_max=params.beta_max,
+            beta_min=params.beta_min,
+            first_part=first,
+        )
         b = res.b
         # the β of each row found, from fresh samples after the run (parts past every part it used)
         v = (b / np.linalg.norm(b, axis=1, keepdims=True)) @ w
@@ -413,19 +491,40 @@ def _stream_route(samples: Any, mapper: Callable, seed: int, t0: float, t1: np.n
         bmax, bmin = float(own_rows.max()), float(own_rows.min())
         kappa = bmax / max(bmin, 1e-300)
         held = bool(bmin > 0 and params.mu <= 1.5 * C_THEOREM / kappa and params.lam >= bmax / C_THEOREM / 1.5)
-        rounds.append({"parameters": params.to_dict(), "stream": res.report, "row_betas": own_rows.tolist(),
-                       "conditions": {"kappa": kappa, "mu_at_most": C_THEOREM / kappa,
-                                      "lambda_at_least": bmax / C_THEOREM, "held": held}})
+        rounds.append(
+            {
+                "parameters": params.to_dict(),
+                "stream": res.report,
+                "row_betas": own_rows.tolist(),
+                "conditions": {
+                    "kappa": kappa,
+                    "mu_at_most": C_THEOREM / kappa,
+                    "lambda_at_least": bmax / C_THEOREM,
+                    "held": held,
+                },
+            }
+        )
         if held or bmin <= 0:
             break
         # the theorem's conditions for the β's found: run again with them
-        params = GParameters(mu=C_THEOREM / kappa, lam=max(params.lam, bmax / C_THEOREM), beta_max=bmax,
-                             beta_min=bmin, noise=float("nan"))
+        params = GParameters(
+            mu=C_THEOREM / kappa,
+            lam=max(params.lam, bmax / C_THEOREM),
+            beta_max=bmax,
+            beta_min=bmin,
+            noise=float("nan"),
+        )
     report["labels"] = {"first_pass": "y", "streamed_gradient": "y − P≤2 y (T_0, T_1, T_2 of the first pass)"}
     report["parameters"] = params.to_dict()
     report["rounds"] = rounds
-    report["summary"] = {"width": m, "route": "stream", "rounds": len(rounds),
-                         "samples_streamed": sum(r["stream"]["samples"] for r in rounds),
-                         "steps": sum(r["stream"]["steps"] for r in rounds), "converged": res.report.get("converged"),
-                         "conditions_held": rounds[-1]["conditions"]["held"], "distinct_rows": distinct_rows(b)}
+    report["summary"] = {
+        "width": m,
+        "route": "stream",
+        "rounds": len(rounds),
+        "samples_streamed": sum(r["stream"]["samples"] for r in rounds),
+        "steps": sum(r["stream"]["steps"] for r in rounds),
+        "converged": res.report.get("converged"),
+        "conditions_held": rounds[-1]["conditions"]["held"],
+        "distinct_rows": distinct_rows(b),
+    }
     return b, params

@@ -29,17 +29,28 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
 from .. import hermite
 from .objective_g import distinct_rows
 
-__all__ = ["SIGN_C4", "BLOCK_ROWS", "BatchTerms", "batch_terms", "batch_sums", "residual_labels", "part_sums",
-           "prox_radial", "streamed_g", "StreamedG"]
+__all__ = [
+    "SIGN_C4",
+    "BLOCK_ROWS",
+    "BatchTerms",
+    "batch_terms",
+    "batch_sums",
+    "residual_labels",
+    "part_sums",
+    "prox_radial",
+    "streamed_g",
+    "StreamedG",
+]
 
 #: ``sign(c_4)`` for ReLU (``c_4 = −1/√(2π)``): the sign that makes the tensor's weights positive
 SIGN_C4 = float(np.sign(hermite.relu_hermite_coefficient(4)))
@@ -101,18 +112,31 @@ def batch_terms(x: np.ndarray, y_resid: np.ndarray, v: np.ndarray, mu: float) ->
     pp = lin_c @ v.T  # Σ c p pᵀ = (Σ c p xᵀ) Vᵀ, as p = V x: no n·m² product
     cpn = float(c @ pn)
     fro2 = float(np.einsum("jk,jk->", gram, gram))
-    value = float(c @ (pn * pn)) + 2.0 * csum * fro2 - 4.0 * float(np.einsum("jk,jk->", gram, pp)) \
-        - (1.0 + mu) * diag  # Σ c |g|² = <Γ, Σ c p pᵀ>
-    rows = (cbig_p_q + 3.0 * nrm * float(cbig_p.sum()) - nrm * float(cbig_p.sum()) - big_n * (cq + 3.0 * nrm * csum)
-            - 4.0 * np.einsum("jk,jk->j", pp, gram) + csum * (nrm * big_n + 2.0 * np.einsum("jk,jk->j", gram, gram)))
+    value = (
+        float(c @ (pn * pn)) + 2.0 * csum * fro2 - 4.0 * float(np.einsum("jk,jk->", gram, pp)) - (1.0 + mu) * diag
+    )  # Σ c |g|² = <Γ, Σ c p pᵀ>
+    rows = (
+        cbig_p_q
+        + 3.0 * nrm * float(cbig_p.sum())
+        - nrm * float(cbig_p.sum())
+        - big_n * (cq + 3.0 * nrm * csum)
+        - 4.0 * np.einsum("jk,jk->j", pp, gram)
+        + csum * (nrm * big_n + 2.0 * np.einsum("jk,jk->j", gram, gram))
+    )
     # coefficient of xᵀ in ∂A − (1+μ) ∂D, over 4: c p (P − N − (1 + μ)(p² − 3 n)), built in place
     q *= -(1.0 + mu)
     q += pn[:, None]
     q *= cp
     lin_a = q.T @ x
     cn = -2.0 * csum * nrm - cq  # Σ_i c_i (n_j − p_ij²) per row j
-    grad = (4.0 * lin_a - 8.0 * (gram @ lin_c) - 8.0 * (pp @ v) + 8.0 * csum * (gram @ v)
-            - 4.0 * cpn * v - 12.0 * (1.0 + mu) * cn[:, None] * v)
+    grad = (
+        4.0 * lin_a
+        - 8.0 * (gram @ lin_c)
+        - 8.0 * (pp @ v)
+        + 8.0 * csum * (gram @ v)
+        - 4.0 * cpn * v
+        - 12.0 * (1.0 + mu) * cn[:, None] * v
+    )
     return BatchTerms(value, grad, own, rows)
 
 
@@ -141,18 +165,22 @@ def batch_sums(x: np.ndarray, y_resid: np.ndarray, v: np.ndarray, mu: float) -> 
     return t.value, t.grad
 
 
-def part_sums(draw: Any, t0: float, t1: np.ndarray, t2: np.ndarray, v: np.ndarray, mu: float,
-              item: tuple[int, int]) -> BatchTerms:
+def part_sums(
+    draw: Any, t0: float, t1: np.ndarray, t2: np.ndarray, v: np.ndarray, mu: float, item: tuple[int, int]
+) -> BatchTerms:
     """:func:`batch_terms` on the independent part ``p`` of ``n`` samples, ``item = (p, n)``, drawn
     where this runs (a worker): only the part's id travels, and the result is O(m d)."""
     p, n = item
     x, y = draw.part(int(p), int(n))
-    total: Optional[BatchTerms] = None
+    total: BatchTerms | None = None
     for a in range(0, x.shape[0], BLOCK_ROWS):  # blocks whose (rows, m) temporaries stay in cache
-        xs = x[a:a + BLOCK_ROWS]
-        t = batch_terms(xs, residual_labels(xs, y[a:a + BLOCK_ROWS], t0, t1, t2), v, mu)
-        total = t if total is None else BatchTerms(total.value + t.value, total.grad + t.grad, total.own + t.own,
-                                                    total.rows + t.rows)
+        xs = x[a : a + BLOCK_ROWS]
+        t = batch_terms(xs, residual_labels(xs, y[a : a + BLOCK_ROWS], t0, t1, t2), v, mu)
+        total = (
+            t
+            if total is None
+            else BatchTerms(total.value + t.value, total.grad + t.grad, total.own + t.own, total.rows + t.rows)
+        )
     if total is None:
         raise ValueError(f"part {p} has no samples")
     return total
@@ -189,7 +217,7 @@ class _Moments:
     grad: Any = 0.0
     own: Any = 0.0
     rows: Any = 0.0
-    ref: Optional[tuple[np.ndarray, float]] = None
+    ref: tuple[np.ndarray, float] | None = None
     shift: Any = 0.0
     shift_sq: float = 0.0
     vshift: Any = np.float64(0.0)  # numpy scalars: an overflow gives inf, not an exception
@@ -222,16 +250,29 @@ class _Moments:
         return math.sqrt(max(ss, 0.0) / (k * (k - 1))), math.sqrt(max(float(vs), 0.0) / (k * (k - 1)))
 
 
-def _stream(draw: Any, mapper: Callable, first: int, parts: int, part_size: int, v: np.ndarray, w: np.ndarray,
-            mu: float, t0: float, t1: np.ndarray, t2: np.ndarray, window: int) -> _Moments:
+def _stream(
+    draw: Any,
+    mapper: Callable,
+    first: int,
+    parts: int,
+    part_size: int,
+    v: np.ndarray,
+    w: np.ndarray,
+    mu: float,
+    t0: float,
+    t1: np.ndarray,
+    t2: np.ndarray,
+    window: int,
+) -> _Moments:
     """Map :func:`part_sums` over parts ``first, …, first + parts − 1`` (in windows) and sum their
     results in part order; gradients are taken to B̃ (``∂/∂B̃ = (∂/∂V) Wᵀ``) part by part."""
-    fn = partial(part_sums, draw, float(t0), np.asarray(t1, dtype=np.float64), np.asarray(t2, dtype=np.float64),
-                 v, float(mu))
+    fn = partial(
+        part_sums, draw, float(t0), np.asarray(t1, dtype=np.float64), np.asarray(t2, dtype=np.float64), v, float(mu)
+    )
     acc = _Moments()
     items = [(first + i, part_size) for i in range(parts)]
     for a in range(0, parts, window):
-        chunk = items[a:a + window]
+        chunk = items[a : a + window]
         results = list(mapper(fn, chunk))
         if len(results) != len(chunk):
             raise RuntimeError(f"mapper returned {len(results)} results for {len(chunk)} parts")
@@ -248,13 +289,36 @@ class StreamedG:
     report: dict
 
 
-def streamed_g(draw: Any, mapper: Callable = map, *, w: np.ndarray, t0: float, t1: np.ndarray, t2: np.ndarray,
-               m: int, mu: float, lam: float, seed: int = 0, batch: int = 65_536, steps: int = 200,
-               beta_max: Optional[float] = None, beta_min: Optional[float] = None, target_angle: float = 0.05,
-               step: float = 0.5, theta: float = 3.0, growth: float = 4.0, part_size: int = 16_384,
-               min_parts: int = 4, max_samples: int = 200_000_000, window: int = 64, first_part: int = 2,
-               confirm: int = 2, min_align: float = 0.8, drift_angle: float = 0.2,
-               callback: Optional[Callable[[int, np.ndarray], Any]] = None) -> StreamedG:
+def streamed_g(
+    draw: Any,
+    mapper: Callable = map,
+    *,
+    w: np.ndarray,
+    t0: float,
+    t1: np.ndarray,
+    t2: np.ndarray,
+    m: int,
+    mu: float,
+    lam: float,
+    seed: int = 0,
+    batch: int = 65_536,
+    steps: int = 200,
+    beta_max: float | None = None,
+    beta_min: float | None = None,
+    target_angle: float = 0.05,
+    step: float = 0.5,
+    theta: float = 3.0,
+    growth: float = 4.0,
+    part_size: int = 16_384,
+    min_parts: int = 4,
+    max_samples: int = 200_000_000,
+    window: int = 64,
+    first_part: int = 2,
+    confirm: int = 2,
+    min_align: float = 0.8,
+    drift_angle: float = 0.2,
+    callback: Callable[[int, np.ndarray], Any] | None = None,
+) -> StreamedG:
     """Minimize G over B̃ (m × m) by proximal stochastic gradient steps on fresh samples.
 
     Step k maps :func:`part_sums` over new parts of ``draw`` (ids from ``first_part`` on, never
@@ -346,7 +410,7 @@ def streamed_g(draw: Any, mapper: Callable = map, *, w: np.ndarray, t0: float, t
     converged = False
     k = held = 0
     betas = np.zeros(m)
-    prev: Optional[tuple[np.ndarray, float]] = None
+    prev: tuple[np.ndarray, float] | None = None
     tail: list[np.ndarray] = []
     for k in range(1, steps + 1):
         acc = _stream(draw, mapper, next_part, parts, part_size, b @ w, w, mu, t0, t1, t2, window)
@@ -375,9 +439,21 @@ def streamed_g(draw: Any, mapper: Callable = map, *, w: np.ndarray, t0: float, t
         # T(b̂_j⁴) for the unit rows: β_j at the components (for μ and λ of a second round)
         betas = acc.own / acc.n / np.maximum(np.einsum("ij,ij->i", b, b), 1e-300) ** 2
         b = prox_radial(b - eta * g_t, eta * lam)
-        trace.append({"step": k, "samples": used, "batch": acc.n, "G": value, "G_se": val_se,
-                      "grad_norm": signal, "grad_se": se, "successive_cos": corr, "rms_angle": err / math.sqrt(m),
-                      "align_min": float(align.min()), "align_mean": float(align.mean())})
+        trace.append(
+            {
+                "step": k,
+                "samples": used,
+                "batch": acc.n,
+                "G": value,
+                "G_se": val_se,
+                "grad_norm": signal,
+                "grad_se": se,
+                "successive_cos": corr,
+                "rms_angle": err / math.sqrt(m),
+                "align_min": float(align.min()),
+                "align_mean": float(align.mean()),
+            }
+        )
         if callback is not None:
             callback(k, b)
         # a small gradient alone may be a saddle's: the rows must be the components too, twice running
@@ -405,11 +481,24 @@ def streamed_g(draw: Any, mapper: Callable = map, *, w: np.ndarray, t0: float, t
     if converged:
         b = np.mean(tail, axis=0)  # the iterates that passed the test: their mean has less noise
     last = trace[-1] if trace else {}
-    report = {"steps": k, "samples": used, "seconds": time.perf_counter() - t_start, "converged": converged,
-              "stop": stop, "parts": [int(first_part), next_part], "eta": eta, "mu": mu, "lambda": lam,
-              "beta_max": beta_max, "beta_min": beta_min, "averaged_iterates": len(tail) if converged else 0,
-              "final": {k_: last.get(k_) for k_ in ("batch", "G", "G_se", "grad_norm", "grad_se", "rms_angle",
-                                                    "align_min", "align_mean")},
-              "row_betas": betas.tolist() if trace else None,
-              "trace": trace}
+    report = {
+        "steps": k,
+        "samples": used,
+        "seconds": time.perf_counter() - t_start,
+        "converged": converged,
+        "stop": stop,
+        "parts": [int(first_part), next_part],
+        "eta": eta,
+        "mu": mu,
+        "lambda": lam,
+        "beta_max": beta_max,
+        "beta_min": beta_min,
+        "averaged_iterates": len(tail) if converged else 0,
+        "final": {
+            k_: last.get(k_)
+            for k_ in ("batch", "G", "G_se", "grad_norm", "grad_se", "rms_angle", "align_min", "align_mean")
+        },
+        "row_betas": betas.tolist() if trace else None,
+        "trace": trace,
+    }
     return StreamedG(b, report)

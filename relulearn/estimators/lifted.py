@@ -17,16 +17,29 @@ in which ``|û ûᵀ| = 1`` and inner products are traces.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from math import comb
-from typing import Mapping
 
 import numpy as np
 
 from .. import hermite
 
-__all__ = ["lifted_route", "lifted_dimension", "max_order", "lift_matrix", "lift_vector", "embed", "LiftedSlices",
-           "slices", "vectors", "units", "spm", "ResidualTensors", "residual_tensors"]
+__all__ = [
+    "lifted_route",
+    "lifted_dimension",
+    "max_order",
+    "lift_matrix",
+    "lift_vector",
+    "embed",
+    "LiftedSlices",
+    "slices",
+    "vectors",
+    "units",
+    "spm",
+    "ResidualTensors",
+    "residual_tensors",
+]
 
 #: a full tensor is unpacked to contract it: at most this many entries (d^l), 1.6·10⁸ bytes
 UNPACK_ENTRIES = 20_000_000
@@ -120,8 +133,9 @@ def slices(arrays: Mapping[str, np.ndarray], d: int, directions: np.ndarray) -> 
     return LiftedSlices(np.asarray(mats), np.asarray(ses), np.asarray(orders), tuple(conts))
 
 
-def vectors(arrays: Mapping[str, np.ndarray], d: int, directions: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                  tuple[np.ndarray, ...]]:
+def vectors(
+    arrays: Mapping[str, np.ndarray], d: int, directions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """``T_3(g)`` for each row ``g`` of ``directions`` as vectors of ``Sym²`` (``Σ_i A_i f_3(β_i) <û_i, g> v_i``):
     linear in the factors, they give each unit's order-3 weight once the factors are known (orders 4–6 alone
     confuse ``β ≈ 0`` with ``|β| ≈ 1.75``). Returns ``(vectors (G, D), standard errors, contractions)``."""
@@ -172,16 +186,23 @@ class ResidualTensors:
         raw = None
         for x, y in part_batches(self.draw, p, n):
             r = y.reshape(len(y), -1) - self.network.forward(x)
-            got = [np.stack(s) for s in zip(*(hermite.raw_moment_sums_upto(x, r[:, j], self.max_order)
-                                                for j in range(r.shape[1])))]
+            got = [
+                np.stack(s)
+                for s in zip(*(hermite.raw_moment_sums_upto(x, r[:, j], self.max_order) for j in range(r.shape[1])))
+            ]
             raw = got if raw is None else [a + b for a, b in zip(raw, got)]
         d = self.network.input_dim
-        return {f"T{l}": np.stack([hermite.raw_to_hermite({m: raw[m][j] / n for m in range(l + 1)}, d, l)
-                                   for j in range(len(raw[0]))]) for l in range(2, self.max_order + 1)}
+        return {
+            f"T{l}": np.stack(
+                [hermite.raw_to_hermite({m: raw[m][j] / n for m in range(l + 1)}, d, l) for j in range(len(raw[0]))]
+            )
+            for l in range(2, self.max_order + 1)
+        }
 
 
-def residual_tensors(draw: object, network: object, max_order: int, parts: list[tuple[int, int]],
-                     mapper=map) -> list[dict[str, np.ndarray]]:
+def residual_tensors(
+    draw: object, network: object, max_order: int, parts: list[tuple[int, int]], mapper=map
+) -> list[dict[str, np.ndarray]]:
     """Per output, the tensors ``T_2 … T_L`` of the residual labels ``y − f̂(x)`` over ``parts`` (``(part id,
     rows)``, equal sizes) with standard errors from the spread of the parts' means: arrays named as a
     ``hermite`` store's (``T4``, ``T4_se``, …)."""
@@ -222,6 +243,7 @@ def spm(core: np.ndarray, basis: np.ndarray, d: int, seed: int) -> tuple[np.ndar
     shift = np.sqrt(1.5)  # √(2(n2−1)/n2) for order n2 = 4: the power iteration then increases F
     found, weights = [], []
     while q.shape[1] > 0:
+
         def power(a: np.ndarray, iterations: int) -> tuple[float, np.ndarray]:
             for _ in range(iterations):
                 w = q.T @ (a[i] * a[j] * s)
@@ -245,7 +267,7 @@ def spm(core: np.ndarray, basis: np.ndarray, d: int, seed: int) -> tuple[np.ndar
         found.append(a), weights.append(lam)
         # deflate: core − λ w wᵀ has rank k − 1 inside the space; keep its k − 1 strongest eigenvectors
         mu, vec = np.linalg.eigh(core - lam * np.outer(w, w))
-        keep = np.sort(np.argsort(-np.abs(mu))[:q.shape[1] - 1])
+        keep = np.sort(np.argsort(-np.abs(mu))[: q.shape[1] - 1])
         q, core = q @ vec[:, keep], np.diag(mu[keep])
     return np.asarray(found), np.asarray(weights)
 

@@ -19,12 +19,13 @@ touches Dask or the pipeline. ``api`` runs the passes it requests.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..network import Network
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
+from ..network import Network
 from . import biased, enumeration, spectral, subspace
 from .base import Arrays, BudgetError, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .polish import polish_and_select
@@ -63,7 +64,7 @@ CG_ROWS_PER_UNKNOWN = 8
 CG_POLISH_BYTES = 3 * 2**30
 
 
-def required_statistics(d: int, width: Optional[int] = None, sketched: bool = False) -> dict:
+def required_statistics(d: int, width: int | None = None, sketched: bool = False) -> dict:
     """The ``statistics`` config section the first pass needs: the dense ``basic`` and ``contracted``
     families, or, when ``api`` finds that their block partial does not fit a worker (``sketched``; the
     plan of :data:`DENSE_FAMILIES` under ``run.worker_memory``), the sketch of ``M_2`` alone: the
@@ -73,18 +74,20 @@ def required_statistics(d: int, width: Optional[int] = None, sketched: bool = Fa
     return {"basic": None, "sketch": {"rank": sketch_rank(d, width), "second": {}}}
 
 
-def sketch_rank(d: int, width: Optional[int]) -> int:
+def sketch_rank(d: int, width: int | None) -> int:
     """Columns of the sketch: 32, or more when ``width`` needs them (``k + 8``), at most d."""
     return int(min(d, max(32, (width or 0) + SKETCH_OVERSAMPLING)))
 
 
-def sketch_passes(d: int, width: Optional[int]) -> list[tuple[str, dict, bool]]:
+def sketch_passes(d: int, width: int | None) -> list[tuple[str, dict, bool]]:
     """The passes the sketched route adds, for planning (:mod:`relulearn.runplan`): ``(name, statistics,
     optional)`` with the shapes the subspace passes will have (basis rows of the sketch's rank, the expansion's
     ``T_2`` of rank ``width``: the values are placeholders)."""
     r, k = sketch_rank(d, width), width or 4
-    stats = {"basic": None, "sketch": {"basis": [[0.0]] * r,
-                                       "second": {"expansion": {"t2_vectors": [[0.0]] * k, "t2_values": [0.0] * k}}}}
+    stats = {
+        "basic": None,
+        "sketch": {"basis": [[0.0]] * r, "second": {"expansion": {"t2_vectors": [[0.0]] * k, "t2_values": [0.0] * k}}},
+    }
     return [(f"subspace-{i + 1}", stats, i >= SKETCH_PASSES[0]) for i in range(SKETCH_PASSES[1])]
 
 
@@ -97,8 +100,9 @@ def _check(stats: Mapping[str, Arrays]) -> None:
     if "contracted" not in stats and "Y_second" in stats.get("sketch", {}):
         return
     if "contracted" not in stats:
-        raise MissingStatisticError.lacking("moments", "contracted", "orders 2 and 4",
-                                            "{orders: [2, 4], directions: 8}")
+        raise MissingStatisticError.lacking(
+            "moments", "contracted", "orders 2 and 4", "{orders: [2, 4], directions: 8}"
+        )
     orders = set(np.asarray(stats["contracted"]["pair_order"]).tolist())
     if not orders & {2, 4}:
         raise MissingStatisticError(
@@ -107,10 +111,18 @@ def _check(stats: Mapping[str, Arrays]) -> None:
         )
 
 
-def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
-          samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
-          refine_samples: Optional[int] = None, biases: bool = False, mapper: Callable = map, seed: int = 0,
-          budget: int = 200_000) -> LearnResult | PassRequest:
+def learn(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None = None,
+    refine_samples: int | None = None,
+    biases: bool = False,
+    mapper: Callable = map,
+    seed: int = 0,
+    budget: int = 200_000,
+) -> LearnResult | PassRequest:
     """Learn ``y = Σ λ_i relu(<u_i, x>)`` (``biases``: ``Σ λ_i relu(<u_i, x> + b_i) + c``) from stored moments.
 
     Parameters
@@ -170,8 +182,17 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     return _finish(sub.basis, wanted, total, samples, mapper, seed, budget, report, biases)
 
 
-def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Callable, seed: int, budget: int,
-            report: dict, biases: bool = False) -> LearnResult:
+def _finish(
+    basis: np.ndarray,
+    wanted: int,
+    total: int,
+    samples: Any,
+    mapper: Callable,
+    seed: int,
+    budget: int,
+    report: dict,
+    biases: bool = False,
+) -> LearnResult:
     """Enumeration on the found subspace, polish (or, at large d, projected parts) and refinement."""
     d = basis.shape[0]
     n_train, n_val = sample_sizes(d, wanted)
@@ -180,7 +201,8 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
         raise ValueError(
             f"a network with biases at d = {d}, width {wanted}: its bounded sample of {n_train + n_val:,} inputs does "
             f"not fit {LARGE_INPUT_BYTES / 2**30:.0f} GiB, and a biased network's refinement needs it (its "
-            "Gauss–Newton matrix has no closed form); learn without biases (--no-biases) or with a smaller width")
+            "Gauss–Newton matrix has no closed form); learn without biases (--no-biases) or with a smaller width"
+        )
     if large and hasattr(samples, "part") and total > 0:
         net, merged = _learn_large(basis, samples, wanted, total, mapper, seed, budget, report)
     else:
@@ -188,19 +210,35 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
         z, z_val = smp.x_train @ basis, smp.x_val @ basis
         if biases:  # directions and offsets: the enumeration on [z, 1], with room for an affine part
             z, z_val = biased.lift(z), biased.lift(z_val)
-        enum = _enumerate(z, smp.y_train, z_val, smp.y_val, budget=budget, mapper=mapper, seed=seed,
-                          k=wanted + (biased.EXTRA_UNITS if biases else 0))
+        enum = _enumerate(
+            z,
+            smp.y_train,
+            z_val,
+            smp.y_val,
+            budget=budget,
+            mapper=mapper,
+            seed=seed,
+            k=wanted + (biased.EXTRA_UNITS if biases else 0),
+        )
         report["enumeration"] = enum.to_dict()
         a, lam = np.asarray(enum.directions), np.asarray(enum.output_weights)
-        start = (biased.to_biased(a, lam, basis, wanted) if biases
-                 else Network((a @ basis.T, lam[None, :]), activation="relu"))
+        start = (
+            biased.to_biased(a, lam, basis, wanted)
+            if biases
+            else Network((a @ basis.T, lam[None, :]), activation="relu")
+        )
         best, net = polish_and_select(start, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
         net = refine_unless_exact(net, samples, total, smp, mapper, report)
         merged = enum.merged
     # units that could not be told apart at this sample count, each with the final unit it went into
-    report["merged_units"] = [{"into": int(g["into"]), "reason": g["reason"],  # into −1: no final unit left
-                               "angle_to_into": None if g.get("angle_to_into") is None else float(g["angle_to_into"])}
-                              for g in merged]
+    report["merged_units"] = [
+        {
+            "into": int(g["into"]),
+            "reason": g["reason"],  # into −1: no final unit left
+            "angle_to_into": None if g.get("angle_to_into") is None else float(g["angle_to_into"]),
+        }
+        for g in merged
+    ]
     found = int(np.count_nonzero(net.weights[1]))
     report["width_requested"], report["width_found"] = wanted, found
     if found < wanted:
@@ -211,8 +249,9 @@ def _finish(basis: np.ndarray, wanted: int, total: int, samples: Any, mapper: Ca
     return LearnResult(net, report)
 
 
-def _enumerate(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, k: int, budget: int,
-               **options: Any) -> enumeration.EnumerationResult:
+def _enumerate(
+    z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, k: int, budget: int, **options: Any
+) -> enumeration.EnumerationResult:
     """The enumeration of ``k`` units on the subspace coordinates ``z``; a budget too small for it is refused
     naming ``--budget`` and the method that needs no enumeration."""
     try:
@@ -223,11 +262,15 @@ def _enumerate(z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarra
             f"which needs a budget of {err.wanted:,} candidate evaluations (at least {err.needed:,}); this run has "
             f"{budget:,}. Give --budget {err.wanted} (time grows with it, exponentially in the width), or learn "
             "the same store with --method tensor, which needs no enumeration (one hidden layer, biases, any "
-            "number of outputs, width up to d)", err.needed, err.wanted) from None
+            "number of outputs, width up to d)",
+            err.needed,
+            err.wanted,
+        ) from None
 
 
-def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mapper: Callable, seed: int,
-                 budget: int, report: dict) -> tuple[Network, list]:
+def _learn_large(
+    basis: np.ndarray, samples: Any, wanted: int, total: int, mapper: Callable, seed: int, budget: int, report: dict
+) -> tuple[Network, list]:
     """Large d: enumeration on projected samples of the subspace's dimension, then the matrix-free polish on a
     bounded sample of 8 rows per unknown where its inputs fit :data:`CG_POLISH_BYTES` (then the streamed
     refinement only if the polish is not exact on the validation samples), else the streamed refinement from
@@ -248,9 +291,11 @@ def _learn_large(basis: np.ndarray, samples: Any, wanted: int, total: int, mappe
         smp = samples(n_pol, n_val)
         _, net = _polish_matrix_free(start, smp, report)
         return refine_unless_exact(net, samples, total, smp, mapper, report), enum.merged
-    report["polish"] = {"skipped": f"d = {d}: a bounded sample of {n_pol:,} inputs for the k·d unknowns does not "
-                                   f"fit {CG_POLISH_BYTES / 2**30:.0f} GiB; the streamed refinement fits the network "
-                                   "on all samples instead"}
+    report["polish"] = {
+        "skipped": f"d = {d}: a bounded sample of {n_pol:,} inputs for the k·d unknowns does not "
+        f"fit {CG_POLISH_BYTES / 2**30:.0f} GiB; the streamed refinement fits the network "
+        "on all samples instead"
+    }
     # first on a bounded stream (8 rows per unknown): noiseless labels are fitted to their rounding there, in a
     # fraction of the passes over every sample of the store; labels with noise go on to all of them
     bounded = min(total, max(20_000, CG_ROWS_PER_UNKNOWN * wanted * d))
@@ -279,14 +324,14 @@ def _polish_matrix_free(start: Network, smp: Samples, report: dict) -> tuple[str
         report["polish"] = {k: v for k, v in prep.__dict__.items() if k != "linear"}
     except (ValueError, np.linalg.LinAlgError) as err:
         report["polish"] = {"error": str(err)}
-    y2 = float(np.mean(smp.y_val ** 2)) or 1.0
+    y2 = float(np.mean(smp.y_val**2)) or 1.0
     losses = {k: float(np.mean((smp.y_val - n.forward(smp.x_val)[:, 0]) ** 2) / y2) for k, n in candidates.items()}
     best = min(losses, key=losses.get)
     report["validation_relative_loss"], report["chosen"] = losses, best
     return best, candidates[best]
 
 
-def _control(sketch: Arrays, step: Optional[subspace.RitzStep] = None) -> dict[str, Any]:
+def _control(sketch: Arrays, step: subspace.RitzStep | None = None) -> dict[str, Any]:
     """The ``second`` options of a subspace pass: the labels' expansion of degree ≤ 2 as a control variate.
 
     ``E[y]`` and ``E[y x]`` come from the sketch pass, ``T_2`` from the top-k Ritz pairs of the last pass
@@ -298,8 +343,10 @@ def _control(sketch: Arrays, step: Optional[subspace.RitzStep] = None) -> dict[s
     """
     if "t0_second" not in sketch:
         return {}
-    expansion: dict[str, Any] = {"t0": float(np.asarray(sketch["t0_second"])),
-                                 "t1": np.asarray(sketch["t1_second"], dtype=np.float64).tolist()}
+    expansion: dict[str, Any] = {
+        "t0": float(np.asarray(sketch["t0_second"])),
+        "t1": np.asarray(sketch["t1_second"], dtype=np.float64).tolist(),
+    }
     if step is not None:
         k = step.k
         expansion["t2_vectors"] = step.vectors[:, :k].T.tolist()
@@ -307,8 +354,9 @@ def _control(sketch: Arrays, step: Optional[subspace.RitzStep] = None) -> dict[s
     return {"expansion": expansion}
 
 
-def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], width: Optional[int]
-                     ) -> PassRequest | tuple[np.ndarray, dict]:
+def _sketch_subspace(
+    sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], width: int | None
+) -> PassRequest | tuple[np.ndarray, dict]:
     """Subspace iteration on the sketched ``M_2``, one requested pass per step, each on the chunks of the
     main store (``api`` runs a pass with the run's configuration); the iteration is replayed from the
     passes so far, so the method stays a pure function of the statistics.
@@ -320,33 +368,55 @@ def _sketch_subspace(sketch: Arrays, passes: Sequence[Mapping[str, Arrays]], wid
         init = subspace.sketch_basis(np.asarray(sketch["Y_second"]), np.asarray(sketch["Y_second_se"]))
         if width is not None:
             check_sketch_rank(init.basis.shape[0], init.basis.shape[1], width)
-        return PassRequest("subspace-1", subspace.pass_statistics(init.basis, "second", _control(sketch)),
-                           "a single sketch of M_2 is swamped by noise at large d; subspace passes on the same "
-                           "chunks refine it (randomised subspace iteration)")
+        return PassRequest(
+            "subspace-1",
+            subspace.pass_statistics(init.basis, "second", _control(sketch)),
+            "a single sketch of M_2 is swamped by noise at large d; subspace passes on the same "
+            "chunks refine it (randomised subspace iteration)",
+        )
     last = done[-1]
     basis = np.asarray(last["omega"])
-    step = subspace.rayleigh_ritz(np.asarray(last["Y_second"]), np.asarray(last["Y_second_se"]),
-                                  np.asarray(last["BMB_second"]), basis, k=width,
-                                  bmb_se=np.asarray(last["BMB_second_se"]) if "BMB_second_se" in last else None)
+    step = subspace.rayleigh_ritz(
+        np.asarray(last["Y_second"]),
+        np.asarray(last["Y_second_se"]),
+        np.asarray(last["BMB_second"]),
+        basis,
+        k=width,
+        bmb_se=np.asarray(last["BMB_second_se"]) if "BMB_second_se" in last else None,
+    )
     k = step.k
     change = float(spectral.principal_angles(step.vectors[:, :k], step.next_basis[:, :k]).max(initial=0.0))
     lo, hi = SKETCH_PASSES
     if len(done) < hi and (len(done) < lo or change > step.angle_bound or step.angle_bound >= VACUOUS_ANGLE):
-        return PassRequest(f"subspace-{len(done) + 1}",
-                           subspace.pass_statistics(step.next_basis, "second", _control(sketch, step)),
-                           f"the next pass would move the top-{k} subspace by {change:.3g} rad; its angle bound is "
-                           f"{step.angle_bound:.3g} rad (the passes go on while the move exceeds the bound, the bound "
-                           f"reaches {VACUOUS_ANGLE} rad, or fewer than {lo} passes ran)")
+        return PassRequest(
+            f"subspace-{len(done) + 1}",
+            subspace.pass_statistics(step.next_basis, "second", _control(sketch, step)),
+            f"the next pass would move the top-{k} subspace by {change:.3g} rad; its angle bound is "
+            f"{step.angle_bound:.3g} rad (the passes go on while the move exceeds the bound, the bound "
+            f"reaches {VACUOUS_ANGLE} rad, or fewer than {lo} passes ran)",
+        )
     vectors = step.refined_vectors[:, :k]
-    report = {"subspace": {"kind": "sketch", "rank": k, "supported": step.significant >= k,
-                           "passes": len(done), "converged": bool(change <= step.angle_bound < VACUOUS_ANGLE),
-                           "last_change": change, "angle_bound": step.angle_bound, "step": step.to_dict(),
-                           "basis": vectors.tolist()}}
+    report = {
+        "subspace": {
+            "kind": "sketch",
+            "rank": k,
+            "supported": step.significant >= k,
+            "passes": len(done),
+            "converged": bool(change <= step.angle_bound < VACUOUS_ANGLE),
+            "last_change": change,
+            "angle_bound": step.angle_bound,
+            "step": step.to_dict(),
+            "basis": vectors.tolist(),
+        }
+    }
     if step.significant < k:
-        report["subspace"]["message"] = (f"the noise floor supports only {step.significant} of the {k} directions "
-                                         "asked for; more samples raise the signal above it")
+        report["subspace"]["message"] = (
+            f"the noise floor supports only {step.significant} of the {k} directions "
+            "asked for; more samples raise the signal above it"
+        )
     if step.significant == 0:
         raise NoSignalError(
             "the sketched M_2 has no Ritz value above the noise floor: the statistics are pure noise at this sample "
-            "count; estimate with more samples (`relulearn estimate ... --samples N`)")
+            "count; estimate with more samples (`relulearn estimate ... --samples N`)"
+        )
     return vectors, report

@@ -17,8 +17,9 @@ r² × r² matrix, all pair values are ``C = S T Sᵀ``, one GEMM, and the gradi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 from scipy.optimize import minimize
@@ -37,8 +38,13 @@ class GParameters:
     noise: float
 
     def to_dict(self) -> dict:
-        return {"mu": self.mu, "lambda": self.lam, "beta_max": self.beta_max, "beta_min": self.beta_min,
-                "noise": self.noise}
+        return {
+            "mu": self.mu,
+            "lambda": self.lam,
+            "beta_max": self.beta_max,
+            "beta_min": self.beta_min,
+            "noise": self.noise,
+        }
 
 
 def g_value_grad(b: np.ndarray, tmat: np.ndarray, mu: float, lam: float) -> tuple[float, np.ndarray]:
@@ -97,9 +103,16 @@ class StartResult:
     trace: tuple[float, ...] = ()  # G at the start and after every iteration
 
     def to_dict(self) -> dict:
-        return {"start": self.start, "G": self.value, "iterations": self.iterations, "converged": self.converged,
-                "distinct_rows": self.distinct, "max_cross_cos": self.max_cross_cos, "unbounded": self.unbounded,
-                "trace": thin_trace(self.trace)}
+        return {
+            "start": self.start,
+            "G": self.value,
+            "iterations": self.iterations,
+            "converged": self.converged,
+            "distinct_rows": self.distinct,
+            "max_cross_cos": self.max_cross_cos,
+            "unbounded": self.unbounded,
+            "trace": thin_trace(self.trace),
+        }
 
 
 #: points of a start's G trace kept in a report (log-spaced in the iteration: the early descent and the end)
@@ -116,8 +129,9 @@ def thin_trace(trace: tuple[float, ...], points: int = TRACE_POINTS) -> list[lis
     return [[int(i), float(trace[i])] for i in keep]
 
 
-def _one_start(tmat: np.ndarray, m: int, mu: float, lam: float, seed: tuple[int, ...], start: int,
-               max_iter: int) -> StartResult:
+def _one_start(
+    tmat: np.ndarray, m: int, mu: float, lam: float, seed: tuple[int, ...], start: int, max_iter: int
+) -> StartResult:
     r = int(round(np.sqrt(tmat.shape[0])))
     rng = np.random.default_rng(seed + (start,))
     b0 = rng.standard_normal((m, r)) / np.sqrt(r)
@@ -131,20 +145,43 @@ def _one_start(tmat: np.ndarray, m: int, mu: float, lam: float, seed: tuple[int,
     def seen(intermediate_result: Any) -> None:  # scipy passes the iterate's value: no extra evaluation
         trace.append(float(intermediate_result.fun))
 
-    res = minimize(fun, b0.ravel(), jac=True, method="L-BFGS-B", callback=seen,
-                   options={"maxiter": max_iter, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-10})
+    res = minimize(
+        fun,
+        b0.ravel(),
+        jac=True,
+        method="L-BFGS-B",
+        callback=seen,
+        options={"maxiter": max_iter, "maxcor": 30, "ftol": 1e-15, "gtol": 1e-10},
+    )
     b = res.x.reshape(m, r)
     norms = np.linalg.norm(b, axis=1)
     # a bounded G keeps rows near unit norm (the λ term); rows running off mean the noise beats λ
     unbounded = bool(not np.isfinite(res.fun) or norms.max() > 10.0)
     bn = b / np.maximum(norms[:, None], 1e-300)
     cross = np.abs(bn @ bn.T) - np.eye(m)
-    return StartResult(start, float(res.fun), int(res.nit), bool(res.success), b, distinct_rows(b),
-                       float(cross.max(initial=0.0)), unbounded, tuple(trace))
+    return StartResult(
+        start,
+        float(res.fun),
+        int(res.nit),
+        bool(res.success),
+        b,
+        distinct_rows(b),
+        float(cross.max(initial=0.0)),
+        unbounded,
+        tuple(trace),
+    )
 
 
-def minimize_g(tmat: np.ndarray, m: int, params: GParameters, *, starts: int = 8, seed: tuple[int, ...] = (0,),
-               max_iter: int = 5000, mapper: Callable = map) -> list[StartResult]:
+def minimize_g(
+    tmat: np.ndarray,
+    m: int,
+    params: GParameters,
+    *,
+    starts: int = 8,
+    seed: tuple[int, ...] = (0,),
+    max_iter: int = 5000,
+    mapper: Callable = map,
+) -> list[StartResult]:
     """Minimize G by L-BFGS from ``starts`` random starts (each from the seed and its index).
 
     Parameters
@@ -168,7 +205,7 @@ def minimize_g(tmat: np.ndarray, m: int, params: GParameters, *, starts: int = 8
     return list(mapper(fn, range(starts)))
 
 
-def best_start(results: list[StartResult], m: int) -> Optional[StartResult]:
+def best_start(results: list[StartResult], m: int) -> StartResult | None:
     """The lowest G among bounded starts with ``m`` distinct rows (``None`` when there is none)."""
     ok = [s for s in results if not s.unbounded and s.distinct == m]
     return min(ok, key=lambda s: s.value) if ok else None

@@ -46,8 +46,12 @@ class Orientation:
     details: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"flipped": np.flatnonzero(self.flip).tolist(), "relative_residual": self.relative_residual,
-                "method": self.method, **self.details}
+        return {
+            "flipped": np.flatnonzero(self.flip).tolist(),
+            "relative_residual": self.relative_residual,
+            "method": self.method,
+            **self.details,
+        }
 
 
 def _items(a: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -89,8 +93,9 @@ def orient(a: np.ndarray, u: np.ndarray, lin: np.ndarray, *, precision: float = 
     def result(z: np.ndarray, method: str, **details) -> Orientation:
         z = np.asarray(z, dtype=bool)
         res = float(np.linalg.norm(w @ z - target))
-        return Orientation(z, res, method if res <= tol else "unresolved",
-                           dict(details, rank=rank, unknowns=k, tried=method))
+        return Orientation(
+            z, res, method if res <= tol else "unresolved", dict(details, rank=rank, unknowns=k, tried=method)
+        )
 
     if rank >= k:
         z = np.linalg.lstsq(w, target, rcond=None)[0]
@@ -142,7 +147,8 @@ def _lattice(w: np.ndarray, target: np.ndarray, precision: float, tol: float) ->
     except ImportError:
         raise ImportError(
             f"orienting {w.shape[1]} units from {np.linalg.matrix_rank(w)} equations needs a lattice search, which "
-            "uses fplll: pip install 'relulearn[wide]' (fpylll and cysignals)") from None
+            "uses fplll: pip install 'relulearn[wide]' (fpylll and cysignals)"
+        ) from None
 
     k = w.shape[1]
     scale = 0.3 / precision
@@ -155,8 +161,7 @@ def _lattice(w: np.ndarray, target: np.ndarray, precision: float, tol: float) ->
     LLL.reduction(lattice)
     best, best_z, block = np.inf, np.zeros(k, dtype=bool), 0
     for block in (10, 20, 30):
-        BKZ.reduction(lattice, BKZ.Param(block_size=block, max_loops=8,
-                                         flags=BKZ.AUTO_ABORT | BKZ.MAX_LOOPS))
+        BKZ.reduction(lattice, BKZ.Param(block_size=block, max_loops=8, flags=BKZ.AUTO_ABORT | BKZ.MAX_LOOPS))
         reduced = np.array([list(lattice[i]) for i in range(lattice.nrows)], dtype=np.float64)
         for row in reduced:
             head = row[:k]
@@ -169,5 +174,3 @@ def _lattice(w: np.ndarray, target: np.ndarray, precision: float, tol: float) ->
         if best <= tol:
             break
     return best_z, {"lattice_dimension": k + 1, "lattice_scale": scale, "block_size": block}
-
-

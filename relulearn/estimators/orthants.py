@@ -144,16 +144,19 @@ def enumerate_units(x: np.ndarray, y: np.ndarray, k: int, power: int) -> tuple[n
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     if n < 2 * (d + MIN_SAMPLES_PER_UNIT):
-        raise ValueError(f"too few samples: {n}; each unit must be active on at least d + {MIN_SAMPLES_PER_UNIT} = "
-                         f"{d + MIN_SAMPLES_PER_UNIT} samples and inactive on some, so at least "
-                         f"{2 * (d + MIN_SAMPLES_PER_UNIT)} samples are needed (a few hundred are typical)")
+        raise ValueError(
+            f"too few samples: {n}; each unit must be active on at least d + {MIN_SAMPLES_PER_UNIT} = "
+            f"{d + MIN_SAMPLES_PER_UNIT} samples and inactive on some, so at least "
+            f"{2 * (d + MIN_SAMPLES_PER_UNIT)} samples are needed (a few hundred are typical)"
+        )
     p, sv, _ = np.linalg.svd(y, full_matrices=False)
     rank = int(np.count_nonzero(sv > RANK_TOL * sv[0])) if sv.size and sv[0] > 0 else 0
     if rank != k:
         raise ValueError(
             f"rank(A) = {rank} but k = {k}: the arbitrary-input algorithm needs the labels' row span to be "
             f"exactly the span of the k hidden units' outputs (at least k outputs, U of rank k, noiseless labels; "
-            f"singular values {', '.join(f'{s:.3g}' for s in sv[: k + 2])})")
+            f"singular values {', '.join(f'{s:.3g}' for s in sv[: k + 2])})"
+        )
     b = p[:, :k].T
     col_norm = np.linalg.norm(b, axis=0)
     nonzero = np.flatnonzero(col_norm > ZERO_TOL * col_norm.max())
@@ -165,7 +168,8 @@ def enumerate_units(x: np.ndarray, y: np.ndarray, k: int, power: int) -> tuple[n
             f"k = {k} is too large for the arbitrary-input enumeration: even over {n_enum} columns it forms "
             f"C({n_enum}, {k - 1}) = {math.comb(n_enum, k - 1):.3g} candidate rows of {n} samples "
             f"({enumeration_cost(n_enum, k):.3g} entries; budget {ENUMERATION_BUDGET:.0e}); the cost grows like "
-            "n^(k−1): use Gaussian inputs and the tensor path (learn) for larger k")
+            "n^(k−1): use Gaussian inputs and the tensor path (learn) for larger k"
+        )
     enum_cols = nonzero[:n_enum]
     bn = b[:, nonzero]
     patterns: dict[bytes, np.ndarray] = {}
@@ -213,11 +217,17 @@ def enumerate_units(x: np.ndarray, y: np.ndarray, k: int, power: int) -> tuple[n
         if w is not None and misfit <= FIT_TOL:
             units.append(w)
             info.append({"inactive_samples": inactive, "misfit": misfit})
-    report = {"samples": int(n), "columns_enumerated": int(n_enum), "subsets": int(tried),
-              "zero_patterns": len(patterns), "units": info}
+    report = {
+        "samples": int(n),
+        "columns_enumerated": int(n_enum),
+        "subsets": int(tried),
+        "zero_patterns": len(patterns),
+        "units": info,
+    }
     if len(units) != k:
         raise ValueError(
             f"found {len(units)} units consistent with the labels, not k = {k}: a unit is active on fewer than "
             f"d + 1 = {d + 1} samples, inactive on fewer than k − 1 = {k - 1} of the {n_enum} enumerated samples, or "
-            "the labels are not exactly A = U f(V X) (noise, biases, another activation)")
+            "the labels are not exactly A = U f(V X) (noise, biases, another activation)"
+        )
     return np.array(units), report

@@ -11,7 +11,6 @@ precision.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -37,11 +36,11 @@ class PolishReport:
     samples_used: int
     pattern_changes: tuple[int, ...]
     stop_reason: str = "fixed point"  # or "cycle" (patterns repeat), "no descent" (matrix-free), or "max_iter"
-    linear: Optional[np.ndarray] = None  # with ``affine``: the free linear term, (m, d)
+    linear: np.ndarray | None = None  # with ``affine``: the free linear term, (m, d)
     cg_iterations: tuple[int, ...] = ()  # matrix-free steps (:mod:`.polish_cg`): conjugate-gradient iterations
 
 
-def _split(net: Network) -> tuple[np.ndarray, np.ndarray, Optional[float]]:
+def _split(net: Network) -> tuple[np.ndarray, np.ndarray, float | None]:
     """Hidden rows (``[u_i, b_i]`` with biases), output weights, and the output bias (None: bias-free)."""
     if net.depth != 1 or net.output_dim != 1 or net.activation != "relu":
         raise ValueError("polish applies to one-hidden-layer ReLU networks with one output")
@@ -50,8 +49,9 @@ def _split(net: Network) -> tuple[np.ndarray, np.ndarray, Optional[float]]:
     return np.column_stack([net.weights[0], net.biases[0]]), net.weights[1][0], float(net.biases[1][0])
 
 
-def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30,
-           affine: bool = False) -> tuple[Network, PolishReport]:
+def polish(
+    net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30, affine: bool = False
+) -> tuple[Network, PolishReport]:
     """Refine ``net`` on samples ``(x, y)`` by alternating pattern fixing and least squares.
 
     Parameters
@@ -94,7 +94,7 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
 
     lin = np.zeros(d_in)
 
-    def residual(dirs_: np.ndarray, w_: np.ndarray, c_: Optional[float], lin_: np.ndarray) -> float:
+    def residual(dirs_: np.ndarray, w_: np.ndarray, c_: float | None, lin_: np.ndarray) -> float:
         pred = np.maximum(x @ dirs_.T, 0.0) @ (sign * np.linalg.norm(w_, axis=1))
         return float(np.linalg.norm(y - pred - (c_ or 0.0) - x[:, :d_in] @ lin_) / y_norm)
 
@@ -114,8 +114,9 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
         used = int(trusted.sum())
         unknowns = k * d + int(biased) + (d_in if affine else 0)
         if used < unknowns:
-            raise ValueError(f"polish needs more than {unknowns} samples (the unknowns) away from the unit "
-                             f"boundaries; got {used}")
+            raise ValueError(
+                f"polish needs more than {unknowns} samples (the unknowns) away from the unit boundaries; got {used}"
+            )
         xs = x[trusted]
         # design matrix: block i is pattern_i * x  -> one lstsq for all k·d unknowns (and the output bias)
         phi = (pattern[:, :, None] * xs[:, None, :]).reshape(used, k * d)
@@ -124,9 +125,9 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
         if affine:
             phi = np.column_stack([phi, xs[:, :d_in]])
         sol, *_ = np.linalg.lstsq(phi, y[trusted], rcond=None)
-        w = sol[:k * d].reshape(k, d)
+        w = sol[: k * d].reshape(k, d)
         c = float(sol[k * d]) if biased else None
-        lin = sol[k * d + 1:] if affine else lin
+        lin = sol[k * d + 1 :] if affine else lin
         norms = np.linalg.norm(w, axis=1)
         alive = norms > 0
         dirs = np.where(alive[:, None], sign[:, None] * w / np.where(alive, norms, 1.0)[:, None], dirs)
@@ -151,12 +152,14 @@ def polish(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, 
         out = Network((dirs[:, :d_in], lam_out), (dirs[:, d_in], np.array([c])), activation="relu")
     else:
         out = Network((dirs, lam_out), activation="relu")
-    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop,
-                             lin[None, :].copy() if affine else None)
+    return out, PolishReport(
+        it, stop != "max_iter", res, used, tuple(changes), stop, lin[None, :].copy() if affine else None
+    )
 
 
-def polish_and_select(start: Network, x: np.ndarray, y: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-                      report: dict) -> tuple[str, Network]:
+def polish_and_select(
+    start: Network, x: np.ndarray, y: np.ndarray, x_val: np.ndarray, y_val: np.ndarray, report: dict
+) -> tuple[str, Network]:
     """``start`` and its :func:`polish`, whichever has the lower held-out relative loss.
 
     Records in ``report``: ``polish`` (its :class:`PolishReport`, or the error that stopped
@@ -182,12 +185,13 @@ def refinement_verdict(y_val: np.ndarray, before: np.ndarray, after: np.ndarray)
     change of the squared error, relative to ``mean(y²)``, and ``True`` unless that change is more than two
     standard errors above zero (``before``/``after``: the two networks' predictions of ``y_val``)."""
     diff = (y_val - after) ** 2 - (y_val - before) ** 2
-    y2 = float(np.mean(y_val ** 2)) or 1.0
+    y2 = float(np.mean(y_val**2)) or 1.0
     return float(np.mean(diff)) / y2, bool(np.mean(diff) <= 2 * np.std(diff) / np.sqrt(len(diff)))
 
 
-def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30,
-                   affine: bool = False) -> tuple[Network, PolishReport]:
+def polish_outputs(
+    net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30, affine: bool = False
+) -> tuple[Network, PolishReport]:
     """Refine a one-hidden-layer ReLU network with ``m ≥ 1`` outputs and biases on samples ``(x, y)``.
 
     With several outputs the label is no longer linear in one product per unit (the hidden rows are shared by
@@ -248,21 +252,21 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
         rhs = np.zeros(p)
         for j in range(m):  # J_j = [A_ji P_i x̃ | relu(·) in output j's columns | 1 in c_j]
             jac = np.zeros((used, p))
-            jac[:, :k * d1] = ((pat * a[j])[:, :, None] * xs[:, None, :]).reshape(used, k * d1)
-            jac[:, k * d1 + j * k:k * d1 + (j + 1) * k] = act
+            jac[:, : k * d1] = ((pat * a[j])[:, :, None] * xs[:, None, :]).reshape(used, k * d1)
+            jac[:, k * d1 + j * k : k * d1 + (j + 1) * k] = act
             jac[:, k * d1 + m * k + j] = 1.0
             if affine:
-                jac[:, k * d1 + m * k + m + j * d:k * d1 + m * k + m + (j + 1) * d] = xs[:, :d]
+                jac[:, k * d1 + m * k + m + j * d : k * d1 + m * k + m + (j + 1) * d] = xs[:, :d]
             gram += jac.T @ jac
             rhs += jac.T @ r[:, j]
         # the rescaling (u, b, A) -> (s u, s b, A / s) leaves the model unchanged: the normal matrix has a
         # k-dimensional null space, so the step is the minimum-norm solution
         step = np.linalg.lstsq(gram, rhs, rcond=1e-13)[0]
-        h = h + step[:k * d1].reshape(k, d1)
-        a = a + step[k * d1:k * d1 + m * k].reshape(m, k)
-        c = c + step[k * d1 + m * k:k * d1 + m * k + m]
+        h = h + step[: k * d1].reshape(k, d1)
+        a = a + step[k * d1 : k * d1 + m * k].reshape(m, k)
+        c = c + step[k * d1 + m * k : k * d1 + m * k + m]
         if affine:
-            lin = lin + step[k * d1 + m * k + m:].reshape(m, d)
+            lin = lin + step[k * d1 + m * k + m :].reshape(m, d)
         norms = np.linalg.norm(h, axis=1)
         h, a = h / norms[:, None], a * norms[None, :]
         res = residual(h, a, c, lin)
@@ -278,5 +282,4 @@ def polish_outputs(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float 
         prev = full
     res, h, a, c, lin = best
     out = Network((h[:, :-1].copy(), a.copy()), (h[:, -1].copy(), c.copy()), activation="relu")
-    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop,
-                             lin.copy() if affine else None)
+    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop, lin.copy() if affine else None)

@@ -25,10 +25,11 @@ precision.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.linalg
@@ -138,30 +139,34 @@ class _Step:
     c: np.ndarray
     lin: np.ndarray
 
-    def __add__(self, o: "_Step") -> "_Step":
+    def __add__(self, o: _Step) -> _Step:
         return _Step(self.h + o.h, self.a + o.a, self.c + o.c, self.lin + o.lin)
 
-    def scaled(self, s: float) -> "_Step":
+    def scaled(self, s: float) -> _Step:
         return _Step(s * self.h, s * self.a, s * self.c, s * self.lin)
 
-    def dot(self, o: "_Step") -> float:
+    def dot(self, o: _Step) -> float:
         return float(np.vdot(self.h, o.h) + np.vdot(self.a, o.a) + np.vdot(self.c, o.c) + np.vdot(self.lin, o.lin))
 
 
 def _jvp(des: _Design, a: np.ndarray, v: _Step) -> np.ndarray:
     """``J v``: the change of the outputs (n, m) along ``v`` (row parts at once)."""
+
     def part(rows: slice) -> np.ndarray:
         out = ((des.xt[rows] @ v.h.T) * des.pat[rows]) @ a.T + des.act[rows] @ v.a.T + v.c
         if des.affine:
             out += des.xt[rows, :-1] @ v.lin.T
         return out
+
     return np.concatenate(des.each_part(part))
 
 
 def _vjp(des: _Design, a: np.ndarray, w: np.ndarray) -> _Step:
     """``Jᵀ w`` for output changes ``w`` (n, m): the row parts' sums at once, added in a fixed order."""
+
     def part(rows: slice) -> np.ndarray:
         return des.xt[rows].T @ ((w[rows] @ a) * des.pat[rows])  # this orientation runs faster in OpenBLAS
+
     h = sum(des.each_part(part)).T
     lin = w.T @ des.xt[:, :-1] if des.affine else np.zeros((w.shape[1], des.d))
     return _Step(h, w.T @ des.act, w.sum(axis=0), lin)
@@ -171,9 +176,11 @@ def _gauge(h: np.ndarray, a: np.ndarray, weight: float) -> Callable[[_Step], _St
     """``weight · Σ_i g_i g_iᵀ v`` for the rescalings ``g_i = (h_i, −A_:i)`` of the units, which leave the outputs
     unchanged: added to ``JᵀJ`` it makes the normal operator definite, and the step is the one that does not
     rescale the units."""
+
     def apply(v: _Step) -> _Step:
         t = weight * (np.sum(h * v.h, axis=1) - np.sum(a * v.a, axis=0))
         return _Step(t[:, None] * h, -a * t[None, :], np.zeros_like(v.c), np.zeros_like(v.lin))
+
     return apply
 
 
@@ -194,13 +201,13 @@ def _preconditioner(des: _Design, a: np.ndarray, h: np.ndarray, gauge: float) ->
     out_design = np.hstack([des.act, np.ones((n, 1))])
     cross = shared.T @ out_design  # (2k, k+1)
     gram = np.zeros((q, q))
-    gram[:2 * k, :2 * k] = (shared.T @ shared) * (tilde.T @ tilde)
+    gram[: 2 * k, : 2 * k] = (shared.T @ shared) * (tilde.T @ tilde)
     own = out_design.T @ out_design
     for j in range(m):
         idx = np.r_[2 * k + j * k + np.arange(k), 2 * k + m * k + j]
         gram[np.ix_(idx, idx)] = own
-        gram[:2 * k, idx] = tilde[j][:, None] * cross
-        gram[idx, :2 * k] = gram[:2 * k, idx].T
+        gram[: 2 * k, idx] = tilde[j][:, None] * cross
+        gram[idx, : 2 * k] = gram[: 2 * k, idx].T
     # the rescaling of each unit, in coarse coordinates: its row's length along û_i and offset, minus its weights
     null = np.zeros((k, q))
     null[np.arange(k), np.arange(k)] = np.linalg.norm(h[:, :-1], axis=1)
@@ -223,18 +230,25 @@ def _preconditioner(des: _Design, a: np.ndarray, h: np.ndarray, gauge: float) ->
         return out_
 
     def apply(v: _Step) -> _Step:
-        z = scipy.linalg.cho_solve(coarse, np.concatenate([np.sum(v.h[:, :-1] * u, axis=1), v.h[:, -1],
-                                                           v.a.ravel(), v.c]))
+        z = scipy.linalg.cho_solve(
+            coarse, np.concatenate([np.sum(v.h[:, :-1] * u, axis=1), v.h[:, -1], v.a.ravel(), v.c])
+        )
         hz = off_plane(scipy.linalg.cho_solve(fine, off_plane(v.h)))
         hz[:, :-1] += z[:k, None] * u
-        hz[:, -1] += z[k:2 * k]
-        return _Step(hz, z[2 * k:2 * k + m * k].reshape(m, k), z[2 * k + m * k:],
-                     scipy.linalg.cho_solve(lin, v.lin.T).T if lin is not None else v.lin)
+        hz[:, -1] += z[k : 2 * k]
+        return _Step(
+            hz,
+            z[2 * k : 2 * k + m * k].reshape(m, k),
+            z[2 * k + m * k :],
+            scipy.linalg.cho_solve(lin, v.lin.T).T if lin is not None else v.lin,
+        )
+
     return apply
 
 
-def _pcg(normal: Callable[[_Step], _Step], rhs: _Step, precond: Callable[[_Step], _Step], tol: float,
-         maxiter: int) -> tuple[_Step, int, float]:
+def _pcg(
+    normal: Callable[[_Step], _Step], rhs: _Step, precond: Callable[[_Step], _Step], tol: float, maxiter: int
+) -> tuple[_Step, int, float]:
     """Preconditioned conjugate gradients from zero: the solution, iterations, and the final relative residual."""
     x = rhs.scaled(0.0)
     r = rhs
@@ -261,8 +275,9 @@ def _pcg(normal: Callable[[_Step], _Step], rhs: _Step, precond: Callable[[_Step]
     return x, maxiter, rel
 
 
-def _gauss_newton_step(des: _Design, y: np.ndarray, h: np.ndarray, a: np.ndarray, c: np.ndarray, lin: np.ndarray,
-                       tol: float) -> tuple[_Step, int]:
+def _gauss_newton_step(
+    des: _Design, y: np.ndarray, h: np.ndarray, a: np.ndarray, c: np.ndarray, lin: np.ndarray, tol: float
+) -> tuple[_Step, int]:
     """The Gauss–Newton step on the patterns of ``des`` (labels ``y``), to relative tolerance ``tol``, and the
     conjugate-gradient iterations it took."""
     r = y - des.act @ a.T - c
@@ -270,13 +285,19 @@ def _gauss_newton_step(des: _Design, y: np.ndarray, h: np.ndarray, a: np.ndarray
         r -= des.xt[:, :-1] @ lin.T
     weight = float(np.mean(des.pat)) * len(y) * float(np.mean(a**2)) or 1.0  # the normal matrix's scale
     gauge = _gauge(h, a, weight)
-    step, its, _ = _pcg(lambda v: _vjp(des, a, _jvp(des, a, v)) + gauge(v), _vjp(des, a, r),
-                        _preconditioner(des, a, h, weight), tol, CG_ITER)
+    step, its, _ = _pcg(
+        lambda v: _vjp(des, a, _jvp(des, a, v)) + gauge(v),
+        _vjp(des, a, r),
+        _preconditioner(des, a, h, weight),
+        tol,
+        CG_ITER,
+    )
     return step, its
 
 
-def start_rows(net: Network, x: np.ndarray, y: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def start_rows(
+    net: Network, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The labels as (n, m), the inputs with the constant ``x̃`` (n, d+1), and a start's hidden rows ``[u_i, b_i]``,
     output weights and output biases (biases zero where the network has none; units without output weight
     left out)."""
@@ -299,8 +320,9 @@ def trusted_samples(xt: np.ndarray, h: np.ndarray, margin: float) -> tuple[np.nd
     return proj, np.all(np.abs(proj) >= margin * np.linalg.norm(h[:, :-1], axis=1), axis=1)
 
 
-def polish_outputs_cg(net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30,
-                      affine: bool = False) -> tuple[Network, "PolishReport"]:
+def polish_outputs_cg(
+    net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30, affine: bool = False
+) -> tuple[Network, PolishReport]:
     """:func:`.polish.polish_outputs` for networks too large for a dense normal matrix: the same Gauss–Newton
     iteration with the patterns fixed and refreshed, each step solved by preconditioned conjugate gradients.
 
@@ -314,8 +336,9 @@ def polish_outputs_cg(net: Network, x: np.ndarray, y: np.ndarray, *, margin: flo
     (n, m), (k, d) = y.shape, (len(h), x.shape[1])
     p = k * (d + 1) + m * k + m + (m * d if affine else 0)
     if n * m < 2 * p:
-        raise ValueError(f"polish needs more than {2 * p} equations (twice the unknowns; samples × outputs); "
-                         f"got {n * m}")
+        raise ValueError(
+            f"polish needs more than {2 * p} equations (twice the unknowns; samples × outputs); got {n * m}"
+        )
     lin = np.zeros((m, d))
     y_norm = float(np.linalg.norm(y)) or 1.0
 
@@ -334,13 +357,13 @@ def polish_outputs_cg(net: Network, x: np.ndarray, y: np.ndarray, *, margin: flo
         progress.step("exact polish (matrix-free): Gauss–Newton steps", it - 1, max_iter)
         used = int(trusted.sum())
         if used * m < 2 * p:
-            raise ValueError(f"polish needs more than {2 * p} equations away from the unit boundaries; got "
-                             f"{used * m}")
+            raise ValueError(f"polish needs more than {2 * p} equations away from the unit boundaries; got {used * m}")
         # the step's tolerance follows the residual: a step from a stale pattern needs little precision, nor does
         # one that can only confirm a floor (see LOOSE)
         tol = LOOSE if slow else float(np.clip(best[0], 1e-13, 1e-3))
-        design = _Design(np.ascontiguousarray(xt[trusted]), (proj[trusted] > 0) * 1.0, np.maximum(proj[trusted], 0.0),
-                         affine)
+        design = _Design(
+            np.ascontiguousarray(xt[trusted]), (proj[trusted] > 0) * 1.0, np.maximum(proj[trusted], 0.0), affine
+        )
         before = np.packbits(proj > 0, axis=1)
         del proj  # n × k floats: not kept through the step
         step, its = _gauss_newton_step(design, y[trusted], h, a, c, lin, tol=tol)
@@ -374,5 +397,6 @@ def polish_outputs_cg(net: Network, x: np.ndarray, y: np.ndarray, *, margin: flo
             break
     res, h, a, c, lin = best
     out = Network((h[:, :-1].copy(), a.copy()), (h[:, -1].copy(), c.copy()), activation="relu")
-    return out, PolishReport(it, stop != "max_iter", res, used, tuple(changes), stop, lin.copy() if affine else None,
-                             tuple(cg_its))
+    return out, PolishReport(
+        it, stop != "max_iter", res, used, tuple(changes), stop, lin.copy() if affine else None, tuple(cg_its)
+    )

@@ -16,8 +16,8 @@ Steps:
    degree-≤2 expansion ``P_{≤2} y`` of step 1. He_l is orthogonal to every polynomial of lower
    degree, so orders ≥ 3 keep their mean while their variance falls with ``E[(y − P_{≤2} y)²]``
    (for ReLU nets about 2 % of ``E[y²]``).
-3. **Shrinkage** (``shrink``; default ``order``, ``none`` for plain projection): ``order`` scales each ``T̂_l`` by the positive-part
-   James–Stein factor ``max(0, 1 − V_l / ‖T̂_l‖²)``, the factor that minimises the estimated
+3. **Shrinkage** (``shrink``; default ``order``, ``none`` for plain projection): ``order`` scales each
+   ``T̂_l`` by the positive-part James–Stein factor ``max(0, 1 − V_l / ‖T̂_l‖²)``, the factor that minimises the estimated
    error ``‖s T̂_l − T_l‖²``; ``entry`` scales each packed entry by ``max(0, 1 − se² / T̂²)``
    (a Wiener filter per coefficient). Shrinking wins where an order's signal is comparable
    with its noise (``‖T_l‖² ≲ V_l``: high degree, few samples) and costs little elsewhere.
@@ -35,8 +35,9 @@ for teachers whose first layer has few rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,21 @@ from ..polynomial import PolynomialModel
 from . import spectral
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 
-__all__ = ["OPTIONS", "FIT_OPTIONS", "MAX_PASSES", "DEFAULT_DEGREE", "SHRINK", "required_statistics", "learn",
-           "max_degree", "check_degree", "DegreeError", "Expansion", "shrink_tensors", "tail_and_variance"]
+__all__ = [
+    "OPTIONS",
+    "FIT_OPTIONS",
+    "MAX_PASSES",
+    "DEFAULT_DEGREE",
+    "SHRINK",
+    "required_statistics",
+    "learn",
+    "max_degree",
+    "check_degree",
+    "DegreeError",
+    "Expansion",
+    "shrink_tensors",
+    "tail_and_variance",
+]
 
 Arrays = Mapping[str, np.ndarray]
 
@@ -85,26 +99,36 @@ def max_degree(d: int, max_entries: int = MAX_ENTRIES, limit: int = ORDER_LIMIT)
     return max((L for L in range(limit + 1) if _entries(d, L) <= max_entries), default=0)
 
 
-def check_degree(d: int, degree: int, max_entries: int = MAX_ENTRIES, *, limit: int = ORDER_LIMIT,
-                 what: str = "statistics.hermite") -> None:
-    """Refuse a degree the statistics cannot hold, giving the entry count, the limit and the largest degree that fits."""
+def check_degree(
+    d: int, degree: int, max_entries: int = MAX_ENTRIES, *, limit: int = ORDER_LIMIT, what: str = "statistics.hermite"
+) -> None:
+    """Refuse a degree the statistics cannot hold, naming the entry count, the limit and the largest degree
+    that fits."""
     if degree < 0:
         raise DegreeError(f"--degree must be >= 0, got {degree}")
     if degree > limit:
-        raise DegreeError(f"--degree {degree} is above {what}'s largest order {limit}; use --degree {limit} or less"
-                          + (" (or --subspace with a few directions)" if what == "statistics.hermite" else ""))
+        raise DegreeError(
+            f"--degree {degree} is above {what}'s largest order {limit}; use --degree {limit} or less"
+            + (" (or --subspace with a few directions)" if what == "statistics.hermite" else "")
+        )
     n = _entries(d, degree)
     if n > max_entries:
         raise DegreeError(
             f"--degree {degree} at d = {d} needs T_0..T_{degree} with {n:,} packed entries, more than the limit "
-            f"{max_entries:,} ({what}.max_entries); the largest degree that fits is {max_degree(d, max_entries, limit)}. "
+            f"{max_entries:,} ({what}.max_entries); the largest degree that fits is "
+            f"{max_degree(d, max_entries, limit)}. "
             "Use a lower --degree, raise max_entries (memory grows with it), or --subspace, which expands the "
             "inputs projected on the relevant subspace"
         )
 
 
-def required_statistics(d: int, width: Optional[int] = None, degree: Optional[int] = None,
-                        subspace: Optional[bool] = None, residual: Optional[bool] = None) -> dict:
+def required_statistics(
+    d: int,
+    width: int | None = None,
+    degree: int | None = None,
+    subspace: bool | None = None,
+    residual: bool | None = None,
+) -> dict:
     """The ``statistics`` section the first pass needs.
 
     ``T_0..T_L`` (``L`` = ``degree`` or :data:`DEFAULT_DEGREE`, within the entry budget) when the
@@ -141,13 +165,15 @@ class Expansion:
 
     def norms(self) -> np.ndarray:
         """``‖T̂_l‖_F² / l!`` per order: each degree's share of ``E[f̂²]``."""
-        return np.array([float(hermite.multiplicities(self.dim, l) @ t**2) / math.factorial(l)
-                         for l, t in enumerate(self.tensors)])
+        return np.array(
+            [float(hermite.multiplicities(self.dim, l) @ t**2) / math.factorial(l) for l, t in enumerate(self.tensors)]
+        )
 
     def variances(self) -> np.ndarray:
         """``V_l / l! = Σ_entries multiplicity · se² / l!`` per order: the expected excess error of degree l."""
-        return np.array([float(hermite.multiplicities(self.dim, l) @ s**2) / math.factorial(l)
-                         for l, s in enumerate(self.ses)])
+        return np.array(
+            [float(hermite.multiplicities(self.dim, l) @ s**2) / math.factorial(l) for l, s in enumerate(self.ses)]
+        )
 
 
 def _stored_orders(arrays: Arrays) -> int:
@@ -156,8 +182,10 @@ def _stored_orders(arrays: Arrays) -> int:
 
 
 def _tensors(arrays: Arrays, orders: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    return ([np.asarray(arrays[f"T{l}"], dtype=np.float64).reshape(-1) for l in orders],
-            [np.asarray(arrays[f"T{l}_se"], dtype=np.float64).reshape(-1) for l in orders])
+    return (
+        [np.asarray(arrays[f"T{l}"], dtype=np.float64).reshape(-1) for l in orders],
+        [np.asarray(arrays[f"T{l}_se"], dtype=np.float64).reshape(-1) for l in orders],
+    )
 
 
 def shrink_tensors(exp: Expansion, how: str) -> tuple[Expansion, list[float]]:
@@ -188,7 +216,10 @@ def tail_and_variance(exp: Expansion, ey2: float) -> dict[str, list[float]]:
     ``1 − Σ_{l ≤ L} (‖T̂_l‖² − V_l) / (l! E[y²])`` (bias-corrected) and the predicted variance
     ``Σ_{l ≤ L} V_l / (l! E[y²])``."""
     norms, var = exp.norms(), exp.variances()
-    return {"tail": (1.0 - np.cumsum(norms - var) / ey2).tolist(), "predicted_variance": (np.cumsum(var) / ey2).tolist()}
+    return {
+        "tail": (1.0 - np.cumsum(norms - var) / ey2).tolist(),
+        "predicted_variance": (np.cumsum(var) / ey2).tolist(),
+    }
 
 
 # ------------------------------------------------------------------ the subspace
@@ -222,16 +253,22 @@ def _find_subspace(stats: Mapping[str, Arrays], d: int, report: dict) -> np.ndar
     with_t1 = _significant(off, se1, d - basis.shape[1])
     if with_t1:
         basis = np.concatenate([basis, (off / np.linalg.norm(off))[:, None]], axis=1)
-    report["subspace"] = {"rank": int(basis.shape[1]), "from": names + (["T_1"] if with_t1 else []),
-                          "spectral": sub.to_dict(include_basis=False)}
+    report["subspace"] = {
+        "rank": int(basis.shape[1]),
+        "from": names + (["T_1"] if with_t1 else []),
+        "spectral": sub.to_dict(include_basis=False),
+    }
     if basis.shape[1] == 0:
-        raise ValueError("no direction of T_1, T_2 or the filtered matrices clears its noise floor: the statistics "
-                         "are pure noise at this sample count; estimate with more samples, or fit without --subspace")
+        raise ValueError(
+            "no direction of T_1, T_2 or the filtered matrices clears its noise floor: the statistics "
+            "are pure noise at this sample count; estimate with more samples, or fit without --subspace"
+        )
     return basis.T
 
 
-def _projected_low_orders(t0: float, t1: np.ndarray, t2: np.ndarray, se: Sequence[np.ndarray], p: np.ndarray
-                          ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _projected_low_orders(
+    t0: float, t1: np.ndarray, t2: np.ndarray, se: Sequence[np.ndarray], p: np.ndarray
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``T_0, P T_1, P T_2 Pᵀ`` packed, with standard errors (``se`` of T_0, T_1, T_2 unpacked) propagated as
     if entries were independent."""
     se0, se1, se2 = se
@@ -247,8 +284,12 @@ def _projected_low_orders(t0: float, t1: np.ndarray, t2: np.ndarray, se: Sequenc
 def _expansion_terms_of(stats: Mapping[str, Arrays]) -> tuple[float, np.ndarray, np.ndarray, int]:
     h = stats["hermite"]
     d = int(np.asarray(h["T1"]).shape[0])
-    return (float(np.asarray(h["T0"]).reshape(())), np.asarray(h["T1"], dtype=np.float64),
-            hermite.unpack(np.asarray(h["T2"]), d, 2), d)
+    return (
+        float(np.asarray(h["T0"]).reshape(())),
+        np.asarray(h["T1"], dtype=np.float64),
+        hermite.unpack(np.asarray(h["T2"]), d, 2),
+        d,
+    )
 
 
 def _expansion_section(t0: float, t1: np.ndarray, t2: np.ndarray) -> dict:
@@ -268,10 +309,19 @@ def _held_out_errors(model: PolynomialModel, samples: Any, n: int) -> tuple[list
     return (np.mean((y[:, None] - cum) ** 2, axis=0) / ey2).tolist(), ey2
 
 
-def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], samples: Callable[[int, int], Samples],
-          *, mapper: Callable = map, seed: int = 0, width: Optional[int] = None, degree: Optional[int] = None,
-          shrink: Optional[str] = None, subspace: Optional[bool] = None, residual: Optional[bool] = None
-          ) -> LearnResult | PassRequest:
+def learn(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Callable[[int, int], Samples],
+    *,
+    mapper: Callable = map,
+    seed: int = 0,
+    width: int | None = None,
+    degree: int | None = None,
+    shrink: str | None = None,
+    subspace: bool | None = None,
+    residual: bool | None = None,
+) -> LearnResult | PassRequest:
     """Fit the degree-L Hermite expansion of the label from stored moments.
 
     Parameters
@@ -297,19 +347,24 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], s
         degree, predicted variance and estimated tail per degree, shrink factors, subspace.
     """
     if width is not None:
-        raise ValueError("--width does not apply to --method polynomial (an improper learner: the model is a "
-                         "polynomial of --degree, not a network of some width)")
+        raise ValueError(
+            "--width does not apply to --method polynomial (an improper learner: the model is a "
+            "polynomial of --degree, not a network of some width)"
+        )
     shrink = shrink or "order"
     if shrink not in SHRINK:
         raise ValueError(f"--shrink must be one of {', '.join(SHRINK)}, got {shrink!r}")
     h = stats.get("hermite")
     if h is None or "T2" not in h:
         order = 2 if subspace else degree if degree is not None else DEFAULT_DEGREE
-        raise MissingStatisticError.lacking("polynomial", "hermite", f"the Hermite tensors T_0..T_{order}",
-                                            f"{{max_order: {order}}}")
+        raise MissingStatisticError.lacking(
+            "polynomial", "hermite", f"the Hermite tensors T_0..T_{order}", f"{{max_order: {order}}}"
+        )
     if "output" in h:
-        raise ValueError("the 'polynomial' method learns a scalar label; this store holds a label vector "
-                         "(set source.output to the output to learn)")
+        raise ValueError(
+            "the 'polynomial' method learns a scalar label; this store holds a label vector "
+            "(set source.output to the output to learn)"
+        )
     t0, t1, t2, d = _expansion_terms_of(stats)
     ey2 = float(np.asarray(stats["basic"]["yy"]).reshape(())) if "basic" in stats else None
     report: dict[str, Any] = {"d": d, "shrink": shrink}
@@ -328,7 +383,8 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], s
         raise MissingStatisticError(
             f"--degree {top} needs T_0..T_{top}, but this store has T_0..T_{stored}; add to the "
             f"configuration\n  statistics:\n    hermite: {{max_order: {top}}}\nand estimate into a new store, "
-            "or learn without --no-residual (one more pass then estimates T_3..T_L on residual labels)")
+            "or learn without --no-residual (one more pass then estimates T_3..T_L on residual labels)"
+        )
     if use_residual and not passes:
         return PassRequest(
             name="residual-hermite",
@@ -346,9 +402,17 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], s
     return LearnResult(model, report)
 
 
-def _learn_subspace(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]], samples: Any, d: int,
-                    first: tuple[float, np.ndarray, np.ndarray], degree: Optional[int], shrink: str,
-                    ey2: Optional[float], report: dict) -> LearnResult | PassRequest:
+def _learn_subspace(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Any,
+    d: int,
+    first: tuple[float, np.ndarray, np.ndarray],
+    degree: int | None,
+    shrink: str,
+    ey2: float | None,
+    report: dict,
+) -> LearnResult | PassRequest:
     """The expansion of ``z = P x`` on the relevant subspace, from one ``projected_hermite`` pass."""
     p = _find_subspace(stats, d, report)
     r = p.shape[0]
@@ -358,15 +422,25 @@ def _learn_subspace(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, A
     if not passes:
         return PassRequest(
             name="projected-hermite",
-            statistics={"basic": {}, "projected_hermite": {"basis": p.tolist(), "max_order": top,
-                                                           "expansion": _expansion_section(t0, t1, t2)}},
+            statistics={
+                "basic": {},
+                "projected_hermite": {
+                    "basis": p.tolist(),
+                    "max_order": top,
+                    "expansion": _expansion_section(t0, t1, t2),
+                },
+            },
             reason=f"T_0..T_{top} of the inputs projected on the {r}-dimensional relevant subspace, on residual labels",
         )
     arrays = passes[0]["projected_hermite"]
     if not np.allclose(np.asarray(arrays["basis"]), p, atol=1e-12):
         raise ValueError("the projected pass was computed on another subspace; this is a bug, please report it")
     h = stats["hermite"]
-    se = [np.asarray(h["T0_se"]), np.asarray(h["T1_se"], dtype=np.float64), hermite.unpack(np.asarray(h["T2_se"]), d, 2)]
+    se = [
+        np.asarray(h["T0_se"]),
+        np.asarray(h["T1_se"], dtype=np.float64),
+        hermite.unpack(np.asarray(h["T2_se"]), d, 2),
+    ]
     low, low_se = _projected_low_orders(t0, t1, t2, se, p)
     res, res_se = _tensors(arrays, range(top + 1))
     tensors = [res[l] + low[l] if l < 3 else res[l] for l in range(top + 1)]
@@ -376,26 +450,39 @@ def _learn_subspace(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, A
     return LearnResult(model, report)
 
 
-def _select(exp: Expansion, basis: Optional[np.ndarray], d: int, degree: Optional[int], shrink: str, samples: Any,
-            ey2: Optional[float], report: dict) -> PolynomialModel:
+def _select(
+    exp: Expansion,
+    basis: np.ndarray | None,
+    d: int,
+    degree: int | None,
+    shrink: str,
+    samples: Any,
+    ey2: float | None,
+    report: dict,
+) -> PolynomialModel:
     """Shrink, measure every degree on held-out samples, and keep the given degree or the best one."""
     shrunk, factors = shrink_tensors(exp, shrink)
     full = PolynomialModel(shrunk.tensors, d, basis)
     n_val = _validation_size(exp.dim, exp.degree)
     errors, ey2_val = _held_out_errors(full, samples, n_val)
     chosen = int(np.argmin(errors)) if degree is None else degree
-    report.update({
-        "degree": chosen,
-        "degree_chosen_by": "held-out error" if degree is None else "given",
-        "degrees": list(range(exp.degree + 1)),
-        "held_out_error": errors,
-        "held_out_samples": n_val,
-        **tail_and_variance(exp, ey2 if ey2 is not None else ey2_val),
-        "shrink_factors": factors,
-        "entries": _entries(exp.dim, chosen),
-    })
+    report.update(
+        {
+            "degree": chosen,
+            "degree_chosen_by": "held-out error" if degree is None else "given",
+            "degrees": list(range(exp.degree + 1)),
+            "held_out_error": errors,
+            "held_out_samples": n_val,
+            **tail_and_variance(exp, ey2 if ey2 is not None else ey2_val),
+            "shrink_factors": factors,
+            "entries": _entries(exp.dim, chosen),
+        }
+    )
     tail = report["tail"][chosen]
-    report["summary"] = {"held_out_error": errors[chosen], "estimated_tail": tail,
-                         "predicted_variance": report["predicted_variance"][chosen],
-                         "held_out_error_by_degree": errors}
+    report["summary"] = {
+        "held_out_error": errors[chosen],
+        "estimated_tail": tail,
+        "predicted_variance": report["predicted_variance"][chosen],
+        "held_out_error_by_degree": errors,
+    }
     return full.truncate(chosen)

@@ -17,8 +17,8 @@ with ``E|z|^p = 2^{p/2} Γ((p+1)/2) / √π`` (ReLU: ``κ1 = ½``, ``κ2 = 1/√
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import numpy as np
 
@@ -60,8 +60,9 @@ def _probe(f: Callable[[np.ndarray], np.ndarray], z: np.ndarray) -> np.ndarray:
     return np.asarray(f(np.array(z, dtype=np.float64)), dtype=np.float64)
 
 
-def check_activation(activation: Union[str, Callable[[np.ndarray], np.ndarray], None],
-                     *, what: str = "the activation") -> Rectified:
+def check_activation(
+    activation: str | Callable[[np.ndarray], np.ndarray] | None, *, what: str = "the activation"
+) -> Rectified:
     """Refuse, naming why, an activation outside the exact method's setting.
 
     The setting (Bakshi–Jayaram–Woodruff 2019) is a rectified ``f(z) = φ(max(z, 0))``:
@@ -126,8 +127,11 @@ def check_activation(activation: Union[str, Callable[[np.ndarray], np.ndarray], 
     turn = np.flatnonzero((d == 0) | (np.sign(d) != np.sign(d[0])))
     if turn.size:  # a flat piece, or (φ continuous) a turn: two points with one value
         j = int(turn[0])
-        reasons.append(f"φ is not injective on [0, ∞): φ({pos[j]:g}) = φ({pos[j + 1]:g}) = {fp[j]:.3g}"
-                       if d[j] == 0 else f"φ is not injective on [0, ∞): it turns at z ≈ {pos[j]:g}")
+        reasons.append(
+            f"φ is not injective on [0, ∞): φ({pos[j]:g}) = φ({pos[j + 1]:g}) = {fp[j]:.3g}"
+            if d[j] == 0
+            else f"φ is not injective on [0, ∞): it turns at z ≈ {pos[j]:g}"
+        )
     if reasons:
         raise ValueError(
             f"{what} {name!r} is outside the exact method's setting (a rectified f(z) = φ(max(z, 0)) with φ "
@@ -189,5 +193,10 @@ def check_on(net: Network, x: np.ndarray, y: np.ndarray) -> dict:
     scale = np.sum(y**2, axis=0)
     per = np.where(scale > 0, res / np.where(scale > 0, scale, 1.0), res)
     total = float(res.sum() / scale.sum()) if scale.sum() > 0 else float(res.sum())
-    return {"samples": int(len(x)), "relative_error_per_output": [float(v) for v in per],
-            "relative_error": total, "exact": bool(total <= EXACT_LOSS), "threshold": EXACT_LOSS}
+    return {
+        "samples": int(len(x)),
+        "relative_error_per_output": [float(v) for v in per],
+        "relative_error": total,
+        "exact": bool(total <= EXACT_LOSS),
+        "threshold": EXACT_LOSS,
+    }

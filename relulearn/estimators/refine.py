@@ -19,8 +19,9 @@ to unit length (moving the scale into ``u_i``), which changes nothing about the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +29,7 @@ from .. import progress
 from ..network import RELU_POWERS, Network
 from .rectified import activate, derivative
 
-__all__ = ["NormalEquations", "normal_equations", "PartEquations", "refine", "parts",
-           "PART_ROWS", "MAX_ITERATIONS"]
+__all__ = ["NormalEquations", "normal_equations", "PartEquations", "refine", "parts", "PART_ROWS", "MAX_ITERATIONS"]
 
 #: rows per streamed part (at most): the accumulated normal equations are ``(kd + mk)²`` whatever the
 #: part size, and a part's inputs are ``rows × d``, so memory stays flat in the number of samples
@@ -64,13 +64,15 @@ class NormalEquations:
     y2: float
     n: int
 
-    def __add__(self, other: "NormalEquations") -> "NormalEquations":
-        return NormalEquations(self.h + other.h, self.g + other.g, self.loss + other.loss,
-                               self.y2 + other.y2, self.n + other.n)
+    def __add__(self, other: NormalEquations) -> NormalEquations:
+        return NormalEquations(
+            self.h + other.h, self.g + other.g, self.loss + other.loss, self.y2 + other.y2, self.n + other.n
+        )
 
 
-def normal_equations(x: np.ndarray, y: np.ndarray, v: np.ndarray, u: np.ndarray, power: int,
-                     *, block_entries: int = BLOCK_ENTRIES) -> NormalEquations:
+def normal_equations(
+    x: np.ndarray, y: np.ndarray, v: np.ndarray, u: np.ndarray, power: int, *, block_entries: int = BLOCK_ENTRIES
+) -> NormalEquations:
     """The Gauss–Newton normal equations of ``Σ|y − f(x Vᵀ) Uᵀ|²`` at ``(V, U)`` on one batch.
 
     Parameters
@@ -100,7 +102,7 @@ def normal_equations(x: np.ndarray, y: np.ndarray, v: np.ndarray, u: np.ndarray,
     loss = y2 = 0.0
     rows = max(1, block_entries // kd)
     for a in range(0, len(x), rows):
-        xb, yb = x[a:a + rows], y[a:a + rows]
+        xb, yb = x[a : a + rows], y[a : a + rows]
         z = xb @ v.T
         f, gd = activate(z, power), derivative(z, power)
         r = yb - f @ u.T
@@ -153,13 +155,14 @@ def _window(k: int, d: int, m: int) -> int:
     return max(2, int(WINDOW_BYTES // (8 * p * p)))
 
 
-def _accumulate(draw: Any, items: list[tuple[int, int]], v: np.ndarray, u: np.ndarray, power: int,
-                mapper: Callable) -> NormalEquations:
+def _accumulate(
+    draw: Any, items: list[tuple[int, int]], v: np.ndarray, u: np.ndarray, power: int, mapper: Callable
+) -> NormalEquations:
     fn = PartEquations(draw, v, u, power)
     step = _window(v.shape[0], v.shape[1], u.shape[0])
-    total: Optional[NormalEquations] = None
+    total: NormalEquations | None = None
     for a in range(0, len(items), step):
-        window = items[a:a + step]
+        window = items[a : a + step]
         results = list(mapper(fn, window))
         if len(results) != len(window):
             raise RuntimeError(f"mapper returned {len(results)} results for {len(window)} parts")
@@ -181,7 +184,7 @@ def _step(eq: NormalEquations, v: np.ndarray, u: np.ndarray, power: int, damping
     scale = float(np.trace(h)) / len(h) or 1.0
     t = np.zeros((k, k * d + m * k))
     for i in range(k):  # the scaling symmetry's null directions
-        t[i, i * d:(i + 1) * d] = v[i]
+        t[i, i * d : (i + 1) * d] = v[i]
         t[i, k * d + np.arange(m) * k + i] = -power * u[:, i]
     t /= np.linalg.norm(t, axis=1, keepdims=True)
     a = h + scale * (t.T @ t) + damping * np.diag(np.maximum(np.diag(h), 1e-12 * scale))
@@ -191,8 +194,15 @@ def _step(eq: NormalEquations, v: np.ndarray, u: np.ndarray, power: int, damping
         return np.linalg.lstsq(a, eq.g, rcond=None)[0]
 
 
-def refine(net: Network, draw: Any, total: int, *, mapper: Callable = map, max_iter: int = MAX_ITERATIONS,
-           part_rows: int = PART_ROWS) -> tuple[Network, dict[str, Any]]:
+def refine(
+    net: Network,
+    draw: Any,
+    total: int,
+    *,
+    mapper: Callable = map,
+    max_iter: int = MAX_ITERATIONS,
+    part_rows: int = PART_ROWS,
+) -> tuple[Network, dict[str, Any]]:
     """Levenberg–Marquardt on ``(U, V)`` with normal equations streamed over ``total`` held-out samples.
 
     Parameters
@@ -228,7 +238,7 @@ def refine(net: Network, draw: Any, total: int, *, mapper: Callable = map, max_i
         progress.step("refinement: passes over the samples", passes, max_iter + 1, f"relative loss {eq.loss / y2:.3g}")
         delta = _step(eq, v, u, power, damping)
         v_new = v + delta[: k * d].reshape(k, d)
-        u_new = u + delta[k * d:].reshape(u.shape)
+        u_new = u + delta[k * d :].reshape(u.shape)
         v_new, u_new = _normalise(v_new, u_new, power)
         eq_new = _accumulate(draw, items, v_new, u_new, power, mapper)
         passes += 1
@@ -244,6 +254,12 @@ def refine(net: Network, draw: Any, total: int, *, mapper: Callable = map, max_i
         if abs(change) < RELATIVE_DECREASE or damping > 1e6:
             converged = True
             break
-    report = {"samples": int(eq.n), "parts": len(items), "passes": passes, "converged": converged,
-              "relative_loss": eq.loss / y2, "iterations": history}
+    report = {
+        "samples": int(eq.n),
+        "parts": len(items),
+        "passes": passes,
+        "converged": converged,
+        "relative_loss": eq.loss / y2,
+        "iterations": history,
+    }
     return Network((v, u), activation=net.activation), report

@@ -16,7 +16,7 @@ must be positive: the fraction of those samples on the positive side is ≈ 1 wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -39,12 +39,16 @@ class Signs:
     z: np.ndarray
 
     def to_dict(self) -> dict[str, Any]:
-        return {"signs": [int(s) for s in self.signs], "coefficient": [float(r) for r in self.ratio],
-                "z_score": [float(z) if np.isfinite(z) else None for z in self.z]}
+        return {
+            "signs": [int(s) for s in self.signs],
+            "coefficient": [float(r) for r in self.ratio],
+            "z_score": [float(z) if np.isfinite(z) else None for z in self.z],
+        }
 
 
-def signs_from_first_moments(t1: np.ndarray, t1_se: Optional[np.ndarray], alpha: np.ndarray,
-                             directions: np.ndarray, power: int) -> Signs:
+def signs_from_first_moments(
+    t1: np.ndarray, t1_se: np.ndarray | None, alpha: np.ndarray, directions: np.ndarray, power: int
+) -> Signs:
     """Least squares ``T1 ≈ Σ_i q_i α_i ν̂_iᵀ``; signs ``s_i = sign(q_i)``.
 
     Parameters
@@ -81,8 +85,7 @@ def signs_from_first_moments(t1: np.ndarray, t1_se: Optional[np.ndarray], alpha:
     return Signs(s, q * k2 / k1, z)
 
 
-def projection_test(x: np.ndarray, y: np.ndarray, alpha: np.ndarray, directions: np.ndarray,
-                    power: int) -> list[float]:
+def projection_test(x: np.ndarray, y: np.ndarray, alpha: np.ndarray, directions: np.ndarray, power: int) -> list[float]:
     """Per unit, the fraction of samples with large ``(Û⁺A)_i`` on the positive side of ``ν̂_i``
     (``Û = α/κ2``; ≈ 1 when ``ν̂_i`` has the right sign, ≈ 0 when it has the wrong one)."""
     k2 = kappas(power)[1]
@@ -95,8 +98,9 @@ def projection_test(x: np.ndarray, y: np.ndarray, alpha: np.ndarray, directions:
     return out
 
 
-def moment_estimate(alpha: np.ndarray, directions: np.ndarray, signs: np.ndarray, power: int,
-                    activation: str) -> Network:
+def moment_estimate(
+    alpha: np.ndarray, directions: np.ndarray, signs: np.ndarray, power: int, activation: str
+) -> Network:
     """The network the moments determine: ``V0`` rows ``s_i ν̂_i`` and ``U0 = α/κ2``."""
     k2 = kappas(power)[1]
     return Network((directions * signs[:, None], alpha / k2), activation=activation)

@@ -52,8 +52,9 @@ then still at least the largest per-matrix count (each count is a lower bound on
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -307,10 +308,10 @@ class Subspace:
     threshold: float
     stack_noise: float
     spectra: tuple[Spectrum, ...]
-    requested_rank: Optional[int] = None
+    requested_rank: int | None = None
     supported: bool = True
     message: str = ""
-    angle_bound: Optional[float] = None
+    angle_bound: float | None = None
     level: float = DEFAULT_LEVEL
     names: tuple[str, ...] = field(default=())
 
@@ -428,9 +429,10 @@ def relevant_subspace(
     else:
         r = n_sig
         supported = False
-        notes.insert(0,
+        notes.insert(
+            0,
             f"the noise floor supports only {n_sig} of the {rank} requested directions at this sample count; "
-            "more samples (or higher orders / directions inside the subspace) would be needed"
+            "more samples (or higher orders / directions inside the subspace) would be needed",
         )
 
     basis = left[:, :r]
@@ -485,23 +487,28 @@ class JointRange:
     strength: np.ndarray
     supported: bool = True
     message: str = ""
-    angle_bound: Optional[float] = None
+    angle_bound: float | None = None
     level: float = DEFAULT_LEVEL
 
     def to_dict(self, *, include_basis: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "rank": int(self.rank), "supported": bool(self.supported), "message": self.message,
-            "floor": float(self.floor), "strength": [float(v) for v in self.strength],
+            "rank": int(self.rank),
+            "supported": bool(self.supported),
+            "message": self.message,
+            "floor": float(self.floor),
+            "strength": [float(v) for v in self.strength],
             "eigenvalues": [float(v) for v in self.eigenvalues[: max(2 * self.rank, 8)]],
-            "angle_bound": None if self.angle_bound is None else float(self.angle_bound), "level": float(self.level),
+            "angle_bound": None if self.angle_bound is None else float(self.angle_bound),
+            "level": float(self.level),
         }
         if include_basis:
             out["basis"] = self.basis.tolist()
         return out
 
 
-def joint_range(matrices: Sequence[np.ndarray], ses: Sequence[np.ndarray], *, rank: int | None = None,
-                level: float = DEFAULT_LEVEL) -> JointRange:
+def joint_range(
+    matrices: Sequence[np.ndarray], ses: Sequence[np.ndarray], *, rank: int | None = None, level: float = DEFAULT_LEVEL
+) -> JointRange:
     """The span of the ranges of several estimated symmetric matrices ``M̂_a = M_a + E_a`` whose true
     ranges lie in one subspace ``V``, from the eigenvalues of ``Σ_a M̂_a²`` (``= Σ_a M̂_aᵀ M̂_a``).
 
@@ -528,8 +535,9 @@ def joint_range(matrices: Sequence[np.ndarray], ses: Sequence[np.ndarray], *, ra
     """
     _check_level(level)
     if len(matrices) == 0 or len(ses) != len(matrices):
-        raise ValueError(f"joint_range needs matrices and as many standard-error arrays; got {len(matrices)} and "
-                         f"{len(ses)}")
+        raise ValueError(
+            f"joint_range needs matrices and as many standard-error arrays; got {len(matrices)} and {len(ses)}"
+        )
     per = level / len(matrices)
     floors = [noise_floor(s, per) for s in ses]
     mats = [np.asarray(mt, dtype=np.float64) for mt in matrices]
@@ -543,14 +551,25 @@ def joint_range(matrices: Sequence[np.ndarray], ses: Sequence[np.ndarray], *, ra
     r = n_sig if rank is None else min(int(rank), n_sig)
     if rank is not None and n_sig < rank:
         supported = False
-        notes.append(f"the noise floor supports only {n_sig} of the {rank} requested directions at this sample count; "
-                     "more samples would be needed")
+        notes.append(
+            f"the noise floor supports only {n_sig} of the {rank} requested directions at this sample count; "
+            "more samples would be needed"
+        )
     elif rank is not None and n_sig > rank:
         notes.append(f"the noise floor supports {n_sig} directions; kept the {r} strongest as requested")
     delta = float(sum(2.0 * np.linalg.norm(mt, 2) * f + f * f for mt, f in zip(mats, floors)))
     angle = float(math.asin(min(1.0, delta / w[r - 1]))) if r > 0 and w[r - 1] > 0 else None
-    return JointRange(basis=v[:, :r], rank=r, eigenvalues=w, floor=floor, strength=w[:r] / floor - 1.0,
-                      supported=supported, message="; ".join(notes), angle_bound=angle, level=level)
+    return JointRange(
+        basis=v[:, :r],
+        rank=r,
+        eigenvalues=w,
+        floor=floor,
+        strength=w[:r] / floor - 1.0,
+        supported=supported,
+        message="; ".join(notes),
+        angle_bound=angle,
+        level=level,
+    )
 
 
 # ------------------------------------------------------------------------ geometry
@@ -637,8 +656,9 @@ class FilterGridError(ValueError):
     """No sample passed the filter at any τ of the stored grid."""
 
 
-def filtered_matrices(arrays: Mapping[str, np.ndarray], what: str, config_hint: str
-                      ) -> tuple[list, list, list, list[dict]]:
+def filtered_matrices(
+    arrays: Mapping[str, np.ndarray], what: str, config_hint: str
+) -> tuple[list, list, list, list[dict]]:
     """The filtered matrices ``M_τ`` of a stored ``filtered`` (or ``residual``) statistic with at least one
     sample past their threshold, their SEs, names (``what[i] (tau=…)``) and the grid; raises
     :class:`FilterGridError`, ending with ``config_hint``, when no sample passed any threshold."""

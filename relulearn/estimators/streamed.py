@@ -24,8 +24,9 @@ the population one by ``O(√(kd/n))``, which is the contraction factor per pass
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -35,13 +36,25 @@ from .base import part_batches, part_sum
 from .polish import refinement_verdict
 from .refine import PART_ROWS, parts
 
-
 #: a validation relative loss below this is exact up to rounding: nothing left to refine
 EXACT_LOSS = 1e-20
 
-__all__ = ["EXACT_LOSS", "refine_unless_exact", "GradientSums", "gradient_sums", "gradient_sums_biased", "PartGradient", "ProjectedPart",
-           "pair_second_moment", "PopulationGram", "SampleGram", "refine_streamed", "part_rows_for", "projected_sample",
-           "MAX_PASSES"]
+__all__ = [
+    "EXACT_LOSS",
+    "refine_unless_exact",
+    "GradientSums",
+    "gradient_sums",
+    "gradient_sums_biased",
+    "PartGradient",
+    "ProjectedPart",
+    "pair_second_moment",
+    "PopulationGram",
+    "SampleGram",
+    "refine_streamed",
+    "part_rows_for",
+    "projected_sample",
+    "MAX_PASSES",
+]
 
 #: iterates the Anderson mixing of the steps remembers (:func:`_anderson`)
 ANDERSON_MEMORY = 5
@@ -86,7 +99,7 @@ class GradientSums:
     y2: float
     n: int
 
-    def __add__(self, other: "GradientSums") -> "GradientSums":
+    def __add__(self, other: GradientSums) -> GradientSums:
         return GradientSums(self.g + other.g, self.loss + other.loss, self.y2 + other.y2, self.n + other.n)
 
 
@@ -140,15 +153,17 @@ class ProjectedPart:
 
     def __call__(self, item: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
         p, n = item
-        got = [(x @ self.basis, np.asarray(y, dtype=np.float64).reshape(len(x)))
-               for x, y in part_batches(self.draw, p, n)]
+        got = [
+            (x @ self.basis, np.asarray(y, dtype=np.float64).reshape(len(x))) for x, y in part_batches(self.draw, p, n)
+        ]
         if len(got) == 1:
             return got[0]
         return np.concatenate([z for z, _ in got]), np.concatenate([y for _, y in got])
 
 
-def projected_sample(draw: Any, basis: np.ndarray, n: int, first: int, mapper: Callable = map
-                     ) -> tuple[np.ndarray, np.ndarray, int]:
+def projected_sample(
+    draw: Any, basis: np.ndarray, n: int, first: int, mapper: Callable = map
+) -> tuple[np.ndarray, np.ndarray, int]:
     """``n`` held-out samples projected on ``basis`` (``z = x B``, d × r), drawn in parts on the workers
     from part ``first`` on (``draw.part``), so that no ``n × d`` array is ever formed on the driver.
 
@@ -181,8 +196,9 @@ def pair_second_moment(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return out
     e = np.stack([a, perp / sin], axis=1)  # q × 2
     half = (np.pi - theta) / 2
-    block = np.array([[half + np.sin(2 * theta) / 4, sin * sin / 2],
-                      [sin * sin / 2, half - np.sin(2 * theta) / 4]]) / np.pi
+    block = (
+        np.array([[half + np.sin(2 * theta) / 4, sin * sin / 2], [sin * sin / 2, half - np.sin(2 * theta) / 4]]) / np.pi
+    )
     return out + e @ (block - p * np.eye(2)) @ e.T
 
 
@@ -261,10 +277,10 @@ class SampleGram:
         self.h, self.k, self.dt = jac.T @ jac / m, k, dt
 
     def solve(self, g: np.ndarray) -> np.ndarray:
-        rhs = np.r_[g[:self.k].ravel(), g[self.k, -1]]
+        rhs = np.r_[g[: self.k].ravel(), g[self.k, -1]]
         sol = np.linalg.lstsq(self.h, rhs, rcond=1e-12)[0]
         out = np.zeros_like(g)
-        out[:self.k] = sol[:-1].reshape(self.k, self.dt)
+        out[: self.k] = sol[:-1].reshape(self.k, self.dt)
         out[self.k, -1] = sol[-1]
         return out
 
@@ -285,8 +301,9 @@ def _join_biased(w: np.ndarray, s: np.ndarray) -> Network:
     k = len(s) - 1
     norms = np.linalg.norm(w[:k], axis=1)
     rows = w[:k] / norms[:, None]
-    return Network((rows[:, :-1], (s[:k] * norms)[None, :]), (rows[:, -1].copy(), np.array([w[k, -1]])),
-                   activation="relu")
+    return Network(
+        (rows[:, :-1], (s[:k] * norms)[None, :]), (rows[:, -1].copy(), np.array([w[k, -1]])), activation="relu"
+    )
 
 
 def _split(net: Network) -> tuple[np.ndarray, np.ndarray]:
@@ -315,14 +332,23 @@ def mapped_sum(fn: Callable[[tuple[int, int]], Any], items: list[tuple[int, int]
     return total
 
 
-def _accumulate(draw: Any, items: list[tuple[int, int]], w: np.ndarray, s: np.ndarray,
-                mapper: Callable, biased: bool = False) -> GradientSums:
+def _accumulate(
+    draw: Any, items: list[tuple[int, int]], w: np.ndarray, s: np.ndarray, mapper: Callable, biased: bool = False
+) -> GradientSums:
     return mapped_sum(PartGradient(draw, w, s, biased), items, mapper)
 
 
-def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = map,
-                    max_passes: int = MAX_PASSES, part_rows: Optional[int] = None,
-                    first_part: int = 2, gram_x: Optional[np.ndarray] = None) -> tuple[Network, dict[str, Any]]:
+def refine_streamed(
+    net: Network,
+    draw: Any,
+    total: int,
+    *,
+    mapper: Callable = map,
+    max_passes: int = MAX_PASSES,
+    part_rows: int | None = None,
+    first_part: int = 2,
+    gram_x: np.ndarray | None = None,
+) -> tuple[Network, dict[str, Any]]:
     """Preconditioned Gauss–Newton on ``total`` streamed samples, from ``net``.
 
     Parameters
@@ -356,8 +382,10 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         if net.activation != "relu" or len(net.weights) != 2 or net.weights[1].shape[0] != 1:
             raise ValueError("the streamed refinement takes a one-hidden-layer ReLU network with one output")
         if gram_x is None:
-            raise ValueError("the streamed refinement of a biased network needs a bounded sample (gram_x) for its "
-                             "Gauss–Newton matrix")
+            raise ValueError(
+                "the streamed refinement of a biased network needs a bounded sample (gram_x) for its "
+                "Gauss–Newton matrix"
+            )
         w, s = _split_biased(net)
         gram, join = (lambda w_: SampleGram(gram_x, w_, s)), _join_biased
     else:
@@ -388,14 +416,19 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
         if predicted < PREDICTED_DECREASE * (w.size / cur.n) * cur.loss / cur.n:
             stop = "predicted decrease below a thousandth of the statistical excess error"
             break
-        iterates, steps = (iterates + [w])[-ANDERSON_MEMORY - 1:], (steps + [step])[-ANDERSON_MEMORY - 1:]
+        iterates, steps = (iterates + [w])[-ANDERSON_MEMORY - 1 :], (steps + [step])[-ANDERSON_MEMORY - 1 :]
         mix = _anderson(iterates, steps) if scale == 1.0 else None
         if mix is not None:
             new = accumulate(mix)
             passes += 1
-            history.append({"relative_loss": new.loss / y2, "relative_step": float(np.linalg.norm(mix - w)
-                                                                                  / np.linalg.norm(w)),
-                            "accepted": bool(new.loss <= cur.loss), "mixed": True})
+            history.append(
+                {
+                    "relative_loss": new.loss / y2,
+                    "relative_step": float(np.linalg.norm(mix - w) / np.linalg.norm(w)),
+                    "accepted": bool(new.loss <= cur.loss),
+                    "mixed": True,
+                }
+            )
             if new.loss <= cur.loss:
                 w, cur, mixed = mix, new, mixed + 1
                 continue
@@ -407,8 +440,9 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
             new = accumulate(w_new)
             passes += 1
             accepted = new.loss <= cur.loss
-            history.append({"relative_loss": new.loss / y2, "relative_step": rel_step * scale,
-                            "accepted": bool(accepted)})
+            history.append(
+                {"relative_loss": new.loss / y2, "relative_step": rel_step * scale, "accepted": bool(accepted)}
+            )
             if accepted or passes >= max_passes:
                 break
             scale /= 2
@@ -416,12 +450,19 @@ def refine_streamed(net: Network, draw: Any, total: int, *, mapper: Callable = m
             stop = "no decrease along the step (rounding level or a bad start)"
             break
         w, cur, scale = w_new, new, min(1.0, 2 * scale)
-    report = {"samples": int(cur.n), "parts": len(items), "passes": passes, "stop": stop,
-              "relative_loss": cur.loss / y2, "mixed_steps": mixed, "iterations": history}
+    report = {
+        "samples": int(cur.n),
+        "parts": len(items),
+        "passes": passes,
+        "stop": stop,
+        "relative_loss": cur.loss / y2,
+        "mixed_steps": mixed,
+        "iterations": history,
+    }
     return join(w, s), report
 
 
-def _anderson(iterates: list[np.ndarray], steps: list[np.ndarray]) -> Optional[np.ndarray]:
+def _anderson(iterates: list[np.ndarray], steps: list[np.ndarray]) -> np.ndarray | None:
     """Anderson mixing of the last Gauss–Newton steps (type II; Walker and Ni 2011): the next iterate
     ``w + f − (ΔW + ΔF) γ`` with γ minimising ``||f − ΔF γ||``, ``f`` the last step and ``ΔW``, ``ΔF`` the
     differences of the remembered iterates and steps. Near the fit the activation patterns settle and the
@@ -447,12 +488,14 @@ def refine_unless_exact(net: Network, samples: Any, total: int, smp: Any, mapper
         report["refinement"] = {"skipped": "polish is exact on the validation samples"}
         return net
     if total <= 0 or not hasattr(samples, "part"):
-        report["refinement"] = {"skipped": "no samples to stream" if total <= 0 else
-                                "the sample draw has no independent parts to stream"}
+        report["refinement"] = {
+            "skipped": "no samples to stream" if total <= 0 else "the sample draw has no independent parts to stream"
+        }
         return net
     refined, rep = refine_streamed(net, samples, total, mapper=mapper, gram_x=smp.x_train)
     rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
-        smp.y_val, net.forward(smp.x_val)[:, 0], refined.forward(smp.x_val)[:, 0])
+        smp.y_val, net.forward(smp.x_val)[:, 0], refined.forward(smp.x_val)[:, 0]
+    )
     report["refinement"] = rep
     if rep["kept"]:
         report["chosen"] = "refined"

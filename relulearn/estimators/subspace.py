@@ -54,8 +54,9 @@ Everything here is pure numpy; the driver takes the pass runner as a callable.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
@@ -133,11 +134,11 @@ class SketchBasis:
 
     basis: np.ndarray
     singular_values: np.ndarray
-    floor: Optional[float]
+    floor: float | None
     significant: int
 
 
-def sketch_basis(y: np.ndarray, se: Optional[np.ndarray] = None, *, level: float = DEFAULT_LEVEL) -> SketchBasis:
+def sketch_basis(y: np.ndarray, se: np.ndarray | None = None, *, level: float = DEFAULT_LEVEL) -> SketchBasis:
     """``orth(Y)`` of a sketch ``Y = M̂ Ω`` (d × r), strongest directions first.
 
     Parameters
@@ -215,21 +216,36 @@ class RitzStep:
     k: int
     floor: float
     subspace_noise: float
-    eigenvalue_floor: Optional[float]
+    eigenvalue_floor: float | None
     gap: float
     angle_bound: float
     significant: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"eigenvalues": self.eigenvalues[: self.k].tolist(), "k": self.k, "floor": self.floor,
-                "subspace_noise": self.subspace_noise, "eigenvalue_floor": self.eigenvalue_floor, "gap": self.gap,
-                "angle_bound": self.angle_bound,
-                "significant": self.significant, "ritz_values": self.eigenvalues.tolist()}
+        return {
+            "eigenvalues": self.eigenvalues[: self.k].tolist(),
+            "k": self.k,
+            "floor": self.floor,
+            "subspace_noise": self.subspace_noise,
+            "eigenvalue_floor": self.eigenvalue_floor,
+            "gap": self.gap,
+            "angle_bound": self.angle_bound,
+            "significant": self.significant,
+            "ritz_values": self.eigenvalues.tolist(),
+        }
 
 
-def rayleigh_ritz(mb: np.ndarray, mb_se: np.ndarray, bmb: np.ndarray, basis: np.ndarray, *,
-                  k: Optional[int] = None, bmb_se: Optional[np.ndarray] = None,
-                  level: float = DEFAULT_LEVEL, oversampling: int = SKETCH_OVERSAMPLING) -> RitzStep:
+def rayleigh_ritz(
+    mb: np.ndarray,
+    mb_se: np.ndarray,
+    bmb: np.ndarray,
+    basis: np.ndarray,
+    *,
+    k: int | None = None,
+    bmb_se: np.ndarray | None = None,
+    level: float = DEFAULT_LEVEL,
+    oversampling: int = SKETCH_OVERSAMPLING,
+) -> RitzStep:
     """Reduce a subspace pass: Ritz pairs, next basis, noise floor and angle bound.
 
     Parameters
@@ -259,8 +275,9 @@ def rayleigh_ritz(mb: np.ndarray, mb_se: np.ndarray, bmb: np.ndarray, basis: np.
     mb, bmb = np.asarray(mb, dtype=np.float64), np.asarray(bmb, dtype=np.float64)
     d, r = b.shape
     if mb.shape != (d, r) or bmb.shape != (r, r):
-        raise ValueError(f"a pass on a (d, r) = {(d, r)} basis has M B (d, r) and Bᵀ M B (r, r); got {mb.shape} "
-                         f"and {bmb.shape}")
+        raise ValueError(
+            f"a pass on a (d, r) = {(d, r)} basis has M B (d, r) and Bᵀ M B (r, r); got {mb.shape} and {bmb.shape}"
+        )
     if not np.allclose(b.T @ b, np.eye(r), rtol=0, atol=1e-8):
         raise ValueError("the basis of a subspace pass must have orthonormal columns")
     if k is not None:
@@ -280,10 +297,20 @@ def rayleigh_ritz(mb: np.ndarray, mb_se: np.ndarray, bmb: np.ndarray, basis: np.
     nxt, _ = np.linalg.qr(mv)
     refined_values, refined_vectors = _nystrom(mv[:, :k], theta[:k])
     gap = float(abs(theta[k - 1]) - (abs(theta[k]) if k < r else 0.0))
-    return RitzStep(eigenvalues=theta, vectors=b @ q, next_basis=nxt, refined_values=refined_values,
-                    refined_vectors=refined_vectors, k=k, floor=float(floor),
-                    subspace_noise=float(nu), eigenvalue_floor=None if eig_floor is None else float(eig_floor),
-                    gap=gap, angle_bound=angle_bound(nu, gap), significant=significant)
+    return RitzStep(
+        eigenvalues=theta,
+        vectors=b @ q,
+        next_basis=nxt,
+        refined_values=refined_values,
+        refined_vectors=refined_vectors,
+        k=k,
+        floor=float(floor),
+        subspace_noise=float(nu),
+        eigenvalue_floor=None if eig_floor is None else float(eig_floor),
+        gap=gap,
+        angle_bound=angle_bound(nu, gap),
+        significant=significant,
+    )
 
 
 def _nystrom(mv: np.ndarray, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -309,8 +336,9 @@ def _strongest_columns(cols: list[np.ndarray], r: int) -> np.ndarray:
     return q @ u[:, :r]
 
 
-def joint_sketch_basis(ys: list[np.ndarray], ses: list[np.ndarray], *, level: float = DEFAULT_LEVEL
-                       ) -> tuple[np.ndarray, list[SketchBasis]]:
+def joint_sketch_basis(
+    ys: list[np.ndarray], ses: list[np.ndarray], *, level: float = DEFAULT_LEVEL
+) -> tuple[np.ndarray, list[SketchBasis]]:
     """The first basis for several sketches ``Y_t = M̂_t Ω`` of one Ω (d × r each): the r strongest left
     singular vectors of the stacked ``Y_t / f_t`` (f_t: each sketch's noise floor at ``level / T``),
     so that every matrix weighs by its signal over its own noise. Returns the basis and the
@@ -354,14 +382,25 @@ class JointStep:
         return int(self.basis.shape[1])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "strengths": self.strengths.tolist(), "angle_bound": self.angle_bound,
-                "significant": [s.significant for s in self.steps],
-                "floors": [s.floor for s in self.steps],
-                "leading": [float(s.eigenvalues[0]) for s in self.steps]}
+        return {
+            "rank": self.rank,
+            "strengths": self.strengths.tolist(),
+            "angle_bound": self.angle_bound,
+            "significant": [s.significant for s in self.steps],
+            "floors": [s.floor for s in self.steps],
+            "leading": [float(s.eigenvalues[0]) for s in self.steps],
+        }
 
 
-def joint_ritz(mbs: list[np.ndarray], mb_ses: list[np.ndarray], bmbs: list[np.ndarray], basis: np.ndarray, *,
-               bmb_ses: Optional[list[np.ndarray]] = None, level: float = DEFAULT_LEVEL) -> JointStep:
+def joint_ritz(
+    mbs: list[np.ndarray],
+    mb_ses: list[np.ndarray],
+    bmbs: list[np.ndarray],
+    basis: np.ndarray,
+    *,
+    bmb_ses: list[np.ndarray] | None = None,
+    level: float = DEFAULT_LEVEL,
+) -> JointStep:
     """Reduce a subspace pass of several matrices ``M̂_t`` on one basis B (d × r).
 
     Each matrix goes through :func:`rayleigh_ritz` with the floor at ``level / T``; its
@@ -392,29 +431,37 @@ def joint_ritz(mbs: list[np.ndarray], mb_ses: list[np.ndarray], bmbs: list[np.nd
     if t == 0 or len(mb_ses) != t or len(bmbs) != t or (bmb_ses is not None and len(bmb_ses) != t):
         raise ValueError("joint_ritz needs the same number (>= 1) of M B, standard errors and Bᵀ M B arrays")
     per = level / t
-    steps = [rayleigh_ritz(mb, se, bmb, basis, bmb_se=None if bmb_ses is None else bmb_ses[i], level=per,
-                           oversampling=0)
-             for i, (mb, se, bmb) in enumerate(zip(mbs, mb_ses, bmbs))]
-    cols = [st.refined_vectors[:, :st.significant] * (np.abs(st.eigenvalues[:st.significant]) / st.floor)
-            for st in steps if st.significant > 0]
+    steps = [
+        rayleigh_ritz(mb, se, bmb, basis, bmb_se=None if bmb_ses is None else bmb_ses[i], level=per, oversampling=0)
+        for i, (mb, se, bmb) in enumerate(zip(mbs, mb_ses, bmbs))
+    ]
+    cols = [
+        st.refined_vectors[:, : st.significant] * (np.abs(st.eigenvalues[: st.significant]) / st.floor)
+        for st in steps
+        if st.significant > 0
+    ]
     d, r = np.shape(basis)
     if cols:
         left, sv, _ = np.linalg.svd(np.concatenate(cols, axis=1), full_matrices=False)
-        m = max(int(np.count_nonzero(sv > 1.0)), max(st.significant for st in steps))  # each count <= the stacked columns
+        m = max(
+            int(np.count_nonzero(sv > 1.0)), max(st.significant for st in steps)
+        )  # each count <= the stacked columns
         span, strengths = left[:, :m], sv[:m]
         bound = min(st.angle_bound for st in steps if st.significant > 0)
     else:
         span, strengths, bound = np.zeros((d, 0)), np.zeros(0), math.pi / 2
-    nxt = _strongest_columns([np.asarray(mb, dtype=np.float64) / max(st.floor, np.finfo(float).tiny)
-                              for mb, st in zip(mbs, steps)], r)
+    nxt = _strongest_columns(
+        [np.asarray(mb, dtype=np.float64) / max(st.floor, np.finfo(float).tiny) for mb, st in zip(mbs, steps)], r
+    )
     return JointStep(steps=steps, basis=span, strengths=strengths, next_basis=nxt, angle_bound=float(bound))
 
 
 # ------------------------------------------------------------------------- driver
 
 
-def pass_statistics(basis: np.ndarray, family: str, options: Mapping[str, Any],
-                    refines: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+def pass_statistics(
+    basis: np.ndarray, family: str, options: Mapping[str, Any], refines: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The ``statistics`` section of a subspace pass: only ``sketch`` (``basic`` off: it is a d × d
     family), with the basis rows ``Bᵀ``, the one family iterated on and the record of the refined store."""
     section: dict[str, Any] = {"basis": np.asarray(basis).T.tolist(), family: dict(options)}
@@ -427,8 +474,10 @@ def _family_options(sketch: Mapping[str, np.ndarray], section: Mapping[str, Any]
     """The family's options for a pass, with the sketch store's direction bank and τ grid spelled out,
     so that the pass computes the very same matrices without drawing them again."""
     if family not in section:
-        raise ValueError(f"the sketch section has no '{family}' family (it has "
-                         f"{sorted(k for k in section if k in ('second', 'contracted', 'filtered'))})")
+        raise ValueError(
+            f"the sketch section has no '{family}' family (it has "
+            f"{sorted(k for k in section if k in ('second', 'contracted', 'filtered'))})"
+        )
     opts = dict(section[family] or {})
     if family == "contracted":
         opts = {"orders": list(opts.get("orders", [2, 4])), "directions": np.asarray(sketch["direction"]).tolist()}
@@ -437,7 +486,7 @@ def _family_options(sketch: Mapping[str, np.ndarray], section: Mapping[str, Any]
     return opts
 
 
-def _select(arrays: Mapping[str, np.ndarray], name: str, family: str, index: Optional[int]) -> np.ndarray:
+def _select(arrays: Mapping[str, np.ndarray], name: str, family: str, index: int | None) -> np.ndarray:
     a = np.asarray(arrays[name])
     if a.ndim != (2 if family == "second" else 3):
         raise ValueError(f"{name} has shape {a.shape}; per-output sketches are not supported by the driver")
@@ -478,10 +527,20 @@ class Iteration:
     report: dict = field(default_factory=dict)
 
 
-def subspace_iteration(run_pass: Callable[[dict], Mapping[str, np.ndarray]], sketch: Mapping[str, np.ndarray],
-                       section: Mapping[str, Any], *, family: str = "second", index: Optional[int] = None,
-                       k: Optional[int] = None, refines: Optional[Mapping[str, Any]] = None, max_passes: int = 5,
-                       min_passes: int = 2, rtol: float = 1.0, level: float = DEFAULT_LEVEL) -> Iteration:
+def subspace_iteration(
+    run_pass: Callable[[dict], Mapping[str, np.ndarray]],
+    sketch: Mapping[str, np.ndarray],
+    section: Mapping[str, Any],
+    *,
+    family: str = "second",
+    index: int | None = None,
+    k: int | None = None,
+    refines: Mapping[str, Any] | None = None,
+    max_passes: int = 5,
+    min_passes: int = 2,
+    rtol: float = 1.0,
+    level: float = DEFAULT_LEVEL,
+) -> Iteration:
     """Subspace iteration on one sketched matrix, one pass per step.
 
     Parameters
@@ -525,14 +584,20 @@ def subspace_iteration(run_pass: Callable[[dict], Mapping[str, np.ndarray]], ske
     for _ in range(max_passes):
         arrays = run_pass(pass_statistics(basis, family, options, refines))
         if not np.allclose(np.asarray(arrays["omega"]), basis, rtol=0, atol=1e-12):
-            raise ValueError("run_pass returned a pass computed on another basis; it must run the statistics "
-                             "it is given")
+            raise ValueError(
+                "run_pass returned a pass computed on another basis; it must run the statistics it is given"
+            )
         se_name = f"BMB_{family}_se"
-        step = rayleigh_ritz(_select(arrays, f"Y_{family}", family, index),
-                             _select(arrays, f"Y_{family}_se", family, index),
-                             _select(arrays, f"BMB_{family}", family, index), basis, k=k,
-                             bmb_se=_select(arrays, se_name, family, index) if se_name in arrays else None,
-                             level=level, oversampling=oversampling)
+        step = rayleigh_ritz(
+            _select(arrays, f"Y_{family}", family, index),
+            _select(arrays, f"Y_{family}_se", family, index),
+            _select(arrays, f"BMB_{family}", family, index),
+            basis,
+            k=k,
+            bmb_se=_select(arrays, se_name, family, index) if se_name in arrays else None,
+            level=level,
+            oversampling=oversampling,
+        )
         k = step.k  # fixed from the first pass on
         # the next basis's leading k columns span M̂ V (V: the top-k Ritz vectors): the next pass's move
         change = float(principal_angles(step.vectors[:, :k], step.next_basis[:, :k]).max(initial=0.0))
@@ -543,8 +608,23 @@ def subspace_iteration(run_pass: Callable[[dict], Mapping[str, np.ndarray]], ske
             converged = True
             break
     last = steps[-1]
-    report = {"family": family, "index": index, "k": k, "passes": len(steps), "converged": converged,
-              "changes": changes, "sketch_floor": initial.floor, "sketch_significant": initial.significant,
-              "steps": [s.to_dict() for s in steps]}
-    return Iteration(eigenvalues=last.eigenvalues[:k].copy(), vectors=last.refined_vectors.copy(), steps=steps,
-                     changes=changes, converged=converged, initial=initial, report=report)
+    report = {
+        "family": family,
+        "index": index,
+        "k": k,
+        "passes": len(steps),
+        "converged": converged,
+        "changes": changes,
+        "sketch_floor": initial.floor,
+        "sketch_significant": initial.significant,
+        "steps": [s.to_dict() for s in steps],
+    }
+    return Iteration(
+        eigenvalues=last.eigenvalues[:k].copy(),
+        vectors=last.refined_vectors.copy(),
+        steps=steps,
+        changes=changes,
+        converged=converged,
+        initial=initial,
+        report=report,
+    )

@@ -44,8 +44,9 @@ The method:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 from scipy.special import eval_hermitenorm, ndtr
@@ -53,17 +54,28 @@ from scipy.special import eval_hermitenorm, ndtr
 from .. import hermite
 from ..network import Network
 from . import control, cp, lifted, spectral
-from .base import (Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples,
-                   TooFewSamplesError)
+from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples, TooFewSamplesError
+from .coverage import COVER_PART, cover
 from .orient import orient
 from .polish import polish, polish_outputs
-from .coverage import COVER_PART, cover
 from .polish_cg import DENSE_UNKNOWNS, matrix_free
 from .streamed import refine_unless_exact
 
-__all__ = ["OPTIONS", "SOURCE_OPTIONS", "MAX_PASSES", "HIGHER_ORDERS", "OUTPUTS_ROUTE_MIN_D", "WidthError",
-           "identifiable_width", "check_width", "outputs_route", "required_statistics", "sample_sizes", "profile",
-           "learn"]
+__all__ = [
+    "OPTIONS",
+    "SOURCE_OPTIONS",
+    "MAX_PASSES",
+    "HIGHER_ORDERS",
+    "OUTPUTS_ROUTE_MIN_D",
+    "WidthError",
+    "identifiable_width",
+    "check_width",
+    "outputs_route",
+    "required_statistics",
+    "sample_sizes",
+    "profile",
+    "learn",
+]
 
 #: control-variate rounds of the outputs route at most; each draws as many fresh samples as the store holds
 CONTROL_ROUNDS = 3
@@ -124,7 +136,7 @@ def identifiable_width(d: int) -> int:
     return lifted.lifted_dimension(d) if lifted.lifted_route(d) else d
 
 
-def check_width(width: Optional[int], d: int) -> None:
+def check_width(width: int | None, d: int) -> None:
     """Refuse, before any work, a width past what this method identifies."""
     limit = identifiable_width(d)
     if width is None or width <= limit:
@@ -134,15 +146,17 @@ def check_width(width: Optional[int], d: int) -> None:
             f"--method tensor separates at most d = {d} units at this input dimension (width {width} asked): wider "
             f"networks need the full Hermite tensor T_4 flattened on symmetric matrices, and at d = {d} it has "
             f"{math.comb(d + 3, 4):,} entries per sample, past the {lifted.ORDER_ENTRIES:,} this version estimates; "
-            "use a width ≤ d")
+            "use a width ≤ d"
+        )
     raise WidthError(
         f"--method tensor separates at most d(d+1)/2 = {limit} units at d = {d} (width {width} asked): the full "
         "tensors of orders 4–6 flattened on symmetric matrices hold at most that many rank-one terms apart; orders "
         f"6 and 8 flattened on symmetric 3-tensors would lift the limit to d(d+1)(d+2)/6 = "
-        f"{d * (d + 1) * (d + 2) // 6}, which this version does not estimate")
+        f"{d * (d + 1) * (d + 2) // 6}, which this version does not estimate"
+    )
 
 
-def outputs_route(d: int, outputs: Optional[int]) -> bool:
+def outputs_route(d: int, outputs: int | None) -> bool:
     """Whether ``fit`` learns from the outputs' second moments alone (``output_moments``: ``T_2`` and ``T_1`` of
     each output, one pass, no higher orders).
 
@@ -156,7 +170,7 @@ def outputs_route(d: int, outputs: Optional[int]) -> bool:
     return outputs is not None and outputs >= 2 and d >= OUTPUTS_ROUTE_MIN_D
 
 
-def required_statistics(d: int, width: Optional[int] = None, outputs: Optional[int] = None) -> dict:
+def required_statistics(d: int, width: int | None = None, outputs: int | None = None) -> dict:
     """The first pass: ``basic`` (``E[y]``, ``E[y x]`` for the residual labels of the second) and the contracted
     orders 2 and 4 along random directions with the linear control variate (for the subspace); on the
     :func:`outputs_route`, ``basic`` and ``output_moments`` (every output's ``T_1`` and ``T_2``) and no pass."""
@@ -181,7 +195,9 @@ def profile(order: int | np.ndarray, beta: float | np.ndarray) -> np.ndarray:
     """``f_l(β) = E[relu(z + β) He_l(z)] = (−1)^l He_{l−2}(β) φ(β)`` for ``l ≥ 2`` (docs/design.md §3), and
     ``f_1(β) = Φ(β)``."""
     order, beta = np.broadcast_arrays(np.asarray(order), np.asarray(beta, dtype=np.float64))
-    high = (-1.0) ** order * eval_hermitenorm(np.maximum(order, 2) - 2, beta) * np.exp(-0.5 * beta**2) / np.sqrt(2 * np.pi)
+    high = (
+        (-1.0) ** order * eval_hermitenorm(np.maximum(order, 2) - 2, beta) * np.exp(-0.5 * beta**2) / np.sqrt(2 * np.pi)
+    )
     return np.where(order == 1, ndtr(beta), high)
 
 
@@ -190,8 +206,17 @@ def profile(order: int | np.ndarray, beta: float | np.ndarray) -> np.ndarray:
 
 #: dimensions of the arrays this method reads, for one output (a per-output group stacks the estimands, and
 #: the coordinates that differ between outputs, along a leading ``output`` axis)
-_NDIM = {"M": 3, "M_se": 3, "control_mean": 0, "control_beta": 1, "y": 0, "y_se": 0, "yx": 1, "yx_se": 1,
-         **{f"T{l}{s}": 1 for l in range(9) for s in ("", "_se")}}
+_NDIM = {
+    "M": 3,
+    "M_se": 3,
+    "control_mean": 0,
+    "control_beta": 1,
+    "y": 0,
+    "y_se": 0,
+    "yx": 1,
+    "yx_se": 1,
+    **{f"T{l}{s}": 1 for l in range(9) for s in ("", "_se")},
+}
 
 
 def _per_output(arrays: Arrays) -> list[dict[str, np.ndarray]]:
@@ -212,18 +237,23 @@ def _check(stats: Mapping[str, Arrays]) -> None:
     if "contracted" not in stats and _has_outputs(stats):
         return
     if "contracted" not in stats:
-        raise MissingStatisticError.lacking("tensor", "contracted", "orders 2 and 4",
-                                            "{orders: [2, 4], directions: 8, control: true}")
+        raise MissingStatisticError.lacking(
+            "tensor", "contracted", "orders 2 and 4", "{orders: [2, 4], directions: 8, control: true}"
+        )
     orders = set(np.asarray(stats["contracted"]["pair_order"]).tolist())
     if 2 not in orders:
-        raise MissingStatisticError(f"the 'tensor' method needs contracted order 2; this store has orders "
-                                    f"{sorted(orders)}; set statistics.contracted.orders: [2, 4]")
+        raise MissingStatisticError(
+            f"the 'tensor' method needs contracted order 2; this store has orders "
+            f"{sorted(orders)}; set statistics.contracted.orders: [2, 4]"
+        )
 
 
 def _has_outputs(stats: Mapping[str, Arrays]) -> bool:
     """A store of the :func:`outputs_route`: ``output_moments`` of two or more outputs."""
     om = stats.get("output_moments")
-    return om is not None and all(k in om for k in ("T1", "T1_se", "T2", "T2_se")) and np.asarray(om["T2"]).shape[0] >= 2
+    return (
+        om is not None and all(k in om for k in ("T1", "T1_se", "T2", "T2_se")) and np.asarray(om["T2"]).shape[0] >= 2
+    )
 
 
 def _outputs_slices(om: Arrays) -> Slices:
@@ -236,7 +266,7 @@ def _outputs_slices(om: Arrays) -> Slices:
     return Slices(0.5 * (t2 + t2.transpose(0, 2, 1)), s2, np.arange(m), np.full(m, 2), none, False, vectors)
 
 
-def _subspace(outputs: list[dict], width: Optional[int]) -> spectral.Subspace:
+def _subspace(outputs: list[dict], width: int | None) -> spectral.Subspace:
     mats, ses, names = [], [], []
     for j, arrays in enumerate(outputs):
         m, s, n = spectral.matrices_from_store(arrays)
@@ -260,11 +290,11 @@ def _too_few(sub: spectral.Subspace, width: int, n: int) -> TooFewSamplesError:
         f"--width {width} asks for more units than the noise floor supports at {n:,} samples: {sub.rank} directions "
         f"stand above it (the {width}-th is at {ratio:.2f} of the threshold). Estimate with {need} samples "
         f"(`relulearn estimate CONFIG --store STORE --samples N`, then learn again), or leave out --width to learn the "
-        f"{sub.rank} units the floor supports")
+        f"{sub.rank} units the floor supports"
+    )
 
 
-def _widened(sub: spectral.Subspace, mats: np.ndarray, ses: np.ndarray, width: Optional[int], report: dict
-             ) -> np.ndarray:
+def _widened(sub: spectral.Subspace, mats: np.ndarray, ses: np.ndarray, width: int | None, report: dict) -> np.ndarray:
     """The subspace's basis, or, when ``width`` asks for more directions than clear the noise floor, the
     ``width`` strongest directions of the matrices each divided by its noise level (the weakest units lie a
     little under the floor more often than in the noise: the polish and the validation samples judge them)."""
@@ -274,7 +304,8 @@ def _widened(sub: spectral.Subspace, mats: np.ndarray, ses: np.ndarray, width: O
     stack = np.concatenate(list(mats / np.where(scale > 0, scale, 1.0)[:, None, None]), axis=1)
     basis = np.linalg.svd(stack, full_matrices=False)[0][:, :width]
     report.setdefault("below_noise_floor", []).append(
-        {"dimension": int(mats.shape[1]), "above_floor": int(sub.rank), "taken": int(width)})
+        {"dimension": int(mats.shape[1]), "above_floor": int(sub.rank), "taken": int(width)}
+    )
     return basis
 
 
@@ -284,7 +315,7 @@ def _order2(arrays: dict) -> tuple[np.ndarray, np.ndarray]:
     return mats[0], ses[0]
 
 
-def _expansion(arrays: dict, basic: Optional[dict], basis: np.ndarray) -> dict[str, Any]:
+def _expansion(arrays: dict, basic: dict | None, basis: np.ndarray) -> dict[str, Any]:
     """One output's expansion of degree ≤ 2 for residual labels: ``E[y]``, ``E[y x]`` (from ``basic``, or the
     control variate's pilot estimate) and ``T_2`` inside the subspace, as eigenpairs."""
     if basic is not None:
@@ -298,8 +329,9 @@ def _expansion(arrays: dict, basic: Optional[dict], basis: np.ndarray) -> dict[s
     return {"t0": t0, "t1": t1.tolist(), "t2_vectors": (basis @ q).T.tolist(), "t2_values": theta.tolist()}
 
 
-def _pass_request(stats: Mapping[str, Arrays], outputs: list[dict], basis: np.ndarray, overcomplete: bool,
-                  seed: int) -> PassRequest:
+def _pass_request(
+    stats: Mapping[str, Arrays], outputs: list[dict], basis: np.ndarray, overcomplete: bool, seed: int
+) -> PassRequest:
     basic = _per_output(stats["basic"]) if "basic" in stats else [None] * len(outputs)
     expansions = [_expansion(a, b, basis) for a, b in zip(outputs, basic)]
     expansion = expansions if len(outputs) > 1 else expansions[0]
@@ -307,15 +339,18 @@ def _pass_request(stats: Mapping[str, Arrays], outputs: list[dict], basis: np.nd
     if overcomplete:
         order = lifted.max_order(d)
         return PassRequest(
-            "tensor-lifted", {"hermite": {"max_order": order, "expansion": expansion}},
+            "tensor-lifted",
+            {"hermite": {"max_order": order, "expansion": expansion}},
             f"the full Hermite tensors up to order {order} on residual labels: the subspace has full rank d = {d}, "
-            "so the network may be wider than d; its units are separated on symmetric matrices")
+            "so the network may be wider than d; its units are separated on symmetric matrices",
+        )
     g = spectral.directions_in_subspace(basis, max(8, 2 * k), seed)
     return PassRequest(
         "tensor-1",
         {"contracted": {"orders": list(HIGHER_ORDERS), "directions": g.tolist(), "expansion": expansion}},
         f"contracted orders {list(HIGHER_ORDERS)} along {len(g)} directions inside the {k}-dimensional subspace, "
-        "on residual labels: the slices of the tensor the units are read from")
+        "on residual labels: the slices of the tensor the units are read from",
+    )
 
 
 # ------------------------------------------------------------------------------------------ slices
@@ -333,12 +368,13 @@ class Slices:
     contractions: tuple[np.ndarray, ...]
     lifted: bool
     #: lifted only: lower orders as vectors of the slices' space, linear in the factors (``Σ_i w_i v_i``)
-    vectors: Optional[Slices] = None
+    vectors: Slices | None = None
 
     def factors(self, directions: np.ndarray) -> np.ndarray:
         """``(P, k)``: ``Π_g <û_i, g>`` over each slice's contraction directions."""
-        return np.stack([np.prod(g @ directions.T, axis=0) if len(g) else np.ones(len(directions))
-                         for g in self.contractions])
+        return np.stack(
+            [np.prod(g @ directions.T, axis=0) if len(g) else np.ones(len(directions)) for g in self.contractions]
+        )
 
     def embed(self, directions: np.ndarray) -> np.ndarray:
         """The factor of each unit in the slices' space: ``û`` (complete) or ``vec(û ûᵀ)`` (lifted)."""
@@ -378,10 +414,15 @@ def _lifted_slices(order2: list[tuple[np.ndarray, np.ndarray]], passed: list[dic
         vorder += [2] + [3] * len(v3)
         vcont += [np.zeros((0, d)), *c3]
     vectors = Slices(np.asarray(vec), np.asarray(vse), np.asarray(vout), np.asarray(vorder), tuple(vcont), True)
-    return Slices(np.concatenate([p.matrices for p in parts]), np.concatenate([p.ses for p in parts]),
-                  np.concatenate([np.full(len(p.orders), j) for j, p in enumerate(parts)]),
-                  np.concatenate([p.orders for p in parts]), tuple(c for p in parts for c in p.contractions), True,
-                  vectors)
+    return Slices(
+        np.concatenate([p.matrices for p in parts]),
+        np.concatenate([p.ses for p in parts]),
+        np.concatenate([np.full(len(p.orders), j) for j, p in enumerate(parts)]),
+        np.concatenate([p.orders for p in parts]),
+        tuple(c for p in parts for c in p.contractions),
+        True,
+        vectors,
+    )
 
 
 _LIFTED_STREAM = 0x11F7ED  # separates the lifted directions' stream from others keyed by the same seed
@@ -406,8 +447,7 @@ class Units:
     amp: np.ndarray
 
 
-def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d: int, m: int
-               ) -> tuple[Units, dict]:
+def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d: int, m: int) -> tuple[Units, dict]:
     """Decompose noise-scaled slices in ``span(basis)`` (Jennrich and ALS; the subspace power method when each
     output has one slice, ``T_4``) and fit each unit's profile."""
     scale = _noise_scale(sl, basis)
@@ -417,8 +457,9 @@ def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d
         rng = np.random.default_rng((int(seed), _LIFTED_STREAM, 1))
         mix = np.tensordot(rng.standard_normal(m) if m > 1 else np.ones(1), scaled, 1)
         dirs, _ = lifted.spm(basis.T @ mix @ basis, basis, d, seed)
-        weights, res = cp.fit_weights(np.einsum("da,pde,eb->pab", basis, scaled, basis, optimize=True),
-                                      basis.T @ lifted.embed(dirs).T)
+        weights, res = cp.fit_weights(
+            np.einsum("da,pde,eb->pab", basis, scaled, basis, optimize=True), basis.T @ lifted.embed(dirs).T
+        )
         report.update(algorithm="subspace power method", relative_residual=res)
         quality = np.ones(len(dirs))
     else:
@@ -470,8 +511,9 @@ def _vector_weights(vec: Slices, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return w, np.where(noise > 0, noise, 1.0)
 
 
-def _fit_profiles(weights: np.ndarray, scale: np.ndarray, factors: np.ndarray, out_of: np.ndarray,
-                  order_of: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _fit_profiles(
+    weights: np.ndarray, scale: np.ndarray, factors: np.ndarray, out_of: np.ndarray, order_of: np.ndarray, m: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Offsets ``β_i`` and output weights ``A`` (m × k) from the weights of the noise-scaled slices: slice p
     holds ``A_{j_p i} f_{l_p}(β_i) factor_{p i} / scale_{p i}``. For each unit, ``A`` is the least-squares answer
     at each β of :data:`BETA_GRID`, and the β of least residual is kept. Returns ``(β, A, relative residual per
@@ -508,19 +550,19 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
     # output weights, output bias and the affine part by least squares on the units as found
     feats = np.column_stack([np.maximum(x @ units.directions.T + units.beta, 0.0), x, np.ones(len(x))])
     sol = np.linalg.lstsq(feats, y, rcond=None)[0]
-    start = Network((units.directions.copy(), sol[:k].T.copy()), (units.beta.copy(), sol[-1].copy()),
-                    activation="relu")
+    start = Network((units.directions.copy(), sol[:k].T.copy()), (units.beta.copy(), sol[-1].copy()), activation="relu")
     try:
-        loose, prep = (polish(start, x, y[:, 0], affine=True) if single else
-                       polish_outputs(start, x, y, affine=True))
+        loose, prep = polish(start, x, y[:, 0], affine=True) if single else polish_outputs(start, x, y, affine=True)
     except (ValueError, np.linalg.LinAlgError) as err:
         report["affine_polish"] = {"error": str(err)}
         return start, report
     report["affine_polish"] = {k_: v for k_, v in prep.__dict__.items() if k_ != "linear"}
     u, b, a, c = loose.weights[0], loose.biases[0], loose.weights[1], loose.biases[1]
     if len(u) == 0:
-        raise NoSignalError("no unit keeps a nonzero output weight on the bounded sample: the statistics support "
-                            "only the mean at this sample count; estimate with more samples")
+        raise NoSignalError(
+            "no unit keeps a nonzero output weight on the bounded sample: the statistics support "
+            "only the mean at this sample count; estimate with more samples"
+        )
     got = orient(a, u, prep.linear, precision=max(prep.relative_residual, 1e-15))
     report["orientation"] = got.to_dict()
     sign = np.where(got.flip, -1.0, 1.0)
@@ -528,14 +570,17 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
     # move into the output bias
     c = c + a[:, got.flip] @ b[got.flip]
     oriented = Network((sign[:, None] * u, a.copy()), (sign * b, c), activation="relu")
-    if prep.relative_residual ** 2 <= FIT_LOSS:
+    if prep.relative_residual**2 <= FIT_LOSS:
         # an exact fit: when the oriented network (the flipped units' linear parts standing for the affine term)
         # fits as well, the affine part held only the labels' rounding, and a second polish would spend its steps
         # (at d = 784, k = 512: an hour) finding no descent
         fit = float(np.linalg.norm(y - oriented.forward(x)) / (np.linalg.norm(y) or 1.0))
         if fit <= 2.0 * max(prep.relative_residual, 1e-15):
-            report["polish"] = {**report["affine_polish"], "relative_residual": fit,
-                                "skipped": "the oriented network fits as well as the polish with its affine part"}
+            report["polish"] = {
+                **report["affine_polish"],
+                "relative_residual": fit,
+                "skipped": "the oriented network fits as well as the polish with its affine part",
+            }
             return oriented, report
     try:
         net, prep = polish(oriented, x, y[:, 0]) if single else polish_outputs(oriented, x, y)
@@ -550,16 +595,19 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
 COVER_STRIDE = 10_000
 
 
-def _covered(samples: Any, x: np.ndarray, y: np.ndarray, units: Units, report: dict, part: int
-             ) -> tuple[np.ndarray, np.ndarray]:
+def _covered(
+    samples: Any, x: np.ndarray, y: np.ndarray, units: Units, report: dict, part: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The polish's sample with the rows :func:`.coverage.cover` adds for the units' smaller sides; what it did
     in ``report["coverage"]``, and units still short in ``report["short_units"]``."""
     x_add, y_add, cov = cover(samples, x, units.directions, units.beta, part=part)
     report["coverage"] = cov.to_dict()
     if cov.short_units:
-        report["short_units"] = (f"{len(cov.short_units)} units have fewer than {cov.needed} samples on their rarer "
-                                 f"side after {cov.queries:,} further queries (fewest: {cov.smallest_side}): their "
-                                 "rows may not be determined")
+        report["short_units"] = (
+            f"{len(cov.short_units)} units have fewer than {cov.needed} samples on their rarer "
+            f"side after {cov.queries:,} further queries (fewest: {cov.smallest_side}): their "
+            "rows may not be determined"
+        )
     if len(x_add) == 0:
         return x, y
     return np.vstack([x, x_add]), np.vstack([y, y_add.reshape(len(x_add), -1)])
@@ -588,15 +636,17 @@ PRUNE = 1e-6
 SAME_ROW = 1e-10
 
 
-def _missing_units(net: Network, samples: Any, mapper: Callable, d: int, m: int, seed: int, report: dict
-                   ) -> Optional[Units]:
+def _missing_units(
+    net: Network, samples: Any, mapper: Callable, d: int, m: int, seed: int, report: dict
+) -> Units | None:
     """Units the network misses: the lifted decomposition, at its own noise-floor rank, of the tensors of the
     labels it leaves (fresh samples; small labels, so far less noise than the stored tensors), less the
     components that are corrections of its own units. None when nothing is found."""
     from .refine import parts
 
-    arrays = lifted.residual_tensors(samples, net, lifted.max_order(d), parts(RESIDUAL_SAMPLES, first=RESIDUAL_PART),
-                                     mapper)
+    arrays = lifted.residual_tensors(
+        samples, net, lifted.max_order(d), parts(RESIDUAL_SAMPLES, first=RESIDUAL_PART), mapper
+    )
     order2 = [(hermite.unpack(a["T2"], d, 2), hermite.unpack(a["T2_se"], d, 2)) for a in arrays]
     sl = _lifted_slices(order2, arrays, d, seed)
     sub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses))
@@ -610,14 +660,14 @@ def _missing_units(net: Network, samples: Any, mapper: Callable, d: int, m: int,
     # (or not rank one: a mixture of the small turns of several) is their correction
     cos = np.abs(found.directions @ own.directions.T)
     new = np.flatnonzero((cos.max(axis=1) <= np.cos(NEW_UNIT_ANGLE)) & (np.asarray(dec["rank_one_quality"]) >= 0.98))
-    new = new[np.argsort(-np.linalg.norm(found.amp[:, new], axis=0))][:max(1, len(own.beta) // 8)]
+    new = new[np.argsort(-np.linalg.norm(found.amp[:, new], axis=0))][: max(1, len(own.beta) // 8)]
     report["new"] = int(len(new))
     if len(new) == 0:
         return None
     return Units(found.directions[new], found.beta[new], found.amp[:, new])
 
 
-def _pruned(net: Network, width: Optional[int]) -> tuple[Network, list[int]]:
+def _pruned(net: Network, width: int | None) -> tuple[Network, list[int]]:
     """Merge units that are one unit split in two (hidden rows ``[u, b]`` parallel to :data:`SAME_ROW`: their
     output weights add up), drop units whose output weights vanish (below :data:`PRUNE` of the largest:
     spurious units a polish switched off) and, past ``width``, the weakest."""
@@ -631,8 +681,11 @@ def _pruned(net: Network, width: Optional[int]) -> tuple[Network, list[int]]:
                 out[:, j] += out[:, i]
                 out[:, i] = 0.0
                 break
-    net = Network((unit[:, :-1], out), (unit[:, -1], np.zeros(net.output_dim) if net.biases is None else
-                                        net.biases[1]), activation="relu")
+    net = Network(
+        (unit[:, :-1], out),
+        (unit[:, -1], np.zeros(net.output_dim) if net.biases is None else net.biases[1]),
+        activation="relu",
+    )
     strength = np.linalg.norm(out, axis=0)
     keep = np.flatnonzero(strength > PRUNE * strength.max())
     if width is not None and len(keep) > width:
@@ -648,9 +701,16 @@ def _pruned(net: Network, width: Optional[int]) -> tuple[Network, list[int]]:
 # ------------------------------------------------------------------------------------------ learn
 
 
-def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
-          samples: Callable[[int, int], Samples], *, width: Optional[int] = None,
-          refine_samples: Optional[int] = None, mapper: Callable = map, seed: int = 0) -> LearnResult | PassRequest:
+def learn(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None = None,
+    refine_samples: int | None = None,
+    mapper: Callable = map,
+    seed: int = 0,
+) -> LearnResult | PassRequest:
     """Learn ``y = A relu(U x + b) + c`` (one hidden ReLU layer, biases, m ≥ 1 outputs) of width up to
     :func:`identifiable_width`.
 
@@ -686,12 +746,15 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
     if sub.rank == 0:
         raise NoSignalError(
             "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
-            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
+            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
+        )
     overcomplete = lifted.lifted_route(d) and ((width is not None and width > d) or (width is None and sub.rank == d))
     report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "lifted" if overcomplete else "complete"}
     if not overcomplete and sub.rank == d:
-        report["unresolved"] = (f"the subspace has full rank d = {d}: the network may be wider than d, and at d = {d} "
-                                "this method separates at most d units (the full T_4 is too large to estimate)")
+        report["unresolved"] = (
+            f"the subspace has full rank d = {d}: the network may be wider than d, and at d = {d} "
+            "this method separates at most d units (the full T_4 is too large to estimate)"
+        )
     if not overcomplete and width is not None and sub.rank < width:
         raise _too_few(sub, width, _count(stats))
     if not passes:
@@ -707,15 +770,31 @@ def learn(stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]],
         basis = sub.basis
     k = basis.shape[1]
     if k == 0:
-        raise NoSignalError("no unit stands above the noise floor of the higher orders at this sample count; "
-                            "estimate with more samples")
+        raise NoSignalError(
+            "no unit stands above the noise floor of the higher orders at this sample count; estimate with more samples"
+        )
     units, report["decomposition"] = _decompose(sl.matrices, sl, basis, seed, d, m)
-    return _finish(units, overcomplete, report, stats, samples, width=width, refine_samples=refine_samples,
-                   mapper=mapper, seed=seed)
+    return _finish(
+        units,
+        overcomplete,
+        report,
+        stats,
+        samples,
+        width=width,
+        refine_samples=refine_samples,
+        mapper=mapper,
+        seed=seed,
+    )
 
 
-def _from_outputs(stats: Mapping[str, Arrays], width: Optional[int], seed: int, samples: Any = None,
-                  mapper: Callable = map, rounds_first: bool = False) -> tuple[Units, bool, dict]:
+def _from_outputs(
+    stats: Mapping[str, Arrays],
+    width: int | None,
+    seed: int,
+    samples: Any = None,
+    mapper: Callable = map,
+    rounds_first: bool = False,
+) -> tuple[Units, bool, dict]:
     """The :func:`outputs_route`: the subspace from every output's ``T_2`` at its noise floor, then the joint CP
     decomposition of the ``T_2`` slices with the outputs as third mode, and each unit's offset and orientation
     from its weights in ``T_2`` and ``T_1`` (``φ(β)`` against ``Φ(β)``).
@@ -727,16 +806,23 @@ def _from_outputs(stats: Mapping[str, Arrays], width: Optional[int], seed: int, 
     om = dict(stats["output_moments"])
     d = np.asarray(om["T1"]).shape[1]
     if width is not None and width > d:
-        raise WidthError(f"--width {width} is past d = {d}: from the outputs' second moments this method separates "
-                         f"at most d units; the contracted orders separate more at d ≤ 50 only")
+        raise WidthError(
+            f"--width {width} is past d = {d}: from the outputs' second moments this method separates "
+            f"at most d units; the contracted orders separate more at d ≤ 50 only"
+        )
     n = int(np.asarray(om["count"]))
     sub = _outputs_subspace(om, width)
     if sub.rank == 0:
         raise NoSignalError(
             "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
-            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)")
+            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
+        )
     report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "outputs", "control_rounds": []}
-    if width is not None and sub.rank < width and (samples is None or _samples_needed(sub, width, n) > CONTROL_GAIN * n):
+    if (
+        width is not None
+        and sub.rank < width
+        and (samples is None or _samples_needed(sub, width, n) > CONTROL_GAIN * n)
+    ):
         raise _too_few(sub, width, n)  # beyond what the rounds can lift: refused before they run
     if rounds_first or (width is not None and sub.rank < width):
         om, sub = _control_rounds(om, sub, width, samples, mapper, report["control_rounds"])
@@ -754,12 +840,20 @@ def _from_outputs(stats: Mapping[str, Arrays], width: Optional[int], seed: int, 
     if report["decomposition"]["misfit"] > MISFIT_MAX:
         report["unresolved"] = (
             f"the decomposition leaves {report['decomposition']['misfit']:.1f} times the slices' noise unexplained: "
-            "units weaker than the noise floor are mixed into the directions found; estimate with more samples")
+            "units weaker than the noise floor are mixed into the directions found; estimate with more samples"
+        )
     return units, False, report
 
 
-def _learn_outputs(stats: Mapping[str, Arrays], samples: Callable[[int, int], Samples], *, width: Optional[int],
-                   refine_samples: Optional[int], mapper: Callable, seed: int) -> LearnResult:
+def _learn_outputs(
+    stats: Mapping[str, Arrays],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None,
+    refine_samples: int | None,
+    mapper: Callable,
+    seed: int,
+) -> LearnResult:
     """The :func:`outputs_route` to the network. When the polished network does not fit the validation samples
     and no control round has run yet (the units the floor hid left no misfit: they are weak), the rounds run now;
     if they raise the rank, the network is learned again and the better on the validation samples kept."""
@@ -775,19 +869,24 @@ def _learn_outputs(stats: Mapping[str, Arrays], samples: Callable[[int, int], Sa
         return first
     second = _finish(units, overcomplete, again, stats, samples, **options)
     if min(second.report["validation_relative_loss"].values()) < min(rep["validation_relative_loss"].values()):
-        second.report["before_control"] = {"width_found": rep["width_found"],
-                                           "validation_relative_loss": rep["validation_relative_loss"]}
+        second.report["before_control"] = {
+            "width_found": rep["width_found"],
+            "validation_relative_loss": rep["validation_relative_loss"],
+        }
         return second
     rep["control_rounds"] = again["control_rounds"]
-    rep["control"] = (f"the control rounds raised the rank to {again['subspace']['rank']} but the network learned "
-                      "from them fits the validation samples worse: the first is kept")
+    rep["control"] = (
+        f"the control rounds raised the rank to {again['subspace']['rank']} but the network learned "
+        "from them fits the validation samples worse: the first is kept"
+    )
     return first
 
 
-def _outputs_subspace(om: Arrays, width: Optional[int]) -> spectral.Subspace:
+def _outputs_subspace(om: Arrays, width: int | None) -> spectral.Subspace:
     sl = _outputs_slices(om)
-    return spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width,
-                                      names=[f"y{j}:T_2" for j in range(len(sl.matrices))])
+    return spectral.relevant_subspace(
+        list(sl.matrices), list(sl.ses), rank=width, names=[f"y{j}:T_2" for j in range(len(sl.matrices))]
+    )
 
 
 def _samples_needed(sub: spectral.Subspace, width: int, n: int) -> float:
@@ -796,8 +895,9 @@ def _samples_needed(sub: spectral.Subspace, width: int, n: int) -> float:
     return n * (sub.threshold / s) ** 2 if s > 0 else math.inf
 
 
-def _control_rounds(om: dict, sub: spectral.Subspace, width: Optional[int], samples: Any, mapper: Callable,
-                    rounds: list) -> tuple[dict, spectral.Subspace]:
+def _control_rounds(
+    om: dict, sub: spectral.Subspace, width: int | None, samples: Any, mapper: Callable, rounds: list
+) -> tuple[dict, spectral.Subspace]:
     """Lower the noise floor of the outputs' ``T_1``, ``T_2`` with control variates (:mod:`.control`): each
     round samples, on as many fresh samples as the store holds, only what the labels' degree-two expansion from
     the current estimate leaves. Stops when a round no longer raises the rank (or reaches ``width``), or after
@@ -805,8 +905,9 @@ def _control_rounds(om: dict, sub: spectral.Subspace, width: Optional[int], samp
     n = int(np.asarray(om["count"]))
     for r in range(CONTROL_ROUNDS):
         model = control.quadratic(om["A"], om["T1"], om["T2"], sub.basis)
-        resid = control.residual_moments(samples, model, control.residual_parts(n, CONTROL_PART + CONTROL_STRIDE * r),
-                                         mapper)
+        resid = control.residual_moments(
+            samples, model, control.residual_parts(n, CONTROL_PART + CONTROL_STRIDE * r), mapper
+        )
         new = control.controlled(resid, model)
         noise = float(np.median(new["T2_se"]) / np.median(np.asarray(om["T2_se"])))
         new_sub = _outputs_subspace(new, width)
@@ -826,9 +927,18 @@ def _count(stats: Mapping[str, Arrays]) -> int:
     return int(np.asarray(stats["contracted" if "contracted" in stats else "output_moments"]["count"]))
 
 
-def _finish(units: Units, overcomplete: bool, report: dict, stats: Mapping[str, Arrays],
-            samples: Callable[[int, int], Samples], *, width: Optional[int], refine_samples: Optional[int],
-            mapper: Callable, seed: int) -> LearnResult:
+def _finish(
+    units: Units,
+    overcomplete: bool,
+    report: dict,
+    stats: Mapping[str, Arrays],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None,
+    refine_samples: int | None,
+    mapper: Callable,
+    seed: int,
+) -> LearnResult:
     """From the decomposition's units to the network: polish on a bounded sample (rows added for rarely active
     units), prune, residual rounds (overcomplete route), the streamed refinement (one output, noisy labels)."""
     k, d = units.directions.shape
@@ -858,8 +968,11 @@ def _finish(units: Units, overcomplete: bool, report: dict, stats: Mapping[str, 
             round_report["stop"] = "nothing in what the network leaves separates from its own units"
             break
         have = _units_of(net)
-        grown = Units(np.vstack([have.directions, missing.directions]), np.r_[have.beta, missing.beta],
-                      np.hstack([have.amp, missing.amp]))
+        grown = Units(
+            np.vstack([have.directions, missing.directions]),
+            np.r_[have.beta, missing.beta],
+            np.hstack([have.amp, missing.amp]),
+        )
         x_train, y = _covered(samples, x_train, y, grown, round_report, part=COVER_PART + COVER_STRIDE * (r + 1))
         candidate, round_report["network"] = _network(grown, x_train, y)
         candidate, round_report["dropped"] = _pruned(candidate, width)
@@ -874,11 +987,14 @@ def _finish(units: Units, overcomplete: bool, report: dict, stats: Mapping[str, 
     report["residual_rounds"] = rounds
     report["validation_relative_loss"] = losses
     report["chosen"] = min(losses, key=losses.get)
-    source = report if report["chosen"] == "decomposition" else rounds[int(report["chosen"][len("residual-"):]) - 1]
+    source = report if report["chosen"] == "decomposition" else rounds[int(report["chosen"][len("residual-") :]) - 1]
     chosen = source.get("network_pruned") or source["network"]
     report["polish"] = chosen.get("polish", {})
-    report["summary"] = {"route": report["route"], "orientation": chosen.get("orientation", {}).get("method"),
-                         "residual rounds": len(rounds)}
+    report["summary"] = {
+        "route": report["route"],
+        "orientation": chosen.get("orientation", {}).get("method"),
+        "residual rounds": len(rounds),
+    }
     if "control_rounds" in report:
         report["summary"]["control rounds"] = len(report["control_rounds"])
     if min(losses.values()) < FIT_LOSS:
@@ -887,14 +1003,24 @@ def _finish(units: Units, overcomplete: bool, report: dict, stats: Mapping[str, 
         total = _count(stats) if refine_samples is None else int(refine_samples)
         net = refine_unless_exact(net, samples, total, smp, mapper, report)
     else:
-        report["refinement"] = {"skipped": "the streamed refinement fits one output; polish fitted all outputs on "
-                                           "the bounded sample"}
+        report["refinement"] = {
+            "skipped": "the streamed refinement fits one output; polish fitted all outputs on the bounded sample"
+        }
     k = int(net.weights[0].shape[0])
     report["width_requested"], report["width_found"] = width if width is not None else k, k
     if width is not None and k < width:
-        report["unresolved"] = "; ".join(filter(None, [report.get("unresolved"), (
-            f"{width} units were requested but the noise floor supports {k} at this sample count: more samples raise "
-            "the weaker units above it")]))
+        report["unresolved"] = "; ".join(
+            filter(
+                None,
+                [
+                    report.get("unresolved"),
+                    (
+                        f"{width} units were requested but the noise floor supports {k} at this sample count: "
+                        "more samples raise the weaker units above it"
+                    ),
+                ],
+            )
+        )
     if source.get("short_units") and min(losses.values()) >= FIT_LOSS:
         report["unresolved"] = "; ".join(filter(None, [report.get("unresolved"), source["short_units"]]))
     if report.get("unresolved"):

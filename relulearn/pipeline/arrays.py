@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class ArrayReader:
     url: str
     kind: str
     shape: tuple[int, ...]
-    columns: Optional[tuple[str, ...]] = None
+    columns: tuple[str, ...] | None = None
     storage_options: tuple[tuple[str, Any], ...] = ()
     #: the files' sizes and modification times when opened: a rewritten file is another reader (caches key on it)
     stamp: str = ""
@@ -66,12 +66,13 @@ class ArrayReader:
         return np.ascontiguousarray(out, dtype=np.float64)
 
 
-def _options(storage_options: Optional[dict]) -> tuple[tuple[str, Any], ...]:
+def _options(storage_options: dict | None) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((storage_options or {}).items()))
 
 
-def open_reader(url: str, *, columns: Optional[list[str]] = None, storage_options: Optional[dict] = None,
-                what: str = "source.data.x") -> ArrayReader:
+def open_reader(
+    url: str, *, columns: list[str] | None = None, storage_options: dict | None = None, what: str = "source.data.x"
+) -> ArrayReader:
     """Open ``url`` (a path or fsspec URL) and check it holds a numeric array of rows.
 
     Raises
@@ -97,14 +98,19 @@ def open_reader(url: str, *, columns: Optional[list[str]] = None, storage_option
         raise ArrayFileError(f"{what}: {err}") from None
     except FileNotFoundError:
         if kind == "zarr" and _is_file(url, opts):  # a file named neither .npy nor .parquet (a CSV, an .npz, …)
-            raise ArrayFileError(f"{what}: {url} is a file but not a .npy file, a Parquet file or a zarr array "
-                                 "(read by its name: .npy, .parquet/.pq, else a zarr array's folder); save the "
-                                 "array with np.save(\"x.npy\", x) and give that file") from None
-        raise ArrayFileError(f"{what}: {url} does not exist; a relative path is read from the configuration "
-                             "file's folder") from None
+            raise ArrayFileError(
+                f"{what}: {url} is a file but not a .npy file, a Parquet file or a zarr array "
+                "(read by its name: .npy, .parquet/.pq, else a zarr array's folder); save the "
+                'array with np.save("x.npy", x) and give that file'
+            ) from None
+        raise ArrayFileError(
+            f"{what}: {url} does not exist; a relative path is read from the configuration file's folder"
+        ) from None
     except Exception as err:  # zarr, pyarrow and fsspec raise many kinds; name the file
-        raise ArrayFileError(f"{what}: {url} cannot be read as a {kind} array ({type(err).__name__}: {err}); "
-                             "give a .npy file, a zarr array or a Parquet file") from None
+        raise ArrayFileError(
+            f"{what}: {url} cannot be read as a {kind} array ({type(err).__name__}: {err}); "
+            "give a .npy file, a zarr array or a Parquet file"
+        ) from None
     if kind == "parquet":
         cols = list(names) if columns is None else list(columns)
         missing = [c for c in cols if c not in names]
@@ -115,8 +121,10 @@ def open_reader(url: str, *, columns: Optional[list[str]] = None, storage_option
             raise ArrayFileError(f"{what}: column(s) {bad} of {url} are not numeric; choose numeric columns")
         return ArrayReader(url, kind, (rows, len(cols)), tuple(cols), opts, stamp)
     if dtype.kind not in "iuf" or len(shape) not in (1, 2):
-        raise ArrayFileError(f"{what}: {url} holds a {dtype} array of shape {shape}; give a numeric array of "
-                             "rows, (rows,) or (rows, columns)")
+        raise ArrayFileError(
+            f"{what}: {url} holds a {dtype} array of shape {shape}; give a numeric array of "
+            "rows, (rows,) or (rows, columns)"
+        )
     return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp)
 
 
@@ -167,11 +175,14 @@ def _npy_header(url: str, opts: tuple, stamp: str) -> tuple[tuple[int, ...], np.
         offset = 6 + 2 + (2 if major == 1 else 4) + size
     dtype = np.dtype(header["descr"]) if not isinstance(header["descr"], list) else np.dtype(object)
     if header.get("fortran_order") and len(header["shape"]) == 2:
-        raise ArrayFileError(f"{url} is stored in Fortran order: its rows are not contiguous; save "
-                             "numpy.ascontiguousarray(x)")
+        raise ArrayFileError(
+            f"{url} is stored in Fortran order: its rows are not contiguous; save numpy.ascontiguousarray(x)"
+        )
     if dtype.hasobject:
-        raise ArrayFileError(f"{url} holds Python objects (a pickle inside the .npy); relulearn never loads "
-                             "pickles: save a numeric array")
+        raise ArrayFileError(
+            f"{url} holds Python objects (a pickle inside the .npy); relulearn never loads "
+            "pickles: save a numeric array"
+        )
     return tuple(header["shape"]), dtype, offset
 
 
@@ -222,8 +233,9 @@ def _parquet_schema(url: str, opts: tuple, stamp: str) -> tuple[int, tuple[str, 
     return int(pf.metadata.num_rows), tuple(schema.names), numeric
 
 
-def _read_parquet(url: str, opts: tuple, stamp: str, columns: Optional[tuple[str, ...]], start: int,
-                  stop: int) -> np.ndarray:
+def _read_parquet(
+    url: str, opts: tuple, stamp: str, columns: tuple[str, ...] | None, start: int, stop: int
+) -> np.ndarray:
     """Rows ``[start, stop)`` of ``columns``: the row groups that overlap them, sliced."""
     pf = _parquet_file(url, opts, stamp)
     meta = pf.metadata
@@ -233,9 +245,10 @@ def _read_parquet(url: str, opts: tuple, stamp: str, columns: Optional[tuple[str
         lo, hi = max(start, first), min(stop, first + n)
         if lo < hi:
             table = pf.read_row_group(g, columns=list(columns) if columns else None)
-            block = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float64)
-                                     for c in table.column_names])
-            parts.append(block[lo - first:hi - first])
+            block = np.column_stack(
+                [table.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in table.column_names]
+            )
+            parts.append(block[lo - first : hi - first])
         first += n
         if first >= stop:
             break

@@ -13,9 +13,10 @@ import functools
 import hashlib
 import importlib
 import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ __all__ = ["CallableSource", "OnnxSource", "load_callable", "callable_source", "
 WHERE = "source.teacher.callable"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_callable(name: str) -> Callable[[np.ndarray], Any]:
     """Import ``package.module:function`` (the function may be a dotted attribute path).
 
@@ -51,8 +52,10 @@ def load_callable(name: str) -> Callable[[np.ndarray], Any]:
             raise ValueError(f"{WHERE} '{name}': module '{module_name}' has no attribute '{attr}'")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"{WHERE} '{name}' is not callable (an object of type {type(obj).__name__}); name a "
-                         "function of a batch of inputs")
+        raise ValueError(
+            f"{WHERE} '{name}' is not callable (an object of type {type(obj).__name__}); name a "
+            "function of a batch of inputs"
+        )
     return obj
 
 
@@ -80,12 +83,12 @@ class _BlackBox:
     d: int
     width: int
     noise_std: float
-    output: Optional[int]
+    output: int | None
     #: how the black box is named in errors
     label = "the teacher"
 
     @property
-    def outputs(self) -> Optional[int]:
+    def outputs(self) -> int | None:
         """None for a scalar label; the number of outputs ``m`` for a label vector."""
         return self.width if self.output is None and self.width > 1 else None
 
@@ -103,8 +106,9 @@ class _BlackBox:
         except LabelShapeError:
             raise
         except Exception as err:  # noqa: BLE001 - the user's model failed: say where and on what
-            raise LabelShapeError(f"{self.label} raised {type(err).__name__}: {err} on a batch x of shape "
-                                  f"{x.shape}") from err
+            raise LabelShapeError(
+                f"{self.label} raised {type(err).__name__}: {err} on a batch x of shape {x.shape}"
+            ) from err
         if not (np.issubdtype(out.dtype, np.number) or out.dtype == bool) or np.iscomplexobj(out):
             raise LabelShapeError(f"{self.label} returned {out.dtype} values; it must return real numbers")
         shape = out.shape
@@ -112,8 +116,10 @@ class _BlackBox:
             out = out[:, None]
         if out.ndim != 2 or out.shape[0] != rows or out.shape[1] != self.width:
             want = "(rows,)" if self.width == 1 else f"(rows, {self.width})"
-            raise LabelShapeError(f"{self.label} returned shape {shape} for a batch of {rows} rows; it "
-                                  f"must return {want}, one label per row, as it did for the probe batch")
+            raise LabelShapeError(
+                f"{self.label} returned shape {shape} for a batch of {rows} rows; it "
+                f"must return {want}, one label per row, as it did for the probe batch"
+            )
         return out.astype(np.float64, copy=False)
 
     def labels(self, x: np.ndarray) -> np.ndarray:
@@ -122,8 +128,9 @@ class _BlackBox:
             return out
         return out[:, self.output if self.output is not None else 0]
 
-    def batches(self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
-                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def batches(
+        self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         return gaussian_batches(self, gen_x, gen_noise, n)
 
 
@@ -139,7 +146,7 @@ class CallableSource(_BlackBox):
     d: int
     width: int = 1
     noise_std: float = 0.0
-    output: Optional[int] = None
+    output: int | None = None
 
     @property
     def label(self) -> str:  # type: ignore[override]
@@ -156,33 +163,39 @@ class CallableSource(_BlackBox):
         return load_callable(self.name)(x)
 
 
-def _probe_width(call: Callable[[np.ndarray], Any], label: str, d: int, output: Optional[int]) -> int:
+def _probe_width(call: Callable[[np.ndarray], Any], label: str, d: int, output: int | None) -> int:
     """The number of outputs of a black box, from its answer to two rows of zeros (d columns), checked
     against ``source.output``."""
     try:
         with np.errstate(all="ignore"):
             probe = np.asarray(call(np.zeros((2, d))))
     except Exception as err:  # noqa: BLE001 - the user's model failed: say on what
-        raise ValueError(f"{label} raised {type(err).__name__}: {str(err).strip()[:300]} when called on a probe "
-                         f"batch x of shape (2, {d}); it must take a (rows, d) array with d = source.d = {d}") from None
+        raise ValueError(
+            f"{label} raised {type(err).__name__}: {str(err).strip()[:300]} when called on a probe "
+            f"batch x of shape (2, {d}); it must take a (rows, d) array with d = source.d = {d}"
+        ) from None
     if probe.ndim == 2 and probe.shape[1] == 1 and probe.shape[0] > 2 and probe.shape[0] % 2 == 0:
         m = probe.shape[0] // 2
         raise ValueError(
             f"{label} returned shape {probe.shape} for a probe batch x of shape (2, {d}): its {m} outputs per row come "
             f"flattened into one column (skl2onnx exports a multi-output MLPRegressor this way), and rows cannot be "
             f"told apart safely; export the model so that it returns (rows, {m}) — a final Reshape to [-1, {m}] in "
-            "the graph, or the same weights exported by torch.onnx")
+            "the graph, or the same weights exported by torch.onnx"
+        )
     if probe.ndim not in (1, 2) or probe.shape[0] != 2 or (probe.ndim == 2 and probe.shape[1] < 1):
-        raise ValueError(f"{label} returned shape {probe.shape} for a probe batch x of shape (2, {d}); it must "
-                         "return (rows,) or (rows, m): one label (or m outputs) per row")
+        raise ValueError(
+            f"{label} returned shape {probe.shape} for a probe batch x of shape (2, {d}); it must "
+            "return (rows,) or (rows, m): one label (or m outputs) per row"
+        )
     width = 1 if probe.ndim == 1 else int(probe.shape[1])
     if output is not None and output >= width:
-        raise ValueError(f"source.output is {output} but {label} has only {width} output(s); choose an output "
-                         f"below {width}")
+        raise ValueError(
+            f"source.output is {output} but {label} has only {width} output(s); choose an output below {width}"
+        )
     return width
 
 
-def callable_source(name: str, d: int, noise_std: float, output: Optional[int]) -> CallableSource:
+def callable_source(name: str, d: int, noise_std: float, output: int | None) -> CallableSource:
     """The source of ``source.teacher.callable``, its number of outputs read from a probe call."""
     width = _probe_width(load_callable(name), f"{WHERE} '{name}'", d, output)
     return CallableSource(name, d, width, float(noise_std), output)
@@ -221,7 +234,7 @@ class OnnxSource(_BlackBox):
     d: int = 0
     width: int = 1
     noise_std: float = 0.0
-    output: Optional[int] = None
+    output: int | None = None
     input_name: str = "X"
     output_name: str = "variable"
     input_type: str = "float32"  # what the model's input takes: "float32" or "float64"
@@ -241,7 +254,7 @@ class OnnxSource(_BlackBox):
     def raw_answers(self, x: np.ndarray) -> Any:
         return _session(self.model).run([self.output_name], {self.input_name: x.astype(self.input_type)})[0]
 
-    def activations(self) -> Optional[list[str]]:
+    def activations(self) -> list[str] | None:
         """The activation nodes of the model's graph in order (``["Relu"]`` for one hidden ReLU layer), or None
         where the ``onnx`` package that reads graphs is not installed."""
         try:
@@ -252,11 +265,27 @@ class OnnxSource(_BlackBox):
 
 
 #: ONNX operators that are a network's nonlinearity (one per hidden layer)
-_ACTIVATIONS = {"Relu", "LeakyRelu", "PRelu", "Sigmoid", "Tanh", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Gelu",
-                "HardSigmoid", "HardSwish", "Mish", "ThresholdedRelu", "Erf"}
+_ACTIVATIONS = {
+    "Relu",
+    "LeakyRelu",
+    "PRelu",
+    "Sigmoid",
+    "Tanh",
+    "Elu",
+    "Selu",
+    "Celu",
+    "Softplus",
+    "Softsign",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Mish",
+    "ThresholdedRelu",
+    "Erf",
+}
 
 
-def onnx_source(path: Path, d: int, noise_std: float, output: Optional[int]) -> OnnxSource:
+def onnx_source(path: Path, d: int, noise_std: float, output: int | None) -> OnnxSource:
     """The source of ``source.teacher.onnx``: the model read, its one input checked against ``d``, its
     first output's width read from the model (or from a probe call where the graph leaves it open).
 
@@ -269,35 +298,46 @@ def onnx_source(path: Path, d: int, noise_std: float, output: Optional[int]) -> 
     """
     where = f"{ONNX_WHERE} {path}"
     if not path.is_file():
-        raise ValueError(f"{where} does not exist; set source.teacher.onnx to an .onnx model file (a relative "
-                         "path is read from the configuration file's folder)")
+        raise ValueError(
+            f"{where} does not exist; set source.teacher.onnx to an .onnx model file (a relative "
+            "path is read from the configuration file's folder)"
+        )
     try:
         import onnxruntime  # noqa: F401 - only to say what is missing
     except ImportError:
-        raise ValueError(f"{where}: ONNX teachers need onnxruntime; pip install onnxruntime (on every worker "
-                         "too)") from None
+        raise ValueError(
+            f"{where}: ONNX teachers need onnxruntime; pip install onnxruntime (on every worker too)"
+        ) from None
     model = path.read_bytes()
     try:
         sess = _session(model)
     except Exception as err:  # noqa: BLE001 - onnxruntime's own errors: name the file
-        raise ValueError(f"{where} is not a model onnxruntime can load ({type(err).__name__}: "
-                         f"{str(err).strip()[:300]}); export it with skl2onnx or torch.onnx") from None
+        raise ValueError(
+            f"{where} is not a model onnxruntime can load ({type(err).__name__}: "
+            f"{str(err).strip()[:300]}); export it with skl2onnx or torch.onnx"
+        ) from None
     inputs, outputs = sess.get_inputs(), sess.get_outputs()
     if len(inputs) != 1:
-        raise ValueError(f"{where} has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); a teacher takes "
-                         "one input, a batch x of shape (rows, d)")
+        raise ValueError(
+            f"{where} has {len(inputs)} inputs ({', '.join(i.name for i in inputs)}); a teacher takes "
+            "one input, a batch x of shape (rows, d)"
+        )
     inp = inputs[0]
     if inp.type not in _ONNX_TYPES:
         raise ValueError(f"{where}: its input '{inp.name}' is a {inp.type}; a teacher takes float or double inputs")
     shape = list(inp.shape)
     width_in = shape[1] if len(shape) == 2 else None
     if len(shape) != 2 or (isinstance(width_in, int) and width_in != d):
-        raise ValueError(f"{where} takes inputs of shape {shape} but source.d is {d}; the model's input must be "
-                         f"(rows, {d}): make source.d and the model agree")
+        raise ValueError(
+            f"{where} takes inputs of shape {shape} but source.d is {d}; the model's input must be "
+            f"(rows, {d}): make source.d and the model agree"
+        )
     if isinstance(shape[0], int):  # torch.onnx.export without dynamic_axes fixes the batch at the example's size
-        raise ValueError(f"{where} takes batches of exactly {shape[0]} rows (input '{inp.name}' has shape {shape}); "
-                         f"export it with a variable batch axis, e.g. torch.onnx.export(..., dynamic_axes="
-                         f"{{'{inp.name}': {{0: 'rows'}}}}) or skl2onnx's default [None, {d}]")
+        raise ValueError(
+            f"{where} takes batches of exactly {shape[0]} rows (input '{inp.name}' has shape {shape}); "
+            f"export it with a variable batch axis, e.g. torch.onnx.export(..., dynamic_axes="
+            f"{{'{inp.name}': {{0: 'rows'}}}}) or skl2onnx's default [None, {d}]"
+        )
     out = outputs[0]
     input_type = "float32" if _ONNX_TYPES[inp.type] == np.float32 else "float64"
     width = _probe_width(lambda x: sess.run([out.name], {inp.name: x.astype(input_type)})[0], where, d, output)

@@ -40,10 +40,21 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["ClusterError", "ClusterLostError", "connection_lost", "DASK_SETTINGS", "DEFAULT_DASHBOARD", "check_dashboard",
-           "connect", "default_workers", "prepare", "WORKER_COMMAND"]
+__all__ = [
+    "ClusterError",
+    "ClusterLostError",
+    "connection_lost",
+    "DASK_SETTINGS",
+    "DEFAULT_DASHBOARD",
+    "check_dashboard",
+    "connect",
+    "default_workers",
+    "prepare",
+    "WORKER_COMMAND",
+]
 
 DASK_SETTINGS: dict[str, Any] = {
     "distributed.scheduler.allowed-failures": 5,
@@ -106,15 +117,21 @@ def check_dashboard(address: str) -> str:
     """``address`` when it reads as ``HOST:PORT`` or ``:PORT`` (all interfaces), else a ValueError saying so."""
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535 or " " in host:
-        raise ValueError(f"dashboard address {address!r}: expected HOST:PORT, e.g. 127.0.0.1:8787 (port 0: any free "
-                         "port; 0.0.0.0:8787 or :8787 on every interface)")
+        raise ValueError(
+            f"dashboard address {address!r}: expected HOST:PORT, e.g. 127.0.0.1:8787 (port 0: any free "
+            "port; 0.0.0.0:8787 or :8787 on every interface)"
+        )
     return address
 
 
 @contextlib.contextmanager
-def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
-            threads_per_worker: int = 1, memory_limit: str = "auto",
-            dashboard_address: Optional[str] = None) -> Iterator["distributed.Client"]:  # noqa: F821
+def connect(
+    workers: int | None = None,
+    scheduler: str | None = None,
+    threads_per_worker: int = 1,
+    memory_limit: str = "auto",
+    dashboard_address: str | None = None,
+) -> Iterator[distributed.Client]:  # noqa: F821
     """A prepared ``distributed.Client``: on an existing scheduler, or on a new ``LocalCluster``.
 
     Parameters
@@ -176,9 +193,15 @@ def connect(workers: Optional[int] = None, scheduler: Optional[str] = None,
     settings = dict(DASK_SETTINGS, **{"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
     dashboard = check_dashboard(dashboard_address or DEFAULT_DASHBOARD)
     with dask.config.set(settings), _workers_ignore_ctrl_c():
-        cluster = LocalCluster(n_workers=n, threads_per_worker=threads_per_worker, processes=True,
-                               memory_limit=memory_limit, host=LOCAL_HOST, dashboard_address=dashboard,
-                               silence_logs=40)
+        cluster = LocalCluster(
+            n_workers=n,
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            memory_limit=memory_limit,
+            host=LOCAL_HOST,
+            dashboard_address=dashboard,
+            silence_logs=40,
+        )
     with dask.config.set(settings), cluster, Client(cluster) as client:
         prepare(client)
         yield client
@@ -264,14 +287,19 @@ def prepare(client: Any) -> dict[str, dict]:
         if isinstance(info, BaseException):
             problems.append(f"worker {addr} could not run the version probe ({type(info).__name__}: {info})")
         elif info.get("relulearn") is None:
-            problems.append(f"worker {addr} cannot import relulearn ({info.get('relulearn_error')}; "
-                            f"python {info.get('executable')})")
+            problems.append(
+                f"worker {addr} cannot import relulearn ({info.get('relulearn_error')}; "
+                f"python {info.get('executable')})"
+            )
         elif info["relulearn"] != relulearn.__version__:
-            problems.append(f"worker {addr} has relulearn {info['relulearn']} (at {info.get('relulearn_path')}) "
-                            f"but this driver has relulearn {relulearn.__version__}")
+            problems.append(
+                f"worker {addr} has relulearn {info['relulearn']} (at {info.get('relulearn_path')}) "
+                f"but this driver has relulearn {relulearn.__version__}"
+            )
     if problems:
         raise ClusterError(
-            "the cluster's workers cannot run this relulearn: " + "; ".join(problems)
+            "the cluster's workers cannot run this relulearn: "
+            + "; ".join(problems)
             + ". Install the driver's version on every worker (pip install relulearn=="
             f"{relulearn.__version__}, or the same source tree) and restart the workers; no block was run"
         )

@@ -23,14 +23,23 @@ import json
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
-__all__ = ["Work", "Rates", "calibrate", "family_work", "statistics_work", "teacher_work", "sums_entries",
-           "CALIBRATION_VERSION"]
+__all__ = [
+    "Work",
+    "Rates",
+    "calibrate",
+    "family_work",
+    "statistics_work",
+    "teacher_work",
+    "sums_entries",
+    "CALIBRATION_VERSION",
+]
 
 _F = 8  # bytes of a float64
 
@@ -48,11 +57,12 @@ class Work:
     normals: float = 0.0
     fresh: float = 0.0
 
-    def __add__(self, other: "Work") -> "Work":
-        return Work(self.gemm + other.gemm, self.stream + other.stream, self.normals + other.normals,
-                    self.fresh + other.fresh)
+    def __add__(self, other: Work) -> Work:
+        return Work(
+            self.gemm + other.gemm, self.stream + other.stream, self.normals + other.normals, self.fresh + other.fresh
+        )
 
-    def scaled(self, c: float) -> "Work":
+    def scaled(self, c: float) -> Work:
         """The work of ``c`` copies (``c`` outputs computed one after the other)."""
         return Work(tuple((f * c, s) for f, s in self.gemm), self.stream * c, self.normals * c, self.fresh * c)
 
@@ -91,8 +101,12 @@ class Rates:
 
     def seconds(self, work: Work) -> float:
         """Seconds of one core for ``work``."""
-        return (sum(f / self.blas(s) for f, s in work.gemm) + work.stream / self.memory
-                + work.fresh / (self.fresh or self.memory / 3) + work.normals / self.normals)
+        return (
+            sum(f / self.blas(s) for f, s in work.gemm)
+            + work.stream / self.memory
+            + work.fresh / (self.fresh or self.memory / 3)
+            + work.normals / self.normals
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,7 +142,7 @@ def _count(directions: Any) -> int:
     return directions if isinstance(directions, int) else len(directions)
 
 
-def family_work(name: str, section: Any, d: int, outputs: Optional[int] = None) -> Work:
+def family_work(name: str, section: Any, d: int, outputs: int | None = None) -> Work:
     """The work per sample of one configured statistic family (``section``: its config section, a mapping or
     the pydantic model) at input dimension ``d``, for a source of ``outputs`` outputs (None: a scalar label).
 
@@ -143,14 +157,14 @@ def family_work(name: str, section: Any, d: int, outputs: Optional[int] = None) 
         from ..hermite import raw_moment_flops
 
         order = int(_section(section, "max_order") or 4)
-        return Work(((float(raw_moment_flops(d, order)), d),), stream=_F * 2 * math.comb(d + order // 2, order // 2)
-                    ).scaled(m)
+        return Work(
+            ((float(raw_moment_flops(d, order)), d),), stream=_F * 2 * math.comb(d + order // 2, order // 2)
+        ).scaled(m)
     if name == "contracted":
         g = _count(_section(section, "directions") or 8)
         pairs = len(_section(section, "orders") or [2, 4]) * g
         # the Grams, the directions' projections x·g, the vectors Σ w_b x (one GEMM for all pairs)
-        return (_gram_work(d, pairs) + Work(((2.0 * d * g, g), (2.0 * d * pairs, pairs)), stream=_F * 4 * d)
-                ).scaled(m)
+        return (_gram_work(d, pairs) + Work(((2.0 * d * g, g), (2.0 * d * pairs, pairs)), stream=_F * 4 * d)).scaled(m)
     if name == "filtered":
         return _gram_work(d, 1).scaled(m)  # each row into one τ bin: one d² product per row
     if name == "residual":
@@ -202,7 +216,7 @@ def _sketch_work(section: Any, d: int) -> Work:
     return Work(tuple(products), stream=stream)
 
 
-def statistics_work(statistics: Any, d: int, outputs: Optional[int] = None) -> dict[str, Work]:
+def statistics_work(statistics: Any, d: int, outputs: int | None = None) -> dict[str, Work]:
     """:func:`family_work` of every family a ``statistics`` section (a mapping, or the pydantic model) enables."""
     if hasattr(statistics, "enabled"):
         sections = statistics.enabled()
@@ -211,7 +225,7 @@ def statistics_work(statistics: Any, d: int, outputs: Optional[int] = None) -> d
     return {name: family_work(name, sec, d, outputs) for name, sec in sections.items()}
 
 
-def teacher_work(teacher: Any, d: int) -> Optional[Work]:
+def teacher_work(teacher: Any, d: int) -> Work | None:
     """The forward pass of a teacher relulearn builds (planted networks), per sample; None for a black box
     (a file, ONNX model or callable: :func:`probe_source_seconds` times it)."""
     kind = _section(teacher, "kind")
@@ -220,8 +234,7 @@ def teacher_work(teacher: Any, d: int) -> Optional[Work]:
         return Work(((2.0 * d * k, k),), stream=_F * 2 * k)
     if kind in ("deep_relu", "random_xavier"):
         dims = [d] + [int(w) for w in _section(teacher, "widths")] + [1]
-        return Work(tuple((2.0 * a * b, min(a, b)) for a, b in zip(dims[:-1], dims[1:])),
-                    stream=_F * 4 * sum(dims[1:]))
+        return Work(tuple((2.0 * a * b, min(a, b)) for a, b in zip(dims[:-1], dims[1:])), stream=_F * 4 * sum(dims[1:]))
     if kind == "two_layer":
         k, m = int(_section(teacher, "width")), int(_section(teacher, "outputs"))
         return Work(((2.0 * d * k, k), (2.0 * k * m, min(k, m))), stream=_F * 4 * (k + m))
@@ -261,13 +274,16 @@ def _sketch_entries(sec: Any, d: int) -> tuple[int, int]:
     return sums, terms
 
 
-def sums_entries(statistics: Any, d: int, outputs: Optional[int] = None) -> dict[str, tuple[int, int]]:
+def sums_entries(statistics: Any, d: int, outputs: int | None = None) -> dict[str, tuple[int, int]]:
     """``(sums, terms)`` float64 entries of one chunk's accumulator of each family, as their schemas declare them:
     a block partial holds both (the sums, and the sums of the squared terms); a chunk allocates the sums."""
     m = int(outputs or 1)
     out: dict[str, tuple[int, int]] = {}
-    sections = statistics.enabled() if hasattr(statistics, "enabled") else {
-        k: v for k, v in statistics.items() if v is not None}
+    sections = (
+        statistics.enabled()
+        if hasattr(statistics, "enabled")
+        else {k: v for k, v in statistics.items() if v is not None}
+    )
     for name, sec in sections.items():
         if name == "basic":
             n = d * d + 2 * d + 2
@@ -349,8 +365,13 @@ def _measure_core() -> dict[str, float]:
     # the same size here): the median over several arrays, each timed at its best
     draws = 2**20
     normals = draws / float(np.median([_best_of(lambda: gen.standard_normal(draws), repeat=3) for _ in range(9)]))
-    return {"peak": float(peak), "half": float(half), "memory": float(memory), "fresh": float(fresh),
-            "normals": float(normals)}
+    return {
+        "peak": float(peak),
+        "half": float(half),
+        "memory": float(memory),
+        "fresh": float(fresh),
+        "normals": float(normals),
+    }
 
 
 def _setup_seconds() -> float:
@@ -378,17 +399,20 @@ def _disk_rate(folder: str) -> float:
 
     data = np.cumsum(np.ones(2**21)).tobytes()
     with tempfile.NamedTemporaryFile(dir=folder) as fh:
+
         def write() -> None:
             fh.seek(0)
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+
         return len(data) / _best_of(write, repeat=2)
 
 
 def _cache_path(key: str) -> Path:
     base = os.environ.get("RELULEARN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "relulearn")
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "relulearn"
+    )
     return Path(base) / f"rates-{key}.json"
 
 
@@ -430,8 +454,11 @@ def calibrate(*, refresh: bool = False) -> Rates:
             return Rates(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # a damaged or older cache entry: measure again
-    rates = Rates(**_measure(), machine=f"{_cpu_model()}, {os.cpu_count()} cores, {_blas_build()}",
-                  measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    rates = Rates(
+        **_measure(),
+        machine=f"{_cpu_model()}, {os.cpu_count()} cores, {_blas_build()}",
+        measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")

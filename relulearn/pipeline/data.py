@@ -11,17 +11,19 @@ columns (:mod:`.arrays`), local or at fsspec URLs. Rows are laid out as a run ne
   than the data gets all its rows (training and validation samples then overlap).
 
 A scan of the data before the source is made (one read in blocks, by the workers of a run's cluster —
-:func:`scan_on` — or in process; O(d²) memory; the same bits either way) finds the rows with NaN or inf (refused by row number, or skipped and counted with ``nan_rows: skip``) and the mean and covariance of
-``x``; with ``whiten: true`` (the default) every batch is whitened on the fly, ``z = A (x − μ)`` with
-``A = L⁻¹`` for the Cholesky factor ``L`` of the covariance, so the methods see inputs of mean 0 and identity
+:func:`scan_on` — or in process; O(d²) memory; the same bits either way) finds the rows with NaN or inf
+(refused by row number, or skipped and counted with ``nan_rows: skip``) and the mean and covariance of ``x``;
+with ``whiten: true`` (the default) every batch is whitened on the fly, ``z = A (x − μ)`` with ``A = L⁻¹``
+for the Cholesky factor ``L`` of the covariance, so the methods see inputs of mean 0 and identity
 covariance, and :meth:`DataSource.to_raw` maps a learned network back to raw coordinates.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +68,7 @@ class DataSource:
     x: ArrayReader
     y: ArrayReader
     bad_rows: np.ndarray
-    whitening: Optional[tuple[np.ndarray, np.ndarray]]
+    whitening: tuple[np.ndarray, np.ndarray] | None
     digest: str
     noise_std: float = 0.0
     outputs: None = None
@@ -103,14 +105,16 @@ class DataSource:
         not ``raw``). Callers run it on one BLAS thread (a block task, a method's learn, a pilot pass), so the
         whitening product gives the same bits everywhere."""
         if start < 0 or start + n > self.rows:
-            raise DataSizeError(f"rows {start:,}..{start + n:,} were asked of data with {self.rows:,} usable rows "
-                                f"({self.x.url}); use fewer samples or more data")
+            raise DataSizeError(
+                f"rows {start:,}..{start + n:,} were asked of data with {self.rows:,} usable rows "
+                f"({self.x.url}); use fewer samples or more data"
+            )
         block = max(batch, (READ_BYTES // (8 * self.d)) // batch * batch)
         for lo in range(start, start + n, block):
             hi = min(lo + block, start + n)
             raw_lo, raw_hi = self._raw(lo), self._raw(hi - 1) + 1
             x, y = self.x.read(raw_lo, raw_hi), self.y.read(raw_lo, raw_hi).reshape(raw_hi - raw_lo)
-            bad = self.bad_rows[np.searchsorted(self.bad_rows, raw_lo):np.searchsorted(self.bad_rows, raw_hi)]
+            bad = self.bad_rows[np.searchsorted(self.bad_rows, raw_lo) : np.searchsorted(self.bad_rows, raw_hi)]
             if len(bad):
                 keep = np.ones(raw_hi - raw_lo, dtype=bool)
                 keep[bad - raw_lo] = False
@@ -119,14 +123,16 @@ class DataSource:
                 mu, a = self.whitening
                 x = (x - mu) @ a.T
             for b in range(0, len(y), batch):
-                yield np.ascontiguousarray(x[b:b + batch]), np.ascontiguousarray(y[b:b + batch])
+                yield np.ascontiguousarray(x[b : b + batch]), np.ascontiguousarray(y[b : b + batch])
 
     def window(self, stream: str, part: int, n: int) -> int:
         """First usable row of an auxiliary draw of ``n`` rows, ``n`` at most :attr:`rows` (the callers clip
         larger draws to all rows; see the module's docstring)."""
         if n > self.rows:
-            raise DataSizeError(f"a {stream} sample of {n:,} rows was asked of data with {self.rows:,} usable rows "
-                                f"({self.x.url}); use more data")
+            raise DataSizeError(
+                f"a {stream} sample of {n:,} rows was asked of data with {self.rows:,} usable rows "
+                f"({self.x.url}); use more data"
+            )
         if stream == "pilot" or (stream == "held_out" and part == 0):
             return 0
         if stream == "test" or part == 1:
@@ -147,15 +153,23 @@ class DataSource:
         mu, a = self.whitening
         w0 = net.weights[0] @ a
         b0 = (net.biases[0] if net.biases is not None else np.zeros(w0.shape[0])) - w0 @ mu
-        rest = (tuple(net.biases[1:]) if net.biases is not None
-                else tuple(np.zeros(w.shape[0]) for w in net.weights[1:]))
+        rest = tuple(net.biases[1:]) if net.biases is not None else tuple(np.zeros(w.shape[0]) for w in net.weights[1:])
         return Network((w0,) + tuple(net.weights[1:]), (b0,) + rest, activation=net.activation)
 
 
-def data_source(x_url: str, y_url: str, d: int, *, x_columns: Optional[list[str]] = None,
-                y_column: Optional[str] = None, whiten: bool = True, nan_rows: str = "refuse",
-                storage_options: Optional[dict] = None, samples: Optional[int] = None,
-                chunk_size: Optional[int] = None) -> DataSource:
+def data_source(
+    x_url: str,
+    y_url: str,
+    d: int,
+    *,
+    x_columns: list[str] | None = None,
+    y_column: str | None = None,
+    whiten: bool = True,
+    nan_rows: str = "refuse",
+    storage_options: dict | None = None,
+    samples: int | None = None,
+    chunk_size: int | None = None,
+) -> DataSource:
     """Open the data a configuration names, scan it and check it against ``d`` and ``samples``.
 
     Raises
@@ -169,31 +183,48 @@ def data_source(x_url: str, y_url: str, d: int, *, x_columns: Optional[list[str]
     scan = _scan(x, y)
     if len(scan.bad_rows) and nan_rows != "skip":
         r = int(scan.bad_rows[0])
-        raise ValueError(f"source.data: row {r} (counting from 0) of the data has NaN or inf ({len(scan.bad_rows)} "
-                         f"such row(s), in {x_url} or {y_url}); remove them, or set source.data.nan_rows: skip to "
-                         "leave them out (counted in the store's fingerprint)")
+        raise ValueError(
+            f"source.data: row {r} (counting from 0) of the data has NaN or inf ({len(scan.bad_rows)} "
+            f"such row(s), in {x_url} or {y_url}); remove them, or set source.data.nan_rows: skip to "
+            "leave them out (counted in the store's fingerprint)"
+        )
     if samples is not None:
         check_rows(x.rows - len(scan.bad_rows), samples, chunk_size or 1, x_url)
-    whitening = whitening_map(scan.mean, scan.cov, f"source.data.x: the covariance of {x_url}",
-                              "set source.data.whiten: false") if whiten else None
+    whitening = (
+        whitening_map(scan.mean, scan.cov, f"source.data.x: the covariance of {x_url}", "set source.data.whiten: false")
+        if whiten
+        else None
+    )
     opts = {"whiten": bool(whiten), "nan_rows": nan_rows, "x_columns": x_columns, "y_column": y_column}
     digest = hashlib.sha256((scan.digest + repr(sorted(opts.items()))).encode()).hexdigest()
     return DataSource(x, y, scan.bad_rows if nan_rows == "skip" else np.empty(0, np.int64), whitening, digest)
 
 
-def open_data(x_url: str, y_url: str, d: int, *, x_columns: Optional[list[str]] = None,
-              y_column: Optional[str] = None, storage_options: Optional[dict] = None
-              ) -> tuple[ArrayReader, ArrayReader]:
+def open_data(
+    x_url: str,
+    y_url: str,
+    d: int,
+    *,
+    x_columns: list[str] | None = None,
+    y_column: str | None = None,
+    storage_options: dict | None = None,
+) -> tuple[ArrayReader, ArrayReader]:
     """Readers of the inputs and labels, checked against each other and ``d`` (messages name key and file)."""
     x = open_reader(x_url, columns=x_columns, storage_options=storage_options, what="source.data.x")
-    y = open_reader(y_url, columns=[y_column] if y_column is not None else None, storage_options=storage_options,
-                    what="source.data.y")
+    y = open_reader(
+        y_url,
+        columns=[y_column] if y_column is not None else None,
+        storage_options=storage_options,
+        what="source.data.y",
+    )
     if len(x.shape) != 2 or x.shape[1] != d:
         width = x.shape[1] if len(x.shape) == 2 else 1
         raise ValueError(f"source.data.x: {x_url} has {width} column(s) per row but source.d is {d}; make them agree")
     if len(y.shape) == 2 and y.shape[1] != 1:
-        raise ValueError(f"source.data.y: {y_url} has {y.shape[1]} columns; give one label per row (for Parquet: "
-                         "source.data.y_column)")
+        raise ValueError(
+            f"source.data.y: {y_url} has {y.shape[1]} columns; give one label per row (for Parquet: "
+            "source.data.y_column)"
+        )
     if y.rows != x.rows:
         raise ValueError(f"source.data: {x_url} has {x.rows:,} rows but {y_url} has {y.rows:,}; give one label per row")
     return x, y
@@ -207,8 +238,9 @@ def whitening_map(mean: np.ndarray, cov: np.ndarray, what: str, instead: str) ->
         with one_blas_thread():
             return np.asarray(mean, dtype=np.float64), np.linalg.inv(np.linalg.cholesky(cov))
     except np.linalg.LinAlgError:
-        raise ValueError(f"{what} is singular (a column is constant or a combination of others); drop such columns, "
-                         f"or {instead}") from None
+        raise ValueError(
+            f"{what} is singular (a column is constant or a combination of others); drop such columns, or {instead}"
+        ) from None
 
 
 def check_rows(usable: int, samples: int, chunk_size: int, url: str) -> None:
@@ -219,7 +251,8 @@ def check_rows(usable: int, samples: int, chunk_size: int, url: str) -> None:
         raise DataSizeError(
             f"samples is {samples:,}, which takes {needed:,} rows (whole chunks of chunk_size {chunk_size:,}), but the "
             f"data ({url}) holds {usable:,} usable rows; set samples to at most {most:,}, or a smaller chunk_size, "
-            "or give more data")
+            "or give more data"
+        )
 
 
 @dataclass(frozen=True)
@@ -307,8 +340,14 @@ def scan_on(client: Any, spec: Any, d: int, where: Any) -> None:
     made): the driver reads one row, the workers every block. ``where`` resolves a path of the config."""
     from ..aligned import fresh
 
-    x, y = open_data(where(spec.x), where(spec.y), d, x_columns=spec.x_columns, y_column=spec.y_column,
-                     storage_options=spec.storage_options)
+    x, y = open_data(
+        where(spec.x),
+        where(spec.y),
+        d,
+        x_columns=spec.x_columns,
+        y_column=spec.y_column,
+        storage_options=spec.storage_options,
+    )
 
     def mapper(fn, items):
         futures = client.map(fn, items, pure=False)

@@ -12,8 +12,10 @@ import re
 
 __all__ = ["describe_array", "describe_dimension"]
 
-_SE = ("standard error of {name}: the sample standard deviation of its chunk means over √(chunks) (NaN with "
-       "fewer than two chunks)")
+_SE = (
+    "standard error of {name}: the sample standard deviation of its chunk means over √(chunks) (NaN with "
+    "fewer than two chunks)"
+)
 
 #: estimands and coordinates, per family: name -> (long_name, description)
 _ESTIMANDS: dict[str, dict[str, tuple[str, str]]] = {
@@ -31,16 +33,22 @@ _ESTIMANDS: dict[str, dict[str, tuple[str, str]]] = {
         "T2": ("second Hermite coefficient per output", "E[A_j (x xᵀ − I)]"),
     },
     "contracted": {
-        "M": ("contracted Hermite moment", "M_l^g = T_l(g, …, g, ·, ·): the order-l Hermite tensor of the label "
-              "contracted l − 2 times with the unit direction g, per (order, direction) pair"),
+        "M": (
+            "contracted Hermite moment",
+            "M_l^g = T_l(g, …, g, ·, ·): the order-l Hermite tensor of the label "
+            "contracted l − 2 times with the unit direction g, per (order, direction) pair",
+        ),
         "v": ("contracted Hermite vector", "T_l(g, …, g, ·): contracted l − 1 times, per pair"),
         "s": ("contracted Hermite scalar", "T_l(g, …, g): contracted l times, per pair"),
         "direction": ("direction bank", "the unit directions g the tensors are contracted with"),
         "pair_order": ("order of each pair", "the Hermite order l of pair p"),
         "pair_direction": ("direction of each pair", "the index into `direction` of pair p"),
         "control_mean": ("control variate: mean label", "ȳ of the pilot pass, subtracted from the labels"),
-        "control_beta": ("control variate: linear part", "β = E[y x] of the pilot pass; the labels summed are "
-                         "y − ȳ − βᵀx, whose moments of order ≥ 2 are those of y"),
+        "control_beta": (
+            "control variate: linear part",
+            "β = E[y x] of the pilot pass; the labels summed are "
+            "y − ȳ − βᵀx, whose moments of order ≥ 2 are those of y",
+        ),
     },
     "filtered": {
         "M": ("filtered second moment", "M_τ = E[1{|y| > τ} (x xᵀ − I)] per threshold τ"),
@@ -49,8 +57,11 @@ _ESTIMANDS: dict[str, dict[str, tuple[str, str]]] = {
         "quantile": ("quantile of |y|", "the quantile of |y| (in the pilot pass) each τ was taken at"),
     },
     "residual": {
-        "M": ("residual-filtered second moment", "M[c, t] = E[1{|y − F̃_c(Bx)| > τ_{c,t}} (x⊥x⊥ᵀ − (I − BᵀB))], "
-              "x⊥ = x − BᵀBx: per candidate network c and threshold t"),
+        "M": (
+            "residual-filtered second moment",
+            "M[c, t] = E[1{|y − F̃_c(Bx)| > τ_{c,t}} (x⊥x⊥ᵀ − (I − BᵀB))], "
+            "x⊥ = x − BᵀBx: per candidate network c and threshold t",
+        ),
         "prob": ("residual filter probability", "P[|y − F̃_c(Bx)| > τ_{c,t}]"),
         "tau": ("threshold τ", "the thresholds of each candidate's |residual|"),
         "quantile": ("quantile of the residual", "the quantile of |residual| each τ was taken at"),
@@ -69,8 +80,10 @@ _ESTIMANDS: dict[str, dict[str, tuple[str, str]]] = {
         "Y_residual": ("sketch of the residual-filtered moments", "M[c, t] Ω per candidate and threshold"),
         "BMB_residual": ("residual-filtered moments on the basis", "Ωᵀ M[c, t] Ω per candidate and threshold"),
         "prob_residual": ("residual filter probability", "P[|y − F̃_c(Bx)| > τ_{c,t}]"),
-        "omega": ("test matrix Ω", "the Gaussian test matrix (d × rank) of the sketch, or the orthonormal basis of a "
-                  "subspace pass"),
+        "omega": (
+            "test matrix Ω",
+            "the Gaussian test matrix (d × rank) of the sketch, or the orthonormal basis of a subspace pass",
+        ),
         "direction": ("direction bank", "the unit directions g of the contracted family"),
         "pair_order": ("order of each pair", "the Hermite order l of pair p"),
         "pair_direction": ("direction of each pair", "the index into `direction` of pair p"),
@@ -83,13 +96,18 @@ _ESTIMANDS: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 _HERMITE = {
-    "T": ("Hermite coefficients of order {l}", "E[y He_α(x)] for the sorted multi-indices α of `index{l}` (one "
-          "entry per multiset of {l} input axes; a symmetric tensor packed)"),
+    "T": (
+        "Hermite coefficients of order {l}",
+        "E[y He_α(x)] for the sorted multi-indices α of `index{l}` (one "
+        "entry per multiset of {l} input axes; a symmetric tensor packed)",
+    ),
     "index": ("multi-indices of order {l}", "the sorted input axes (α_1 ≤ … ≤ α_{l}) of each packed entry"),
     "expansion_t0": ("expansion: constant", "t0 of the degree-≤2 expansion subtracted from the labels"),
     "expansion_t1": ("expansion: linear part", "t1 of the degree-≤2 expansion subtracted from the labels"),
-    "expansion_t2": ("expansion: quadratic part", "t2 of the degree-≤2 expansion subtracted from the labels "
-                     "(y − t0 − <t1, x> − ½<t2, xxᵀ − I>)"),
+    "expansion_t2": (
+        "expansion: quadratic part",
+        "t2 of the degree-≤2 expansion subtracted from the labels (y − t0 − <t1, x> − ½<t2, xxᵀ − I>)",
+    ),
     "basis": ("subspace basis", "orthonormal rows P: the tensors are those of z = P x"),
 }
 
@@ -128,8 +146,10 @@ def _estimand(family: str, name: str) -> tuple[str, str] | None:
             return _HERMITE[name]
     m = re.fullmatch(r"candidate(\d+)_W(\d+)", name)
     if m:
-        return (f"candidate {m.group(1)}: weights W{m.group(2)}", "a weight matrix of a candidate network F̃_c, on "
-                "the coordinates z = B x")
+        return (
+            f"candidate {m.group(1)}: weights W{m.group(2)}",
+            "a weight matrix of a candidate network F̃_c, on the coordinates z = B x",
+        )
     return None
 
 
@@ -142,11 +162,12 @@ def describe_array(family: str, name: str) -> tuple[str, str] | None:
         base = name[: -len("_se")]
         long_name = (describe_array(family, base) or (base, ""))[0]
         return f"standard error of {long_name}", _SE.format(name=base)
-    for prefix, what in (("sumsq_", "sum over chunks of the squared chunk sums of {0} (its standard error's "
-                                    "accumulator)"),
-                         ("sum_", "sum over samples of {0}'s summand (its estimate's accumulator)")):
+    for prefix, what in (
+        ("sumsq_", "sum over chunks of the squared chunk sums of {0} (its standard error's accumulator)"),
+        ("sum_", "sum over samples of {0}'s summand (its estimate's accumulator)"),
+    ):
         if name.startswith(prefix):
-            base = name[len(prefix):]
+            base = name[len(prefix) :]
             return f"accumulator of {base}", what.format(base)
     return _estimand(family, name)
 

@@ -13,13 +13,21 @@ it fits. A budget too small for every family sketched is refused with the bytes 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 
-__all__ = ["MemoryBudgetError", "FamilyPlan", "dense_bytes", "sketch_bytes", "plan_families", "partial_bytes",
-           "check_partial_bytes"]
+__all__ = [
+    "MemoryBudgetError",
+    "FamilyPlan",
+    "dense_bytes",
+    "sketch_bytes",
+    "plan_families",
+    "partial_bytes",
+    "check_partial_bytes",
+]
 
 _FLOAT = 8
 
@@ -54,8 +62,16 @@ class FamilyPlan:
         return self.dense_bytes if self.form == "dense" else self.sketch_bytes
 
 
-def plan_families(d: int, families: Mapping[str, int], rank: int, budget_bytes: int, *, k: Optional[int] = None,
-                  basis: bool = False, oversampling: int = SKETCH_OVERSAMPLING) -> dict[str, Any]:
+def plan_families(
+    d: int,
+    families: Mapping[str, int],
+    rank: int,
+    budget_bytes: int,
+    *,
+    k: int | None = None,
+    basis: bool = False,
+    oversampling: int = SKETCH_OVERSAMPLING,
+) -> dict[str, Any]:
     """Choose dense or sketch for each second-moment family under a per-worker memory budget.
 
     Parameters
@@ -94,8 +110,10 @@ def plan_families(d: int, families: Mapping[str, int], rank: int, budget_bytes: 
     if bad:
         raise ValueError(f"matrix counts must be non-negative, got {bad}")
     check_sketch_rank(d, rank, k, where="the sketch rank r", oversampling=oversampling)
-    plans = {n: FamilyPlan(n, int(c), dense_bytes(d, int(c)), sketch_bytes(d, int(c), rank, basis=basis), "dense")
-             for n, c in families.items()}
+    plans = {
+        n: FamilyPlan(n, int(c), dense_bytes(d, int(c)), sketch_bytes(d, int(c), rank, basis=basis), "dense")
+        for n, c in families.items()
+    }
     all_dense = sum(p.dense_bytes for p in plans.values())
     all_sketch = sum(p.sketch_bytes for p in plans.values())
     if all_sketch > budget_bytes:
@@ -113,17 +131,24 @@ def plan_families(d: int, families: Mapping[str, int], rank: int, budget_bytes: 
         plans[p.name] = FamilyPlan(p.name, p.matrices, p.dense_bytes, p.sketch_bytes, "sketch")
         total -= p.dense_bytes - p.sketch_bytes
     return {
-        "d": d, "rank": rank, "budget_bytes": int(budget_bytes), "total_bytes": int(total),
-        "dense_total_bytes": int(all_dense), "sketch_total_bytes": int(all_sketch),
+        "d": d,
+        "rank": rank,
+        "budget_bytes": int(budget_bytes),
+        "total_bytes": int(total),
+        "dense_total_bytes": int(all_dense),
+        "sketch_total_bytes": int(all_sketch),
         "sketched": sorted(n for n, p in plans.items() if p.form == "sketch"),
-        "families": {n: {"matrices": p.matrices, "dense_bytes": p.dense_bytes, "sketch_bytes": p.sketch_bytes,
-                         "form": p.form} for n, p in plans.items()},
+        "families": {
+            n: {"matrices": p.matrices, "dense_bytes": p.dense_bytes, "sketch_bytes": p.sketch_bytes, "form": p.form}
+            for n, p in plans.items()
+        },
     }
 
 
 def partial_bytes(stats: Any) -> dict[str, int]:
     """Bytes of one block partial of each built statistic: its sums and the sums of its squared
     per-chunk terms (exact, from the statistics' schemas)."""
+
     def size(schema: Mapping[str, Any]) -> int:
         total = 0
         for var in schema.values():

@@ -13,7 +13,7 @@ A pass of ``n`` samples in chunks of ``c`` and blocks of ``b`` chunks costs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
 
@@ -43,9 +43,14 @@ class FamilyCost:
     seconds_per_sample: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "form": self.form, "flops_per_sample": self.flops_per_sample,
-                "bytes_per_sample": self.stream_bytes_per_sample, "partial_bytes": self.partial_bytes,
-                "seconds_per_sample": self.seconds_per_sample}
+        return {
+            "name": self.name,
+            "form": self.form,
+            "flops_per_sample": self.flops_per_sample,
+            "bytes_per_sample": self.stream_bytes_per_sample,
+            "partial_bytes": self.partial_bytes,
+            "seconds_per_sample": self.seconds_per_sample,
+        }
 
 
 @dataclass(frozen=True)
@@ -70,13 +75,22 @@ class PassPlan:
         return float(sum(self.seconds.values()))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "samples": self.samples, "chunks": self.chunks, "blocks": self.blocks,
-                "workers": self.workers, "optional": self.optional,
-                "projected_seconds": self.projected_seconds, "seconds": dict(self.seconds),
-                "families": [f.to_dict() for f in self.families],
-                "source_seconds_per_sample": self.source.seconds, "source_probed": self.source.probed,
-                "worker_bytes": self.worker_bytes, "driver_bytes": self.driver_bytes,
-                "notes": list(self.notes) + list(self.source.notes)}
+        return {
+            "name": self.name,
+            "samples": self.samples,
+            "chunks": self.chunks,
+            "blocks": self.blocks,
+            "workers": self.workers,
+            "optional": self.optional,
+            "projected_seconds": self.projected_seconds,
+            "seconds": dict(self.seconds),
+            "families": [f.to_dict() for f in self.families],
+            "source_seconds_per_sample": self.source.seconds,
+            "source_probed": self.source.probed,
+            "worker_bytes": self.worker_bytes,
+            "driver_bytes": self.driver_bytes,
+            "notes": list(self.notes) + list(self.source.notes),
+        }
 
 
 def _form(name: str, section: Any) -> str:
@@ -103,7 +117,7 @@ def _pilot_samples(statistics: Any) -> int:
     """Samples of the pilot passes a statistics section runs before its first block (the driver draws them)."""
     total = 0
     for name, sec in _sections(statistics).items():
-        get = (sec.get if isinstance(sec, dict) else lambda k, s=sec: getattr(s, k, None))
+        get = sec.get if isinstance(sec, dict) else lambda k, s=sec: getattr(s, k, None)
         if name == "contracted" and get("control"):
             total += int(get("control_samples") or 100_000)
         if name in ("filtered", "residual") and get("quantiles"):
@@ -111,9 +125,18 @@ def _pilot_samples(statistics: Any) -> int:
     return total
 
 
-def project_pass(cfg: Any, rates: Rates, *, workers: int, samples: Optional[int] = None,
-                 statistics: Any = None, name: str = "estimate", optional: bool = False,
-                 source: Optional[SourceCost] = None, outputs: Optional[int] = None) -> PassPlan:
+def project_pass(
+    cfg: Any,
+    rates: Rates,
+    *,
+    workers: int,
+    samples: int | None = None,
+    statistics: Any = None,
+    name: str = "estimate",
+    optional: bool = False,
+    source: SourceCost | None = None,
+    outputs: int | None = None,
+) -> PassPlan:
     """The projection of one accumulation pass of ``cfg`` (its ``statistics``, or the ``statistics`` given: a
     mapping or the pydantic section) over ``samples`` (default ``cfg.samples``) on ``workers`` single-threaded
     workers (1: in process).
@@ -135,8 +158,16 @@ def project_pass(cfg: Any, rates: Rates, *, workers: int, samples: Optional[int]
     families = []
     for fam, work in works.items():
         e_sums, e_terms = entries.get(fam, (0, 0))
-        families.append(FamilyCost(fam, _form(fam, _sections(stats)[fam]), work.flops, work.stream,
-                                   _F * (e_sums + e_terms), rates.seconds(work)))
+        families.append(
+            FamilyCost(
+                fam,
+                _form(fam, _sections(stats)[fam]),
+                work.flops,
+                work.stream,
+                _F * (e_sums + e_terms),
+                rates.seconds(work),
+            )
+        )
     update = sum(f.seconds_per_sample for f in families)
     acc_sums = sum(e for e, _ in entries.values())
     acc_terms = sum(e for _, e in entries.values())
@@ -154,20 +185,36 @@ def project_pass(cfg: Any, rates: Rates, *, workers: int, samples: Optional[int]
     worker_wall = sum(parallel.values())
     merge = blocks * (rates.seconds(Work(stream=MERGE_COPIES * partial)) + rates.task)
     commit_each = partial / rates.disk + rates.seconds(Work(stream=2 * partial))
-    commits = 1 + int(worker_wall // max(float(cfg.run.commit_interval), 1e-9)) if cfg.run.commit_interval > 0 \
-        else blocks
+    commits = (
+        1 + int(worker_wall // max(float(cfg.run.commit_interval), 1e-9)) if cfg.run.commit_interval > 0 else blocks
+    )
     pilot_n = _pilot_samples(stats)
     if cfg.source.data is not None:  # a data source's pilot reads its first rows: at most the run's
         pilot_n = min(pilot_n, n)
-    seconds = dict(parallel, setup=rates.setup, merge=merge, commit=commits * commit_each,
-                   pilot=pilot_n * (src.seconds + rates.seconds(Work(stream=_F * 2 * d))))
+    seconds = dict(
+        parallel,
+        setup=rates.setup,
+        merge=merge,
+        commit=commits * commit_each,
+        pilot=pilot_n * (src.seconds + rates.seconds(Work(stream=_F * 2 * d))),
+    )
     from .sources import batch_rows
 
     batch = BATCH_COPIES * _F * batch_rows(d) * d
     in_flight = cfg.run.max_blocks_in_flight or 2 * workers + 1
-    return PassPlan(name, n, chunks, blocks, workers, tuple(families), src, seconds,
-                    worker_bytes=int(partial + _F * acc_sums + batch), driver_bytes=int(partial * (1 + in_flight)),
-                    optional=optional)
+    return PassPlan(
+        name,
+        n,
+        chunks,
+        blocks,
+        workers,
+        tuple(families),
+        src,
+        seconds,
+        worker_bytes=int(partial + _F * acc_sums + batch),
+        driver_bytes=int(partial * (1 + in_flight)),
+        optional=optional,
+    )
 
 
 def makespan(chunks: int, per_block: int, workers: int) -> float:

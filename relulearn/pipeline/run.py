@@ -15,8 +15,9 @@ import math
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -24,17 +25,17 @@ from ..aligned import fresh
 from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, LEDGER_COLUMNS, RunStore, StoreError, diff_fields, ledger_platforms
 from ..storage.lease import Lease, StoreLockedError, writing
-from .sources import Source, SourceDataError, data_of, make_source
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .plan import check_partial_bytes
-from .worker import platform_id, tune_malloc
 from .sketch import check_refines
+from .sources import Source, SourceDataError, data_of, make_source
 from .statistics import (
     Partial,
     Statistic,
     accumulate_chunks,
     build_statistics,
 )
+from .worker import platform_id, tune_malloc
 
 __all__ = [
     "RunSummary",
@@ -112,8 +113,9 @@ def _platforms(ledger: list[list]) -> list[str]:
     return list(dict.fromkeys(r[4] for r in ledger))
 
 
-def _groups(stats: Sequence[Statistic], state: Partial, chunk_size: int,
-            ledger: list[list[int]]) -> dict[str, dict[str, tuple]]:
+def _groups(
+    stats: Sequence[Statistic], state: Partial, chunk_size: int, ledger: list[list[int]]
+) -> dict[str, dict[str, tuple]]:
     """Everything a commit writes: sums, error terms, estimates with SEs, coords, ledger."""
     groups: dict[str, dict[str, tuple]] = {}
     n_chunks = sum(r[2] - r[1] for r in ledger)
@@ -138,8 +140,9 @@ def _groups(stats: Sequence[Statistic], state: Partial, chunk_size: int,
     return groups
 
 
-def _meta(cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[list[int]],
-          target_chunks: int) -> dict[str, Any]:
+def _meta(
+    cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[list[int]], target_chunks: int
+) -> dict[str, Any]:
     chunks = sum(r[2] - r[1] for r in ledger)
     return {
         "fingerprint": fp,
@@ -158,8 +161,9 @@ def _meta(cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[lis
 # ------------------------------------------------------------------ workers
 
 
-def compute_block(stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int,
-                  chunk_start: int, chunk_stop: int) -> Partial:
+def compute_block(
+    stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int, chunk_start: int, chunk_stop: int
+) -> Partial:
     """Reduce one block on a worker, with single-threaded BLAS (one task per core).
 
     The statistics and the source (weights, direction banks, bases, candidates) are first
@@ -177,8 +181,9 @@ def compute_block(stats: Sequence[Statistic], source: Source, seed: int, chunk_s
     return part
 
 
-def _compute_block_task(stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int,
-                        chunk_start: int, chunk_stop: int) -> Partial | SourceDataError:
+def _compute_block_task(
+    stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int, chunk_start: int, chunk_stop: int
+) -> Partial | SourceDataError:
     """:func:`compute_block` as a Dask task: bad source data comes back to the driver as a value
     (reported there with its chunk and row), not as a crashed task logged with a traceback."""
     try:
@@ -194,7 +199,7 @@ class _Progress:
     """One line over completed blocks: samples done, samples/s, ETA (the plan's projection, marked ``~``, until
     a block is merged; then from the measured rate)."""
 
-    def __init__(self, total: int, done: int, stream: Optional[TextIO], projected: Optional[float] = None):
+    def __init__(self, total: int, done: int, stream: TextIO | None, projected: float | None = None):
         self.total, self.start_done, self.stream = total, done, stream
         self.t0 = time.perf_counter()
         self.last = 0.0
@@ -241,11 +246,11 @@ class RunSummary:
     seconds: float
     samples_per_second: float
     statistics: list[str]
-    dashboard: Optional[str] = None
+    dashboard: str | None = None
     #: a data source's rows, rows skipped (NaN or inf, ``nan_rows: skip``) and whether it is whitened
-    data: Optional[dict[str, Any]] = None
+    data: dict[str, Any] | None = None
     #: with ``new_store_here``: where the relulearn data of a damaged store was moved (``folder``, ``moved``)
-    set_aside: Optional[dict[str, Any]] = None
+    set_aside: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -286,11 +291,21 @@ def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statist
     return stats, state, ledger, fp
 
 
-def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, client: Any = None,
-             progress: Optional[TextIO] = sys.stderr, commit_interval: Optional[float] = None,
-             max_blocks_in_flight: Optional[int] = None, on_start: Optional[Callable[[dict], None]] = None,
-             break_lock: bool = False, lease: Optional[Lease] = None, new_store_here: bool = False,
-             projected: Optional[float] = None) -> RunSummary:
+def estimate(
+    cfg: RunConfig,
+    store_url: str,
+    *,
+    samples: int | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    commit_interval: float | None = None,
+    max_blocks_in_flight: int | None = None,
+    on_start: Callable[[dict], None] | None = None,
+    break_lock: bool = False,
+    lease: Lease | None = None,
+    new_store_here: bool = False,
+    projected: float | None = None,
+) -> RunSummary:
     """Accumulate the configured statistics into the store at ``store_url``.
 
     Starts a new run, resumes an interrupted one, or extends a finished one when
@@ -345,15 +360,37 @@ def estimate(cfg: RunConfig, store_url: str, *, samples: Optional[int] = None, c
     """
     t0 = time.perf_counter()
     with writing(store_url, break_lock=break_lock, held=lease, new_store_here=new_store_here) as held:
-        return _estimate(cfg, store_url, held, t0, samples=samples, client=client, progress=progress,
-                         commit_interval=commit_interval, max_blocks_in_flight=max_blocks_in_flight,
-                         on_start=on_start, new_store_here=new_store_here, projected=projected)
+        return _estimate(
+            cfg,
+            store_url,
+            held,
+            t0,
+            samples=samples,
+            client=client,
+            progress=progress,
+            commit_interval=commit_interval,
+            max_blocks_in_flight=max_blocks_in_flight,
+            on_start=on_start,
+            new_store_here=new_store_here,
+            projected=projected,
+        )
 
 
-def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, samples: Optional[int], client: Any,
-              progress: Optional[TextIO], commit_interval: Optional[float], max_blocks_in_flight: Optional[int],
-              on_start: Optional[Callable[[dict], None]], new_store_here: bool = False,
-              projected: Optional[float] = None) -> RunSummary:
+def _estimate(
+    cfg: RunConfig,
+    store_url: str,
+    lease: Lease,
+    t0: float,
+    *,
+    samples: int | None,
+    client: Any,
+    progress: TextIO | None,
+    commit_interval: float | None,
+    max_blocks_in_flight: int | None,
+    on_start: Callable[[dict], None] | None,
+    new_store_here: bool = False,
+    projected: float | None = None,
+) -> RunSummary:
     """:func:`estimate`, with the store's lease held."""
     if client is not None and cfg.source.data is not None:  # the workers read the data, not the driver
         from .sources import prime_data_scan
@@ -364,8 +401,9 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
     if client is not None and modules:  # a black-box teacher is imported where its labels are made
         from .cluster import check_imports
 
-        check_imports(client, modules, f"{getattr(source, 'label', 'the teacher')} needs '{modules[0]}' on every "
-                                       "worker")
+        check_imports(
+            client, modules, f"{getattr(source, 'label', 'the teacher')} needs '{modules[0]}' on every worker"
+        )
     if samples is not None and data_of(source) is not None:  # data: --samples cannot exceed its rows
         from .data import check_rows
 
@@ -373,8 +411,9 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
     sketch = cfg.statistics.sketch
     if sketch is not None and sketch.refines is not None:  # a subspace pass: the chunks of the store it refines
         wanted = samples if samples is not None else cfg.samples
-        check_refines(sketch.refines, fingerprint(cfg, source), -(-wanted // cfg.chunk_size) * cfg.chunk_size,
-                      where=store_url)
+        check_refines(
+            sketch.refines, fingerprint(cfg, source), -(-wanted // cfg.chunk_size) * cfg.chunk_size, where=store_url
+        )
     store = RunStore(store_url, allow_foreign=new_store_here)
     set_aside = store.set_aside() if new_store_here else None  # (under the lease: no other writer is here)
     stats, state, ledger, fp = _open(cfg, store, source)
@@ -387,8 +426,16 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
     interval = cfg.run.commit_interval if commit_interval is None else commit_interval
     dashboard = getattr(client, "dashboard_link", None) if client is not None else None
     if on_start is not None:
-        on_start({"store": store_url, "dashboard": dashboard, "resumed_from_samples": done0 * cfg.chunk_size,
-                  "target_samples": target * cfg.chunk_size, "blocks": len(blocks), "set_aside": set_aside})
+        on_start(
+            {
+                "store": store_url,
+                "dashboard": dashboard,
+                "resumed_from_samples": done0 * cfg.chunk_size,
+                "target_samples": target * cfg.chunk_size,
+                "blocks": len(blocks),
+                "set_aside": set_aside,
+            }
+        )
 
     bar = _Progress(target * cfg.chunk_size, done0 * cfg.chunk_size, progress, projected)
     committed_at = [time.perf_counter()]
@@ -400,11 +447,15 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
         nonlocal commit_no
         with interrupts.held():
             try:
-                store.commit(_meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger),
-                             lease=lease)
+                store.commit(
+                    _meta(cfg, fp, stats, ledger, target), _groups(stats, state, cfg.chunk_size, ledger), lease=lease
+                )
             except OSError as err:  # disk full, permissions, I/O: say where, and what is safe
-                raise StoreWriteError(_write_failure(err, store_url, _committed_chunks(store) * cfg.chunk_size,
-                                                     state.chunk_stop * cfg.chunk_size)) from err
+                raise StoreWriteError(
+                    _write_failure(
+                        err, store_url, _committed_chunks(store) * cfg.chunk_size, state.chunk_stop * cfg.chunk_size
+                    )
+                ) from err
             commit_no += 1
             committed_at[0] = time.perf_counter()
 
@@ -429,13 +480,13 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
         else:
             _run_distributed(client, blocks, stats, source, cfg, merge, max_blocks_in_flight)
     except BaseException as err:
-        if (not isinstance(err, (StoreLockedError, StoreWriteError))
-                and state.chunk_stop > _committed_chunks(store)):
+        if not isinstance(err, (StoreLockedError, StoreWriteError)) and state.chunk_stop > _committed_chunks(store):
             commit()  # keep every merged block: a failure or interruption loses nothing (unless the lease is lost)
         if isinstance(err, ClusterLostError):
             raise ClusterLostError(
                 f"{err}; every merged block is committed: {state.chunk_stop * cfg.chunk_size:,} of "
-                f"{target * cfg.chunk_size:,} samples in {store_url}") from None
+                f"{target * cfg.chunk_size:,} samples in {store_url}"
+            ) from None
         raise
     finally:
         for sig, handler in old_handlers.items():
@@ -447,11 +498,17 @@ def _estimate(cfg: RunConfig, store_url: str, lease: Lease, t0: float, *, sample
     seconds = time.perf_counter() - t0
     ran = (state.chunk_stop - done0) * cfg.chunk_size
     return RunSummary(
-        store=store_url, samples=state.chunk_stop * cfg.chunk_size, chunks=state.chunk_stop,
-        blocks_run=len(blocks), resumed_from_samples=done0 * cfg.chunk_size, seconds=seconds,
+        store=store_url,
+        samples=state.chunk_stop * cfg.chunk_size,
+        chunks=state.chunk_stop,
+        blocks_run=len(blocks),
+        resumed_from_samples=done0 * cfg.chunk_size,
+        seconds=seconds,
         samples_per_second=ran / seconds if seconds > 0 else 0.0,
-        statistics=[s.name for s in stats], dashboard=dashboard,
-        data=_data_summary(source), set_aside=set_aside,
+        statistics=[s.name for s in stats],
+        dashboard=dashboard,
+        data=_data_summary(source),
+        set_aside=set_aside,
     )
 
 
@@ -465,16 +522,22 @@ def _write_failure(err: OSError, url: str, committed: int, merged: int) -> str:
     import errno
 
     where = err.filename or url
-    fix = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there (the disk quota is reached)",
-           errno.EFBIG: "free space there or raise the file size limit (ulimit -f)",
-           errno.EACCES: "make it writable", errno.EPERM: "make it writable",
-           errno.EROFS: "use a writable file system"}.get(err.errno, "fix the cause")
-    return (f"could not write {where}: {err.strerror or err}. The store {url} is intact at its last commit: "
-            f"{committed:,} samples are committed and safe ({merged - committed:,} merged samples since were not "
-            f"saved). {fix[0].upper() + fix[1:]}, then run the same command to resume")
+    fix = {
+        errno.ENOSPC: "free space there",
+        errno.EDQUOT: "free space there (the disk quota is reached)",
+        errno.EFBIG: "free space there or raise the file size limit (ulimit -f)",
+        errno.EACCES: "make it writable",
+        errno.EPERM: "make it writable",
+        errno.EROFS: "use a writable file system",
+    }.get(err.errno, "fix the cause")
+    return (
+        f"could not write {where}: {err.strerror or err}. The store {url} is intact at its last commit: "
+        f"{committed:,} samples are committed and safe ({merged - committed:,} merged samples since were not "
+        f"saved). {fix[0].upper() + fix[1:]}, then run the same command to resume"
+    )
 
 
-def _data_summary(source: Source) -> Optional[dict[str, Any]]:
+def _data_summary(source: Source) -> dict[str, Any] | None:
     if data_of(source) is None:
         return None
     from .data import describe
@@ -499,7 +562,7 @@ class _Interrupts:
 
     def __init__(self) -> None:
         self.holding = False
-        self.pending: Optional[int] = None
+        self.pending: int | None = None
 
     def handler(self, signum: int, frame: Any) -> None:  # noqa: ARG002 - signal handler signature
         if self.holding:
@@ -524,8 +587,15 @@ def _committed_chunks(store: RunStore) -> int:
     return 0 if meta is None else int(meta.get("chunks", 0))
 
 
-def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence[Statistic], source: Source,
-                     cfg: RunConfig, merge: Callable[[Partial], None], max_in_flight: Optional[int]) -> None:
+def _run_distributed(
+    client: Any,
+    blocks: list[tuple[int, int]],
+    stats: Sequence[Statistic],
+    source: Source,
+    cfg: RunConfig,
+    merge: Callable[[Partial], None],
+    max_in_flight: int | None,
+) -> None:
     """Submit blocks with a bounded number in flight; merge results in block order."""
     from distributed import as_completed
 
@@ -543,6 +613,7 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
         if time.monotonic() - counted[0] > 5.0:
             counted[:] = [time.monotonic(), 2 * max(1, len(client.scheduler_info().get("workers", {}))) + 1]
         return counted[1]
+
     # Ship the statistics and source once, as the result of a task rather than by scatter: a
     # task's inputs stay in the scheduler, so when every worker holding them dies the
     # scheduler computes them again (scattered data would be lost with its last holder,
@@ -560,15 +631,25 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
         limit = in_flight_limit()
         while next_submit < len(blocks) and next_submit - next_merge < limit:
             a, b = blocks[next_submit]
-            fut = client.submit(_compute_block_task, stats_f, source_f, cfg.seed, cfg.chunk_size, a, b,
-                                pure=False, retries=0, key=f"relulearn-block-{cfg.seed}-{a}-{b}-{time.time_ns()}")
+            fut = client.submit(
+                _compute_block_task,
+                stats_f,
+                source_f,
+                cfg.seed,
+                cfg.chunk_size,
+                a,
+                b,
+                pure=False,
+                retries=0,
+                key=f"relulearn-block-{cfg.seed}-{a}-{b}-{time.time_ns()}",
+            )
             futures[fut] = next_submit
             ac.add(fut)
             next_submit += 1
 
     # A failed block is raised only once every block before it is merged, and the earliest failed
     # block wins: the error and the committed state do not depend on scheduling (as in-process).
-    failed: Optional[tuple[int, BaseException]] = None
+    failed: tuple[int, BaseException] | None = None
     try:
         submit_more()
         while next_merge < len(blocks):
@@ -584,7 +665,8 @@ def _run_distributed(client: Any, blocks: list[tuple[int, int]], stats: Sequence
             if isinstance(result, BaseException):
                 if connection_lost(client, result):
                     raise ClusterLostError(
-                        "lost the connection to the Dask scheduler (it stopped or is unreachable)") from None
+                        "lost the connection to the Dask scheduler (it stopped or is unreachable)"
+                    ) from None
                 if failed is None or idx < failed[0]:
                     failed = (idx, result)
                 continue
@@ -652,10 +734,12 @@ def merge_stores(a_url: str, b_url: str, out_url: str, *, break_lock: bool = Fal
         for k, (_, va) in sa.coords().items():
             vb = sb.coords()[k][1]
             if va.shape != vb.shape or not np.array_equal(va, vb):
-                hint = {"direction": "give the same statistics.contracted.directions_seed (or directions) to both runs",
-                        "tau": "give statistics.filtered.thresholds explicitly (same values) to both runs",
-                        "quantile": "give statistics.filtered.thresholds explicitly to both runs",
-                        "omega": "give statistics.sketch.seed explicitly (same value) to both runs"}.get(k, "")
+                hint = {
+                    "direction": "give the same statistics.contracted.directions_seed (or directions) to both runs",
+                    "tau": "give statistics.filtered.thresholds explicitly (same values) to both runs",
+                    "quantile": "give statistics.filtered.thresholds explicitly to both runs",
+                    "omega": "give statistics.sketch.seed explicitly (same value) to both runs",
+                }.get(k, "")
                 raise StoreError(f"cannot merge: the '{sa.name}' statistic's {k} differs between the stores; {hint}")
     with writing(out_url, break_lock=break_lock) as lease:
         if out.meta() is not None:  # (a merge into the same path that finished meanwhile)
@@ -666,8 +750,9 @@ def merge_stores(a_url: str, b_url: str, out_url: str, *, break_lock: bool = Fal
         pb.chunk_start, pb.chunk_stop = pa.chunk_stop, pa.chunk_stop + pb.n_chunks
         pa.add(pb)
         ledger = [r[:3] + [0, r[4]] for r in la + lb]
-        meta = _meta(cfg, dict(ma["fingerprint"], seed=sorted(ma["seeds"] + mb["seeds"])), stats_a, ledger,
-                     pa.chunk_stop)
+        meta = _meta(
+            cfg, dict(ma["fingerprint"], seed=sorted(ma["seeds"] + mb["seeds"])), stats_a, ledger, pa.chunk_stop
+        )
         meta["merged_from"] = [a_url, b_url]
         out.commit(meta, _groups(stats_a, pa, cfg.chunk_size, ledger), lease=lease)
     return {"store": out_url, "seeds": meta["seeds"], "samples": meta["samples"], "chunks": meta["chunks"]}

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -109,11 +110,17 @@ class SketchMoments(Statistic):
 
     name = "sketch"
 
-    def __init__(self, omega: np.ndarray, *, is_basis: bool = False, second: bool = False,
-                 contracted: Optional[tuple[np.ndarray, Sequence[int]]] = None,
-                 filtered: Optional[tuple[np.ndarray, Optional[np.ndarray]]] = None,
-                 expansion: Optional[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = None,
-                 residual: Optional[tuple[np.ndarray, list[Network], np.ndarray, Optional[np.ndarray]]] = None):
+    def __init__(
+        self,
+        omega: np.ndarray,
+        *,
+        is_basis: bool = False,
+        second: bool = False,
+        contracted: tuple[np.ndarray, Sequence[int]] | None = None,
+        filtered: tuple[np.ndarray, np.ndarray | None] | None = None,
+        expansion: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None,
+        residual: tuple[np.ndarray, list[Network], np.ndarray, np.ndarray | None] | None = None,
+    ):
         self.omega = np.ascontiguousarray(omega, dtype=np.float64)
         self.d, self.rank = self.omega.shape
         self.is_basis, self.second = bool(is_basis), bool(second)
@@ -124,7 +131,7 @@ class SketchMoments(Statistic):
         if filtered is not None:
             self.tau = np.asarray(filtered[0], dtype=np.float64)
             self.quantiles = None if filtered[1] is None else np.asarray(filtered[1], dtype=np.float64)
-        self.candidates: Optional[list[Network]] = None
+        self.candidates: list[Network] | None = None
         if residual is not None:
             rb, nets, tau, q = residual
             self.res_basis = np.ascontiguousarray(rb, dtype=np.float64)
@@ -137,8 +144,12 @@ class SketchMoments(Statistic):
         self.expansion = None
         if expansion is not None:
             t0, t1, v, theta = expansion
-            self.expansion = (float(t0), np.asarray(t1, dtype=np.float64), np.asarray(v, dtype=np.float64),
-                              np.asarray(theta, dtype=np.float64))
+            self.expansion = (
+                float(t0),
+                np.asarray(t1, dtype=np.float64),
+                np.asarray(v, dtype=np.float64),
+                np.asarray(theta, dtype=np.float64),
+            )
 
     @property
     def n_pairs(self) -> int:
@@ -150,19 +161,35 @@ class SketchMoments(Statistic):
         d, r = self.d, self.rank
         out: dict[str, Var] = {}
         if self.second:
-            out.update({"second_xz": Var(("i", "rank"), (d, r)), "second_y": Var((), ()),
-                        "second_x": Var(("i",), (d,)), "second_n": Var((), ())})
+            out.update(
+                {
+                    "second_xz": Var(("i", "rank"), (d, r)),
+                    "second_y": Var((), ()),
+                    "second_x": Var(("i",), (d,)),
+                    "second_n": Var((), ()),
+                }
+            )
         if self.orders is not None:
             p = self.n_pairs
-            out.update({"contracted_xz": Var(("pair", "i", "rank"), (p, d, r)), "contracted_a": Var(("pair",), (p,)),
-                        "contracted_bx": Var(("pair", "i"), (p, d)), "contracted_c": Var(("pair",), (p,))})
+            out.update(
+                {
+                    "contracted_xz": Var(("pair", "i", "rank"), (p, d, r)),
+                    "contracted_a": Var(("pair",), (p,)),
+                    "contracted_bx": Var(("pair", "i"), (p, d)),
+                    "contracted_c": Var(("pair",), (p,)),
+                }
+            )
         if self.tau is not None:
             t = len(self.tau)
             out.update({"filtered_xz": Var(("tau", "i", "rank"), (t, d, r)), "filtered_count": Var(("tau",), (t,))})
         if self.candidates is not None:
             c, t = self.res_tau.shape
-            out.update({"residual_xz": Var(("candidate", "residual_tau", "i", "rank"), (c, t, d, r)),
-                        "residual_count": Var(("candidate", "residual_tau"), (c, t))})
+            out.update(
+                {
+                    "residual_xz": Var(("candidate", "residual_tau", "i", "rank"), (c, t, d, r)),
+                    "residual_count": Var(("candidate", "residual_tau"), (c, t)),
+                }
+            )
         return out
 
     def terms_schema(self) -> dict[str, Var]:
@@ -195,11 +222,13 @@ class SketchMoments(Statistic):
         out = {"omega": (("i", "rank"), self.omega)}
         if self.orders is not None:
             g = len(self.directions)
-            out.update({
-                "direction": (("direction", "i"), self.directions),
-                "pair_order": (("pair",), np.repeat(np.asarray(self.orders, dtype=np.int64), g)),
-                "pair_direction": (("pair",), np.tile(np.arange(g, dtype=np.int64), len(self.orders))),
-            })
+            out.update(
+                {
+                    "direction": (("direction", "i"), self.directions),
+                    "pair_order": (("pair",), np.repeat(np.asarray(self.orders, dtype=np.int64), g)),
+                    "pair_direction": (("pair",), np.tile(np.arange(g, dtype=np.int64), len(self.orders))),
+                }
+            )
         if self.tau is not None:
             out["tau"] = (("tau",), self.tau)
             if self.quantiles is not None:
@@ -238,9 +267,9 @@ class SketchMoments(Statistic):
         step = min(n, max(_SECOND_MIN_ROWS, _SECOND_BLOCK_BYTES // (8 * self.d)))
         z, wz = np.empty((n, r)), np.empty((step, r + 1))
         for start in range(0, n, step):
-            xs, ws = x[start:start + step], w[start:start + step]
+            xs, ws = x[start : start + step], w[start : start + step]
             m = len(xs)
-            zs = np.matmul(xs, self.omega, out=z[start:start + m])
+            zs = np.matmul(xs, self.omega, out=z[start : start + m])
             np.multiply(ws[:, None], zs, out=wz[:m, :-1])
             wz[:m, -1] = ws
             wzx = wz[:m].T @ xs  # this orientation of the skinny product is ~10% faster than Xᵀ [w ⊙ Z | w]
@@ -270,7 +299,7 @@ class SketchMoments(Statistic):
         # one GEMM per row slice for all pairs: Xᵀ [a_1 ⊙ Z | a_2 ⊙ Z | ...] (d × P r)
         step = max(1, _WZ_BYTES // (8 * p * r))
         for start in range(0, n, step):
-            xs, zs, ws = x[start:start + step], z[start:start + step], wa[start:start + step]
+            xs, zs, ws = x[start : start + step], z[start : start + step], wa[start : start + step]
             wz = (ws[:, :, None] * zs[:, None, :]).reshape(len(xs), p * r)
             acc["contracted_xz"] += (xs.T @ wz).reshape(self.d, p, r).transpose(1, 0, 2)
 
@@ -292,9 +321,13 @@ class SketchMoments(Statistic):
             gp = np.tile(self.directions, (len(self.orders), 1))  # (P, d), pair order
             v = acc["contracted_bx"]
             g_om, v_om = gp @ om, v @ om  # (P, r)
-            out["Y_contracted"] = (acc["contracted_xz"] - acc["contracted_a"][:, None, None] * om
-                                   - gp[:, :, None] * v_om[:, None, :] - v[:, :, None] * g_om[:, None, :]
-                                   + acc["contracted_c"][:, None, None] * gp[:, :, None] * g_om[:, None, :])
+            out["Y_contracted"] = (
+                acc["contracted_xz"]
+                - acc["contracted_a"][:, None, None] * om
+                - gp[:, :, None] * v_om[:, None, :]
+                - v[:, :, None] * g_om[:, None, :]
+                + acc["contracted_c"][:, None, None] * gp[:, :, None] * g_om[:, None, :]
+            )
         if self.tau is not None:
             count = _suffix(acc["filtered_count"], 0)
             out["Y_filtered"] = _suffix(acc["filtered_xz"], 0) - count[:, None, None] * om
@@ -314,8 +347,12 @@ class SketchMoments(Statistic):
         out: dict[str, Any] = {"rank": self.rank, "basis": self.is_basis, "second": self.second}
         if self.expansion is not None:
             t0, t1, v, theta = self.expansion
-            out["second_expansion"] = {"t0": t0, "t1": t1.tolist(), "t2_vectors": v.T.tolist(),
-                                       "t2_values": theta.tolist()}
+            out["second_expansion"] = {
+                "t0": t0,
+                "t1": t1.tolist(),
+                "t2_vectors": v.T.tolist(),
+                "t2_values": theta.tolist(),
+            }
         if self.orders is not None:
             out.update(orders=self.orders, directions=self.directions.tolist())
         if self.tau is not None:
@@ -325,8 +362,9 @@ class SketchMoments(Statistic):
         return out
 
 
-def _binned_cross(xz: np.ndarray, count: np.ndarray, x: np.ndarray, z: np.ndarray, score: np.ndarray,
-                  tau: np.ndarray) -> None:
+def _binned_cross(
+    xz: np.ndarray, count: np.ndarray, x: np.ndarray, z: np.ndarray, score: np.ndarray, tau: np.ndarray
+) -> None:
     """Add ``x_bᵀ z_b`` and the row count of each bin ``tau[b] < score <= tau[b+1]`` in place (rows at or
     below ``tau[0]`` are dropped): one d × r product per row, as the dense filtered family's bins."""
     b = np.searchsorted(tau, score, side="left") - 1
@@ -360,14 +398,14 @@ class SketchSetup:
     omega: np.ndarray
     is_basis: bool
     second: bool
-    expansion: Optional[tuple]
-    contracted: Optional[tuple[np.ndarray, list[int]]]
-    tau: Optional[np.ndarray]
-    quantiles: Optional[np.ndarray]
+    expansion: tuple | None
+    contracted: tuple[np.ndarray, list[int]] | None
+    tau: np.ndarray | None
+    quantiles: np.ndarray | None
     #: ``(B, candidates, tau (C, T) or (m, C, T), quantiles)`` of the residual family, or None
-    residual: Optional[tuple] = None
+    residual: tuple | None = None
 
-    def statistic(self, output: Optional[int] = None) -> SketchMoments:
+    def statistic(self, output: int | None = None) -> SketchMoments:
         """The statistic of the scalar label (``output`` None) or of output ``output``."""
         filtered = None
         if self.tau is not None:
@@ -376,12 +414,20 @@ class SketchSetup:
         if self.residual is not None:
             rb, nets, tau, q = self.residual
             residual = (rb, nets, _of_output(tau, output, 2), q)
-        return SketchMoments(self.omega, is_basis=self.is_basis, second=self.second, contracted=self.contracted,
-                             filtered=filtered, expansion=self.expansion, residual=residual)
+        return SketchMoments(
+            self.omega,
+            is_basis=self.is_basis,
+            second=self.second,
+            contracted=self.contracted,
+            filtered=filtered,
+            expansion=self.expansion,
+            residual=residual,
+        )
 
 
-def sketch_setup(section: SketchConfig, cfg: RunConfig, source: Optional[Source],
-                 stored: Optional[Mapping[str, np.ndarray]] = None) -> SketchSetup:
+def sketch_setup(
+    section: SketchConfig, cfg: RunConfig, source: Source | None, stored: Mapping[str, np.ndarray] | None = None
+) -> SketchSetup:
     """Resolve a ``statistics.sketch`` section: the test matrix, direction bank and τ grid drawn from
     the run's seed (the τ grid from one pilot pass), or read from ``stored`` (the committed group) on
     resume; a basis is checked (shape, orthonormal rows, rank).
@@ -437,12 +483,16 @@ def refine_record(meta: Mapping[str, Any]) -> dict[str, Any]:
     sample count, and a digest of its whole fingerprint (which sketch was refined).
     """
     fp = dict(meta["fingerprint"])
-    return {"fingerprint": {k: v for k, v in fp.items() if k != "statistics"},
-            "samples": int(meta["samples"]), "digest": _digest(fp)}
+    return {
+        "fingerprint": {k: v for k, v in fp.items() if k != "statistics"},
+        "samples": int(meta["samples"]),
+        "digest": _digest(fp),
+    }
 
 
-def check_refines(record: Mapping[str, Any], fingerprint: Mapping[str, Any], samples: int,
-                  where: str = "this run") -> None:
+def check_refines(
+    record: Mapping[str, Any], fingerprint: Mapping[str, Any], samples: int, where: str = "this run"
+) -> None:
     """Refuse a subspace pass that would not draw the chunks of the store it refines.
 
     Parameters
@@ -485,9 +535,13 @@ def check_pass_store(pass_meta: Mapping[str, Any], sketch_meta: Mapping[str, Any
     section = pass_meta.get("config", {}).get("statistics", {}).get("sketch") or {}
     record = section.get("refines")
     if record is None:
-        raise StoreError(f"{where} records no refined store (statistics.sketch.refines); run passes with "
-                         "relulearn.estimators.subspace.subspace_iteration and refines=refine_record(meta)")
+        raise StoreError(
+            f"{where} records no refined store (statistics.sketch.refines); run passes with "
+            "relulearn.estimators.subspace.subspace_iteration and refines=refine_record(meta)"
+        )
     differing = [f.removeprefix("fingerprint.") for f in diff_fields(record, refine_record(sketch_meta))]
     if differing:
-        raise StoreError(f"{where} refines another store (digest {record.get('digest', '?')}); differing fields: "
-                         f"{', '.join(differing)}. Use the passes stored for this sketch store, or run new ones.")
+        raise StoreError(
+            f"{where} refines another store (digest {record.get('digest', '?')}); differing fields: "
+            f"{', '.join(differing)}. Use the passes stored for this sketch store, or run new ones."
+        )

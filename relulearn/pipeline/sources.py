@@ -9,14 +9,24 @@ grow with the chunk size.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..config import (CallableTeacher, DeepReluTeacher, FileTeacher, OneHiddenReluTeacher, OnnxTeacher,
-                      RandomXavierTeacher, RunConfig, SourceConfig, TwoLayerTeacher)
+from ..config import (
+    CallableTeacher,
+    DeepReluTeacher,
+    FileTeacher,
+    OneHiddenReluTeacher,
+    OnnxTeacher,
+    RandomXavierTeacher,
+    RunConfig,
+    SourceConfig,
+    TwoLayerTeacher,
+)
 from ..network import Network, NetworkFileError
 
 __all__ = [
@@ -99,10 +109,13 @@ class LabelShapeError(SourceDataError):
     (the message names the batch's rows once the chunk is known: :func:`at_rows`)."""
 
 
-def at_rows(err: LabelShapeError, chunk_id: Optional[int], row: int) -> LabelShapeError:
+def at_rows(err: LabelShapeError, chunk_id: int | None, row: int) -> LabelShapeError:
     """``err`` with the place of the failing batch: chunk and first row, or a sample outside the chunks."""
-    where = (f"chunk {chunk_id}, the batch from row {row}" if chunk_id is not None else
-             f"the batch from row {row} of a sample drawn outside the run's chunks (pilot, held-out or test samples)")
+    where = (
+        f"chunk {chunk_id}, the batch from row {row}"
+        if chunk_id is not None
+        else f"the batch from row {row} of a sample drawn outside the run's chunks (pilot, held-out or test samples)"
+    )
     return LabelShapeError(f"{where}: {err}")
 
 
@@ -111,7 +124,7 @@ class Source(Protocol):
 
     d: int
     #: None for a scalar label ``y`` (rows,); ``m`` for a label vector ``y`` (rows, m)
-    outputs: Optional[int]
+    outputs: int | None
 
     def batches(
         self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
@@ -121,7 +134,7 @@ class Source(Protocol):
         ...
 
 
-def label_outputs(source: Source) -> Optional[int]:
+def label_outputs(source: Source) -> int | None:
     """The number ``m`` of outputs of a vector-label source, None for a scalar label (also for
     sources that do not declare ``outputs``)."""
     return getattr(source, "outputs", None)
@@ -244,7 +257,7 @@ class TeacherSource:
 
     network: Network
     noise_std: float = 0.0
-    output: Optional[int] = None
+    output: int | None = None
 
     def fingerprint(self) -> str:
         """Identifies the teacher in a store's fingerprint."""
@@ -255,7 +268,7 @@ class TeacherSource:
         return self.network.input_dim
 
     @property
-    def outputs(self) -> Optional[int]:
+    def outputs(self) -> int | None:
         """None for a scalar label; the number of outputs ``m`` for a label vector."""
         m = self.network.output_dim
         return m if self.output is None and m > 1 else None
@@ -274,8 +287,9 @@ class TeacherSource:
         return gaussian_batches(self, gen_x, gen_noise, n)
 
 
-def gaussian_batches(source: Any, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
-                     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def gaussian_batches(
+    source: Any, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``n`` samples ``x ~ N(0, I_d)``, ``y = source.labels(x) + σ ε`` in batches of :func:`batch_rows` rows:
     the inputs of every teacher, planted or black box (``source``: ``d``, ``labels``, ``noise_std``)."""
     step = batch_rows(source.d)
@@ -339,8 +353,9 @@ def pilot_batches(source: Source, seed: int, n: int) -> Iterator[tuple[np.ndarra
 _STREAM_NAMES = {Stream.HELD_OUT: "held_out", Stream.TEST: "test", Stream.PILOT: "pilot"}
 
 
-def draw_batches(source: Source, seed: int, stream: int, n: int, part: int = 0
-                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def draw_batches(
+    source: Source, seed: int, stream: int, n: int, part: int = 0
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The samples :func:`draw` returns, batch by batch, each checked (NaN / inf named by row)."""
     row = 0
     data = data_of(source)
@@ -361,7 +376,7 @@ def draw_batches(source: Source, seed: int, stream: int, n: int, part: int = 0
 def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``n`` samples ``(x, y)`` of an auxiliary stream (``Stream.HELD_OUT``, ``Stream.TEST``),
     independent of every chunk of the run; ``part`` selects independent draws of one stream."""
-    xs: Optional[np.ndarray] = None
+    xs: np.ndarray | None = None
     ys, row = [], 0
     if data_of(source) is not None:
         n = min(n, source.rows)
@@ -370,7 +385,7 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
             return x, y
         if xs is None:  # one n × d array filled batch by batch (no list of batches and concatenated copy)
             xs = np.empty((n, x.shape[1]), dtype=x.dtype)
-        xs[row:row + len(y)] = x
+        xs[row : row + len(y)] = x
         ys.append(y)
         row += len(y)
     if xs is None:  # n = 0
@@ -402,8 +417,9 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     if isinstance(teacher, OnnxTeacher):
         from .blackbox import onnx_source
 
-        return onnx_source(Path(run.resolve_path(teacher.onnx) if run is not None else teacher.onnx), src.d,
-                           src.noise_std, src.output)
+        return onnx_source(
+            Path(run.resolve_path(teacher.onnx) if run is not None else teacher.onnx), src.d, src.noise_std, src.output
+        )
     if isinstance(teacher, FileTeacher):
         path = run.resolve_path(teacher.file) if run is not None else teacher.file
         if not Path(path).exists():
@@ -431,7 +447,7 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     return TeacherSource(net, float(src.noise_std), src.output)
 
 
-def _resolver(run: Optional[RunConfig]):
+def _resolver(run: RunConfig | None):
     """Where a data path of the config is: a URL as it is, a path from the config file's folder."""
     from ..config import is_url
 
@@ -450,17 +466,26 @@ def prime_data_scan(cfg: RunConfig, client: Any) -> None:
         scan_on(client, cfg.source.data, cfg.source.d, _resolver(cfg))
 
 
-def _data_source(src: SourceConfig, run: Optional[RunConfig]) -> Any:
+def _data_source(src: SourceConfig, run: RunConfig | None) -> Any:
     from .data import data_source
 
     spec = src.data
     where = _resolver(run)
-    return data_source(where(spec.x), where(spec.y), src.d, x_columns=spec.x_columns, y_column=spec.y_column,
-                       whiten=spec.whiten, nan_rows=spec.nan_rows, storage_options=spec.storage_options,
-                       samples=None if run is None else run.samples, chunk_size=None if run is None else run.chunk_size)
+    return data_source(
+        where(spec.x),
+        where(spec.y),
+        src.d,
+        x_columns=spec.x_columns,
+        y_column=spec.y_column,
+        whiten=spec.whiten,
+        nan_rows=spec.nan_rows,
+        storage_options=spec.storage_options,
+        samples=None if run is None else run.samples,
+        chunk_size=None if run is None else run.chunk_size,
+    )
 
 
-def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: Optional[int], row_offset: int) -> None:
+def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: int | None, row_offset: int) -> None:
     """Raise :class:`SourceDataError` naming the chunk (None: the pilot pass), the row and, for a
     label vector ``y`` (rows, m), the output of the first NaN/inf."""
     bad_label = ~np.isfinite(y)
@@ -476,9 +501,12 @@ def check_finite(x: np.ndarray, y: np.ndarray, chunk_id: Optional[int], row_offs
             what, value = f"label y (output {j} of {y.shape[1]})", y[r, j]
         else:
             what, value = "label y", y[r]
-        where = (f"chunk {chunk_id}, row {row_offset + r} (sample {chunk_id}×chunk_size + {row_offset + r})"
-                 if chunk_id is not None else f"row {row_offset + r} of a sample drawn outside the run's chunks "
-                 "(the pilot pass for τ quantiles, or held-out / test samples)")
+        where = (
+            f"chunk {chunk_id}, row {row_offset + r} (sample {chunk_id}×chunk_size + {row_offset + r})"
+            if chunk_id is not None
+            else f"row {row_offset + r} of a sample drawn outside the run's chunks "
+            "(the pilot pass for τ quantiles, or held-out / test samples)"
+        )
         raise SourceDataError(
             f"the source produced {value} in {what} at {where}; "
             "check the teacher's weights (overflow) or the data at that position"

@@ -14,17 +14,34 @@ here too, so that the same code runs in a worker, in a single-process loop and i
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any
 
 import numpy as np
 
 from .. import hermite
-from ..config import (ContractedConfig, ExpansionConfig, FilteredConfig, HermiteConfig, ProjectedHermiteConfig,
-                      ResidualConfig, RunConfig)
+from ..config import (
+    ContractedConfig,
+    ExpansionConfig,
+    FilteredConfig,
+    HermiteConfig,
+    ProjectedHermiteConfig,
+    ResidualConfig,
+    RunConfig,
+)
 from ..network import Network
-from .sources import (LabelShapeError, Source, Stream, at_rows, check_finite, chunk_batches, generator, label_outputs,
-                      pilot_batches)
+from .sources import (
+    LabelShapeError,
+    Source,
+    Stream,
+    at_rows,
+    check_finite,
+    chunk_batches,
+    generator,
+    label_outputs,
+    pilot_batches,
+)
 
 __all__ = [
     "Var",
@@ -100,8 +117,9 @@ class Statistic(ABC):
         """Linear map from accumulated sums to sums of the estimands."""
         return dict(acc)
 
-    def finalize(self, sums: Mapping[str, np.ndarray], sumsq: Mapping[str, np.ndarray],
-                 n_chunks: int, chunk_size: int) -> dict[str, Estimate]:
+    def finalize(
+        self, sums: Mapping[str, np.ndarray], sumsq: Mapping[str, np.ndarray], n_chunks: int, chunk_size: int
+    ) -> dict[str, Estimate]:
         """Means and standard errors of the estimands from the merged sums.
 
         The standard error of a mean over ``K`` equal chunks of ``B`` samples is the
@@ -186,13 +204,21 @@ class OutputMoments(Statistic):
 
     def sums_schema(self):
         m, d = self.outputs, self.d
-        return {"a": Var(("output",), (m,)), "aa": Var(("output", "output2"), (m, m)),
-                "ax": Var(("output", "i"), (m, d)), "axx": Var(("output", "i", "j"), (m, d, d))}
+        return {
+            "a": Var(("output",), (m,)),
+            "aa": Var(("output", "output2"), (m, m)),
+            "ax": Var(("output", "i"), (m, d)),
+            "axx": Var(("output", "i", "j"), (m, d, d)),
+        }
 
     def terms_schema(self):
         m, d = self.outputs, self.d
-        return {"A": Var(("output",), (m,)), "AA": Var(("output", "output2"), (m, m)),
-                "T1": Var(("output", "i"), (m, d)), "T2": Var(("output", "i", "j"), (m, d, d))}
+        return {
+            "A": Var(("output",), (m,)),
+            "AA": Var(("output", "output2"), (m, m)),
+            "T1": Var(("output", "i"), (m, d)),
+            "T2": Var(("output", "i", "j"), (m, d, d)),
+        }
 
     def coords(self):
         return {"output": (("output",), np.arange(self.outputs, dtype=np.int64))}
@@ -208,15 +234,16 @@ class OutputMoments(Statistic):
             # Σ a_j x xᵀ as two symmetric rank-k updates per output (d(d+1) flops per sample, half a
             # GEMM's), then mirrored: 1.5× faster than the GEMM below at d = 512
             quad = np.zeros((m, d, d))
-            hermite._add_signed_grams(quad, np.require(x, requirements="CA"), a,
-                                      np.empty((max(1, min(n, hermite._GRAM_BLOCK // d)), d)))
+            hermite._add_signed_grams(
+                quad, np.require(x, requirements="CA"), a, np.empty((max(1, min(n, hermite._GRAM_BLOCK // d)), d))
+            )
             hermite._mirror_upper(quad)
             acc["axx"] += quad
             return
         # rows per GEMM so that the weighted copy xw (rows × m d) stays below _XW_BYTES
         step = max(1, _XW_BYTES // (8 * m * d))
         for start in range(0, n, step):
-            xs, ws = x[start:start + step], a[start:start + step]
+            xs, ws = x[start : start + step], a[start : start + step]
             xw = (ws[:, :, None] * xs[:, None, :]).reshape(len(xs), m * d)
             acc["axx"] += (xw.T @ xs).reshape(m, d, d)
 
@@ -270,7 +297,7 @@ class PerOutput(Statistic):
     def coords(self):
         out = {"output": (("output",), np.arange(self.outputs, dtype=np.int64))}
         per = [s.coords() for s in self.inner]
-        for k, (dims, first) in per[0].items():
+        for k, (dims, _first) in per[0].items():
             values = [np.asarray(c[k][1]) for c in per]
             if all(v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values[1:]):
                 out[k] = (dims, values[0])
@@ -313,7 +340,7 @@ class HermiteTensors(Statistic):
 
     name = "hermite"
 
-    def __init__(self, d: int, cfg: HermiteConfig, expansion: Optional[tuple] = None):
+    def __init__(self, d: int, cfg: HermiteConfig, expansion: tuple | None = None):
         self.d, self.max_order = d, cfg.max_order
         self.sizes = [_n_unique(d, m) for m in range(self.max_order + 1)]
         total = sum(self.sizes)
@@ -338,8 +365,13 @@ class HermiteTensors(Statistic):
         }
         if self.expansion is not None:
             t0, t1, t2 = self.expansion
-            out.update({"expansion_t0": (("scalar",), np.array([t0])), "expansion_t1": (("i",), t1),
-                        "expansion_t2": (("i", "j"), t2)})
+            out.update(
+                {
+                    "expansion_t0": (("scalar",), np.array([t0])),
+                    "expansion_t1": (("i",), t1),
+                    "expansion_t2": (("i", "j"), t2),
+                }
+            )
         return out
 
     def labels(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -372,7 +404,7 @@ def _n_unique(d: int, m: int) -> int:
 # ------------------------------------------------------------------- contracted
 
 
-def _check_bank(cfg: ContractedConfig, d: int, m: Optional[int], budget: int) -> None:
+def _check_bank(cfg: ContractedConfig, d: int, m: int | None, budget: int) -> None:
     """Refuse a count of directions whose matrices alone (one d × d sum per order, direction and output) exceed
     ``budget`` bytes, before the bank itself is drawn (10¹² directions would be a 116 TiB array)."""
     from .plan import MemoryBudgetError
@@ -385,7 +417,8 @@ def _check_bank(cfg: ContractedConfig, d: int, m: Optional[int], budget: int) ->
             f"statistics.contracted.directions = {cfg.directions:,}: one d × d matrix per order, direction and "
             f"output is {need:,} bytes per block partial, more than run.worker_memory = {budget:,} bytes; give "
             f"fewer directions (at most {max(1, budget // (8 * len(cfg.orders) * d * d * (m or 1))):,} fit) or "
-            "sketch the family (statistics.sketch). Nothing was written")
+            "sketch the family (statistics.sketch). Nothing was written"
+        )
 
 
 def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
@@ -415,16 +448,23 @@ class ContractedMoments(Statistic):
 
     name = "contracted"
 
-    def __init__(self, directions: np.ndarray, orders: Iterable[int],
-                 control: Optional[tuple[np.ndarray, np.ndarray]] = None,
-                 expansion: Optional[tuple[float, np.ndarray, np.ndarray, np.ndarray]] = None):
+    def __init__(
+        self,
+        directions: np.ndarray,
+        orders: Iterable[int],
+        control: tuple[np.ndarray, np.ndarray] | None = None,
+        expansion: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ):
         self.directions = np.asarray(directions, dtype=np.float64)
         self.orders = [int(o) for o in orders]
         self.d = self.directions.shape[1]
         self.n_pairs = len(self.orders) * len(self.directions)
         # (ȳ, β): the labels' expansion of degree ≤ 1 from the pilot pass, subtracted from every label
-        self.control = None if control is None else (float(np.asarray(control[0])),
-                                                     np.asarray(control[1], dtype=np.float64).reshape(self.d))
+        self.control = (
+            None
+            if control is None
+            else (float(np.asarray(control[0])), np.asarray(control[1], dtype=np.float64).reshape(self.d))
+        )
         # (t0, t1, V, θ): a given expansion of degree ≤ 2, T_2 = V diag(θ) Vᵀ (low rank: O(d s) per sample)
         self.expansion = expansion
 
@@ -466,8 +506,9 @@ class ContractedMoments(Statistic):
 # --------------------------------------------------------------------- filtered
 
 
-def _pilot_scores(source: Source, seed: int, n: int, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
-                  ) -> np.ndarray:
+def _pilot_scores(
+    source: Source, seed: int, n: int, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> np.ndarray:
     """``score(x, y)`` (shape (..., rows)) over the pilot pass, concatenated along rows."""
     parts, row = [], 0
     for x, y in pilot_batches(source, seed, n):
@@ -477,8 +518,9 @@ def _pilot_scores(source: Source, seed: int, n: int, score: Callable[[np.ndarray
     return np.concatenate(parts, axis=-1)
 
 
-def _label_scores(source: Source, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
-                  ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+def _label_scores(
+    source: Source, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """``score`` of a scalar label, applied to every output of a vector source and stacked
     along a leading ``output`` axis; ``score`` itself for a scalar source."""
     m = label_outputs(source)
@@ -501,7 +543,7 @@ def linear_control(source: Source, seed: int, n: int) -> tuple[np.ndarray, np.nd
     return np.asarray(s0 / count, dtype=np.float64), np.asarray(s1 / count, dtype=np.float64)
 
 
-def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.ndarray, Optional[np.ndarray]]:
+def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
     """The τ grid: given thresholds, or quantiles of |y| over a pilot pass.
 
     Returns ``(tau, quantiles)``; ``quantiles`` is None when τ was given. For a source with
@@ -545,7 +587,7 @@ class FilteredMoments(Statistic):
 
     name = "filtered"
 
-    def __init__(self, d: int, tau: np.ndarray, quantiles: Optional[np.ndarray] = None):
+    def __init__(self, d: int, tau: np.ndarray, quantiles: np.ndarray | None = None):
         self.d = d
         self.tau = np.asarray(tau, dtype=np.float64)
         self.quantiles = quantiles
@@ -585,12 +627,14 @@ def residual_scores(y: np.ndarray, z: np.ndarray, candidates: list[Network]) -> 
 
 def candidate_coords(candidates: list[Network]) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
     """The candidates' weights as coordinates ``candidate{c}_W{j}``, as the residual families store them."""
-    return {f"candidate{c}_W{j}": ((f"candidate{c}_W{j}_out", f"candidate{c}_W{j}_in"), w)
-            for c, net in enumerate(candidates) for j, w in enumerate(net.weights)}
+    return {
+        f"candidate{c}_W{j}": ((f"candidate{c}_W{j}_out", f"candidate{c}_W{j}_in"), w)
+        for c, net in enumerate(candidates)
+        for j, w in enumerate(net.weights)
+    }
 
 
-def residual_setup(cfg: ResidualConfig, d: int,
-                   where: str = "statistics.residual") -> tuple[np.ndarray, list[Network]]:
+def residual_setup(cfg: ResidualConfig, d: int, where: str = "statistics.residual") -> tuple[np.ndarray, list[Network]]:
     """The basis rows ``B`` (r, d) and candidate networks of a residual section, checked.
 
     Raises
@@ -620,8 +664,9 @@ def residual_setup(cfg: ResidualConfig, d: int,
     return basis, nets
 
 
-def residual_grid(cfg: ResidualConfig, source: Source, seed: int, basis: np.ndarray,
-                  candidates: list[Network]) -> tuple[np.ndarray, Optional[np.ndarray]]:
+def residual_grid(
+    cfg: ResidualConfig, source: Source, seed: int, basis: np.ndarray, candidates: list[Network]
+) -> tuple[np.ndarray, np.ndarray | None]:
     """The τ grid per candidate, shape (C, T): given thresholds, or quantiles of each
     candidate's |residual| over the pilot pass (then (m, C, T) for a source with m outputs)."""
     if cfg.thresholds is not None:
@@ -656,8 +701,9 @@ class ResidualFilteredMoments(Statistic):
 
     name = "residual"
 
-    def __init__(self, d: int, basis: np.ndarray, candidates: list[Network], tau: np.ndarray,
-                 quantiles: Optional[np.ndarray] = None):
+    def __init__(
+        self, d: int, basis: np.ndarray, candidates: list[Network], tau: np.ndarray, quantiles: np.ndarray | None = None
+    ):
         self.d = d
         self.basis = np.asarray(basis, dtype=np.float64)
         self.candidates = list(candidates)
@@ -666,8 +712,10 @@ class ResidualFilteredMoments(Statistic):
 
     def sums_schema(self):
         c, t, d = *self.tau.shape, self.d
-        return {"bin_xx": Var(("candidate", "tau", "i", "j"), (c, t, d, d)),
-                "bin_count": Var(("candidate", "tau"), (c, t))}
+        return {
+            "bin_xx": Var(("candidate", "tau", "i", "j"), (c, t, d, d)),
+            "bin_count": Var(("candidate", "tau"), (c, t)),
+        }
 
     def terms_schema(self):
         c, t, d = *self.tau.shape, self.d
@@ -698,7 +746,7 @@ class ResidualFilteredMoments(Statistic):
 # ------------------------------------------------------------ projected hermite
 
 
-def expansion_setup(cfg: Optional[ExpansionConfig], d: int, where: str) -> Optional[tuple]:
+def expansion_setup(cfg: ExpansionConfig | None, d: int, where: str) -> tuple | None:
     """The expansion ``(t0, t1, t2)`` of a section's ``expansion`` key, checked (``None``: raw labels).
 
     Raises
@@ -748,7 +796,7 @@ def low_rank_expansion(cfg: ExpansionConfig, d: int, where: str) -> tuple[float,
     return float(cfg.t0), t1, np.ascontiguousarray(v.T), theta
 
 
-def projected_setup(cfg: ProjectedHermiteConfig, d: int) -> tuple[np.ndarray, Optional[tuple]]:
+def projected_setup(cfg: ProjectedHermiteConfig, d: int) -> tuple[np.ndarray, tuple | None]:
     """The basis ``P`` (r, d) and the expansion ``(t0, t1, t2)`` of a ``projected_hermite``
     section, checked (``None``: raw labels).
 
@@ -784,7 +832,7 @@ class ProjectedHermite(HermiteTensors):
 
     name = "projected_hermite"
 
-    def __init__(self, d: int, basis: np.ndarray, max_order: int, expansion: Optional[tuple] = None):
+    def __init__(self, d: int, basis: np.ndarray, max_order: int, expansion: tuple | None = None):
         self.basis, self.max_order, self.expansion = np.asarray(basis, dtype=np.float64), max_order, expansion
         self.input_dim, self.d = d, self.basis.shape[0]  # the tensors live on the r subspace coordinates
         self.sizes = [_n_unique(self.d, m) for m in range(max_order + 1)]
@@ -802,7 +850,7 @@ class ProjectedHermite(HermiteTensors):
 # ----------------------------------------------------------------- building
 
 
-def _stored_outputs(names: Iterable[str], stored: Callable[[str], Mapping[str, np.ndarray]]) -> Optional[int]:
+def _stored_outputs(names: Iterable[str], stored: Callable[[str], Mapping[str, np.ndarray]]) -> int | None:
     """The number of outputs of a stored run's label vector (None: scalar label), read from
     the ``output`` coordinate of one of its statistics: every statistic of a vector run has
     it (the scalar ``output_moments`` has one of length 1, the scalar families none)."""
@@ -814,7 +862,7 @@ def _stored_outputs(names: Iterable[str], stored: Callable[[str], Mapping[str, n
     return int(len(arrays["output"])) if "output" in arrays and len(arrays["output"]) > 1 else None
 
 
-def _of_output(values: Optional[np.ndarray], j: Optional[int], ndim: int) -> Optional[np.ndarray]:
+def _of_output(values: np.ndarray | None, j: int | None, ndim: int) -> np.ndarray | None:
     """Output ``j``'s part of a grid stored once for all outputs (``ndim`` dims) or stacked
     along a leading output axis (``ndim + 1``)."""
     if values is None or j is None:
@@ -823,8 +871,7 @@ def _of_output(values: Optional[np.ndarray], j: Optional[int], ndim: int) -> Opt
     return values[j] if values.ndim == ndim + 1 else values
 
 
-def _output_expansion(section: Any, m: Optional[int], j: Optional[int], where: str
-                      ) -> tuple[Optional[ExpansionConfig], str]:
+def _output_expansion(section: Any, m: int | None, j: int | None, where: str) -> tuple[ExpansionConfig | None, str]:
     """Output ``j``'s expansion of a section's ``expansion`` key (None: none given) and the key's name: a list
     gives one per output, a single one serves a scalar label."""
     exp = section.expansion
@@ -832,29 +879,33 @@ def _output_expansion(section: Any, m: Optional[int], j: Optional[int], where: s
         return None, where
     if isinstance(exp, list):
         if len(exp) != (m or 1):
-            raise ValueError(f"{where}.expansion has {len(exp)} entries; the source has {m or 1} output(s): give "
-                             "one expansion per output")
+            raise ValueError(
+                f"{where}.expansion has {len(exp)} entries; the source has {m or 1} output(s): give "
+                "one expansion per output"
+            )
         return exp[j or 0], f"{where}.expansion[{j or 0}]"
     if m is not None:
-        raise ValueError(f"{where}.expansion is a single expansion but the source has {m} outputs: give a list, one "
-                         "per output")
+        raise ValueError(
+            f"{where}.expansion is a single expansion but the source has {m} outputs: give a list, one per output"
+        )
     return exp, where
 
 
-def _contracted_expansion(section: ContractedConfig, d: int, m: Optional[int], j: Optional[int]) -> Optional[tuple]:
+def _contracted_expansion(section: ContractedConfig, d: int, m: int | None, j: int | None) -> tuple | None:
     """Output ``j``'s expansion ``(t0, t1, V, θ)`` of a ``contracted`` section (None: none given)."""
     exp, where = _output_expansion(section, m, j, "statistics.contracted")
     return None if exp is None else low_rank_expansion(exp, d, where)
 
 
-def _hermite_expansion(section: HermiteConfig, d: int, m: Optional[int], j: Optional[int]) -> Optional[tuple]:
+def _hermite_expansion(section: HermiteConfig, d: int, m: int | None, j: int | None) -> tuple | None:
     """Output ``j``'s expansion ``(t0, t1, t2)`` of a ``hermite`` section (None: none given)."""
     exp, where = _output_expansion(section, m, j, "statistics.hermite")
     return expansion_setup(exp, d, where)
 
 
-def build_statistics(cfg: RunConfig, source: Optional[Source],
-                     stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
+def build_statistics(
+    cfg: RunConfig, source: Source | None, stored: Callable[[str], Mapping[str, np.ndarray]] | None = None
+) -> list[Statistic]:
     """The statistics a configuration asks for (:func:`_build_statistics`), their pilot passes (τ grids, the
     control variate) on one BLAS thread: the same grids in any process, whatever its thread count."""
     from ..aligned import one_blas_thread
@@ -863,8 +914,9 @@ def build_statistics(cfg: RunConfig, source: Optional[Source],
         return _build_statistics(cfg, source, stored)
 
 
-def _build_statistics(cfg: RunConfig, source: Optional[Source],
-                      stored: Optional[Callable[[str], Mapping[str, np.ndarray]]] = None) -> list[Statistic]:
+def _build_statistics(
+    cfg: RunConfig, source: Source | None, stored: Callable[[str], Mapping[str, np.ndarray]] | None = None
+) -> list[Statistic]:
     """The statistics a configuration asks for, with resolved direction banks and τ grids.
 
     ``stored(name)``, when given, returns a committed statistic's arrays: its direction
@@ -887,7 +939,7 @@ def _build_statistics(cfg: RunConfig, source: Optional[Source],
 
     m = label_outputs(source) if source is not None else _stored_outputs(sections, stored) if stored else None
 
-    def family(make: Callable[[Optional[int]], Statistic]) -> Statistic:
+    def family(make: Callable[[int | None], Statistic]) -> Statistic:
         # make(j): the statistic of output j (j None: of the scalar label)
         return make(None) if m is None else PerOutput(make(j) for j in range(m))
 
@@ -905,12 +957,21 @@ def _build_statistics(cfg: RunConfig, source: Optional[Source],
             g = stored(name)["direction"] if stored else direction_bank(section, d, cfg.seed)
             control = None
             if section.control:
-                control = ((stored(name)["control_mean"], stored(name)["control_beta"]) if stored else
-                           linear_control(source, cfg.seed, section.control_samples))
-            out.append(family(lambda j: ContractedMoments(
-                g, section.orders, None if control is None else (_of_output(control[0], j, 0),
-                                                                 _of_output(control[1], j, 1)),
-                _contracted_expansion(section, d, m, j))))
+                control = (
+                    (stored(name)["control_mean"], stored(name)["control_beta"])
+                    if stored
+                    else linear_control(source, cfg.seed, section.control_samples)
+                )
+            out.append(
+                family(
+                    lambda j: ContractedMoments(
+                        g,
+                        section.orders,
+                        None if control is None else (_of_output(control[0], j, 0), _of_output(control[1], j, 1)),
+                        _contracted_expansion(section, d, m, j),
+                    )
+                )
+            )
         elif name == "filtered":
             if stored:
                 arrays = stored(name)
@@ -925,8 +986,9 @@ def _build_statistics(cfg: RunConfig, source: Optional[Source],
                 tau, q = arrays["tau"], arrays.get("quantile")
             else:
                 tau, q = residual_grid(section, source, cfg.seed, basis, nets)
-            out.append(family(lambda j: ResidualFilteredMoments(d, basis, nets, _of_output(tau, j, 2),
-                                                                _of_output(q, j, 1))))
+            out.append(
+                family(lambda j: ResidualFilteredMoments(d, basis, nets, _of_output(tau, j, 2), _of_output(q, j, 1)))
+            )
         elif name == "projected_hermite":
             basis, expansion = projected_setup(section, d)
             out.append(family(lambda j: ProjectedHermite(d, basis, section.max_order, expansion)))
@@ -961,14 +1023,14 @@ class Partial:
         return self.chunk_stop - self.chunk_start
 
     @classmethod
-    def empty(cls, stats: Iterable[Statistic], at: int = 0) -> "Partial":
+    def empty(cls, stats: Iterable[Statistic], at: int = 0) -> Partial:
         p = cls(at, at)
         for s in stats:
             p.sums[s.name] = s.init()
             p.sumsq[s.name] = {k: np.zeros(v.shape) for k, v in s.terms_schema().items()}
         return p
 
-    def add(self, other: "Partial") -> "Partial":
+    def add(self, other: Partial) -> Partial:
         """Add the partial of the chunks right after this one, in place (order matters for bits)."""
         if other.chunk_start != self.chunk_stop:
             raise ValueError(
@@ -987,8 +1049,9 @@ class Partial:
         return sum(v.nbytes for g in (self.sums, self.sumsq) for a in g.values() for v in a.values())
 
 
-def accumulate_chunks(stats: list[Statistic], source: Source, seed: int, chunk_size: int,
-                      chunk_start: int, chunk_stop: int) -> Partial:
+def accumulate_chunks(
+    stats: list[Statistic], source: Source, seed: int, chunk_size: int, chunk_start: int, chunk_stop: int
+) -> Partial:
     """Reduce chunks ``[chunk_start, chunk_stop)`` into one :class:`Partial`, in chunk order."""
     part = Partial.empty(stats, chunk_start)
     for chunk_id in range(chunk_start, chunk_stop):

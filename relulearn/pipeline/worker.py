@@ -18,7 +18,7 @@ not import relulearn at module level on the worker, so it is shipped by value.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["platform_id", "tune_malloc", "worker_setup_plugin", "probe_source", "dask_setup", "make_probe"]
 
@@ -56,8 +56,11 @@ def platform_id() -> str:
     import numpy as np
     from threadpoolctl import threadpool_info
 
-    blas = [f"{i.get('internal_api', '?')} {i.get('version', '?')} {i.get('architecture') or ''}".strip()
-            for i in threadpool_info() if i.get("user_api") == "blas"]
+    blas = [
+        f"{i.get('internal_api', '?')} {i.get('version', '?')} {i.get('architecture') or ''}".strip()
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    ]
     # sorted: threadpoolctl lists the loaded libraries (numpy's and scipy's OpenBLAS) in load order,
     # which differs between processes; the id must not
     return f"numpy {np.__version__}; " + (", ".join(sorted(blas)) if blas else "no BLAS found")
@@ -93,11 +96,11 @@ def dask_setup(worker: Any) -> None:  # noqa: ARG001 - the --preload hook's sign
     _single_blas_thread()
 
 
-def try_imports(modules: list[str]) -> dict[str, Optional[str]]:
+def try_imports(modules: list[str]) -> dict[str, str | None]:
     """Import each module; None where it worked, else the error (run on every worker)."""
     import importlib
 
-    out: dict[str, Optional[str]] = {}
+    out: dict[str, str | None] = {}
     for m in modules:
         try:
             importlib.import_module(m)
@@ -110,7 +113,7 @@ def try_imports(modules: list[str]) -> dict[str, Optional[str]]:
 # The probe runs on workers that may lack relulearn or have another version, so it must not
 # be pickled by reference to this module: it is compiled from this source under a module
 # name that does not exist on any worker, and cloudpickle then ships it by value.
-probe_source = '''
+probe_source = """
 def worker_probe():
     import os, sys
     info = {"executable": sys.executable}
@@ -122,7 +125,7 @@ def worker_probe():
         info["relulearn"] = None
         info["relulearn_error"] = f"{type(err).__name__}: {err}"
     return info
-'''
+"""
 
 
 def make_probe():

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import html
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -32,22 +32,45 @@ from . import common
 from ._plot import Figure, plt
 from .methods import METHOD_FIGURES, method_figures
 
-__all__ = ["Figure", "FIGURES", "FRAME_COLOURS", "report_figures", "render_html", "write_report", "plt"]
+__all__ = [
+    "Figure",
+    "FIGURES",
+    "FRAME_COLOURS",
+    "METHOD_FIGURES",
+    "method_figures",
+    "report_figures",
+    "render_html",
+    "write_report",
+    "plt",
+]
 
 #: the common figures of every report, in order: (name, title)
-FIGURES = (("spectra", "Eigenvalue spectra with error bars and noise floor"),
-           ("tau", "Filter thresholds τ and P[|y| > τ]"),
-           ("learning", "Learning curves of the last learn"),
-           ("units", "Learned vs teacher units"),
-           ("samples", "Test error against samples, as the store was extended"))
+FIGURES = (
+    ("spectra", "Eigenvalue spectra with error bars and noise floor"),
+    ("tau", "Filter thresholds τ and P[|y| > τ]"),
+    ("learning", "Learning curves of the last learn"),
+    ("units", "Learned vs teacher units"),
+    ("samples", "Test error against samples, as the store was extended"),
+)
 
 #: fresh teacher samples on which every recorded network's test error is measured
 TEST_SAMPLES = 50_000
 
 #: a distinct frame colour per figure (a screenshot test finds every figure by it)
-FRAME_COLOURS = {"spectra": "#d62728", "tau": "#2ca02c", "learning": "#1f77b4", "units": "#9467bd",
-                 "samples": "#ff7f0e", "degree": "#8c564b", "objective": "#e377c2", "angles": "#17becf",
-                 "decomposition": "#bcbd22", "outputs": "#7f7f7f", "filtered": "#393b79", "passes": "#637939"}
+FRAME_COLOURS = {
+    "spectra": "#d62728",
+    "tau": "#2ca02c",
+    "learning": "#1f77b4",
+    "units": "#9467bd",
+    "samples": "#ff7f0e",
+    "degree": "#8c564b",
+    "objective": "#e377c2",
+    "angles": "#17becf",
+    "decomposition": "#bcbd22",
+    "outputs": "#7f7f7f",
+    "filtered": "#393b79",
+    "passes": "#637939",
+}
 
 
 # ------------------------------------------------------------------- html
@@ -55,10 +78,13 @@ FRAME_COLOURS = {"spectra": "#d62728", "tau": "#2ca02c", "learning": "#1f77b4", 
 
 def render_html(figures: list[Figure], heading: str, facts: list[tuple[str, str]]) -> str:
     """One self-contained page: a table of facts, then every figure (PNG as a data URL) with its caption."""
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(heading)}</title>",
-             "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}td{padding:2px 12px}"
-             "figure{margin:18px 0}img{display:block;max-width:100%}figcaption{color:#444;font-size:90%}"
-             "</style></head><body>", f"<h1>{html.escape(heading)}</h1><table>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(heading)}</title>",
+        "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}td{padding:2px 12px}"
+        "figure{margin:18px 0}img{display:block;max-width:100%}figcaption{color:#444;font-size:90%}"
+        "</style></head><body>",
+        f"<h1>{html.escape(heading)}</h1><table>",
+    ]
     parts += [f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in facts]
     parts.append("</table>")
     for f in figures:
@@ -67,15 +93,22 @@ def render_html(figures: list[Figure], heading: str, facts: list[tuple[str, str]
             parts.append(f"<p><em>Not drawn: {html.escape(f.caption)}</em></p>")
             continue
         data = base64.b64encode(f.png).decode()
-        parts.append(f"<figure id='{f.name}'><img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}' "
-                     f"style='border:6px solid {FRAME_COLOURS[f.name]}'><figcaption>{html.escape(f.caption)}"
-                     "</figcaption></figure>")
+        parts.append(
+            f"<figure id='{f.name}'><img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}' "
+            f"style='border:6px solid {FRAME_COLOURS[f.name]}'><figcaption>{html.escape(f.caption)}"
+            "</figcaption></figure>"
+        )
     parts.append("</body></html>")
     return "".join(parts)
 
 
-def report_figures(store: str, *, model: Optional[Any] = None, teacher: Optional[Any] = None,
-                   test: Optional[tuple[np.ndarray, np.ndarray]] = None) -> list[Figure]:
+def report_figures(
+    store: str,
+    *,
+    model: Any | None = None,
+    teacher: Any | None = None,
+    test: tuple[np.ndarray, np.ndarray] | None = None,
+) -> list[Figure]:
     """The figures of :data:`FIGURES` and of the last learn's method for ``store`` (and a learned ``model``
     against a ``teacher`` network, whose samples ``test`` measure every recorded network)."""
     from ..storage import RunStore, open_store
@@ -84,12 +117,19 @@ def report_figures(store: str, *, model: Optional[Any] = None, teacher: Optional
     stats = {name: run.arrays(name) for name in run.statistics}
     records = RunStore(store).records("learn")
     last = records[-1] if records else None
-    return [common.spectra(stats), common.tau(stats), *method_figures(last), common.learning(last),
-            common.units(model, teacher), common.samples(records, teacher, test)]
+    return [
+        common.spectra(stats),
+        common.tau(stats),
+        *method_figures(last),
+        common.learning(last),
+        common.units(model, teacher),
+        common.samples(records, teacher, test),
+    ]
 
 
-def write_report(store: str, out: str | Path, *, model: Optional[str] = None,
-                 teacher: Optional[str] = None) -> dict[str, Any]:
+def write_report(
+    store: str, out: str | Path, *, model: str | None = None, teacher: str | None = None
+) -> dict[str, Any]:
     """Write the HTML report of ``store`` to ``out``; returns what was drawn and what was not (and why)."""
     from ..api import status
     from ..polynomial import load_model
@@ -105,18 +145,25 @@ def write_report(store: str, out: str | Path, *, model: Optional[str] = None,
         test = (x, y[:, 0] if y.shape[1] == 1 else y)
     figs = report_figures(store, model=net, teacher=t_net, test=test)
     st = status(store)
-    facts = [("store", store), ("samples", f"{st.get('samples', 0):,}"),
-             ("statistics", ", ".join(st.get("statistics", []))), ("seeds", str(st.get("seeds")))]
+    facts = [
+        ("store", store),
+        ("samples", f"{st.get('samples', 0):,}"),
+        ("statistics", ", ".join(st.get("statistics", []))),
+        ("seeds", str(st.get("seeds"))),
+    ]
     if model is not None:
         facts.append(("model", str(model)))
     if teacher is not None:
         facts.append(("teacher", str(teacher)))
     page = render_html(figs, f"relulearn report: {Path(store).name}", facts)
     write_text(out, page)
-    return {"out": str(out), "bytes": len(page.encode()),
-            "figures": [f.name for f in figs if f.png is not None],
-            "not_drawn": {f.name: f.caption for f in figs if f.png is None},
-            "overlaps": {f.name: list(f.overlaps) for f in figs if f.overlaps}}
+    return {
+        "out": str(out),
+        "bytes": len(page.encode()),
+        "figures": [f.name for f in figs if f.png is not None],
+        "not_drawn": {f.name: f.caption for f in figs if f.png is None},
+        "overlaps": {f.name: list(f.overlaps) for f in figs if f.overlaps},
+    }
 
 
 def _teacher_network(teacher: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +20,7 @@ class Figure:
     name: str
     title: str
     caption: str
-    png: Optional[bytes] = None
+    png: bytes | None = None
     overlaps: tuple[str, ...] = ()  # pairs of texts drawn over each other (none in a good figure)
 
 
@@ -35,8 +35,10 @@ def plt() -> Any:
     except ImportError:
         from ..errors import MissingDependencyError
 
-        raise MissingDependencyError("relulearn report draws with matplotlib, which is not installed: "
-                                     "pip install 'relulearn[report]' (or pip install matplotlib)") from None
+        raise MissingDependencyError(
+            "relulearn report draws with matplotlib, which is not installed: "
+            "pip install 'relulearn[report]' (or pip install matplotlib)"
+        ) from None
     return pyplot
 
 
@@ -88,8 +90,7 @@ def panels(count: int, *, width: float = 3.6, height: float = 3.0, columns: int 
     cells of the last row are hidden."""
     cols = max(1, min(columns, count))
     rows = -(-count // cols)
-    fig, axes = plt().subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False,
-                               layout="constrained")
+    fig, axes = plt().subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, layout="constrained")
     flat = list(axes.ravel())
     for ax in flat[count:]:
         ax.set_visible(False)
@@ -103,7 +104,7 @@ def integer_axis(axis: Any) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))
 
 
-def log_bars(ax: Any, values: np.ndarray, *, color: str, label: Optional[str] = None) -> int:
+def log_bars(ax: Any, values: np.ndarray, *, color: str, label: str | None = None) -> int:
     """Bars of ``values`` on a log axis; a bar at or below :data:`EXACT` is drawn at it, hatched, and the axis
     says so. NaN values (nothing to compare) get no bar. Returns how many bars were clipped."""
     vals = np.asarray(values, dtype=float)
@@ -112,8 +113,7 @@ def log_bars(ax: Any, values: np.ndarray, *, color: str, label: Optional[str] = 
     shown = np.where(clipped, EXACT, vals)
     ax.bar(idx[~clipped], shown[~clipped], color=color, label=label)
     if clipped.any():
-        ax.bar(idx[clipped], shown[clipped], color="white", edgecolor=color, hatch="///",
-               label="exact (≤ 10⁻¹⁵)")
+        ax.bar(idx[clipped], shown[clipped], color="white", edgecolor=color, hatch="///", label="exact (≤ 10⁻¹⁵)")
     ax.set_yscale("log")
     top = np.nanmax(np.r_[shown[np.isfinite(shown)], EXACT * 10])
     ax.set_ylim(EXACT / 10, max(top * 10, EXACT * 100))

@@ -3,7 +3,7 @@ grid, the stages of the last learn, learned against teacher units, and the learn
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -53,8 +53,9 @@ def spectra(stats: dict) -> Figure:
     title = "Eigenvalue spectra with error bars and noise floor"
     mats, ses, names = second_moments(stats)
     if not mats:
-        return Figure("spectra", title, "no second-moment family in the store (contracted, filtered, hermite or "
-                      "output_moments)")
+        return Figure(
+            "spectra", title, "no second-moment family in the store (contracted, filtered, hermite or output_moments)"
+        )
     found = spectral.relevant_subspace(mats, ses, names=names).to_dict().get("spectra", [])[:MAX_SPECTRA]
     fig, axes = panels(len(found))
     for ax, sp in zip(axes, found):
@@ -69,8 +70,10 @@ def spectra(stats: dict) -> Figure:
         ax.set_xlabel("eigenvalue index (by |λ|)", fontsize=8)
         ax.set_ylabel("eigenvalue ± error bar", fontsize=8)
         integer_axis(ax.xaxis)
-    caption = (f"{len(found)} of {len(mats)} matrices; dashed: ± the noise floor; points outside it are the "
-               "directions the spectral stage keeps")
+    caption = (
+        f"{len(found)} of {len(mats)} matrices; dashed: ± the noise floor; points outside it are the "
+        "directions the spectral stage keeps"
+    )
     return Figure("spectra", title, caption, *drawn(fig))
 
 
@@ -88,11 +91,15 @@ def tau(stats: dict) -> Figure:
     ax.set_xlabel("threshold τ")
     ax.set_ylabel("P[|y| > τ]")
     ax.set_ylim(0, 1)
-    return Figure("tau", title, f"{len(grid)} thresholds of the filtered second moment M_τ = E[1{{|y| > τ}} "
-                  "(xxᵀ − I)]", *drawn(fig))
+    return Figure(
+        "tau",
+        title,
+        f"{len(grid)} thresholds of the filtered second moment M_τ = E[1{{|y| > τ}} (xxᵀ − I)]",
+        *drawn(fig),
+    )
 
 
-def curves(record: Optional[dict]) -> list[tuple[str, list[float]]]:
+def curves(record: dict | None) -> list[tuple[str, list[float]]]:
     """(label, losses) of the stages of a learn report: enumeration stages, candidate answers, refinement."""
     if record is None:
         return []
@@ -120,7 +127,7 @@ def curves(record: Optional[dict]) -> list[tuple[str, list[float]]]:
     return out
 
 
-def learning(record: Optional[dict]) -> Figure:
+def learning(record: dict | None) -> Figure:
     title = "Learning curves of the last learn"
     shown = [(label, [v for v in vals if v is not None and v > 0]) for label, vals in curves(record)]
     shown = [(label, vals) for label, vals in shown if vals]
@@ -134,8 +141,9 @@ def learning(record: Optional[dict]) -> Figure:
     ax.set_ylabel("relative loss")
     integer_axis(ax.xaxis)
     ax.legend(fontsize=8)
-    return Figure("learning", title, f"method {record.get('method')}, {record.get('samples', 0):,} samples",
-                  *drawn(fig))
+    return Figure(
+        "learning", title, f"method {record.get('method')}, {record.get('samples', 0):,} samples", *drawn(fig)
+    )
 
 
 def _unit_rows(net: Any) -> np.ndarray:
@@ -143,19 +151,23 @@ def _unit_rows(net: Any) -> np.ndarray:
     return w / np.linalg.norm(w, axis=1, keepdims=True)
 
 
-def units(model: Optional[Any], teacher: Optional[Any]) -> Figure:
+def units(model: Any | None, teacher: Any | None) -> Figure:
     title = "Learned vs teacher units"
     if model is None or teacher is None:
-        return Figure("units", title, "give --model and --teacher (a network .npz or a config with a network "
-                      "teacher) to compare units")
+        return Figure(
+            "units",
+            title,
+            "give --model and --teacher (a network .npz or a config with a network teacher) to compare units",
+        )
     from ..network import Network, compare
 
     if not isinstance(model, Network) or model.depth != 1 or teacher.depth != 1:
         return Figure("units", title, "units are compared for one-hidden-layer networks")
     ut, ul = _unit_rows(teacher), _unit_rows(model)
     try:
-        error = (f"parameter error {compare(teacher, model).relative_error:.3g} (up to permutation and positive "
-                 "rescaling)")
+        error = (
+            f"parameter error {compare(teacher, model).relative_error:.3g} (up to permutation and positive rescaling)"
+        )
     except ValueError:  # defined for ReLU networks only; the angles are defined for any
         error = f"{teacher.activation} units matched by angle"
     from ..network import RELU_POWERS
@@ -183,8 +195,12 @@ def units(model: Optional[Any], teacher: Optional[Any]) -> Figure:
     sup = {1: "", 2: "²", 3: "³"}.get(power, f"^{power}")
     a2.set_xlabel(f"teacher λ‖u‖{sup}")
     a2.set_ylabel(f"learned λ‖u‖{sup}")
-    return Figure("units", title, f"{error}; unmatched units have no bar; {clipped} angle(s) at or below 10⁻¹⁵ "
-                  "drawn hatched", *drawn(fig))
+    return Figure(
+        "units",
+        title,
+        f"{error}; unmatched units have no bar; {clipped} angle(s) at or below 10⁻¹⁵ drawn hatched",
+        *drawn(fig),
+    )
 
 
 def recorded_network(record: dict) -> Any:
@@ -193,11 +209,13 @@ def recorded_network(record: dict) -> Any:
     arrays = record.get("network")
     if not arrays:
         return None
-    return Network.from_arrays({k: (np.asarray(v, dtype=np.float64) if isinstance(v, list) else np.asarray(v))
-                                for k, v in arrays.items()}, origin="a learn record")
+    return Network.from_arrays(
+        {k: (np.asarray(v, dtype=np.float64) if isinstance(v, list) else np.asarray(v)) for k, v in arrays.items()},
+        origin="a learn record",
+    )
 
 
-def _heldout(record: dict) -> Optional[float]:
+def _heldout(record: dict) -> float | None:
     """The held-out loss a learn reported (a network's validation loss, a polynomial's held-out error)."""
     if record.get("validation_relative_loss") is not None:
         return float(record["validation_relative_loss"])
@@ -206,7 +224,7 @@ def _heldout(record: dict) -> Optional[float]:
     return None if got is None else float(got)
 
 
-def samples(records: list[dict], teacher: Optional[Any], test: Optional[tuple[np.ndarray, np.ndarray]]) -> Figure:
+def samples(records: list[dict], teacher: Any | None, test: tuple[np.ndarray, np.ndarray] | None) -> Figure:
     """Test error of every recorded network on the teacher's fresh samples (with ``--teacher``), else the
     held-out loss each learn reported, against the samples the store held."""
     title = "Test error against samples, as the store was extended"

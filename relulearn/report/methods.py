@@ -5,7 +5,7 @@ pictures are the common ones (spectra, learning curves, units)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -16,14 +16,14 @@ from .common import recorded_network
 MAX_PANELS = 6
 
 
-def _report(record: Optional[dict]) -> dict:
+def _report(record: dict | None) -> dict:
     return (record or {}).get("report") or {}
 
 
 # ------------------------------------------------------------------------------------------- polynomial
 
 
-def degree(record: Optional[dict]) -> Figure:
+def degree(record: dict | None) -> Figure:
     title = "Held-out error against degree, with the Hermite tail and the variance term"
     rep = _report(record)
     if not rep.get("degrees") or not rep.get("held_out_error"):
@@ -31,9 +31,11 @@ def degree(record: Optional[dict]) -> Figure:
     deg = np.asarray(rep["degrees"], dtype=float)
     fig, axes = panels(1, width=5.5, height=3.4)
     ax = axes[0]
-    for key, label, style in (("held_out_error", "held-out error", "o-"), ("tail", "Hermite tail past the degree",
-                                                                          "s--"),
-                              ("predicted_variance", "variance of the estimated coefficients", "^:")):
+    for key, label, style in (
+        ("held_out_error", "held-out error", "o-"),
+        ("tail", "Hermite tail past the degree", "s--"),
+        ("predicted_variance", "variance of the estimated coefficients", "^:"),
+    ):
         vals = np.asarray(rep.get(key) or [np.nan] * len(deg), dtype=float)
         ax.semilogy(deg, np.maximum(vals, 1e-30), style, ms=4, label=label)
     chosen = rep.get("degree")
@@ -43,15 +45,20 @@ def degree(record: Optional[dict]) -> Figure:
     ax.set_ylabel("relative error")
     integer_axis(ax.xaxis)
     ax.legend(fontsize=8)
-    return Figure("degree", title, f"degree {chosen} chosen by {rep.get('degree_chosen_by', 'held-out error')} "
-                  f"({rep.get('held_out_samples', 0):,} held-out samples); tail: the label energy the degree leaves "
-                  "out; variance: what estimating the coefficients adds", *drawn(fig))
+    return Figure(
+        "degree",
+        title,
+        f"degree {chosen} chosen by {rep.get('degree_chosen_by', 'held-out error')} "
+        f"({rep.get('held_out_samples', 0):,} held-out samples); tail: the label energy the degree leaves "
+        "out; variance: what estimating the coefficients adds",
+        *drawn(fig),
+    )
 
 
 # -------------------------------------------------------------------------------------------- landscape
 
 
-def objective(record: Optional[dict]) -> Figure:
+def objective(record: dict | None) -> Figure:
     title = "The objective G over the optimisation, every start"
     rounds = _report(record).get("rounds") or []
     traced = [r for r in rounds if any(s.get("trace") for s in r.get("starts", []))]
@@ -65,23 +72,34 @@ def objective(record: Optional[dict]) -> Figure:
         for s, tr in zip(rnd["starts"], traces):
             if len(tr):
                 best = s.get("start") == rnd.get("best_start")
-                ax.plot(tr[:, 0], np.maximum(tr[:, 1] - lowest, floor), lw=1.6 if best else 0.8,
-                        color="C3" if best else "0.55", label="chosen start" if best else None)
+                ax.plot(
+                    tr[:, 0],
+                    np.maximum(tr[:, 1] - lowest, floor),
+                    lw=1.6 if best else 0.8,
+                    color="C3" if best else "0.55",
+                    label="chosen start" if best else None,
+                )
         ax.set_xscale("symlog", linthresh=1)
         ax.set_yscale("log")
         ax.set_xlabel("L-BFGS iteration")
         ax.set_ylabel(f"G(B) − lowest G ({lowest:.4g})")
         p = rnd.get("parameters", {})
-        ax.set_title(f"round {i + 1}: μ = {p.get('mu', float('nan')):.3g}, λ = {p.get('lambda', float('nan')):.3g}",
-                     fontsize=9)
+        ax.set_title(
+            f"round {i + 1}: μ = {p.get('mu', float('nan')):.3g}, λ = {p.get('lambda', float('nan')):.3g}", fontsize=9
+        )
         ax.legend(fontsize=7)
     starts = len(traced[-1]["starts"])
-    return Figure("objective", title, f"{starts} random starts per round, G above the lowest value any start "
-                  "reached (floored at its rounding level); every start ending at the floor is the landscape showing "
-                  "no spurious local minimum", *drawn(fig))
+    return Figure(
+        "objective",
+        title,
+        f"{starts} random starts per round, G above the lowest value any start "
+        "reached (floored at its rounding level); every start ending at the floor is the landscape showing "
+        "no spurious local minimum",
+        *drawn(fig),
+    )
 
 
-def landscape_angles(record: Optional[dict]) -> Figure:
+def landscape_angles(record: dict | None) -> Figure:
     title = "The landscape's units and the polished network's"
     rep = _report(record)
     before = rep.get("before_polish")
@@ -102,14 +120,19 @@ def landscape_angles(record: Optional[dict]) -> Figure:
     a2.hist(np.degrees(np.arccos(np.clip(cross, 0, 1))), bins=30, range=(0.0, 90.0), color="C0")
     a2.set_xlabel("angle between two learned units (degrees)")
     a2.set_ylabel("pairs of units")
-    return Figure("angles", title, f"{k} units; left: how far the exact polish moved each unit of G's minimum "
-                  f"(hatched: ≤ {EXACT:.0e} rad); right: the units' pairwise angles", *drawn(fig))
+    return Figure(
+        "angles",
+        title,
+        f"{k} units; left: how far the exact polish moved each unit of G's minimum "
+        f"(hatched: ≤ {EXACT:.0e} rad); right: the units' pairwise angles",
+        *drawn(fig),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ exact
 
 
-def decomposition(record: Optional[dict]) -> Figure:
+def decomposition(record: dict | None) -> Figure:
     title = "The decomposition: spectrum of the subspace and the tensor's residuals"
     rep = _report(record)
     sub, ten = rep.get("subspace") or {}, rep.get("tensor") or {}
@@ -130,12 +153,16 @@ def decomposition(record: Optional[dict]) -> Figure:
         log_bars(axes[1], res, color="C2")
         axes[1].set_xlabel("Jennrich step")
         axes[1].set_ylabel("relative residual")
-    return Figure("decomposition", title, f"rank {sub.get('rank')} (vertical line) above the floor; tensor path "
-                  f"{rep.get('path', '?')}, relative residual {ten.get('relative_residual', float('nan')):.3g}",
-                  *drawn(fig))
+    return Figure(
+        "decomposition",
+        title,
+        f"rank {sub.get('rank')} (vertical line) above the floor; tensor path "
+        f"{rep.get('path', '?')}, relative residual {ten.get('relative_residual', float('nan')):.3g}",
+        *drawn(fig),
+    )
 
 
-def outputs(record: Optional[dict]) -> Figure:
+def outputs(record: dict | None) -> Figure:
     title = "Output weights and the exactness check of every output"
     net = recorded_network(record or {})
     if net is None:
@@ -156,14 +183,19 @@ def outputs(record: Optional[dict]) -> Figure:
         axes[1].set_ylabel("relative error on check samples")
         if clipped:
             axes[1].legend(fontsize=7)
-    return Figure("outputs", title, f"{w1.shape[0]} output(s) × {w1.shape[1]} units; right: each output's relative "
-                  "error on fresh check samples (hatched: exact to double precision)", *drawn(fig))
+    return Figure(
+        "outputs",
+        title,
+        f"{w1.shape[0]} output(s) × {w1.shape[1]} units; right: each output's relative "
+        "error on fresh check samples (hatched: exact to double precision)",
+        *drawn(fig),
+    )
 
 
 # ----------------------------------------------------------------------------------------- filtered-pca
 
 
-def filtered_spectra(record: Optional[dict]) -> Figure:
+def filtered_spectra(record: dict | None) -> Figure:
     title = "Filtered spectra per threshold τ"
     steps = _report(record).get("steps") or []
     first = next((s for s in steps if s.get("pass") == "filtered"), None)
@@ -171,12 +203,12 @@ def filtered_spectra(record: Optional[dict]) -> Figure:
     if not spectra:
         return Figure("filtered", title, "no filtered-pca learn with its filtered spectra recorded")
     grid = first.get("grid") or []
-    prob = [g.get("prob", np.nan) for g in grid][:len(spectra)]
+    prob = [g.get("prob", np.nan) for g in grid][: len(spectra)]
     top = 8
     ratio = np.full((len(spectra), top), np.nan)
     for i, sp in enumerate(spectra):
         ev = np.sort(np.abs(np.asarray(sp["eigenvalues"], dtype=float)))[::-1][:top]
-        ratio[i, :len(ev)] = ev / max(float(sp["floor"]), 1e-300)
+        ratio[i, : len(ev)] = ev / max(float(sp["floor"]), 1e-300)
     fig, axes = panels(1, width=5.5, height=3.4)
     ax = axes[0]
     x = np.asarray(prob, dtype=float) if len(prob) == len(spectra) else np.arange(len(spectra))
@@ -190,11 +222,16 @@ def filtered_spectra(record: Optional[dict]) -> Figure:
     ax.set_xlabel("P[|y| > τ] (the filter keeps this share of samples)")
     ax.set_ylabel("|eigenvalue| / noise floor")
     ax.legend(fontsize=7, ncol=2)
-    return Figure("filtered", title, f"{len(spectra)} thresholds; the {top} largest eigenvalues of each M_τ in "
-                  f"units of its noise floor; {first.get('added', 0)} direction(s) kept from this pass", *drawn(fig))
+    return Figure(
+        "filtered",
+        title,
+        f"{len(spectra)} thresholds; the {top} largest eigenvalues of each M_τ in "
+        f"units of its noise floor; {first.get('added', 0)} direction(s) kept from this pass",
+        *drawn(fig),
+    )
 
 
-def residual_passes(record: Optional[dict]) -> Figure:
+def residual_passes(record: dict | None) -> Figure:
     title = "The passes: stacked singular values against the threshold"
     steps = [s for s in (_report(record).get("steps") or []) if (s.get("subspace") or {}).get("threshold")]
     if not steps:
@@ -206,8 +243,15 @@ def residual_passes(record: Optional[dict]) -> Figure:
         sv = np.asarray(sub.get("singular_values") or [], dtype=float)[:16]
         ax.set_title(f"{s.get('pass')}: {s.get('added', 0)} added", fontsize=9)
         if not len(sv):  # no matrix of the pass had an eigenvalue past its floor
-            ax.text(0.5, 0.5, "no eigenvalue past\nits noise floor", ha="center", va="center",
-                    transform=ax.transAxes, fontsize=9)
+            ax.text(
+                0.5,
+                0.5,
+                "no eigenvalue past\nits noise floor",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=9,
+            )
             ax.set_xticks([])
             ax.set_yticks([])
             continue
@@ -218,12 +262,17 @@ def residual_passes(record: Optional[dict]) -> Figure:
         ax.set_ylabel("singular value")
         integer_axis(ax.xaxis)
     total = sum(int(s.get("added", 0)) for s in steps)
-    return Figure("passes", title, f"{len(steps)} pass(es), {total} direction(s) in all; dashed: the threshold a "
-                  "direction must pass (the union bound over the pass's matrices)", *drawn(fig))
+    return Figure(
+        "passes",
+        title,
+        f"{len(steps)} pass(es), {total} direction(s) in all; dashed: the threshold a "
+        "direction must pass (the union bound over the pass's matrices)",
+        *drawn(fig),
+    )
 
 
 #: each method's own figures, after the common ones
-METHOD_FIGURES: dict[str, tuple[Callable[[Optional[dict]], Figure], ...]] = {
+METHOD_FIGURES: dict[str, tuple[Callable[[dict | None], Figure], ...]] = {
     "polynomial": (degree,),
     "landscape": (objective, landscape_angles),
     "exact": (decomposition, outputs),
@@ -231,9 +280,7 @@ METHOD_FIGURES: dict[str, tuple[Callable[[Optional[dict]], Figure], ...]] = {
 }
 
 
-def method_figures(record: Optional[dict]) -> list[Figure]:
+def method_figures(record: dict | None) -> list[Figure]:
     """The figures of the method of ``record`` (a learn's record; none for a method without its own)."""
     method = (record or {}).get("method")
     return [fn(record) for fn in METHOD_FIGURES.get(str(method), ())]
-
-

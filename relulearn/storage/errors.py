@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["StoreError", "NotAStoreError", "StoreDamagedError", "Damage", "RESTORE_HINT"]
 
@@ -73,8 +74,7 @@ class StoreDamagedError(StoreError):
         With a damaged root: the relulearn data found next to it (``it holds g000003/, records/``).
     """
 
-    def __init__(self, url: str, damages: Sequence[Damage], *, root: bool = False, found: str = "",
-                 hint: str = ""):
+    def __init__(self, url: str, damages: Sequence[Damage], *, root: bool = False, found: str = "", hint: str = ""):
         self.url, self.damages, self.root, self.found = url, list(damages), root, found
         shown = "; ".join(d.describe() for d in self.damages[:3])
         more = len(self.damages) - 3

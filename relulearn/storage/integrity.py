@@ -30,7 +30,8 @@ import hashlib
 import itertools
 import json
 import math
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import google_crc32c
 import numpy as np
@@ -39,9 +40,25 @@ from zarr.core.buffer import default_buffer_prototype
 
 from .errors import Damage
 
-__all__ = ["ALGORITHM", "INTEGRITY_VERSION", "array_codecs", "chunk_coords", "chunk_key", "encode_chunks",
-           "new_manifest", "add_chunk", "add_document", "digest", "root_digest", "seal_root", "check_root",
-           "check_chunks", "check_documents", "check_sizes", "ArrayInfo"]
+__all__ = [
+    "ALGORITHM",
+    "INTEGRITY_VERSION",
+    "array_codecs",
+    "chunk_coords",
+    "chunk_key",
+    "encode_chunks",
+    "new_manifest",
+    "add_chunk",
+    "add_document",
+    "digest",
+    "root_digest",
+    "seal_root",
+    "check_root",
+    "check_chunks",
+    "check_documents",
+    "check_sizes",
+    "ArrayInfo",
+]
 
 #: the digest of chunks and documents in the manifest
 ALGORITHM = "sha256"
@@ -129,13 +146,16 @@ def seal_root(doc: dict[str, Any]) -> None:
     doc["attributes"]["relulearn"]["integrity"]["digest"] = root_digest(doc)
 
 
-def check_root(doc: Mapping[str, Any]) -> Optional[Damage]:
+def check_root(doc: Mapping[str, Any]) -> Damage | None:
     """The root document's damage, or None when it matches its digest (or predates checksums)."""
     integrity = doc.get("attributes", {}).get("relulearn", {}).get("integrity")
     if integrity is None:
         return None
-    if not isinstance(integrity, dict) or not isinstance(integrity.get("chunks"), dict) \
-            or not isinstance(integrity.get("documents"), dict):
+    if (
+        not isinstance(integrity, dict)
+        or not isinstance(integrity.get("chunks"), dict)
+        or not isinstance(integrity.get("documents"), dict)
+    ):
         return Damage("root", "zarr.json", "", "has an unreadable manifest")
     if integrity.get("digest") != root_digest(doc):
         return Damage("root", "zarr.json", "", f"does not match its {ALGORITHM} digest")
@@ -181,7 +201,7 @@ class ArrayInfo:
         return out
 
 
-def _chunk_problem(data: Optional[bytes], info: ArrayInfo, entry: Optional[Sequence[Any]]) -> Optional[str]:
+def _chunk_problem(data: bytes | None, info: ArrayInfo, entry: Sequence[Any] | None) -> str | None:
     if data is None:
         return "is missing"
     size = int(entry[0]) if entry is not None else (info.payload + 4 * info.crc if info.raw else None)
@@ -196,14 +216,18 @@ def _chunk_problem(data: Optional[bytes], info: ArrayInfo, entry: Optional[Seque
     return None
 
 
-async def _get(store: Store, key: str) -> Optional[bytes]:
+async def _get(store: Store, key: str) -> bytes | None:
     buf = await store.get(key, default_buffer_prototype())
     return None if buf is None else buf.to_bytes()
 
 
-async def check_chunks(store: Store, generation: str, arrays: Sequence[ArrayInfo],
-                       manifest: Optional[Mapping[str, Any]], keep: Optional[dict[str, dict[str, bytes]]] = None
-                       ) -> tuple[list[Damage], dict[str, int]]:
+async def check_chunks(
+    store: Store,
+    generation: str,
+    arrays: Sequence[ArrayInfo],
+    manifest: Mapping[str, Any] | None,
+    keep: dict[str, dict[str, bytes]] | None = None,
+) -> tuple[list[Damage], dict[str, int]]:
     """Read every chunk of ``arrays`` (of ``generation``) and compare it with the manifest (or, for a store
     written before checksums, with what its metadata implies). ``keep``, when given, receives the bytes read,
     ``{array path: {key: bytes}}`` (for :meth:`ArrayInfo.decode`).
@@ -214,13 +238,14 @@ async def check_chunks(store: Store, generation: str, arrays: Sequence[ArrayInfo
         Every damaged chunk, and the number of chunks checked per array.
     """
     listed = None if manifest is None else manifest.get("chunks", {})
-    jobs: list[tuple[ArrayInfo, str, Optional[Sequence[Any]]]] = []
+    jobs: list[tuple[ArrayInfo, str, Sequence[Any] | None]] = []
     damages: list[Damage] = []
     for info in arrays:
         entries = None if listed is None else listed.get(info.path)
         if listed is not None and entries is None:
-            damages.append(Damage(info.path, f"{generation}/{info.path}/zarr.json", "",
-                                  "is not in the commit's manifest"))
+            damages.append(
+                Damage(info.path, f"{generation}/{info.path}/zarr.json", "", "is not in the commit's manifest")
+            )
             continue
         for key in info.keys():
             jobs.append((info, key, None if entries is None else entries.get(key)))
@@ -229,7 +254,7 @@ async def check_chunks(store: Store, generation: str, arrays: Sequence[ArrayInfo
     for (info, key, entry), data in zip(jobs, found):
         checked[info.path] += 1
         if listed is not None and entry is None:
-            problem: Optional[str] = "is not in the commit's manifest"
+            problem: str | None = "is not in the commit's manifest"
         else:
             problem = _chunk_problem(data, info, entry)
         if problem is not None:
@@ -239,8 +264,9 @@ async def check_chunks(store: Store, generation: str, arrays: Sequence[ArrayInfo
     return damages, checked
 
 
-async def check_documents(store: Store, generation: str, paths: Sequence[str],
-                          manifest: Optional[Mapping[str, Any]]) -> list[Damage]:
+async def check_documents(
+    store: Store, generation: str, paths: Sequence[str], manifest: Mapping[str, Any] | None
+) -> list[Damage]:
     """Read the metadata documents of ``paths`` (groups and arrays of ``generation``, relative to it; ``""``
     is the generation's own group) and compare each with the manifest (without one: readable JSON)."""
     docs = [f"{p}/zarr.json" if p else "zarr.json" for p in paths]
@@ -257,8 +283,16 @@ async def check_documents(store: Store, generation: str, paths: Sequence[str],
                 damages.append(Damage(owner, key, "", "is not in the commit's manifest"))
             elif len(data) != listed[doc][0]:
                 size = listed[doc][0]
-                damages.append(Damage(owner, key, "", f"is truncated ({len(data)} of {size} bytes)" if len(data) < size
-                                      else f"has {len(data)} bytes where {size} were written"))
+                damages.append(
+                    Damage(
+                        owner,
+                        key,
+                        "",
+                        f"is truncated ({len(data)} of {size} bytes)"
+                        if len(data) < size
+                        else f"has {len(data)} bytes where {size} were written",
+                    )
+                )
             elif digest(data) != listed[doc][1]:
                 damages.append(Damage(owner, key, "", f"does not match its {ALGORITHM} in the commit's manifest"))
         else:

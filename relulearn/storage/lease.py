@@ -43,15 +43,24 @@ import socket
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from .errors import StoreDamagedError
 from .store import LEASE_KEY, StoreError, _is_local, _local_path, _object_store_errors, storage_options
 
-__all__ = ["HEARTBEAT_SECONDS", "LEASE_TIMEOUT", "Lease", "LeaseInfo", "StoreLockedError", "LeaseLostError",
-           "read_lease", "writing"]
+__all__ = [
+    "HEARTBEAT_SECONDS",
+    "LEASE_TIMEOUT",
+    "Lease",
+    "LeaseInfo",
+    "StoreLockedError",
+    "LeaseLostError",
+    "read_lease",
+    "writing",
+]
 
 #: seconds between two heartbeats of a live lease
 HEARTBEAT_SECONDS = 5.0
@@ -63,7 +72,7 @@ def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 
 
-def _process_start(pid: int) -> Optional[int]:
+def _process_start(pid: int) -> int | None:
     """When process ``pid`` started, in clock ticks since boot (Linux), or None where unknown."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -75,7 +84,7 @@ def _process_start(pid: int) -> Optional[int]:
         return None
 
 
-def _gone(pid: int, process_start: Optional[int]) -> Optional[str]:
+def _gone(pid: int, process_start: int | None) -> str | None:
     """Why process ``pid`` of this host, started at ``process_start``, is no longer running, or None when it
     is (or may be: another user's process, or a system without start times)."""
     try:
@@ -102,9 +111,9 @@ class LeaseInfo:
     heartbeat: str
     user: str = ""
     command: str = ""
-    process_start: Optional[int] = None
+    process_start: int | None = None
 
-    def seconds_since_heartbeat(self, now: Optional[_dt.datetime] = None) -> float:
+    def seconds_since_heartbeat(self, now: _dt.datetime | None = None) -> float:
         """Seconds since the last heartbeat (inf when the time cannot be read)."""
         try:
             beat = _dt.datetime.fromisoformat(self.heartbeat)
@@ -114,7 +123,7 @@ class LeaseInfo:
             beat = beat.replace(tzinfo=_dt.timezone.utc)
         return ((now or _now()) - beat).total_seconds()
 
-    def stale_reason(self, timeout: Optional[float] = None) -> Optional[str]:
+    def stale_reason(self, timeout: float | None = None) -> str | None:
         """Why the lease is stale, or None for a live lease.
 
         Parameters
@@ -139,7 +148,7 @@ class LeaseInfo:
         ago = "" if age == float("inf") else f" ({age:.0f} s ago)"
         return f"{who} on {self.host}, since {self.started}, last heartbeat {self.heartbeat}{ago}"
 
-    def to_dict(self, timeout: Optional[float] = None) -> dict[str, Any]:
+    def to_dict(self, timeout: float | None = None) -> dict[str, Any]:
         """The stored fields, with ``stale``: the reason the lease is stale, or None."""
         return dict(asdict(self), stale=self.stale_reason(timeout))
 
@@ -157,30 +166,36 @@ class StoreLockedError(StoreError):
         Why the lease is stale, or None when its holder is live.
     """
 
-    def __init__(self, url: str, lease: Optional[LeaseInfo], stale: Optional[str], *, broken: bool = False):
+    def __init__(self, url: str, lease: LeaseInfo | None, stale: str | None, *, broken: bool = False):
         self.url, self.lease, self.stale = url, lease, stale
         holder = lease.describe() if lease is not None else "a writer whose lease document cannot be read"
         if stale is None:
-            message = (f"{url} is locked: {holder} is writing it. Only one writer may write a store at a time; "
-                       "wait for it to finish or stop it, then run again (a live lease is never broken)")
+            message = (
+                f"{url} is locked: {holder} is writing it. Only one writer may write a store at a time; "
+                "wait for it to finish or stop it, then run again (a live lease is never broken)"
+            )
         elif broken:
             message = f"{url}: could not break its stale lease ({holder}); another writer took it first"
         else:
-            message = (f"{url} is locked by a stale lease: {holder}; stale because {stale}. Check that no "
-                       "writer is still running on it, then run again with --break-lock (Python: break_lock=True) "
-                       "to break the lease; the store reads as its last commit")
+            message = (
+                f"{url} is locked by a stale lease: {holder}; stale because {stale}. Check that no "
+                "writer is still running on it, then run again with --break-lock (Python: break_lock=True) "
+                "to break the lease; the store reads as its last commit"
+            )
         super().__init__(message)
 
 
 class LeaseLostError(StoreLockedError):
     """This writer's lease was broken and taken by another writer; nothing more is committed."""
 
-    def __init__(self, url: str, lease: Optional[LeaseInfo]):
+    def __init__(self, url: str, lease: LeaseInfo | None):
         self.url, self.lease, self.stale = url, lease, None
         holder = lease.describe() if lease is not None else "nobody (the lease document is gone)"
         StoreError.__init__(
-            self, f"{url}: this writer's lease was broken (--break-lock) and is now held by {holder}; this run "
-            "stopped without committing more. Make sure one writer runs on the store, then resume it")
+            self,
+            f"{url}: this writer's lease was broken (--break-lock) and is now held by {holder}; this run "
+            "stopped without committing more. Make sure one writer runs on the store, then resume it",
+        )
 
 
 # ---------------------------------------------------------------------- the lease document
@@ -195,7 +210,7 @@ class _Local:
         #: the folders this writer created to hold the lease (removed again when left empty)
         self.created: list[Path] = []
 
-    def read(self) -> Optional[bytes]:
+    def read(self) -> bytes | None:
         try:
             return self.path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
@@ -251,7 +266,7 @@ class _Remote:
         self.fs, root = fsspec.core.url_to_fs(url, **(storage_options(url) or {}))
         self.path = f"{root.rstrip('/')}/{LEASE_KEY}"
 
-    def read(self) -> Optional[bytes]:
+    def read(self) -> bytes | None:
         try:
             return self.fs.cat_file(self.path)
         except FileNotFoundError:
@@ -287,7 +302,7 @@ def _document(url: str):
     return _Local(url) if _is_local(url) else _Remote(url)
 
 
-def _parse(raw: bytes) -> Optional[LeaseInfo]:
+def _parse(raw: bytes) -> LeaseInfo | None:
     try:
         doc = json.loads(raw)
         return LeaseInfo(**{k: doc[k] for k in LeaseInfo.__dataclass_fields__ if k in doc})
@@ -295,7 +310,7 @@ def _parse(raw: bytes) -> Optional[LeaseInfo]:
         return None
 
 
-def read_lease(url: str) -> Optional[LeaseInfo | bytes]:
+def read_lease(url: str) -> LeaseInfo | bytes | None:
     """The lease on the store at ``url``: a :class:`LeaseInfo`, the raw bytes of a document that cannot be
     read as one, or None when the store is not locked. Readers (``status``) use it; it takes nothing."""
     with _object_store_errors(url, "read"):
@@ -315,19 +330,27 @@ class Lease:
     def __init__(self, url: str, info: LeaseInfo, doc: Any, heartbeat: float):
         self.url, self.info, self._doc = url, info, doc
         self._stop = threading.Event()
-        self._lost: Optional[LeaseInfo | bytes] = None
+        self._lost: LeaseInfo | bytes | None = None
         self._lost_flag = False
         self._released = False
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         if heartbeat > 0:
-            self._thread = threading.Thread(target=self._beat, args=(heartbeat,), daemon=True,
-                                            name=f"relulearn-lease-heartbeat {url}")
+            self._thread = threading.Thread(
+                target=self._beat, args=(heartbeat,), daemon=True, name=f"relulearn-lease-heartbeat {url}"
+            )
             self._thread.start()
 
     @classmethod
-    def acquire(cls, url: str, *, break_lock: bool = False, heartbeat: float = HEARTBEAT_SECONDS,
-                timeout: Optional[float] = None, new_store_here: bool = False) -> "Lease":
+    def acquire(
+        cls,
+        url: str,
+        *,
+        break_lock: bool = False,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        timeout: float | None = None,
+        new_store_here: bool = False,
+    ) -> Lease:
         """Take the lease of the store at ``url``.
 
         Parameters
@@ -360,8 +383,16 @@ class Lease:
         token = uuid.uuid4().hex
         stamp = _now().isoformat(timespec="milliseconds")
         command = " ".join([Path(sys.argv[0]).name] + sys.argv[1:2]) if sys.argv and sys.argv[0] else ""
-        info = LeaseInfo(holder=token, host=socket.gethostname(), pid=os.getpid(), started=stamp,
-                         heartbeat=stamp, user=_user(), command=command, process_start=_process_start(os.getpid()))
+        info = LeaseInfo(
+            holder=token,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            started=stamp,
+            heartbeat=stamp,
+            user=_user(),
+            command=command,
+            process_start=_process_start(os.getpid()),
+        )
         data = json.dumps(asdict(info), indent=1).encode()
         store = RunStore(url, allow_foreign=new_store_here)
         try:  # something that is not a store (or of a newer format) is refused before a lease is written
@@ -371,8 +402,8 @@ class Lease:
                 raise
         if _is_local(url):
             store.check_writable()
-        found: Optional[LeaseInfo] = None
-        stale: Optional[str] = None
+        found: LeaseInfo | None = None
+        stale: str | None = None
         with _object_store_errors(url, "write"):
             doc = _document(url)
             for _ in range(3):  # a lease released or broken between the attempt and the read is retried
@@ -447,7 +478,7 @@ class Lease:
                 if self._mine():
                     self._doc.remove()
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -462,8 +493,9 @@ def _user() -> str:
 
 
 @contextlib.contextmanager
-def writing(url: str, *, break_lock: bool = False, held: Optional[Lease] = None,
-            new_store_here: bool = False) -> Iterator[Lease]:
+def writing(
+    url: str, *, break_lock: bool = False, held: Lease | None = None, new_store_here: bool = False
+) -> Iterator[Lease]:
     """Hold the lease of ``url`` inside the block: ``held`` when it is already the lease of ``url``, else a
     new one, released when the block ends (also on an exception or KeyboardInterrupt)."""
     if held is not None and held.url == url:

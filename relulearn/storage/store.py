@@ -71,9 +71,10 @@ import datetime as _dt
 import json
 import os
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -141,8 +142,11 @@ def coordinate_names(arrays: Mapping[str, Any]) -> list[str]:
         return []
     estimands = {k[: -len("_se")] for k in arrays if k.endswith("_se") and k[: -len("_se")] in arrays}
     return [
-        k for k in arrays
-        if k != "count" and not k.startswith(("sum_", "sumsq_")) and k not in estimands
+        k
+        for k in arrays
+        if k != "count"
+        and not k.startswith(("sum_", "sumsq_"))
+        and k not in estimands
         and not (k.endswith("_se") and k[: -len("_se")] in estimands)
     ]
 
@@ -219,6 +223,7 @@ def _committed_data(store: Store, children: list[str], *, root: bool, own_lease:
         found.insert(0, "g000000/")
     return found
 
+
 #: arrays up to this many bytes are one chunk; larger stacks of matrices are chunked per matrix
 _WHOLE_CHUNK_BYTES = 64 * 2**20
 
@@ -238,7 +243,7 @@ def _chunks(values: np.ndarray) -> tuple[int, ...]:
 _CONSOLIDATED_EMPTY = {"kind": "inline", "must_understand": False, "metadata": {}}
 
 
-def _group_doc(attributes: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+def _group_doc(attributes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {"zarr_format": 3, "node_type": "group", "attributes": dict(attributes or {})}
 
 
@@ -289,7 +294,7 @@ def _json_buffer(doc: Mapping[str, Any]):
 # ------------------------------------------------------------------------ store objects
 
 
-def storage_options(url: str) -> Optional[dict[str, Any]]:
+def storage_options(url: str) -> dict[str, Any] | None:
     """fsspec options for ``url``. On S3, ``max_concurrency=1``: s3fs then reads an object with
     one GET, instead of a HEAD (to decide on parallel ranged reads, useless for objects of a
     few MB) followed by the GET."""
@@ -308,8 +313,9 @@ def _open_store(url: str, *, read_only: bool) -> Store:
         protocol = url.split("://", 1)[0]
         package = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}.get(protocol)
         fix = f"install {package} (pip install {package})" if package else "install the fsspec package for it"
-        raise StoreError(f"cannot open the store at {url}: {protocol}:// needs a package that is missing ({err}); "
-                         f"{fix}") from None
+        raise StoreError(
+            f"cannot open the store at {url}: {protocol}:// needs a package that is missing ({err}); {fix}"
+        ) from None
 
 
 def _invalidate_listings(store: Store) -> None:
@@ -327,8 +333,9 @@ async def _children(store: Store) -> list[str]:
     return [p.rstrip("/") async for p in store.list_dir("")]
 
 
-async def _write_generation(store: Store | str, gen_name: str, groups: Mapping[str, Mapping[str, ArrayData]]
-                            ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+async def _write_generation(
+    store: Store | str, gen_name: str, groups: Mapping[str, Mapping[str, ArrayData]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Write every group, array and chunk of a generation concurrently; return the metadata documents
     written, ``{path: document}`` (paths relative to the store's root), and the generation's manifest
     (:mod:`~relulearn.storage.integrity`: the size and digest of every object written).
@@ -359,8 +366,9 @@ async def _write_generation(store: Store | str, gen_name: str, groups: Mapping[s
         integrity.add_document(manifest, f"{path}/zarr.json".removeprefix(f"{gen_name}/"), data)
     last = f"{gen_name}/zarr.json"
     prototype = default_buffer_prototype()
-    await asyncio.gather(*(store.set(key, prototype.buffer.from_bytes(data))
-                           for key, data in objects.items() if key != last))
+    await asyncio.gather(
+        *(store.set(key, prototype.buffer.from_bytes(data)) for key, data in objects.items() if key != last)
+    )
     await store.set(last, prototype.buffer.from_bytes(objects[last]))
     return nodes, manifest
 
@@ -385,15 +393,29 @@ def _endpoint(err: BaseException) -> str:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "the default AWS endpoint"
 
 
-_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
-                     "InvalidClientTokenId", "AuthorizationHeaderMalformed"}
-_CONNECTION_ERRORS = {"EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError",
-                      "ClientConnectorError", "ServerDisconnectedError", "ReadTimeoutError"}
-_S3_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and AWS_ENDPOINT_URL for an "
-           "S3-compatible server other than AWS")
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "InvalidClientTokenId",
+    "AuthorizationHeaderMalformed",
+}
+_CONNECTION_ERRORS = {
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ConnectionClosedError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ReadTimeoutError",
+}
+_S3_FIX = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), and AWS_ENDPOINT_URL for an "
+    "S3-compatible server other than AWS"
+)
 
 
-def _object_store_error(url: str, err: BaseException, doing: str) -> Optional[StoreError]:
+def _object_store_error(url: str, err: BaseException, doing: str) -> StoreError | None:
     """A one-line :class:`StoreError` for a failure to reach or use an S3 store, or None when
     ``err`` is something else (or the store is not on S3)."""
     if not url.startswith(("s3://", "s3a://")):
@@ -419,11 +441,15 @@ def _object_store_error(url: str, err: BaseException, doing: str) -> Optional[St
             f"({', '.join(sorted(codes & _CREDENTIAL_CODES))}); {_S3_FIX}"
         )
     if "NoSuchBucket" in codes or (isinstance(err, FileNotFoundError) and "bucket" in str(err).lower()):
-        return StoreError(f"cannot {doing} the store at {url}: the bucket '{bucket}' does not exist; create it "
-                          "first or choose another --store location")
+        return StoreError(
+            f"cannot {doing} the store at {url}: the bucket '{bucket}' does not exist; create it "
+            "first or choose another --store location"
+        )
     if "AccessDenied" in codes or isinstance(err, PermissionError):
-        return StoreError(f"cannot {doing} the store at {url}: access denied; use credentials that may read and "
-                          f"write it ({_S3_FIX}) or choose another --store location")
+        return StoreError(
+            f"cannot {doing} the store at {url}: access denied; use credentials that may read and "
+            f"write it ({_S3_FIX}) or choose another --store location"
+        )
     return None
 
 
@@ -463,7 +489,7 @@ class RunStore:
     def _store(self, *, read_only: bool) -> Store:
         return _open_store(self.url, read_only=read_only)
 
-    def meta(self) -> Optional[dict]:
+    def meta(self) -> dict | None:
         """The committed metadata, or None for a store that holds no run yet.
 
         The root document is checked against its own digest (:mod:`~relulearn.storage.integrity`; stores
@@ -499,13 +525,26 @@ class RunStore:
             if meta is None and not attrs and all(_tolerated(c) for c in sync(_children(store)) if c != "zarr.json"):
                 return None  # (stores of older versions wrote an empty root before their first generation)
             if not isinstance(meta, dict):
-                self._refuse_root(store, "has no relulearn metadata",
-                                  f"{self.url} is a zarr group but not a relulearn store (no 'relulearn' attribute)")
+                self._refuse_root(
+                    store,
+                    "has no relulearn metadata",
+                    f"{self.url} is a zarr group but not a relulearn store (no 'relulearn' attribute)",
+                )
         try:
             version = int(meta.get("format_version", -1))
         except (TypeError, ValueError):
-            raise StoreDamagedError(self.url, [Damage("root", "zarr.json", "", "has an unreadable store format "
-                                                      f"version {meta.get('format_version')!r}")], root=True) from None
+            raise StoreDamagedError(
+                self.url,
+                [
+                    Damage(
+                        "root",
+                        "zarr.json",
+                        "",
+                        f"has an unreadable store format version {meta.get('format_version')!r}",
+                    )
+                ],
+                root=True,
+            ) from None
         if version > FORMAT_VERSION:
             raise StoreError(
                 f"{self.url} was written by a newer relulearn (store format {version}; this version reads "
@@ -523,7 +562,7 @@ class RunStore:
             raise StoreDamagedError(self.url, [damage], root=True, hint=self._damaged_root_hint())
         return dict(meta)
 
-    def _root_doc(self, store: Store) -> Optional[dict[str, Any]]:
+    def _root_doc(self, store: Store) -> dict[str, Any] | None:
         """The root document, parsed; None for a store without one that holds no run yet."""
         for attempt in range(3):
             raw = sync(store.get("zarr.json", default_buffer_prototype()))
@@ -539,11 +578,15 @@ class RunStore:
             if not isinstance(doc, dict):
                 raise ValueError("zarr.json does not hold a JSON object")
         except ValueError as err:
-            self._refuse_root(store, f"is not readable JSON ({_short(err)})",
-                              f"{self.url} is not a readable zarr group: {err}")
+            self._refuse_root(
+                store, f"is not readable JSON ({_short(err)})", f"{self.url} is not a readable zarr group: {err}"
+            )
         if doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
-            self._refuse_root(store, "is not a zarr v3 group document",
-                              f"{self.url} is a zarr array or a zarr v2 store, not a relulearn store")
+            self._refuse_root(
+                store,
+                "is not a zarr v3 group document",
+                f"{self.url} is a zarr array or a zarr v2 store, not a relulearn store",
+            )
         return doc
 
     def _without_root(self, store: Store, children: list[str]) -> None:
@@ -552,8 +595,13 @@ class RunStore:
         leaves before its first commit completes."""
         found = _committed_data(store, children, root=False)
         if found:
-            raise StoreDamagedError(self.url, [Damage("root", "zarr.json", "", "is missing")], root=True,
-                                    found=f"it holds {_shown(found)}", hint=self._damaged_root_hint())
+            raise StoreDamagedError(
+                self.url,
+                [Damage("root", "zarr.json", "", "is missing")],
+                root=True,
+                found=f"it holds {_shown(found)}",
+                hint=self._damaged_root_hint(),
+            )
         foreign = [c for c in children if not _tolerated(c)]
         if foreign and not self.allow_foreign:
             raise NotAStoreError(
@@ -567,13 +615,20 @@ class RunStore:
         not a relulearn store."""
         found = _committed_data(store, sync(_children(store)), root=True)
         if found:
-            raise StoreDamagedError(self.url, [Damage("root", "zarr.json", "", problem)], root=True,
-                                    found=f"it holds {_shown(found)}", hint=self._damaged_root_hint())
+            raise StoreDamagedError(
+                self.url,
+                [Damage("root", "zarr.json", "", problem)],
+                root=True,
+                found=f"it holds {_shown(found)}",
+                hint=self._damaged_root_hint(),
+            )
         raise NotAStoreError(not_a_store)
 
     def _damaged_root_hint(self) -> str:
-        return (f"{RESTORE_HINT}; or run `relulearn estimate` with --new-store-here to set its relulearn data "
-                f"aside under {self.url.rstrip('/')}/{SET_ASIDE}<time>/ and start a new run here")
+        return (
+            f"{RESTORE_HINT}; or run `relulearn estimate` with --new-store-here to set its relulearn data "
+            f"aside under {self.url.rstrip('/')}/{SET_ASIDE}<time>/ and start a new run here"
+        )
 
     def check_writable(self) -> None:
         """Fail early, before any computation, when the store location cannot be written.
@@ -602,7 +657,7 @@ class RunStore:
             )
 
     # ------------------------------------------------------------------ reading
-    def head(self) -> Optional[str]:
+    def head(self) -> str | None:
         meta = self.meta()
         return None if meta is None else meta.get("head")
 
@@ -634,14 +689,14 @@ class RunStore:
         if self.meta() is None:
             raise StoreError(f"{self.url} holds no committed statistics yet")
 
-        async def head_now(store: Store) -> Optional[str]:
+        async def head_now(store: Store) -> str | None:
             raw = await store.get("zarr.json", default_buffer_prototype())
             try:
                 return None if raw is None else json.loads(raw.to_bytes())["attributes"]["relulearn"]["head"]
             except (ValueError, KeyError, TypeError):
                 return None
 
-        async def read() -> tuple[dict, dict[str, dict[str, ArrayData]], Optional[str], list[Damage]]:
+        async def read() -> tuple[dict, dict[str, dict[str, ArrayData]], str | None, list[Damage]]:
             store = self._store(read_only=True)
             raw = await store.get("zarr.json", default_buffer_prototype())
             try:
@@ -660,13 +715,17 @@ class RunStore:
             arrays: dict[str, list[Any]] = {}
             for n, g in grps.items():
                 arrays[n] = [arr async for _, arr in g.arrays()]
-            infos = [integrity.ArrayInfo(arr.path.removeprefix(f"{head}/"), arr.metadata)
-                     for group in arrays.values() for arr in group]
+            infos = [
+                integrity.ArrayInfo(arr.path.removeprefix(f"{head}/"), arr.metadata)
+                for group in arrays.values()
+                for arr in group
+            ]
             manifest = meta.get("integrity")
             checked: dict[str, dict[str, bytes]] = {}
             (damages, _), doc_damages = await asyncio.gather(
                 integrity.check_chunks(store, head, infos, manifest, keep=checked),
-                integrity.check_documents(store, head, ["", *names, *(i.path for i in infos)], manifest))
+                integrity.check_documents(store, head, ["", *names, *(i.path for i in infos)], manifest),
+            )
             if damages or doc_damages:
                 return meta, {}, await head_now(store), damages + doc_damages
 
@@ -681,8 +740,12 @@ class RunStore:
 
             async def group(name: str) -> dict[str, ArrayData]:
                 values = await asyncio.gather(*(values_of(arr) for arr in arrays[name]))
-                return dict(sorted((arr.basename, (tuple(arr.metadata.dimension_names or ()), np.asarray(v)))
-                                   for arr, v in zip(arrays[name], values)))
+                return dict(
+                    sorted(
+                        (arr.basename, (tuple(arr.metadata.dimension_names or ()), np.asarray(v)))
+                        for arr, v in zip(arrays[name], values)
+                    )
+                )
 
             groups = dict(zip(names, await asyncio.gather(*(group(n) for n in names))))
             return meta, groups, await head_now(store), []
@@ -697,8 +760,10 @@ class RunStore:
                     if damages:
                         raise StoreDamagedError(self.url, damages)
                     return meta, groups
-        raise StoreError(f"{self.url} was committed to during each of {attempts} reads; read it again, or when "
-                         "its writer has stopped (`relulearn status` names it)")
+        raise StoreError(
+            f"{self.url} was committed to during each of {attempts} reads; read it again, or when "
+            "its writer has stopped (`relulearn status` names it)"
+        )
 
     def groups(self) -> list[str]:
         head = self.head()
@@ -707,7 +772,7 @@ class RunStore:
         with _object_store_errors(self.url, "read"):
             return sorted(k for k in self._root("r")[head].group_keys())
 
-    def check_sizes(self) -> Optional[list[Damage]]:
+    def check_sizes(self) -> list[Damage] | None:
         """The objects of the committed generation that are missing or of another size than the commit
         wrote, from one listing of the generation (no object is read: cheap enough for ``status``; a flipped
         byte needs :func:`relulearn.storage.verify.verify_store`). None for a store without a manifest (written
@@ -742,6 +807,7 @@ class RunStore:
 
     def records(self, kind: str) -> list[dict]:
         """The records of ``kind``, oldest first (empty for a store without any)."""
+
         async def read() -> list[dict]:
             store = self._store(read_only=True)
             keys = sorted([k async for k in store.list_prefix("records/") if k.startswith(f"records/{kind}-")])
@@ -792,7 +858,7 @@ class RunStore:
         integrity.seal_root(root)
         sync(store.set("zarr.json", _json_buffer(root)))
 
-    def _clean(self, keep: str, store: Optional[Store] = None) -> None:
+    def _clean(self, keep: str, store: Store | None = None) -> None:
         store = store or self._store(read_only=False)
         for name in sync(_children(store)):
             if name != keep and _LEFTOVER.fullmatch(name):
@@ -801,7 +867,7 @@ class RunStore:
                 else:
                     sync(store.delete_dir(name))
 
-    def set_aside(self) -> Optional[dict[str, Any]]:
+    def set_aside(self) -> dict[str, Any] | None:
         """Move the relulearn data of a store whose root metadata is missing or damaged — generations, the
         root document, learn records, extra passes — into ``STORE/set-aside-<UTC time>/``, where it is kept
         as it was, so that a new run can start in the folder (``--new-store-here``). Other files stay.
@@ -830,8 +896,11 @@ class RunStore:
         folder = f"{SET_ASIDE}{stamp}"
         with _object_store_errors(self.url, "write"):
             children = sync(_children(self._store(read_only=True)))
-            moved = sorted(c for c in children if c == "zarr.json" or c in _COMMITTED_ONLY
-                           or _GENERATION.fullmatch(c) or _PARTIAL.fullmatch(c))
+            moved = sorted(
+                c
+                for c in children
+                if c == "zarr.json" or c in _COMMITTED_ONLY or _GENERATION.fullmatch(c) or _PARTIAL.fullmatch(c)
+            )
             if _is_local(self.url):
                 root = _local_path(self.url)
                 (root / folder).mkdir()
@@ -842,8 +911,7 @@ class RunStore:
 
                 fs, root_path = fsspec.core.url_to_fs(self.url, **(storage_options(self.url) or {}))
                 for name in moved:
-                    fs.mv(f"{root_path.rstrip('/')}/{name}", f"{root_path.rstrip('/')}/{folder}/{name}",
-                          recursive=True)
+                    fs.mv(f"{root_path.rstrip('/')}/{name}", f"{root_path.rstrip('/')}/{folder}/{name}", recursive=True)
                 _invalidate_listings(self._store(read_only=True))
         return {"folder": f"{self.url.rstrip('/')}/{folder}", "moved": moved}
 

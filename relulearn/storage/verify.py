@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Optional
+from typing import Any
 
 import zarr.api.asynchronous as zasync
 from zarr.core.buffer import default_buffer_prototype
@@ -74,14 +74,17 @@ def _verify(url: str, attempts: int) -> dict[str, Any]:
             result = sync(_check(url, meta))
             if result is not None:
                 head, damages, checked, documents = result
-                return _report(url, head, bool(meta.get("integrity")), root_damage + damages, root_damage,
-                               checked, documents)
+                return _report(
+                    url, head, bool(meta.get("integrity")), root_damage + damages, root_damage, checked, documents
+                )
             meta = store.meta() or meta  # a commit moved the head: check the new one
-    raise StoreError(f"{url} was committed to during each of {attempts} checks; verify it when its writer has "
-                     "stopped (`relulearn status` names it)")
+    raise StoreError(
+        f"{url} was committed to during each of {attempts} checks; verify it when its writer has "
+        "stopped (`relulearn status` names it)"
+    )
 
 
-def _readable_meta(url: str) -> Optional[dict[str, Any]]:
+def _readable_meta(url: str) -> dict[str, Any] | None:
     """The root's relulearn metadata when the root document parses and names a head, else None."""
     try:
         with _object_store_errors(url, "read"):
@@ -92,7 +95,7 @@ def _readable_meta(url: str) -> Optional[dict[str, Any]]:
     return meta if isinstance(meta, dict) and isinstance(meta.get("head"), str) else None
 
 
-async def _check(url: str, meta: dict[str, Any]) -> Optional[tuple[str, list[Damage], dict[str, int], int]]:
+async def _check(url: str, meta: dict[str, Any]) -> tuple[str, list[Damage], dict[str, int], int] | None:
     """Check the generation ``meta`` names; None when a commit moved the head meanwhile."""
     store = RunStore(url)._store(read_only=True)
     head = meta["head"]
@@ -109,11 +112,14 @@ async def _check(url: str, meta: dict[str, Any]) -> Optional[tuple[str, list[Dam
     groups = [name for name, node in members if not hasattr(node, "shape")]
     if manifest:  # arrays the commit wrote that the metadata no longer lists
         listed = {a.path for a in arrays}
-        damages += [Damage(path, f"{head}/{path}/zarr.json", "", "is in the commit's manifest but not in the "
-                           "root's metadata") for path in sorted(set(manifest.get("chunks", {})) - listed)]
+        damages += [
+            Damage(path, f"{head}/{path}/zarr.json", "", "is in the commit's manifest but not in the root's metadata")
+            for path in sorted(set(manifest.get("chunks", {})) - listed)
+        ]
     (chunk_damages, checked), doc_damages = await asyncio.gather(
         integrity.check_chunks(store, head, arrays, manifest),
-        integrity.check_documents(store, head, ["", *groups, *(a.path for a in arrays)], manifest))
+        integrity.check_documents(store, head, ["", *groups, *(a.path for a in arrays)], manifest),
+    )
     damages += chunk_damages + doc_damages
     raw = await store.get("zarr.json", default_buffer_prototype())
     try:
@@ -125,8 +131,15 @@ async def _check(url: str, meta: dict[str, Any]) -> Optional[tuple[str, list[Dam
     return head, damages, checked, 1 + len(groups) + len(arrays)
 
 
-def _report(url: str, head: Optional[str], checksums: bool, damages: list[Damage], root_damage: list[Damage],
-            checked: dict[str, int], documents: int) -> dict[str, Any]:
+def _report(
+    url: str,
+    head: str | None,
+    checksums: bool,
+    damages: list[Damage],
+    root_damage: list[Damage],
+    checked: dict[str, int],
+    documents: int,
+) -> dict[str, Any]:
     bad = {d.array for d in damages}
     return {
         "store": url,
