@@ -94,6 +94,7 @@ def _fresh(obj: Any, memo: dict[int, Any]) -> Any:
     key = id(obj)
     if key in memo:
         return memo[key]
+    out: Any
     if isinstance(obj, np.ndarray):
         out = aligned_copy(obj)
     elif isinstance(obj, list):

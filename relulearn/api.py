@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import numpy as np
 
@@ -26,6 +26,10 @@ from .pipeline.run import RunSummary, merge_stores
 from .pipeline.run import estimate as _estimate
 from .pipeline.sources import data_of
 from .storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
+
+if TYPE_CHECKING:
+    from .pipeline.data import DataSource
+    from .pipeline.sources import RunSource, TeacherSource
 
 __all__ = [
     "estimate",
@@ -102,7 +106,7 @@ def estimate(
         plan_run(cfg, None, samples=samples, workers=_planned_workers(client, workers))
     # before a cluster starts: a refusal is immediate
     with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
-        kw = dict(
+        kw: dict[str, Any] = dict(
             samples=samples,
             progress=progress,
             commit_interval=commit_interval,
@@ -487,7 +491,7 @@ def _learn_with(
         raise RuntimeError(f"method {method} kept asking for passes; this is a bug, please report it")
     net = result.network
     if data_of(source) is not None and isinstance(net, Network):  # whitened data: back to the raw inputs
-        net = source.to_raw(net)
+        net = cast("DataSource", source).to_raw(net)
     if out is not None:
         net.save(out)
     done = {
@@ -843,6 +847,7 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
 
     net = model if isinstance(model, (Network, PolynomialModel)) else load_model(model)
     teacher = Path(teacher)
+    source: RunSource
     if teacher.suffix == ".npz":
         source, seed = TeacherSource(Network.load(teacher)), 0
     elif teacher.suffix.lower() in (".yaml", ".yml", ".json", ""):
@@ -857,8 +862,8 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
     if data_of(source) is not None:  # data: its last rows, raw (the model maps raw inputs)
-        samples = min(samples, source.rows)
-        x, y = source.test_rows(samples)
+        samples = min(samples, cast("DataSource", source).rows)
+        x, y = cast("DataSource", source).test_rows(samples)
     else:
         x, y = draw(source, seed, Stream.TEST, samples)
     y2 = y.reshape(len(y), -1)
@@ -1030,7 +1035,7 @@ def exact_arbitrary(
             f"inputs {inputs} have {len(x)} rows but labels {labels} have {len(a)}; one label row per input row"
         )
     result = exact.recover(x, a, width, activation=activation)
-    net = result.network
+    net = cast(Network, result.network)  # (a network: only the polynomial method learns another model)
     if out is not None:
         net.save(out)
     pred = net.forward(x)
@@ -1096,7 +1101,7 @@ def demo(
             dashboard=dashboard,
         )
         learned = Network.load(model)
-    teacher = make_source(cfg).network
+    teacher = cast("TeacherSource", make_source(cfg)).network
     cmp = compare(teacher, learned)
     from .pipeline.sources import Stream, draw
 
@@ -1155,6 +1160,7 @@ def shadow(teacher: str | Path | Network, degree: int, *, samples: int = 200_000
     from .pipeline.sources import make_source
     from .shadow import shadow_report
 
+    net: Network | None
     if isinstance(teacher, Network):
         net, name = teacher, "network"
     else:

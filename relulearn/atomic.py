@@ -9,6 +9,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -64,5 +65,5 @@ def save_npz(path: str | Path, arrays: Mapping[str, np.ndarray]) -> Path:
     if path.suffix != ".npz":
         path = path.with_name(path.name + ".npz")
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **cast(Mapping[str, Any], arrays))  # the stubs type **kwds against allow_pickle too
     return write_bytes(path, buf.getvalue())

@@ -19,7 +19,10 @@ from .storage.errors import RESTORE_HINT, StoreError
 # the library (numpy, zarr, dask, the methods: most of a second to import) is imported by `_load` once the
 # arguments are read and a locked store has been refused: a second writer is turned away at once
 api: Any = None
-ConfigError = NetworkFileError = ClusterLostError = SourceDataError = StoreError
+ConfigError: type[Exception] = StoreError
+NetworkFileError: type[Exception] = StoreError
+ClusterLostError: type[Exception] = StoreError
+SourceDataError: type[Exception] = StoreError
 summary_lines: Any = None
 write_text: Any = None
 
@@ -555,7 +558,7 @@ def _check_output_paths(args: argparse.Namespace) -> None:
 
 
 #: what is safe after Ctrl-C, per command (others write nothing, or only the file they were asked for, whole)
-_INTERRUPTED = {
+_INTERRUPTED: dict[str | None, str] = {
     "estimate": "every merged block was committed. Run the same command to resume.",
     "fit": "every merged block was committed. Run the same command to resume.",
     "learn": "the blocks of the passes it ran were committed; run the same command to continue from them.",

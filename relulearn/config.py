@@ -44,14 +44,14 @@ class OneHiddenReluTeacher(_Section):
     """``y = Σ_i λ_i relu(<u_i, x>)`` with unit ``u_i`` (docs/design.md §3)."""
 
     kind: Literal["one_hidden_relu"] = "one_hidden_relu"
-    width: int = Field(3, ge=1, description="number of hidden units k")
+    width: int = Field(default=3, ge=1, description="number of hidden units k")
     output_weights: list[float] | None = Field(
-        None, description="λ_1..λ_k; drawn from `seed` (random signs, |λ| in [0.5, 1.5]) when omitted"
+        default=None, description="λ_1..λ_k; drawn from `seed` (random signs, |λ| in [0.5, 1.5]) when omitted"
     )
     weights: list[list[float]] | None = Field(
-        None, description="k rows u_i of length d (normalized to unit length); random unit vectors when omitted"
+        default=None, description="k rows u_i of length d (normalized to unit length); random unit vectors when omitted"
     )
-    seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+    seed: int = Field(default=0, ge=0, description="seed of the planted weights (independent of the run's seed)")
 
     @model_validator(mode="after")
     def _lengths(self) -> OneHiddenReluTeacher:
@@ -324,6 +324,7 @@ class ExpansionConfig(_Section):
         if self.t2_vectors is not None:
             if self.t2 is not None:
                 raise ValueError("give T_2 either dense (t2) or of low rank (t2_vectors, t2_values), not both")
+            assert self.t2_values is not None  # given together with t2_vectors (checked above)
             if len(self.t2_vectors) != len(self.t2_values):
                 raise ValueError(
                     f"t2_vectors has {len(self.t2_vectors)} rows but t2_values has "
@@ -611,29 +612,29 @@ class StatisticsConfig(_Section):
 
 class RunOptions(_Section):
     chunks_per_block: int = Field(
-        4, ge=1, description="chunks reduced on a worker into one block partial (part of the fingerprint)"
+        default=4, ge=1, description="chunks reduced on a worker into one block partial (part of the fingerprint)"
     )
     commit_interval: float = Field(
-        30.0, ge=0.0, description="seconds between commits to the store (0: commit after every block)"
+        default=30.0, ge=0.0, description="seconds between commits to the store (0: commit after every block)"
     )
     max_blocks_in_flight: int | None = Field(
-        None, ge=1, description="bound on submitted, unmerged blocks (default: 2 × workers + 1)"
+        default=None, ge=1, description="bound on submitted, unmerged blocks (default: 2 × workers + 1)"
     )
     worker_memory: int = Field(
-        4 * 2**30,
+        default=4 * 2**30,
         ge=1,
         description="bytes one block partial (sums and error terms of every statistic) may take on "
         "a worker; a run needing more is refused before any work, with the bytes needed, and `fit` sketches the "
         "d × d families to fit it (default 4 GiB)",
     )
     max_hours: float | None = Field(
-        None,
+        default=None,
         gt=0,
         description="refuse a run (estimate, fit) projected to take longer than this many hours, before "
         "any work, with the plan and the sample count that would fit (`relulearn plan` shows the projection)",
     )
     dashboard: str | None = Field(
-        None,
+        default=None,
         pattern=r"^\S*:\d{1,5}$",
         description="HOST:PORT where a local cluster's Dask dashboard listens "
         "(default 127.0.0.1:0: this machine only, any free port); 0.0.0.0:8787 exposes it on every interface, "

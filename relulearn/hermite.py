@@ -712,7 +712,7 @@ def contracted_matrix_sums(x: np.ndarray, y: np.ndarray, G: np.ndarray, orders: 
     which is mirrored once, at the end.
     """
     x, y, G, orders = _prepare(x, y, G, orders, 2)
-    x = np.require(x, requirements="CA")  # BLAS throughout, whatever the caller's memory layout
+    x = np.require(x, requirements=("C", "A"))  # BLAS throughout, whatever the caller's memory layout
     n, d = x.shape
     if d < _SYRK_MIN_D:
         return _contracted_matrix_sums_gemm(x, y, G, orders)

@@ -169,7 +169,7 @@ def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int
     run's ``samples``."""
     d = cfg.source.d
     dense = size_pilots(mod.required_statistics(d, width, **extra), samples, d)
-    out = {"dense": (dense, [])}
+    out: dict[str, tuple[dict, list]] = {"dense": (dense, [])}
     if hasattr(mod, "DENSE_FAMILIES"):
         sketched = size_pilots(mod.required_statistics(d, width, **dict(extra, sketched=True)), samples, d)
         out["sketch"] = (sketched, list(mod.sketch_passes(d, width)) if hasattr(mod, "sketch_passes") else [])

@@ -8,7 +8,7 @@ every line is optional, so any method's report gives a summary of what it holds,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["summary_lines", "MAX_LINES"]
 
@@ -121,7 +121,7 @@ def _stage(part: Any) -> str | None:
 
 def summary_lines(result: Mapping[str, Any]) -> list[str]:
     """The lines of a short summary of a ``learn`` or ``fit`` result (at most :data:`MAX_LINES`)."""
-    rep = result.get("report") if isinstance(result.get("report"), Mapping) else {}
+    rep = cast(Mapping[str, Any], result.get("report") if isinstance(result.get("report"), Mapping) else {})
     rows: list[tuple[str, str | None]] = []
     where = f" written to {result['out']}" if result.get("out") else " (not written: no --out)"
     head = f"{result.get('method', '?')}: {_model(result)}{where}"

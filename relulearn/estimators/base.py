@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from ..network import Network
+
+if TYPE_CHECKING:
+    from ..polynomial import PolynomialModel
 
 __all__ = [
     "Arrays",
@@ -126,5 +129,5 @@ def part_sum(fn: Callable[[np.ndarray, np.ndarray], Any], draw: Any, p: int, n: 
 class LearnResult:
     """A learned network and the method's report (JSON-ready)."""
 
-    network: Network
+    network: Network | PolynomialModel
     report: dict = field(default_factory=dict)

@@ -92,7 +92,7 @@ class ResidualMoments:
             r = y.reshape(len(y), -1) - self.model.forward(x)
             s0 += r.sum(axis=0)
             s1 += r.T @ x
-            hermite._add_signed_grams(s2, np.require(x, requirements="CA"), r, buf)
+            hermite._add_signed_grams(s2, np.require(x, requirements=("C", "A")), r, buf)
         hermite._mirror_upper(s2)
         return {"A": s0 / n, "T1": s1 / n, "T2": s2 / n - (s0 / n)[:, None, None] * np.eye(d)}
 

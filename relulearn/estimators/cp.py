@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -213,7 +213,7 @@ def decompose(
             "(the per-output weights do not have rank k)"
         )
     ranked = sorted((r, i) for i, r in enumerate(residuals) if np.isfinite(r))[: max(1, int(starts))]
-    kept = None
+    kept: tuple[float, np.ndarray, np.ndarray] | None = None
     for _, draw in ranked:
         rng = np.random.default_rng((int(seed), _TENSOR_STREAM, draw))
         start = _jennrich(s, rng)
@@ -224,7 +224,7 @@ def decompose(
             alpha, res = fit_weights(s, b)
         if kept is None or res < kept[0]:
             kept = (res, b, alpha)
-    res, b, alpha = kept
+    res, b, alpha = cast(tuple[float, np.ndarray, np.ndarray], kept)  # set: `best` had a finite residual
     nu = (w @ b).T
     norms = np.linalg.norm(nu, axis=1)
     nu = nu / norms[:, None]

@@ -110,6 +110,7 @@ def _jacobians(ws: list[np.ndarray], z: np.ndarray) -> tuple[np.ndarray, np.ndar
             delta = back * masks[j - 1]
         else:
             dz = back
+    assert dz is not None  # set at j = 0: masks[-1] above needs at least two layers
     return out, np.concatenate(jac[::-1], axis=1), dz
 
 

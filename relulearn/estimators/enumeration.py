@@ -854,6 +854,7 @@ class _Search:
                     f = fit_units(self.zs, self.ys, start, lam[rest], max_iter=200)
                     if best is None or f.loss < best.loss:
                         best = f
+            assert best is not None  # at least one drop (len(lam) > limit), each with a start
             a, lam = best.directions, best.weights
         return a, lam
 

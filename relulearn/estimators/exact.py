@@ -231,14 +231,14 @@ def learn(
             if refine_samples is not None
             else default_refine_samples(int(np.asarray(om.get("count", n_train))), d, k)
         )
-        start = min(losses, key=losses.get)
+        start = min(losses, key=losses.__getitem__)
         refined, rrep = _refine.refine(cands[start], samples, total, mapper=mapper)
         rrep["start"] = start
         report["refinement"] = rrep
         cands["refined"] = refined
         losses = _validation(cands, smp)
     report["validation_relative_loss"] = losses
-    chosen = min(losses, key=losses.get)
+    chosen = min(losses, key=losses.__getitem__)
     report["chosen"] = chosen
     return LearnResult(cands[chosen], _summarize(report))
 
@@ -316,7 +316,7 @@ def _fixed_path(
         )
     n_val = sample_sizes(d, k)[1]
     smp = samples(n, n_val)
-    redrawn = []
+    redrawn: list[str] = []
     while True:
         try:
             net, rep = _fixed.fixed_parameter(

@@ -375,6 +375,7 @@ def _sketched_state(
     iteration, or the basis, per-pass records, whether the last round added nothing, and the rounds."""
     sketches = [p["sketch"] for p in passes if "sketch" in p]
     filtered = [a for a in sketches if "Y_filtered" in a]
+    got: PassRequest | tuple[np.ndarray, list[dict]] | tuple[subspace.JointStep, list[dict]]
     got = _sketch_subspace(sketch, filtered)
     if isinstance(got, PassRequest):
         return got

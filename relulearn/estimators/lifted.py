@@ -20,10 +20,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from math import comb
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import hermite
+
+if TYPE_CHECKING:
+    from ..network import Network
 
 __all__ = [
     "lifted_route",
@@ -176,14 +180,14 @@ class ResidualTensors:
     is small, so its tensors are estimated far more precisely than the stored ones from the same count."""
 
     draw: object
-    network: object
+    network: Network
     max_order: int
 
     def __call__(self, item: tuple[int, int]) -> dict[str, np.ndarray]:
         from .base import part_batches
 
         p, n = item
-        raw = None
+        raw: Any = None  # the moment sums per order: a list once a batch is added
         for x, y in part_batches(self.draw, p, n):
             r = y.reshape(len(y), -1) - self.network.forward(x)
             got = [
@@ -201,7 +205,7 @@ class ResidualTensors:
 
 
 def residual_tensors(
-    draw: object, network: object, max_order: int, parts: list[tuple[int, int]], mapper=map
+    draw: object, network: Network, max_order: int, parts: list[tuple[int, int]], mapper=map
 ) -> list[dict[str, np.ndarray]]:
     """Per output, the tensors ``T_2 … T_L`` of the residual labels ``y − f̂(x)`` over ``parts`` (``(part id,
     rows)``, equal sizes) with standard errors from the spread of the parts' means: arrays named as a
@@ -264,7 +268,8 @@ def spm(core: np.ndarray, basis: np.ndarray, d: int, seed: int) -> tuple[np.ndar
         _, a = power(max(starts, key=lambda t: t[0])[1], 20 * SPM_ITERATIONS)
         w = q.T @ (a[i] * a[j] * s)
         lam = 1.0 / float(w @ np.linalg.lstsq(core, w, rcond=1e-12)[0])
-        found.append(a), weights.append(lam)
+        found.append(a)
+        weights.append(lam)
         # deflate: core − λ w wᵀ has rank k − 1 inside the space; keep its k − 1 strongest eigenvectors
         mu, vec = np.linalg.eigh(core - lam * np.outer(w, w))
         keep = np.sort(np.argsort(-np.abs(mu))[: q.shape[1] - 1])

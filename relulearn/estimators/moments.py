@@ -163,7 +163,7 @@ def learn(
         m, s, n = spectral.matrices_from_store(p["contracted"])
         mats, ses, names = mats + m, ses + s, names + [f"pass{i + 1}:{x}" for x in n]
     sub = spectral.relevant_subspace(mats, ses, rank=width, names=names)
-    report: dict[str, Any] = {"subspace": sub.to_dict()}
+    report = {"subspace": sub.to_dict()}
     if sub.rank == 0:
         raise NoSignalError(
             "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
@@ -326,7 +326,7 @@ def _polish_matrix_free(start: Network, smp: Samples, report: dict) -> tuple[str
         report["polish"] = {"error": str(err)}
     y2 = float(np.mean(smp.y_val**2)) or 1.0
     losses = {k: float(np.mean((smp.y_val - n.forward(smp.x_val)[:, 0]) ** 2) / y2) for k, n in candidates.items()}
-    best = min(losses, key=losses.get)
+    best = min(losses, key=losses.__getitem__)
     report["validation_relative_loss"], report["chosen"] = losses, best
     return best, candidates[best]
 

@@ -130,6 +130,7 @@ def _enumerate(w: np.ndarray, target: np.ndarray, rank: int) -> np.ndarray:
             best_z = np.zeros(w.shape[1])
             best_z[free] = zf[i]
             best_z[pivots] = np.round(np.clip(piv_vals[i], 0, 1))
+    assert best_z is not None  # the loop runs at least once and its first err (finite: qr checks w) beats inf
     return best_z
 
 

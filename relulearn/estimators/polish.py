@@ -174,7 +174,7 @@ def polish_and_select(
         report["polish"] = {"error": str(err)}
     y2 = float(np.mean(y_val**2)) or 1.0
     losses = {k: float(np.mean((y_val - n.forward(x_val)[:, 0]) ** 2) / y2) for k, n in candidates.items()}
-    best = min(losses, key=losses.get)
+    best = min(losses, key=losses.__getitem__)
     report["validation_relative_loss"] = losses
     report["chosen"] = best
     return best, candidates[best]

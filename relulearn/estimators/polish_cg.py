@@ -29,7 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import scipy.linalg
@@ -167,7 +167,7 @@ def _vjp(des: _Design, a: np.ndarray, w: np.ndarray) -> _Step:
     def part(rows: slice) -> np.ndarray:
         return des.xt[rows].T @ ((w[rows] @ a) * des.pat[rows])  # this orientation runs faster in OpenBLAS
 
-    h = sum(des.each_part(part)).T
+    h = cast(np.ndarray, sum(des.each_part(part))).T  # (a design has at least one row part)
     lin = w.T @ des.xt[:, :-1] if des.affine else np.zeros((w.shape[1], des.d))
     return _Step(h, w.T @ des.act, w.sum(axis=0), lin)
 

@@ -196,6 +196,7 @@ def shrink_tensors(exp: Expansion, how: str) -> tuple[Expansion, list[float]]:
     if how == "none":
         return exp, [1.0] * (exp.degree + 1)
     out, factors = [], []
+    f: float | np.ndarray
     for l, (t, s) in enumerate(zip(exp.tensors, exp.ses)):
         mult = hermite.multiplicities(exp.dim, l)
         if how == "order":

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -168,6 +168,7 @@ def _accumulate(
             raise RuntimeError(f"mapper returned {len(results)} results for {len(window)} parts")
         for r in results:  # in part order, whatever the window: the sum is deterministic
             total = r if total is None else total + r
+    assert total is not None  # items (from parts()) is never empty, and each part has its result
     return total
 
 
@@ -227,7 +228,7 @@ def refine(
         iteration the relative loss ``Σ|R|²/Σ|A|²``, damping and acceptance, ``converged``.
     """
     power = RELU_POWERS[net.activation]
-    v, u = _normalise(*net.weights, power)
+    v, u = _normalise(*cast(tuple[np.ndarray, np.ndarray], net.weights), power)  # one hidden layer
     items = parts(total, part_rows)
     eq = _accumulate(draw, items, v, u, power, mapper)
     y2 = eq.y2 or 1.0

@@ -16,7 +16,7 @@ must be positive: the fraction of those samples on the positive side is ≈ 1 wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -74,7 +74,7 @@ def signs_from_first_moments(
     target = np.asarray(t1, dtype=np.float64).reshape(-1)
     se = None if t1_se is None else np.asarray(t1_se, dtype=np.float64).reshape(-1)
     weighted = se is not None and np.all(np.isfinite(se)) and np.all(se > 0)
-    w = 1.0 / se if weighted else np.ones_like(target)
+    w: np.ndarray = 1.0 / cast(np.ndarray, se) if weighted else np.ones_like(target)  # weighted: se is not None
     q, *_ = np.linalg.lstsq(design * w[:, None], target * w, rcond=None)
     if weighted:
         cov = np.linalg.pinv((design * w[:, None]).T @ (design * w[:, None]))

@@ -288,6 +288,7 @@ class SampleGram:
 def _split_biased(net: Network) -> tuple[np.ndarray, np.ndarray]:
     """``(W, s)`` of ``f = Σ s_i relu(<w_i, [x, 1]>) + c`` from a biased ``Network((U, λ), (b, [c]))``:
     rows ``|λ_i| [u_i, b_i]``, then the row ``[0, …, 0, c]``; ``s`` ends with +1 for that row."""
+    assert net.biases is not None  # called for a biased network only
     u, lam = net.weights[0], net.weights[1][0]
     b, c = net.biases[0], float(net.biases[1][0])
     keep = lam != 0
@@ -378,6 +379,7 @@ def refine_streamed(
         stopped), ``relative_loss`` and per pass ``relative_loss``, ``relative_step``, ``accepted``.
     """
     biased = net.biases is not None
+    gram: Callable[[np.ndarray], SampleGram | PopulationGram]
     if biased:
         if net.activation != "relu" or len(net.weights) != 2 or net.weights[1].shape[0] != 1:
             raise ValueError("the streamed refinement takes a one-hidden-layer ReLU network with one output")

@@ -267,6 +267,9 @@ def _outputs_slices(om: Arrays) -> Slices:
 
 
 def _subspace(outputs: list[dict], width: int | None) -> spectral.Subspace:
+    mats: list[np.ndarray]
+    ses: list[np.ndarray]
+    names: list[str]
     mats, ses, names = [], [], []
     for j, arrays in enumerate(outputs):
         m, s, n = spectral.matrices_from_store(arrays)
@@ -386,15 +389,22 @@ def _complete_slices(outputs: list[dict], passed: list[dict]) -> Slices:
     mats, ses, out_of, order_of, conts = [], [], [], [], []
     for j, arrays in enumerate(outputs):
         m2, s2 = _order2(arrays)
-        mats.append(m2), ses.append(s2), out_of.append(j), order_of.append(2), conts.append(np.zeros((0, len(m2))))
+        mats.append(m2)
+        ses.append(s2)
+        out_of.append(j)
+        order_of.append(2)
+        conts.append(np.zeros((0, len(m2))))
     for j, arrays in enumerate(passed):
         g = np.asarray(arrays["direction"], dtype=np.float64)
         po, pd = np.asarray(arrays["pair_order"]).astype(int), np.asarray(arrays["pair_direction"]).astype(int)
         for p in range(len(po)):
             if po[p] == 2:
                 continue
-            mats.append(np.asarray(arrays["M"][p])), ses.append(np.asarray(arrays["M_se"][p]))
-            out_of.append(j), order_of.append(int(po[p])), conts.append(np.repeat(g[pd[p]][None, :], po[p] - 2, 0))
+            mats.append(np.asarray(arrays["M"][p]))
+            ses.append(np.asarray(arrays["M_se"][p]))
+            out_of.append(j)
+            order_of.append(int(po[p]))
+            conts.append(np.repeat(g[pd[p]][None, :], po[p] - 2, 0))
     return Slices(np.asarray(mats), np.asarray(ses), np.asarray(out_of), np.asarray(order_of), tuple(conts), False)
 
 
@@ -453,6 +463,7 @@ def _decompose(matrices: np.ndarray, sl: Slices, basis: np.ndarray, seed: int, d
     scale = _noise_scale(sl, basis)
     scaled = matrices / scale[:, None, None]
     report: dict[str, Any] = {"slices": int(len(matrices)), "rank": int(basis.shape[1])}
+    res: float | np.ndarray  # the decomposition's relative residual, then the profiles' residuals per unit
     if sl.lifted and len(matrices) == m:  # T_4 of each output alone: SPM on a random combination of the outputs
         rng = np.random.default_rng((int(seed), _LIFTED_STREAM, 1))
         mix = np.tensordot(rng.standard_normal(m) if m > 1 else np.ones(1), scaled, 1)
@@ -557,6 +568,7 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
         report["affine_polish"] = {"error": str(err)}
         return start, report
     report["affine_polish"] = {k_: v for k_, v in prep.__dict__.items() if k_ != "linear"}
+    assert loose.biases is not None and prep.linear is not None  # an affine polish returns both
     u, b, a, c = loose.weights[0], loose.biases[0], loose.weights[1], loose.biases[1]
     if len(u) == 0:
         raise NoSignalError(
@@ -857,7 +869,7 @@ def _learn_outputs(
     """The :func:`outputs_route` to the network. When the polished network does not fit the validation samples
     and no control round has run yet (the units the floor hid left no misfit: they are weak), the rounds run now;
     if they raise the rank, the network is learned again and the better on the validation samples kept."""
-    options = dict(width=width, refine_samples=refine_samples, mapper=mapper, seed=seed)
+    options: dict[str, Any] = dict(width=width, refine_samples=refine_samples, mapper=mapper, seed=seed)
     first = _finish(*_from_outputs(stats, width, seed, samples, mapper), stats, samples, **options)
     rep = first.report
     if rep["control_rounds"] or min(rep["validation_relative_loss"].values()) < FIT_LOSS:
@@ -986,7 +998,7 @@ def _finish(
             break
     report["residual_rounds"] = rounds
     report["validation_relative_loss"] = losses
-    report["chosen"] = min(losses, key=losses.get)
+    report["chosen"] = min(losses, key=losses.__getitem__)
     source = report if report["chosen"] == "decomposition" else rounds[int(report["chosen"][len("residual-") :]) - 1]
     chosen = source.get("network_pruned") or source["network"]
     report["polish"] = chosen.get("polish", {})

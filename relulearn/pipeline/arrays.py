@@ -203,7 +203,7 @@ def _read_npy(url: str, opts: tuple, stamp: str, start: int, stop: int) -> np.nd
 def _zarr(url: str, opts: tuple, stamp: str):
     import zarr
 
-    kwargs = {"storage_options": dict(opts)} if opts else {}
+    kwargs: dict[str, Any] = {"storage_options": dict(opts)} if opts else {}
     return zarr.open_array(url, mode="r", **kwargs)
 
 

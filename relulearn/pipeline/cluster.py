@@ -41,7 +41,10 @@ import contextlib
 import os
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import distributed
 
 __all__ = [
     "ClusterError",
@@ -131,7 +134,7 @@ def connect(
     threads_per_worker: int = 1,
     memory_limit: str = "auto",
     dashboard_address: str | None = None,
-) -> Iterator[distributed.Client]:  # noqa: F821
+) -> Iterator[distributed.Client]:
     """A prepared ``distributed.Client``: on an existing scheduler, or on a new ``LocalCluster``.
 
     Parameters

@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from ..storage.lease import Lease, StoreLockedError, writing
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .plan import check_partial_bytes
 from .sketch import check_refines
-from .sources import Source, SourceDataError, data_of, make_source
+from .sources import RunSource, Source, SourceDataError, data_of, make_source
 from .statistics import (
     Partial,
     Statistic,
@@ -36,6 +36,9 @@ from .statistics import (
     build_statistics,
 )
 from .worker import platform_id, tune_malloc
+
+if TYPE_CHECKING:
+    from .data import DataSource
 
 __all__ = [
     "RunSummary",
@@ -61,7 +64,7 @@ def plan_blocks(start: int, stop: int, per_block: int) -> list[tuple[int, int]]:
     return [(a, min(a + per_block, stop)) for a in range(start, stop, per_block)]
 
 
-def fingerprint(cfg: RunConfig, source: Source) -> dict[str, Any]:
+def fingerprint(cfg: RunConfig, source: RunSource) -> dict[str, Any]:
     """What must agree for two runs to share a store (everything but the sample count)."""
     src = cfg.source.model_dump(mode="json", exclude_none=True)
     if cfg.source.data is not None:  # the files may move; their rows may not
@@ -114,7 +117,7 @@ def _platforms(ledger: list[list]) -> list[str]:
 
 
 def _groups(
-    stats: Sequence[Statistic], state: Partial, chunk_size: int, ledger: list[list[int]]
+    stats: Sequence[Statistic], state: Partial, chunk_size: int, ledger: list[list[Any]]
 ) -> dict[str, dict[str, tuple]]:
     """Everything a commit writes: sums, error terms, estimates with SEs, coords, ledger."""
     groups: dict[str, dict[str, tuple]] = {}
@@ -141,7 +144,7 @@ def _groups(
 
 
 def _meta(
-    cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[list[int]], target_chunks: int
+    cfg: RunConfig, fp: dict, stats: Sequence[Statistic], ledger: list[list[Any]], target_chunks: int
 ) -> dict[str, Any]:
     chunks = sum(r[2] - r[1] for r in ledger)
     return {
@@ -260,7 +263,7 @@ class RunSummary:
         return out
 
 
-def _open(cfg: RunConfig, store: RunStore, source: Source) -> tuple[list[Statistic], Partial, list[list[int]], dict]:
+def _open(cfg: RunConfig, store: RunStore, source: RunSource) -> tuple[list[Statistic], Partial, list[list[Any]], dict]:
     """Start a new run, or resume the one in the store after checking its fingerprint."""
     meta = store.meta()
     if meta is None:
@@ -407,7 +410,7 @@ def _estimate(
     if samples is not None and data_of(source) is not None:  # data: --samples cannot exceed its rows
         from .data import check_rows
 
-        check_rows(source.rows, samples, cfg.chunk_size, source.x.url)
+        check_rows(cast("DataSource", source).rows, samples, cfg.chunk_size, cast("DataSource", source).x.url)
     sketch = cfg.statistics.sketch
     if sketch is not None and sketch.refines is not None:  # a subspace pass: the chunks of the store it refines
         wanted = samples if samples is not None else cfg.samples
@@ -529,7 +532,7 @@ def _write_failure(err: OSError, url: str, committed: int, merged: int) -> str:
         errno.EACCES: "make it writable",
         errno.EPERM: "make it writable",
         errno.EROFS: "use a writable file system",
-    }.get(err.errno, "fix the cause")
+    }.get(cast(int, err.errno), "fix the cause")  # (None, no errno, has no entry either)
     return (
         f"could not write {where}: {err.strerror or err}. The store {url} is intact at its last commit: "
         f"{committed:,} samples are committed and safe ({merged - committed:,} merged samples since were not "
@@ -542,7 +545,7 @@ def _data_summary(source: Source) -> dict[str, Any] | None:
         return None
     from .data import describe
 
-    return describe(source)
+    return describe(cast("DataSource", source))
 
 
 def _is_main_thread() -> bool:
@@ -602,7 +605,7 @@ def _run_distributed(
     if max_in_flight is None:
         max_in_flight = cfg.run.max_blocks_in_flight
 
-    counted = [0.0, 3]  # when the workers were last counted, and the limit then
+    counted: list[Any] = [0.0, 3]  # when the workers were last counted, and the limit then
 
     def in_flight_limit() -> int:
         # given, or two per worker present now (plus one): workers that join a running
@@ -720,6 +723,7 @@ def merge_stores(a_url: str, b_url: str, out_url: str, *, break_lock: bool = Fal
             raise StoreError(f"{url} holds no run; run `relulearn estimate` into it first")
     if out.meta() is not None:
         raise StoreError(f"{out_url} already holds a run; merge into a new path")
+    assert ma is not None and mb is not None  # checked above
     fa = {k: v for k, v in ma["fingerprint"].items() if k != "seed"}
     fb = {k: v for k, v in mb["fingerprint"].items() if k != "seed"}
     differing = diff_fields(fa, fb)

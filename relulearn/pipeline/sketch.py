@@ -32,7 +32,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -124,7 +124,10 @@ class SketchMoments(Statistic):
         self.omega = np.ascontiguousarray(omega, dtype=np.float64)
         self.d, self.rank = self.omega.shape
         self.is_basis, self.second = bool(is_basis), bool(second)
-        self.directions = self.orders = self.tau = self.quantiles = None
+        self.directions: np.ndarray | None = None
+        self.orders: list[int] | None = None
+        self.tau: np.ndarray | None = None
+        self.quantiles: np.ndarray | None = None
         if contracted is not None:
             self.directions = np.asarray(contracted[0], dtype=np.float64)
             self.orders = [int(o) for o in contracted[1]]
@@ -141,7 +144,7 @@ class SketchMoments(Statistic):
             self.b_omega = self.res_basis @ self.omega  # B Ω (s × r)
         if not (self.second or self.orders or self.tau is not None or self.candidates):
             raise ValueError("a sketch needs at least one family (second, contracted, filtered or residual)")
-        self.expansion = None
+        self.expansion: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
         if expansion is not None:
             t0, t1, v, theta = expansion
             self.expansion = (
@@ -153,7 +156,7 @@ class SketchMoments(Statistic):
 
     @property
     def n_pairs(self) -> int:
-        return 0 if self.orders is None else len(self.orders) * len(self.directions)
+        return 0 if self.orders is None else len(self.orders) * len(cast(np.ndarray, self.directions))  # set together
 
     # ------------------------------------------------------------------ schemas
 
@@ -207,7 +210,7 @@ class SketchMoments(Statistic):
 
     def _families(self) -> list[tuple[str, tuple[str, ...], tuple[int, ...]]]:
         """(family, leading dims, leading shape) of each sketched family, in a fixed order."""
-        out = []
+        out: list[tuple[str, tuple[str, ...], tuple[int, ...]]] = []
         if self.second:
             out.append(("second", (), ()))
         if self.orders is not None:
@@ -219,8 +222,9 @@ class SketchMoments(Statistic):
         return out
 
     def coords(self) -> dict[str, tuple[tuple[str, ...], np.ndarray]]:
-        out = {"omega": (("i", "rank"), self.omega)}
+        out: dict[str, tuple[tuple[str, ...], np.ndarray]] = {"omega": (("i", "rank"), self.omega)}
         if self.orders is not None:
+            assert self.directions is not None  # set with the orders
             g = len(self.directions)
             out.update(
                 {
@@ -281,6 +285,7 @@ class SketchMoments(Statistic):
 
     def _residual(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """``y − q(x)`` for the expansion q: one n × d × s product for its low-rank T_2."""
+        assert self.expansion is not None  # called with an expansion only
         t0, t1, v, theta = self.expansion
         h = x @ v
         quad = (h * h - (v * v).sum(axis=0)) @ theta
@@ -453,7 +458,7 @@ def sketch_setup(
         if stored:
             tau, q = stored["tau"], stored.get("quantile")
         else:
-            tau, q = threshold_grid(section.filtered, source, cfg.seed)
+            tau, q = threshold_grid(section.filtered, cast(Source, source), cfg.seed)
     expansion = None
     if section.second is not None and section.second.expansion is not None:
         expansion = low_rank_expansion(section.second.expansion, d, "statistics.sketch.second")
@@ -463,7 +468,7 @@ def sketch_setup(
         if stored:
             r_tau, r_q = stored["residual_tau"], stored.get("residual_quantile")
         else:
-            r_tau, r_q = residual_grid(section.residual, source, cfg.seed, rb, nets)
+            r_tau, r_q = residual_grid(section.residual, cast(Source, source), cfg.seed, rb, nets)
         residual = (rb, nets, np.asarray(r_tau, dtype=np.float64), r_q)
     return SketchSetup(omega, is_basis, section.second is not None, expansion, contracted, tau, q, residual)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ..config import (
     TwoLayerTeacher,
 )
 from ..network import Network, NetworkFileError
+
+if TYPE_CHECKING:
+    from .data import DataSource
 
 __all__ = [
     "BATCH_ROWS",
@@ -122,15 +125,31 @@ def at_rows(err: LabelShapeError, chunk_id: int | None, row: int) -> LabelShapeE
 class Source(Protocol):
     """What the pipeline needs of a source."""
 
-    d: int
-    #: None for a scalar label ``y`` (rows,); ``m`` for a label vector ``y`` (rows, m)
-    outputs: int | None
+    @property
+    def d(self) -> int: ...
+
+    @property
+    def outputs(self) -> int | None:
+        """None for a scalar label ``y`` (rows,); ``m`` for a label vector ``y`` (rows, m)."""
+        ...
 
     def batches(
         self, gen_x: np.random.Generator, gen_noise: np.random.Generator, n: int
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield ``n`` samples as ``(x, y)`` batches (``x``: (rows, d), ``y``: (rows,), or (rows, m)
         for a source with ``m`` outputs) drawn from the generators."""
+        ...
+
+
+class RunSource(Source, Protocol):
+    """What :func:`make_source` builds (a teacher or a user's data) has besides: its label noise, and what
+    identifies it in a store's fingerprint."""
+
+    @property
+    def noise_std(self) -> float: ...
+
+    def fingerprint(self) -> str:
+        """Identifies the source in a store's fingerprint."""
         ...
 
 
@@ -379,7 +398,7 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
     xs: np.ndarray | None = None
     ys, row = [], 0
     if data_of(source) is not None:
-        n = min(n, source.rows)
+        n = min(n, cast("DataSource", source).rows)
     for x, y in draw_batches(source, seed, stream, n, part):
         if row == 0 and len(y) == n:  # one batch: no copy
             return x, y
@@ -394,7 +413,7 @@ def draw(source: Source, seed: int, stream: int, n: int, part: int = 0) -> tuple
     return xs, np.concatenate(ys)
 
 
-def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) -> Source:
+def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) -> RunSource:
     """Build the source a configuration describes.
 
     A teacher with several outputs gives scalar labels (its output ``source.output``) or,
@@ -470,6 +489,7 @@ def _data_source(src: SourceConfig, run: RunConfig | None) -> Any:
     from .data import data_source
 
     spec = src.data
+    assert spec is not None  # make_source calls this for a source with data only
     where = _resolver(run)
     return data_source(
         where(spec.x),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast, overload
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from ..config import (
     ProjectedHermiteConfig,
     ResidualConfig,
     RunConfig,
+    SketchConfig,
 )
 from ..network import Network
 from .sources import (
@@ -235,7 +236,7 @@ class OutputMoments(Statistic):
             # GEMM's), then mirrored: 1.5× faster than the GEMM below at d = 512
             quad = np.zeros((m, d, d))
             hermite._add_signed_grams(
-                quad, np.require(x, requirements="CA"), a, np.empty((max(1, min(n, hermite._GRAM_BLOCK // d)), d))
+                quad, np.require(x, requirements=("C", "A")), a, np.empty((max(1, min(n, hermite._GRAM_BLOCK // d)), d))
             )
             hermite._mirror_upper(quad)
             acc["axx"] += quad
@@ -710,14 +711,14 @@ class ResidualFilteredMoments(Statistic):
         self.tau = np.asarray(tau, dtype=np.float64).reshape(len(self.candidates), -1)
         self.quantiles = quantiles
 
-    def sums_schema(self):
+    def sums_schema(self) -> dict[str, Var]:
         c, t, d = *self.tau.shape, self.d
         return {
             "bin_xx": Var(("candidate", "tau", "i", "j"), (c, t, d, d)),
             "bin_count": Var(("candidate", "tau"), (c, t)),
         }
 
-    def terms_schema(self):
+    def terms_schema(self) -> dict[str, Var]:
         c, t, d = *self.tau.shape, self.d
         return {"M": Var(("candidate", "tau", "i", "j"), (c, t, d, d)), "prob": Var(("candidate", "tau"), (c, t))}
 
@@ -784,7 +785,7 @@ def low_rank_expansion(cfg: ExpansionConfig, d: int, where: str) -> tuple[float,
     if cfg.t2_vectors is None:
         if cfg.t2 is None:
             return float(cfg.t0), t1, np.zeros((d, 0)), np.zeros(0)
-        _, _, t2 = expansion_setup(cfg.model_copy(update={"t1": None}), d, where)
+        _, _, t2 = cast(tuple, expansion_setup(cfg.model_copy(update={"t1": None}), d, where))  # (cfg is given)
         theta, v = np.linalg.eigh(t2)
         return float(cfg.t0), t1, v, theta
     v = np.asarray(cfg.t2_vectors, dtype=np.float64)
@@ -860,6 +861,14 @@ def _stored_outputs(names: Iterable[str], stored: Callable[[str], Mapping[str, n
         return None
     arrays = stored(name)
     return int(len(arrays["output"])) if "output" in arrays and len(arrays["output"]) > 1 else None
+
+
+@overload
+def _of_output(values: np.ndarray, j: int | None, ndim: int) -> np.ndarray: ...
+
+
+@overload
+def _of_output(values: np.ndarray | None, j: int | None, ndim: int) -> np.ndarray | None: ...
 
 
 def _of_output(values: np.ndarray | None, j: int | None, ndim: int) -> np.ndarray | None:
@@ -950,52 +959,58 @@ def _build_statistics(
         elif name == "output_moments":
             out.append(OutputMoments(d, m or 1))
         elif name == "hermite":
-            out.append(family(lambda j: HermiteTensors(d, section, _hermite_expansion(section, d, m, j))))
+            hermite_cfg = cast(HermiteConfig, section)
+            out.append(family(lambda j: HermiteTensors(d, hermite_cfg, _hermite_expansion(hermite_cfg, d, m, j))))
         elif name == "contracted":
+            contracted_cfg = cast(ContractedConfig, section)
             if not stored:
-                _check_bank(section, d, m, cfg.run.worker_memory)
-            g = stored(name)["direction"] if stored else direction_bank(section, d, cfg.seed)
+                _check_bank(contracted_cfg, d, m, cfg.run.worker_memory)
+            g = stored(name)["direction"] if stored else direction_bank(contracted_cfg, d, cfg.seed)
             control = None
-            if section.control:
+            if contracted_cfg.control:
                 control = (
                     (stored(name)["control_mean"], stored(name)["control_beta"])
                     if stored
-                    else linear_control(source, cfg.seed, section.control_samples)
+                    else linear_control(cast(Source, source), cfg.seed, contracted_cfg.control_samples)
                 )
             out.append(
                 family(
                     lambda j: ContractedMoments(
                         g,
-                        section.orders,
+                        contracted_cfg.orders,
                         None if control is None else (_of_output(control[0], j, 0), _of_output(control[1], j, 1)),
-                        _contracted_expansion(section, d, m, j),
+                        _contracted_expansion(contracted_cfg, d, m, j),
                     )
                 )
             )
         elif name == "filtered":
+            filtered_cfg = cast(FilteredConfig, section)
             if stored:
                 arrays = stored(name)
                 tau, q = arrays["tau"], arrays.get("quantile")
             else:
-                tau, q = threshold_grid(section, source, cfg.seed)
+                tau, q = threshold_grid(filtered_cfg, cast(Source, source), cfg.seed)
             out.append(family(lambda j: FilteredMoments(d, _of_output(tau, j, 1), _of_output(q, j, 1))))
         elif name == "residual":
-            basis, nets = residual_setup(section, d)
+            residual_cfg = cast(ResidualConfig, section)
+            basis, nets = residual_setup(residual_cfg, d)
             if stored:
                 arrays = stored(name)
                 tau, q = arrays["tau"], arrays.get("quantile")
             else:
-                tau, q = residual_grid(section, source, cfg.seed, basis, nets)
+                tau, q = residual_grid(residual_cfg, cast(Source, source), cfg.seed, basis, nets)
             out.append(
                 family(lambda j: ResidualFilteredMoments(d, basis, nets, _of_output(tau, j, 2), _of_output(q, j, 1)))
             )
         elif name == "projected_hermite":
-            basis, expansion = projected_setup(section, d)
-            out.append(family(lambda j: ProjectedHermite(d, basis, section.max_order, expansion)))
+            projected_cfg = cast(ProjectedHermiteConfig, section)
+            basis, expansion = projected_setup(projected_cfg, d)
+            out.append(family(lambda j: ProjectedHermite(d, basis, projected_cfg.max_order, expansion)))
         elif name == "sketch":
             from .sketch import sketch_setup  # the sketch module builds on this one
 
-            setup = sketch_setup(section, cfg, source, stored(name) if stored else None)
+            sketch_cfg = cast(SketchConfig, section)
+            setup = sketch_setup(sketch_cfg, cfg, source, stored(name) if stored else None)
             out.append(family(setup.statistic))
     return out
 

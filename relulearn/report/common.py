@@ -3,7 +3,7 @@ grid, the stages of the last learn, learned against teacher units, and the learn
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -113,7 +113,7 @@ def curves(record: dict | None) -> list[tuple[str, list[float]]]:
     if models:
         out.append(("candidate answers (held-out)", models))
     ref = rep.get("refinement") or {}
-    steps = ref.get("iterations") or (ref.get("passes") if isinstance(ref.get("passes"), list) else [])
+    steps = cast(list, ref.get("iterations") or (ref.get("passes") if isinstance(ref.get("passes"), list) else []))
     passes = [p.get("relative_loss", p.get("loss")) for p in steps if isinstance(p, dict)]
     passes = [v for v in passes if v is not None]
     if passes:
@@ -239,7 +239,9 @@ def samples(records: list[dict], teacher: Any | None, test: tuple[np.ndarray, np
                 pts.append((r["samples"], float(np.mean((y - pred) ** 2) / np.mean(y**2))))
         kind = f"relative test error ({len(y):,} fresh samples of the teacher)"
     if not pts:
-        pts = [(r["samples"], _heldout(r)) for r in records if _heldout(r) is not None and r.get("samples")]
+        pts = [
+            (r["samples"], cast(float, _heldout(r))) for r in records if _heldout(r) is not None and r.get("samples")
+        ]
     if not pts:
         return Figure("samples", title, "no learn recorded on this store yet")
     pts.sort()

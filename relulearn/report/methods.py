@@ -202,6 +202,7 @@ def filtered_spectra(record: dict | None) -> Figure:
     spectra = ((first or {}).get("subspace") or {}).get("spectra") or []
     if not spectra:
         return Figure("filtered", title, "no filtered-pca learn with its filtered spectra recorded")
+    assert first is not None  # the spectra came from it
     grid = first.get("grid") or []
     prob = [g.get("prob", np.nan) for g in grid][: len(spectra)]
     top = 8

@@ -260,6 +260,7 @@ async def check_chunks(
         if problem is not None:
             damages.append(Damage(info.path, f"{generation}/{info.path}/{key}", key, problem))
         elif keep is not None:
+            assert data is not None  # no problem found: _chunk_problem reports a missing chunk
             keep.setdefault(info.path, {})[key] = data
     return damages, checked
 

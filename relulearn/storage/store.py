@@ -74,7 +74,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NoReturn, cast
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -376,7 +376,7 @@ async def _write_generation(
 # ------------------------------------------------------------------- errors of object stores
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
+def _chain(err: BaseException | None) -> Iterator[BaseException]:
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
@@ -483,7 +483,7 @@ class RunStore:
     allow_foreign: bool = False
 
     # ------------------------------------------------------------------ opening
-    def _root(self, mode: str) -> zarr.Group:
+    def _root(self, mode: Literal["r", "r+", "a", "w", "w-"]) -> zarr.Group:
         return zarr.open_group(self._store(read_only=mode == "r"), mode=mode, zarr_format=3)
 
     def _store(self, *, read_only: bool) -> Store:
@@ -573,6 +573,7 @@ class RunStore:
                 continue  # a first commit completed between the read and the listing
             self._without_root(store, children)
             return None
+        assert raw is not None  # the loop breaks on a read or returns
         try:
             doc = json.loads(raw.to_bytes())
             if not isinstance(doc, dict):
@@ -610,7 +611,7 @@ class RunStore:
                 "new store next to them (they are left as they are)"
             )
 
-    def _refuse_root(self, store: Store, problem: str, not_a_store: str) -> None:
+    def _refuse_root(self, store: Store, problem: str, not_a_store: str) -> NoReturn:
         """Raise for a root document that cannot be used: damaged when relulearn data is next to it, else
         not a relulearn store."""
         found = _committed_data(store, sync(_children(store)), root=True)
@@ -714,7 +715,7 @@ class RunStore:
             grps = dict(zip(names, await asyncio.gather(*(root.getitem(f"{head}/{n}") for n in names))))
             arrays: dict[str, list[Any]] = {}
             for n, g in grps.items():
-                arrays[n] = [arr async for _, arr in g.arrays()]
+                arrays[n] = [arr async for _, arr in cast("zarr.AsyncGroup", g).arrays()]  # a generation's groups
             infos = [
                 integrity.ArrayInfo(arr.path.removeprefix(f"{head}/"), arr.metadata)
                 for group in arrays.values()
@@ -770,7 +771,7 @@ class RunStore:
         if head is None:
             return []
         with _object_store_errors(self.url, "read"):
-            return sorted(k for k in self._root("r")[head].group_keys())
+            return sorted(k for k in cast("zarr.Group", self._root("r")[head]).group_keys())
 
     def check_sizes(self) -> list[Damage] | None:
         """The objects of the committed generation that are missing or of another size than the commit
@@ -783,6 +784,7 @@ class RunStore:
             return None
         import fsspec
 
+        assert meta is not None  # the manifest came from it
         head = meta["head"]
         with _object_store_errors(self.url, "read"):
             fs, root = fsspec.core.url_to_fs(self.url, **(storage_options(self.url) or {}))

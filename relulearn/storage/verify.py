@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import zarr.api.asynchronous as zasync
 from zarr.core.buffer import default_buffer_prototype
@@ -14,6 +14,9 @@ from zarr.core.sync import sync
 from . import integrity
 from .errors import RESTORE_HINT, Damage, StoreDamagedError, StoreError
 from .store import RunStore, _children, _is_local, _local_path, _object_store_errors
+
+if TYPE_CHECKING:
+    from zarr import AsyncGroup
 
 __all__ = ["verify_store"]
 
@@ -103,7 +106,7 @@ async def _check(url: str, meta: dict[str, Any]) -> tuple[str, list[Damage], dic
     damages: list[Damage] = []
     try:
         root = await zasync.open_group(store, mode="r", zarr_format=3)
-        generation = await root.getitem(head)
+        generation = cast("AsyncGroup", await root.getitem(head))  # a generation is a group
         members = [(name, node) async for name, node in generation.members(max_depth=None)]
     except (KeyError, ValueError, FileNotFoundError) as err:  # no consolidated metadata, a document missing
         members = []

@@ -59,7 +59,7 @@ class StoredRun:
 
         self._check(statistic)
         group = f"{self.head}/{statistic}"
-        options = {"storage_options": storage_options(self.url)} if storage_options(self.url) else {}
+        options: dict[str, Any] = {"storage_options": storage_options(self.url)} if storage_options(self.url) else {}
         with _object_store_errors(self.url, "read"):
             try:  # one read: the root's consolidated metadata describes the head generation
                 return xr.open_zarr(self.url, group=group, consolidated=True, zarr_format=3, **options)
