@@ -54,3 +54,17 @@ def cli_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+_SLOW = frozenset(
+    line.strip()
+    for line in (Path(__file__).parent / "slow.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests listed in ``slow.txt`` (measured at a second or more) ``slow``."""
+    for item in items:
+        if f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in _SLOW:
+            item.add_marker(pytest.mark.slow)
