@@ -188,35 +188,9 @@ def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, An
 
 # ------------------------------------------------------------------ learning
 
-from .methods import METHODS  # noqa: E402 - re-exported: relulearn.api.METHODS
+from .methods import METHODS, method_module  # noqa: E402 - METHODS re-exported: relulearn.api.METHODS
 
-
-def _method(name: str):
-    if name == "moments":
-        from .estimators import moments
-
-        return moments
-    if name == "tensor":
-        from .estimators import tensor
-
-        return tensor
-    if name == "filtered-pca":
-        from .estimators import filtered_pca
-
-        return filtered_pca
-    if name == "exact":
-        from .estimators import exact
-
-        return exact
-    if name == "landscape":
-        from .estimators import landscape
-
-        return landscape
-    if name == "polynomial":
-        from .estimators import polynomial
-
-        return polynomial
-    raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+_method = method_module
 
 
 def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ConfigError
+from .methods import method_module
 from .pipeline.cost import Rates, SourceCost, calibrate, source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
 
@@ -278,9 +279,7 @@ def plan_run(
                 "extended) are followed; passes the method asks for are not projected"
             )
     else:
-        from .api import _method
-
-        mod = _method(method)
+        mod = method_module(method)
         routes = _candidates(mod, cfg, width, dict(extra or {}), n)
         projected = {
             form: _passes(cfg, stats, more, rates, workers, n, src, outputs) for form, (stats, more) in routes.items()

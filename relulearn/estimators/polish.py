@@ -10,34 +10,14 @@ precision.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from .. import progress
 from ..network import Network
 from .polish_cg import matrix_free, polish_outputs_cg, start_rows, trusted_samples
+from .polish_report import PolishReport
 
 __all__ = ["PolishReport", "polish", "polish_outputs"]
-
-
-@dataclass(frozen=True)
-class PolishReport:
-    """What polish did: iterations, whether the patterns converged, the final residual.
-
-    ``converged`` is true when the patterns reached a fixed point, or a cycle (possible
-    with noisy labels, where a few samples at a boundary can flip back and forth); the
-    returned network is the iterate with the smallest residual on all samples.
-    """
-
-    iterations: int
-    converged: bool
-    relative_residual: float
-    samples_used: int
-    pattern_changes: tuple[int, ...]
-    stop_reason: str = "fixed point"  # or "cycle" (patterns repeat), "no descent" (matrix-free), or "max_iter"
-    linear: np.ndarray | None = None  # with ``affine``: the free linear term, (m, d)
-    cg_iterations: tuple[int, ...] = ()  # matrix-free steps (:mod:`.polish_cg`): conjugate-gradient iterations
 
 
 def _split(net: Network) -> tuple[np.ndarray, np.ndarray, float | None]:

@@ -29,16 +29,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 import scipy.linalg
 
 from .. import progress
 from ..network import Network
-
-if TYPE_CHECKING:
-    from .polish import PolishReport
+from .polish_report import PolishReport
 
 __all__ = ["polish_outputs_cg", "start_rows", "trusted_samples", "DENSE_UNKNOWNS", "matrix_free"]
 
@@ -330,8 +328,6 @@ def polish_outputs_cg(
     each step, the samples trusted after it whose pattern it changed (the design of the next step), and
     ``cg_iterations`` the iterations of each step.
     """
-    from .polish import PolishReport
-
     y, xt, h, a, c = start_rows(net, x, y)
     (n, m), (k, d) = y.shape, (len(h), x.shape[1])
     p = k * (d + 1) + m * k + m + (m * d if affine else 0)
