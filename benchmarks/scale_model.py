@@ -66,7 +66,8 @@ from relulearn.pipeline import plan  # noqa: E402
 from relulearn.pipeline.sources import (  # noqa: E402
     BATCH_ROWS, Stream, TeacherSource, batch_rows, chunk_batches, generator, make_source)
 from relulearn.pipeline.statistics import (  # noqa: E402
-    Partial, Statistic, accumulate_chunks, build_statistics, threshold_grid)
+    Partial, Statistic, accumulate_chunks, threshold_grid)
+from relulearn.pipeline.families import build_statistics
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale_model.json"
 SEED = 11

@@ -6,7 +6,7 @@ xarray DataTree at stable paths, every array described); :func:`verify`
 checks every chunk of a store against its checksums.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 #: the public names and the modules they live in, imported on first use: `relulearn.cli` starts (and refuses a
 #: locked store) without importing numpy, zarr, dask and the methods first

@@ -80,6 +80,13 @@ from typing import Any
 
 import numpy as np
 
+from .activations import (
+    SUPPORTED_ACTIVATIONS,
+    PaperActivation,
+    ShadowError,
+    _check_activation,
+    paper_activation,
+)
 from .network import ACTIVATIONS, Network
 
 __all__ = [
@@ -104,65 +111,13 @@ __all__ = [
     "EXACT_MAX_WIDTH",
 ]
 
-#: activations a shadow network is defined for, with the input scale s of the paper's σ(z) = f(s z)/‖f(s·)‖
-_INPUT_SCALE = {"relu": 1.0, "erf": 1.0 / math.sqrt(2.0), "erf_relu": 1.0, "tanh": 1.0}
-#: ‖f(s·)‖ = sqrt(E f(s z)²): closed forms for relu (1/2) and erf (E erf(z/√2)² = (2/π) arcsin(1/2) = 1/3);
-#: erf_relu and tanh by mpmath's adaptive quadrature at 40 digits (Gauss–Legendre agrees to 5e-14). Constants,
-#: not quadrature at run time, so a planted teacher's bytes never depend on the quadrature rule.
-_NORM = {
-    "relu": math.sqrt(0.5),
-    "erf": math.sqrt(1.0 / 3.0),
-    "erf_relu": 1.1798193476778229244,
-    "tanh": 0.62792873034910671653,
-}
-#: Lipschitz constants of the unscaled activations f (sup |f'|)
-_F_LIPSCHITZ = {"relu": 1.0, "erf": 2.0 / math.sqrt(math.pi), "erf_relu": 2.0, "tanh": 1.0}
-SUPPORTED_ACTIVATIONS = tuple(_INPUT_SCALE)
 #: largest truncation degree: the coefficients are tabulated up to it (ε_σ(100) is 8e-5 for relu and at
 #: rounding level for the smooth activations)
 MAX_DEGREE = 100
 _LEGENDRE_NODES = 800  # Gauss–Legendre nodes on each side of 0
 
 
-class ShadowError(ValueError):
-    """A network or a degree the shadow construction does not apply to; the message says why and what to do."""
-
-
 # --------------------------------------------------------------------------- activations
-
-
-@dataclass(frozen=True)
-class PaperActivation:
-    """The paper's normalised activation ``σ(z) = f(s z) / norm`` for a file activation ``f``.
-
-    Attributes
-    ----------
-    name
-        The file's activation name ``f`` (a key of :data:`relulearn.network.ACTIVATIONS`).
-    scale
-        ``s``: the paper's pre-activation ``z`` is the file's pre-activation divided by ``s``.
-    norm
-        ``‖f(s·)‖ = sqrt(E f(s z)²)``, ``z ~ N(0, 1)``.
-    lipschitz
-        Lipschitz constant of ``σ``: ``s · sup|f'| / norm``.
-    """
-
-    name: str
-    scale: float
-    norm: float
-    lipschitz: float
-
-    def __call__(self, z: np.ndarray) -> np.ndarray:
-        """``σ(z)``."""
-        return ACTIVATIONS[self.name](self.scale * np.asarray(z, dtype=np.float64)) / self.norm
-
-
-def _check_activation(activation: str) -> None:
-    if activation not in _INPUT_SCALE:
-        raise ShadowError(
-            f"the shadow network is defined here for the activations {', '.join(SUPPORTED_ACTIVATIONS)}, not "
-            f"{activation!r}; use a network with one of them (e.g. a random_xavier teacher)"
-        )
 
 
 def _check_degree(n: int) -> int:
@@ -209,20 +164,6 @@ def orthonormal_hermite(z: np.ndarray, lmax: int) -> np.ndarray:
     for l in range(1, lmax):
         out[l + 1] = (z * out[l] - math.sqrt(l) * out[l - 1]) / math.sqrt(l + 1)
     return out
-
-
-@cache
-def paper_activation(activation: str) -> PaperActivation:
-    """The paper's normalised activation for a file activation name (relu, erf, erf_relu, tanh).
-
-    Raises
-    ------
-    ShadowError
-        For another activation.
-    """
-    _check_activation(activation)
-    s, norm = _INPUT_SCALE[activation], _NORM[activation]
-    return PaperActivation(activation, s, norm, s * _F_LIPSCHITZ[activation] / norm)
 
 
 @cache
@@ -541,7 +482,7 @@ def shadow_report(net: Network, degree: int, samples: int = 200_000, seed: int =
     ShadowError
         For networks or degrees the shadow does not apply to (the message says which and why).
     """
-    from .pipeline.sources import Stream, generator
+    from .pipeline.batches import Stream, generator
 
     shadow = shadow_network(net, degree)
     if net.output_dim != 1:

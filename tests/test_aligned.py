@@ -8,7 +8,7 @@ import numpy as np
 
 from relulearn.aligned import ALIGNMENT, fresh, fresh_map, is_aligned
 from relulearn.pipeline.sources import make_source
-from relulearn.pipeline.statistics import build_statistics
+from relulearn.pipeline.families import build_statistics
 
 from conftest import make_config
 

@@ -34,7 +34,8 @@ from relulearn import hermite, open_store
 from relulearn.network import Network
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source, pilot_batches
-from relulearn.pipeline.statistics import accumulate_chunks, build_statistics
+from relulearn.pipeline.families import build_statistics
+from relulearn.pipeline.statistics import accumulate_chunks
 
 from conftest import make_config
 

@@ -26,7 +26,8 @@ from relulearn.api import estimate, merge, status
 from relulearn.config import ConfigError, config_from_dict
 from relulearn.network import RELU_POWERS
 from relulearn.pipeline.sources import OutputColumn, SourceDataError, Stream, check_finite, draw, make_source
-from relulearn.pipeline.statistics import PerOutput, accumulate_chunks, build_statistics
+from relulearn.pipeline.families import build_statistics
+from relulearn.pipeline.statistics import PerOutput, accumulate_chunks
 
 from test_resume import assert_bitwise_equal, residual_section, store_arrays
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .sources import LabelShapeError, gaussian_batches
+from .batches import LabelShapeError, gaussian_batches
 
 __all__ = ["CallableSource", "OnnxSource", "load_callable", "callable_source", "onnx_source"]
 

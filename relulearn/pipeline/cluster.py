@@ -280,8 +280,7 @@ def prepare(client: Any) -> dict[str, dict]:
     missing), refuses workers that cannot import relulearn or have another version than
     this driver, then registers the worker setup plugin (one BLAS thread, adaptive malloc).
     """
-    import relulearn
-
+    from .._version import __version__
     from .worker import make_probe, worker_setup_plugin
 
     infos = client.run(make_probe(), on_error="return")
@@ -294,17 +293,17 @@ def prepare(client: Any) -> dict[str, dict]:
                 f"worker {addr} cannot import relulearn ({info.get('relulearn_error')}; "
                 f"python {info.get('executable')})"
             )
-        elif info["relulearn"] != relulearn.__version__:
+        elif info["relulearn"] != __version__:
             problems.append(
                 f"worker {addr} has relulearn {info['relulearn']} (at {info.get('relulearn_path')}) "
-                f"but this driver has relulearn {relulearn.__version__}"
+                f"but this driver has relulearn {__version__}"
             )
     if problems:
         raise ClusterError(
             "the cluster's workers cannot run this relulearn: "
             + "; ".join(problems)
             + ". Install the driver's version on every worker (pip install relulearn=="
-            f"{relulearn.__version__}, or the same source tree) and restart the workers; no block was run"
+            f"{__version__}, or the same source tree) and restart the workers; no block was run"
         )
     plugin = worker_setup_plugin()
     client.register_plugin(plugin, name=plugin.name)

@@ -26,6 +26,7 @@ from ..config import RunConfig, config_from_dict
 from ..storage import FORMAT_VERSION, LEDGER_COLUMNS, RunStore, StoreError, diff_fields, ledger_platforms
 from ..storage.lease import Lease, StoreLockedError, writing
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
+from .families import build_statistics
 from .plan import check_partial_bytes
 from .sketch import check_refines
 from .sources import RunSource, Source, SourceDataError, data_of, make_source
@@ -33,7 +34,6 @@ from .statistics import (
     Partial,
     Statistic,
     accumulate_chunks,
-    build_statistics,
 )
 from .worker import platform_id, tune_malloc
 
