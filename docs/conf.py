@@ -28,7 +28,7 @@ extensions = [
     "relulearn_refs",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
-exclude_patterns = ["_build", "_ext", "README.md"]
+exclude_patterns = ["_build", "_ext", "methods/figures"]
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 numpydoc_show_class_members = False
