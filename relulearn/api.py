@@ -190,8 +190,6 @@ def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, An
 
 from .methods import METHODS, method_module  # noqa: E402 - METHODS re-exported: relulearn.api.METHODS
 
-_method = method_module
-
 
 def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[str, Any]:
     """Refuse, before any work, a source outside the method's setting; returns the options,
@@ -325,11 +323,11 @@ def _check_landscape_teacher(net: Network | None) -> None:
 def _options(method: str, **given: Any) -> dict[str, Any]:
     """The method's keyword options (``width`` always); options a method does not declare in
     its ``OPTIONS`` are refused by name."""
-    allowed = getattr(_method(method), "OPTIONS", ("width",))
+    allowed = getattr(method_module(method), "OPTIONS", ("width",))
     extra = [f"--{k}" for k, v in given.items() if v is not None and k not in allowed]
     if extra:
         verb = "applies" if len(extra) == 1 else "apply"
-        users = [m for m in METHODS if all(k[2:] in getattr(_method(m), "OPTIONS", ()) for k in extra)]
+        users = [m for m in METHODS if all(k[2:] in getattr(method_module(m), "OPTIONS", ()) for k in extra)]
         raise ValueError(f"{' and '.join(extra)} {verb} to --method {' or '.join(users)} only, not to {method}")
     return {k: v for k, v in given.items() if k == "width" or v is not None}
 
@@ -429,7 +427,7 @@ def _learn_with(
     from .progress import reporting as stage_progress
 
     t0 = time.perf_counter()
-    mod = _method(method)
+    mod = method_module(method)
     run = open_store(store)
     cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
     source = make_source(cfg)
@@ -687,7 +685,7 @@ def fit(
     if "statistics" not in cfg.model_fields_set:
         from .config import config_from_dict
 
-        mod = _method(method)
+        mod = method_module(method)
         if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
             from .pipeline.plan import plan_families
 
@@ -758,7 +756,7 @@ def _plan_fit(
     """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options."""
     from .runplan import plan_run
 
-    mod = _method(method)
+    mod = method_module(method)
     extra = {k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())}
     extra.update({k: getattr(setting, k, None) for k in getattr(mod, "SOURCE_OPTIONS", ())})
     return plan_run(
