@@ -188,92 +188,24 @@ def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, An
 
 # ------------------------------------------------------------------ learning
 
-from .methods import METHODS, method_module  # noqa: E402 - METHODS re-exported: relulearn.api.METHODS
+from .methods import METHODS, OPTIONS, method_module  # noqa: E402 - METHODS re-exported: relulearn.api.METHODS
 
 
 def _check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """Refuse, before any work, a source outside the method's setting; returns the options,
-    completed from the source where the method needs it (``exact``'s activation).
-
-    ``moments`` and ``filtered-pca`` learn a scalar label; ``exact`` learns two-layer networks
-    ``U f(V x)`` with a rectified ``f`` (its paper's setting), so a planted or file teacher of
-    another shape or activation is refused, naming why.
-    """
+    """Refuse, before any work, a source outside the method's setting (vector labels for a method of one
+    output; the method's own ``check_setting``); returns the options, completed from the source where the
+    method needs it (``exact``'s activation, ``moments``' biases)."""
     from .pipeline.sources import label_outputs
 
     outputs = label_outputs(source)
-    if method == "tensor":
-        return _check_tensor(source, options)
-    if method != "exact" and outputs:
+    if outputs and not METHODS[method].vector_labels:
+        several = " or ".join(f"--method {m.name}" for m in METHODS.values() if m.vector_labels)
         raise ValueError(
             f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "
-            "set source.output to the output to learn, or use --method exact (two-layer networks with vector outputs)"
+            f"set source.output to the output to learn, or use {several} (networks with vector outputs)"
         )
-    if method == "polynomial" and getattr(source, "whitening", None) is not None:
-        raise ValueError(
-            "--method polynomial on whitened data would give a polynomial of the whitened inputs; "
-            "set source.data.whiten: false (inputs already of mean 0 and identity covariance), or use "
-            "--method moments"
-        )
-    if method == "landscape":
-        _check_landscape_teacher(getattr(source, "network", None))
-    if method == "moments" and options.get("biases") is None:
-        # a black box (or data) may hold biases; a planted or file network says whether it does
-        net = getattr(source, "network", None)
-        options = dict(options, biases=net is None or net.biases is not None)
-    if method == "polynomial" and options.get("degree") is not None:
-        from .estimators import polynomial
-
-        if options.get("subspace"):
-            polynomial.check_degree(
-                1, options["degree"], limit=polynomial.SUBSPACE_ORDER_LIMIT, what="statistics.projected_hermite"
-            )
-        else:
-            polynomial.check_degree(source.d, options["degree"])
-    if method != "exact":
-        return options
-    from .estimators import exact
-
-    net = getattr(source, "network", None)
-    if net is not None:
-        if net.depth != 1 or net.biases is not None:
-            raise ValueError(
-                f"--method exact learns two-layer networks A = U f(V x) without biases (Bakshi–Jayaram–Woodruff); "
-                f"the teacher has {net.depth} hidden layers{' and biases' if net.biases is not None else ''}; "
-                "use --method filtered-pca for deep networks"
-            )
-        exact.check_activation(net.activation, what="the teacher's activation")
-        if options.get("activation") is None:
-            options = dict(options, activation=net.activation)
-    if options.get("activation") is not None:
-        exact.check_activation(options["activation"])
-    if options.get("exact_samples") is not None and options.get("width") is not None:
-        exact.check_exact_samples(options["exact_samples"], source.d, options["width"], outputs or 1)
-    return options
-
-
-def _check_tensor(source: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """``tensor``'s setting: one hidden ReLU layer (biases and vector outputs allowed), width at most d."""
-    from .estimators import tensor
-
-    net = getattr(source, "network", None)
-    if net is not None and (net.depth != 1 or net.activation != "relu"):
-        raise ValueError(
-            f"--method tensor learns one hidden ReLU layer; the teacher has {net.depth} hidden layer(s) with "
-            f"activation {net.activation!r}; use --method filtered-pca for deep networks"
-            + (", --method exact for other rectified activations" if net.depth == 1 else "")
-        )
-    acts = source.activations() if hasattr(source, "activations") else None
-    if acts is not None and acts != ["Relu"]:
-        raise ValueError(
-            f"--method tensor learns one hidden ReLU layer; the ONNX model {source.path} has "
-            f"{len(acts)} activation layer(s) ({', '.join(acts) or 'none'}): use --method filtered-pca for deep ReLU "
-            "networks, --method polynomial for other activations"
-        )
-    tensor.check_width(options.get("width"), source.d)
-    if net is not None and options.get("width") is None:
-        tensor.check_width(int(net.weights[0].shape[0]), source.d)
-    return options
+    check = getattr(method_module(method), "check_setting", None)
+    return dict(options) if check is None else check(source, dict(options), outputs)
 
 
 def _setting_source(cfg: RunConfig) -> Any:
@@ -290,44 +222,15 @@ def _setting_source(cfg: RunConfig) -> Any:
     )
 
 
-def _check_landscape_teacher(net: Network | None) -> None:
-    """Refuse a planted or file teacher outside Ge–Lee–Ma's setting ``y = aᵀ relu(B x)``, ``a ≥ 0``,
-    ``B`` of full row rank ``m ≤ d``, naming what differs and what to use instead."""
-    if net is None:
-        return
-    if net.depth != 1 or net.biases is not None or net.activation != "relu" or net.output_dim != 1:
-        raise ValueError(
-            "--method landscape learns y = aᵀ relu(B x) (one hidden ReLU layer, no biases, one output; Ge–Lee–Ma); "
-            f"the teacher has {net.depth} hidden layer(s), activation {net.activation}"
-            f"{', biases' if net.biases is not None else ''} and {net.output_dim} output(s); use --method "
-            "filtered-pca for deep networks or --method exact for other rectified activations"
-        )
-    a, b = net.weights[1][0], net.weights[0]
-    if np.any(a < 0):
-        from .estimators.landscape import NegativeWeightsError
-
-        raise NegativeWeightsError(
-            f"the teacher has {int(np.sum(a < 0))} negative output weight(s); the landscape method (Ge–Lee–Ma) assumes "
-            "a ≥ 0 (its T_2 would not be positive semidefinite); use --method moments, which allows either sign"
-        )
-    m, d = b.shape
-    rank = int(np.linalg.matrix_rank(b))
-    if m > d or rank < m:
-        raise ValueError(
-            f"the teacher's B ({m} × {d}) has rank {rank} < {m} rows: the landscape method needs B of full row rank "
-            "(m ≤ d, no row a combination of others), where whitening by T_2 makes the fourth moment orthogonal; "
-            "use --method moments for parallel or too many units"
-        )
-
-
 def _options(method: str, **given: Any) -> dict[str, Any]:
-    """The method's keyword options (``width`` always); options a method does not declare in
-    its ``OPTIONS`` are refused by name."""
-    allowed = getattr(method_module(method), "OPTIONS", ("width",))
-    extra = [f"--{k}" for k, v in given.items() if v is not None and k not in allowed]
+    """The method's keyword options (``width`` always); options a method does not declare
+    (:attr:`relulearn.methods.Method.options`) are refused by name."""
+    allowed = {"width", *METHODS[method].options}
+    extra = [k for k, v in given.items() if v is not None and k not in allowed]
     if extra:
         verb = "applies" if len(extra) == 1 else "apply"
-        users = [m for m in METHODS if all(k[2:] in getattr(method_module(m), "OPTIONS", ()) for k in extra)]
+        users = [m.name for m in METHODS.values() if all(k in m.options for k in extra)]
+        extra = [OPTIONS[k].flag if k in OPTIONS else f"--{k}" for k in extra]
         raise ValueError(f"{' and '.join(extra)} {verb} to --method {' or '.join(users)} only, not to {method}")
     return {k: v for k, v in given.items() if k == "width" or v is not None}
 
@@ -756,9 +659,8 @@ def _plan_fit(
     """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options."""
     from .runplan import plan_run
 
-    mod = method_module(method)
-    extra = {k: options.get(k) for k in getattr(mod, "FIT_OPTIONS", ())}
-    extra.update({k: getattr(setting, k, None) for k in getattr(mod, "SOURCE_OPTIONS", ())})
+    extra = {k: options.get(k) for k in METHODS[method].fit_options}
+    extra.update({k: getattr(setting, k, None) for k in METHODS[method].source_options})
     return plan_run(
         cfg,
         method,

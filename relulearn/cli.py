@@ -13,7 +13,7 @@ from typing import Any
 
 from . import __version__
 from .errors import MissingDependencyError
-from .methods import METHODS
+from .methods import METHODS, OPTIONS
 from .storage.errors import RESTORE_HINT, StoreError
 
 # the library (numpy, zarr, dask, the methods: most of a second to import) is imported by `_load` once the
@@ -251,114 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--method",
             default="moments",
             choices=list(METHODS),
-            help="learning method: moments = one-hidden-layer ReLU nets from Hermite moments (default; narrow: "
-            "the enumeration grows as exp(width)); tensor = wide one-hidden-layer ReLU nets with biases and any "
-            "number of outputs, by a CP decomposition of Hermite moments of orders 2-6 (widths up to d, and "
-            "up to d(d+1)/2 for d <= 50 on symmetric matrices); "
-            "filtered-pca = deep ReLU nets by iterative filtered PCA and enumeration on the found subspace; "
-            "exact = two-layer rectified nets with vector outputs A = U f(Vx), recovered exactly "
-            "(tensor step, signs, null vectors of the row span, refinement); landscape = one-hidden-layer ReLU nets "
-            "with non-negative output weights and B of full row rank, up to width d, by minimizing Ge–Lee–Ma's "
-            "designed objective G (no spurious local minima) on the whitened 4th moment; polynomial = any "
-            "network (e.g. random Xavier nets) by its Hermite expansion truncated at a degree L, read off "
-            "the stored T_0..T_L (Daniely–Srebro–Vardi; the model is a polynomial, not a network)",
+            help="learning method (default moments): " + "; ".join(f"{m.name} = {m.summary}" for m in METHODS.values()),
         )
-        q.add_argument(
-            "--width",
-            type=_positive,
-            help="moments, tensor: hidden units wanted (default: the rank the noise floor supports; "
-            "tensor refuses a width the floor does not support, naming the samples that would); "
-            "filtered-pca: largest hidden width of the candidate networks (default: the subspace rank "
-            "for --depth 1, else twice it, at least 4)",
-        )
-        q.add_argument(
-            "--depth",
-            type=_positive,
-            help="filtered-pca: hidden layers of the candidate networks; architectures of depth 1.."
-            "DEPTH are enumerated (default 1)",
-        )
-        q.add_argument(
-            "--budget",
-            type=_positive,
-            help="candidate evaluations the enumeration may spend. filtered-pca: candidate networks "
-            "fitted (default 256; a larger --depth/--width is refused before any work). moments: "
-            "directions scored over the k+1 stages of its search (default 200000; a width whose search "
-            "needs more is refused with the budget it needs; --method tensor needs no enumeration)",
-        )
-        q.add_argument(
-            "--activation",
-            choices=["relu", "relu2", "relu3"],
-            help="exact: the rectified activation f(z) = max(z,0)^c of the network learned (default: the "
-            "teacher's, relu for other sources)",
-        )
-        q.add_argument(
-            "--exact-samples",
-            type=_positive,
-            help="exact: samples of the bounded exact step (default: chosen from d and the width; too few is "
-            "refused with the number needed)",
-        )
-        q.add_argument(
-            "--refine-samples",
-            type=_nonnegative,
-            help="moments, tensor, exact, filtered-pca: samples streamed through the refinement, each pass "
-            "regenerating them on the workers; 0 turns it off. moments and tensor (one output, labels not "
-            "fitted exactly by polish): preconditioned Gauss-Newton, 3·k·d flops per sample and pass "
-            "(default: as many as the store holds). exact: Levenberg-Marquardt, "
-            "(k·d)^2 flops per sample and pass (default: as many as the store holds, at most 10^7 and at "
-            "most 2e13/(k·d)^2). filtered-pca (depth >= 2): Levenberg-Marquardt on the network and its "
-            "subspace basis, 4·d·r + P^2 flops per sample and pass for P weights (default: as many as the "
-            "store holds, at most 10^7)",
-        )
-        q.add_argument(
-            "--biases",
-            action=argparse.BooleanOptionalAction,
-            default=None,
-            help="moments: learn hidden biases and an output bias, y = Σ λ_i relu(u_i·x + b_i) + c (default: "
-            "yes for black-box teachers and network files with biases, no for bias-free planted and file "
-            "networks); the enumeration then searches directions and offsets",
-        )
-        q.add_argument(
-            "--starts",
-            type=_positive,
-            help="landscape: random starts of G (default 8); the lowest G with m distinct rows is kept",
-        )
-        q.add_argument(
-            "--route",
-            choices=["moments", "stream"],
-            help="landscape: moments = G from the 4th moment on the subspace (one extra pass, C(m+3,4) "
-            "entries per sample); stream = the paper's stochastic gradient of G on fresh samples, O(m·d) per "
-            "sample (default: stream above 32 units)",
-        )
-        q.add_argument(
-            "--degree",
-            type=_nonnegative,
-            help="polynomial: degree L of the expansion (default: the degree of least error on held-out "
-            "samples, up to the stored order; fit estimates up to 4, or 6 with --subspace); a degree whose "
-            "tensors exceed the entry budget is refused with the largest that fits",
-        )
-        q.add_argument(
-            "--shrink",
-            choices=["none", "order", "entry"],
-            help="polynomial: shrink coefficients by their standard errors: order = James–Stein factor "
-            "max(0, 1 − V_l/‖T_l‖²) per order (default), entry = max(0, 1 − se²/T²) per coefficient, "
-            "none = plain projection; shrinking helps where an order's signal is comparable with its noise",
-        )
-        q.add_argument(
-            "--subspace",
-            action="store_true",
-            default=None,
-            help="polynomial: find the relevant subspace first (T_2, filtered matrices, T_1) and expand the "
-            "projected inputs to a higher degree (one projected_hermite pass); for teachers whose first "
-            "layer has few rows",
-        )
-        q.add_argument(
-            "--no-residual",
-            dest="residual",
-            action="store_false",
-            default=None,
-            help="polynomial: use the stored T_3..T_L as they are instead of re-estimating them on "
-            "residual labels in one more pass (half the estimation work, more variance)",
-        )
+        add_method_options(q)
         q.add_argument(
             "--out",
             help="where to write the learned model (.npz: a network, or a polynomial model for "
@@ -516,6 +411,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _option_help(name: str) -> str:
+    """What option ``name`` does for each method that takes it, methods saying the same thing together."""
+    said: dict[str, list[str]] = {}
+    for m in METHODS.values():
+        if name in m.options:
+            said.setdefault(m.options[name], []).append(m.name)
+    return "; ".join(f"{', '.join(names)}: {text}" for text, names in said.items())
+
+
+def add_method_options(q: argparse.ArgumentParser) -> None:
+    """The methods' options (:data:`relulearn.methods.OPTIONS`), each with what it does for each method."""
+    g = q.add_argument_group("method options", "each applies to the methods it names; others refuse it")
+    for o in OPTIONS.values():
+        kwargs: dict[str, Any] = {"help": _option_help(o.name)}
+        if o.kind in ("count", "count0"):
+            kwargs["type"] = _positive if o.kind == "count" else _nonnegative
+        elif o.kind == "choice":
+            kwargs["choices"] = list(o.choices)
+        elif o.kind == "yes_no":
+            kwargs.update(action=argparse.BooleanOptionalAction, default=None)
+        elif o.kind == "switch":
+            kwargs.update(action="store_true", default=None)
+        else:  # switch_off
+            kwargs.update(dest=o.name, action="store_false", default=None)
+        g.add_argument(o.flag, **kwargs)
+
+
 def add_report_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--report",
@@ -587,21 +509,7 @@ def _dashboard(args: argparse.Namespace) -> str | None:
 
 
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "width": args.width,
-        "depth": args.depth,
-        "budget": args.budget,
-        "activation": args.activation,
-        "exact_samples": args.exact_samples,
-        "refine_samples": args.refine_samples,
-        "starts": args.starts,
-        "route": args.route,
-        "degree": args.degree,
-        "shrink": args.shrink,
-        "subspace": args.subspace,
-        "residual": args.residual,
-        "biases": args.biases,
-    }
+    return {name: getattr(args, name) for name in OPTIONS}
 
 
 def _print_demo(result: dict[str, Any]) -> None:

@@ -62,10 +62,9 @@ def _keep(estimator: Any, params: dict[str, Any]) -> None:
 
 
 class _Regressor(RegressorMixin, BaseEstimator):
-    """Shared machinery; subclasses set ``_method`` and declare their options in ``__init__``."""
+    """Shared machinery; subclasses set ``_method`` and take its options (or some of them) in ``__init__``."""
 
     _method = "moments"
-    _options: tuple[str, ...] = ()
 
     # ----------------------------------------------------------------- config
 
@@ -85,7 +84,11 @@ class _Regressor(RegressorMixin, BaseEstimator):
         return self.whiten
 
     def _method_options(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self._options}
+        """The parameters that are the method's options (:attr:`relulearn.methods.Method.options`)."""
+        from .methods import METHODS
+
+        taken = {"width", *METHODS[self._method].options}
+        return {k: getattr(self, k) for k in self._get_param_names() if k in taken}
 
     # ---------------------------------------------------------------- fitting
 
@@ -227,7 +230,6 @@ class MomentsRegressor(_Regressor):
     """
 
     _method = "moments"
-    _options = ("width", "biases", "refine_samples")
 
     def __init__(
         self,
@@ -253,7 +255,6 @@ class TensorRegressor(_Regressor):
     """
 
     _method = "tensor"
-    _options = ("width", "refine_samples")
 
     def __init__(
         self,
@@ -277,7 +278,6 @@ class FilteredPCARegressor(_Regressor):
     """
 
     _method = "filtered-pca"
-    _options = ("width", "depth", "budget", "refine_samples")
 
     def __init__(
         self,
@@ -303,7 +303,6 @@ class ExactRegressor(_Regressor):
     """
 
     _method = "exact"
-    _options = ("width", "activation", "exact_samples", "refine_samples")
 
     def __init__(
         self,
@@ -326,7 +325,6 @@ class LandscapeRegressor(_Regressor):
     (``--method landscape``). Parameters: ``width``, ``starts``, ``route`` and those of :class:`MomentsRegressor`."""
 
     _method = "landscape"
-    _options = ("width", "starts", "route")
 
     def __init__(
         self,
@@ -352,7 +350,6 @@ class PolynomialRegressor(_Regressor):
     """
 
     _method = "polynomial"
-    _options = ("degree", "shrink", "subspace", "residual")
 
     def __init__(
         self,

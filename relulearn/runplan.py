@@ -248,7 +248,8 @@ def plan_run(
         their own.
     extra
         Keyword arguments of the method's ``required_statistics`` beyond ``d`` and ``width`` (its
-        ``FIT_OPTIONS`` and ``SOURCE_OPTIONS``, as :func:`relulearn.api.fit` collects them).
+        ``fit_options`` and ``source_options`` in :data:`relulearn.methods.METHODS`, as
+        :func:`relulearn.api.fit` collects them).
     source
         The source's cost per sample (default: counted, or a black box timed once).
     outputs

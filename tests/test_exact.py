@@ -21,6 +21,7 @@ import pytest
 from relulearn.estimators import exact
 from relulearn.estimators.base import MissingStatisticError, Samples
 from relulearn.estimators.fixed_parameter import samples_needed
+from relulearn.methods import METHODS
 from relulearn.estimators.rectified import check_activation, kappas
 from relulearn.estimators.refine import normal_equations, parts, refine
 from relulearn.estimators.spectral import relevant_subspace
@@ -317,4 +318,5 @@ def test_missing_statistic_names_the_config_lines():
     with pytest.raises(ValueError, match="'tanh'.*not rectified"):
         exact.learn({"output_moments": {}}, [], Draw(planted(4, 2, 2, "relu", 0)), activation="tanh")
     assert exact.required_statistics(10) == {"basic": {}, "output_moments": {}}
-    assert exact.MAX_PASSES == 0 and set(exact.OPTIONS) == {"width", "activation", "exact_samples", "refine_samples"}
+    assert exact.MAX_PASSES == 0
+    assert set(METHODS["exact"].options) == {"width", "activation", "exact_samples", "refine_samples"}

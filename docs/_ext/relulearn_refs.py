@@ -1,8 +1,9 @@
 """Write the command-line and configuration references from the code, before Sphinx reads the sources.
 
 ``reference/cli.md`` comes from ``relulearn.cli.build_parser()`` (every subcommand's usage, description and
-options, as ``--help`` prints them) and ``reference/config.md`` from the pydantic models of
-``relulearn.config`` (every key, its type, default and description), so neither can drift from the code.
+options, as ``--help`` prints them), ``reference/config.md`` from the pydantic models of
+``relulearn.config`` (every key, its type, default and description), and the methods page's table and each
+method page's options from the declarations in ``relulearn.methods``, so none can drift from the code.
 """
 
 from __future__ import annotations
@@ -31,9 +32,16 @@ def cli_reference() -> str:
 
     parser = build_parser()
     parser.prog = "relulearn"
-    out = ["# Command-line reference", "",
-           "Generated from the argument parser when the documentation is built: the same text as `--help`.", "",
-           "```text", parser.format_help().rstrip(), "```", ""]
+    out = [
+        "# Command-line reference",
+        "",
+        "Generated from the argument parser when the documentation is built: the same text as `--help`.",
+        "",
+        "```text",
+        parser.format_help().rstrip(),
+        "```",
+        "",
+    ]
     for name, sub in _subparsers(parser).items():
         sub.prog = f"relulearn {name}"
         out += [f"## `relulearn {name}`", "", "```text", sub.format_help().rstrip(), "```", ""]
@@ -99,10 +107,16 @@ def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str]) 
         if field.exclude:
             continue
         subs = _models(field.annotation)
-        meaning = field.description or ("; ".join(_first_sentence(m) for m in subs[:1]) if len(subs) == 1 else
-                                        "one of the sections below, chosen by its `kind`" if subs else "")
-        rows.append(f"| `{name}` | {_escape(_type_name(field.annotation))} | {_escape(_default(field))} "
-                    f"| {_escape(meaning)} |")
+        meaning = field.description or (
+            "; ".join(_first_sentence(m) for m in subs[:1])
+            if len(subs) == 1
+            else "one of the sections below, chosen by its `kind`"
+            if subs
+            else ""
+        )
+        rows.append(
+            f"| `{name}` | {_escape(_type_name(field.annotation))} | {_escape(_default(field))} | {_escape(meaning)} |"
+        )
         for sub in _models(field.annotation):
             nested.append((sub, f"{path}.{name}" if path else name))
     out += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
@@ -113,19 +127,60 @@ def _section(model: type[BaseModel], path: str, out: list[str], seen: set[str]) 
 def config_reference() -> str:
     from relulearn.config import RunConfig
 
-    out = ["# Configuration reference", "",
-           "Generated from the configuration's schema (`relulearn.config`) when the documentation is built. "
-           "Unknown keys are refused with the closest known one; [the configuration guide](../guide/configuration.md) "
-           "explains the choices.", ""]
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from the configuration's schema (`relulearn.config`) when the documentation is built. "
+        "Unknown keys are refused with the closest known one; [the configuration guide](../guide/configuration.md) "
+        "explains the choices.",
+        "",
+    ]
     _section(RunConfig, "", out, set())
     return "\n".join(out)
 
 
+# ------------------------------------------------------------------ methods
+
+
+def methods_table() -> str:
+    """The methods page's table, from the declarations in :data:`relulearn.methods.METHODS`."""
+    from relulearn.methods import METHODS
+
+    out = ["| `--method` | learns | from | seed paper | pick instead when |", "|---|---|---|---|---|"]
+    for m in METHODS.values():
+        out.append(f"| [`{m.name}`]({m.name}.md) | {m.learns} | {m.source} | {m.paper} | {m.instead} |")
+    return "\n".join(out) + "\n"
+
+
+def method_options(name: str) -> str:
+    """A method page's list of options, from its declaration: each flag and what it does for this method."""
+    from relulearn.methods import METHODS, OPTIONS
+
+    m = METHODS[name]
+    out = [
+        f"Options of `--method {name}` (with `learn` and `fit`; scikit-learn: the `{m.regressor}` parameters "
+        "of the same names):",
+        "",
+    ]
+    for key in OPTIONS:  # the command line's order
+        if key in m.options:
+            choices = f" ({', '.join(OPTIONS[key].choices)})" if OPTIONS[key].choices else ""
+            out.append(f"- `{OPTIONS[key].flag}`{choices}: {' '.join(m.options[key].split())}")
+    return "\n".join(out) + "\n"
+
+
 def write(docs: Path) -> None:
-    ref = docs / "reference"
-    ref.mkdir(exist_ok=True)
-    for name, text in (("cli.md", cli_reference()), ("config.md", config_reference())):
-        path = ref / name
+    from relulearn.methods import METHODS
+
+    (docs / "reference").mkdir(exist_ok=True)
+    pages = {
+        "reference/cli.md": cli_reference(),
+        "reference/config.md": config_reference(),
+        "methods/figures/table.md": methods_table(),
+    }
+    pages.update({f"methods/figures/{name}-options.md": method_options(name) for name in METHODS})
+    for name, text in pages.items():
+        path = docs / name
         if not path.exists() or path.read_text() != text:  # unchanged files keep Sphinx's cache valid
             path.write_text(text)
 

@@ -36,7 +36,6 @@ from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, Pas
 from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
 
 __all__ = [
-    "OPTIONS",
     "MAX_PASSES",
     "required_statistics",
     "sample_sizes",
@@ -49,9 +48,6 @@ __all__ = [
     "LearnResult",
     "PassRequest",
 ]
-
-#: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "activation", "exact_samples", "refine_samples")
 
 #: the method never asks for a pass: everything it needs is in ``output_moments``
 MAX_PASSES = 0
@@ -266,6 +262,28 @@ def _summarize(report: dict) -> dict:
         summary["refinement_samples"] = ref["samples"]
     report["summary"] = summary
     return report
+
+
+def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+    """Bakshi–Jayaram–Woodruff's setting: a planted or file teacher is a two-layer network ``U f(V x)``
+    without biases and with a rectified ``f``; ``activation`` defaults to the teacher's; an
+    ``exact_samples`` too small for the path the outputs and the width take is refused."""
+    net = getattr(source, "network", None)
+    if net is not None:
+        if net.depth != 1 or net.biases is not None:
+            raise ValueError(
+                f"--method exact learns two-layer networks A = U f(V x) without biases (Bakshi–Jayaram–Woodruff); "
+                f"the teacher has {net.depth} hidden layers{' and biases' if net.biases is not None else ''}; "
+                "use --method filtered-pca for deep networks"
+            )
+        check_activation(net.activation, what="the teacher's activation")
+        if options.get("activation") is None:
+            options = dict(options, activation=net.activation)
+    if options.get("activation") is not None:
+        check_activation(options["activation"])
+    if options.get("exact_samples") is not None and options.get("width") is not None:
+        check_exact_samples(options["exact_samples"], source.d, options["width"], outputs or 1)
+    return options
 
 
 def check_exact_samples(exact_samples: int, d: int, k: int, outputs: int) -> None:

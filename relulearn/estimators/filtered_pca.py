@@ -52,7 +52,6 @@ from .spectral import FilterGridError
 from .streamed import projected_sample, refine_streamed
 
 __all__ = [
-    "OPTIONS",
     "MissingStatisticError",
     "PassRequest",
     "LearnResult",
@@ -68,8 +67,6 @@ __all__ = [
 
 Arrays = Mapping[str, np.ndarray]
 
-#: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "depth", "budget", "refine_samples")
 #: the deep refinement streams as many samples as the store holds, at most this many per pass
 REFINE_SAMPLES = 10_000_000
 #: the τ grid of the first pass and of every residual pass, as quantiles of |y| (|residual|)

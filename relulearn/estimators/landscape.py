@@ -40,7 +40,6 @@ from .objective_g import GParameters, StartResult, best_start, distinct_rows, mi
 from .polish import polish_and_select
 
 __all__ = [
-    "OPTIONS",
     "MAX_PASSES",
     "required_statistics",
     "learn",
@@ -50,8 +49,6 @@ __all__ = [
     "g_parameters",
 ]
 
-#: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "starts", "route")
 #: one extra pass: the fourth moment on the found subspace
 MAX_PASSES = 1
 #: the theorem's small constant: ``μ = C/κ``, ``λ = β_max/C``
@@ -260,6 +257,36 @@ def _check_noise(params: GParameters, n: int) -> dict:
 
 #: largest noise-to-signal ratio ν/β_min of the whitened fourth moment that is accepted
 MAX_NOISE_RATIO = 1.5
+
+
+def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+    """Refuse a planted or file teacher outside Ge–Lee–Ma's setting ``y = aᵀ relu(B x)``, ``a ≥ 0``,
+    ``B`` of full row rank ``m ≤ d``, naming what differs and what to use instead."""
+    net = getattr(source, "network", None)
+    if net is None:
+        return options
+    if net.depth != 1 or net.biases is not None or net.activation != "relu" or net.output_dim != 1:
+        raise ValueError(
+            "--method landscape learns y = aᵀ relu(B x) (one hidden ReLU layer, no biases, one output; Ge–Lee–Ma); "
+            f"the teacher has {net.depth} hidden layer(s), activation {net.activation}"
+            f"{', biases' if net.biases is not None else ''} and {net.output_dim} output(s); use --method "
+            "filtered-pca for deep networks or --method exact for other rectified activations"
+        )
+    a, b = net.weights[1][0], net.weights[0]
+    if np.any(a < 0):
+        raise NegativeWeightsError(
+            f"the teacher has {int(np.sum(a < 0))} negative output weight(s); the landscape method (Ge–Lee–Ma) assumes "
+            "a ≥ 0 (its T_2 would not be positive semidefinite); use --method moments, which allows either sign"
+        )
+    m, d = b.shape
+    rank = int(np.linalg.matrix_rank(b))
+    if m > d or rank < m:
+        raise ValueError(
+            f"the teacher's B ({m} × {d}) has rank {rank} < {m} rows: the landscape method needs B of full row rank "
+            "(m ≤ d, no row a combination of others), where whitening by T_2 makes the fourth moment orthogonal; "
+            "use --method moments for parallel or too many units"
+        )
+    return options
 
 
 def learn(

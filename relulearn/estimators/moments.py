@@ -33,9 +33,6 @@ from .streamed import projected_sample, refine_streamed, refine_unless_exact
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
-#: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "refine_samples", "biases", "budget")
-
 #: passes a run may ask for: the adaptive contracted pass, or the subspace passes of a sketch
 MAX_PASSES = 6
 
@@ -109,6 +106,15 @@ def _check(stats: Mapping[str, Arrays]) -> None:
             f"the 'moments' method needs contracted orders 2 or 4; this store has orders {sorted(orders)}; "
             "set statistics.contracted.orders: [2, 4]"
         )
+
+
+def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+    """``biases`` from the source when not given: a black box (or data) may hold biases; a planted or file
+    network says whether it does."""
+    if options.get("biases") is None:
+        net = getattr(source, "network", None)
+        options = dict(options, biases=net is None or net.biases is not None)
+    return options
 
 
 def learn(

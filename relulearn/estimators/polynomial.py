@@ -47,8 +47,6 @@ from . import spectral
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 
 __all__ = [
-    "OPTIONS",
-    "FIT_OPTIONS",
     "MAX_PASSES",
     "DEFAULT_DEGREE",
     "SHRINK",
@@ -64,10 +62,6 @@ __all__ = [
 
 Arrays = Mapping[str, np.ndarray]
 
-#: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "degree", "shrink", "subspace", "residual")
-#: options ``fit`` hands to :func:`required_statistics`
-FIT_OPTIONS = ("degree", "subspace", "residual")
 #: one pass: the residual tensors, or the projected tensors on the found subspace
 MAX_PASSES = 1
 #: the largest degree ``fit`` estimates when none is given (the degree is then chosen on held-out samples)
@@ -120,6 +114,23 @@ def check_degree(
             "Use a lower --degree, raise max_entries (memory grows with it), or --subspace, which expands the "
             "inputs projected on the relevant subspace"
         )
+
+
+def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+    """Refuse whitened data (the polynomial would be of the whitened inputs) and a degree the statistics
+    cannot hold."""
+    if getattr(source, "whitening", None) is not None:
+        raise ValueError(
+            "--method polynomial on whitened data would give a polynomial of the whitened inputs; "
+            "set source.data.whiten: false (inputs already of mean 0 and identity covariance), or use "
+            "--method moments"
+        )
+    if options.get("degree") is not None:
+        if options.get("subspace"):
+            check_degree(1, options["degree"], limit=SUBSPACE_ORDER_LIMIT, what="statistics.projected_hermite")
+        else:
+            check_degree(source.d, options["degree"])
+    return options
 
 
 def required_statistics(

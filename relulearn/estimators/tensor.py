@@ -62,8 +62,6 @@ from .polish_cg import DENSE_UNKNOWNS, matrix_free
 from .streamed import refine_unless_exact
 
 __all__ = [
-    "OPTIONS",
-    "SOURCE_OPTIONS",
     "MAX_PASSES",
     "HIGHER_ORDERS",
     "OUTPUTS_ROUTE_MIN_D",
@@ -92,12 +90,6 @@ CONTROL_GAIN = 25.0
 #: a decomposition whose residual exceeds its slices' noise this many times has not explained them: units under
 #: the noise floor are mixed into the directions above it
 MISFIT_MAX = 2.0
-
-#: keyword options of :func:`learn` that ``relulearn learn`` passes through
-OPTIONS = ("width", "refine_samples")
-
-#: what ``fit`` reads off the source for :func:`required_statistics`: the number of outputs
-SOURCE_OPTIONS = ("outputs",)
 
 #: the pass of higher orders, and nothing more
 MAX_PASSES = 1
@@ -154,6 +146,29 @@ def check_width(width: int | None, d: int) -> None:
         f"6 and 8 flattened on symmetric 3-tensors would lift the limit to d(d+1)(d+2)/6 = "
         f"{d * (d + 1) * (d + 2) // 6}, which this version does not estimate"
     )
+
+
+def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+    """``tensor``'s setting: one hidden ReLU layer (biases and vector outputs allowed), width at most what
+    :func:`check_width` allows."""
+    net = getattr(source, "network", None)
+    if net is not None and (net.depth != 1 or net.activation != "relu"):
+        raise ValueError(
+            f"--method tensor learns one hidden ReLU layer; the teacher has {net.depth} hidden layer(s) with "
+            f"activation {net.activation!r}; use --method filtered-pca for deep networks"
+            + (", --method exact for other rectified activations" if net.depth == 1 else "")
+        )
+    acts = source.activations() if hasattr(source, "activations") else None
+    if acts is not None and acts != ["Relu"]:
+        raise ValueError(
+            f"--method tensor learns one hidden ReLU layer; the ONNX model {source.path} has "
+            f"{len(acts)} activation layer(s) ({', '.join(acts) or 'none'}): use --method filtered-pca for deep ReLU "
+            "networks, --method polynomial for other activations"
+        )
+    check_width(options.get("width"), source.d)
+    if net is not None and options.get("width") is None:
+        check_width(int(net.weights[0].shape[0]), source.d)
+    return options
 
 
 def outputs_route(d: int, outputs: int | None) -> bool:

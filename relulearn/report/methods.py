@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..methods import METHODS
 from ._plot import EXACT, Figure, drawn, integer_axis, log_bars, matched_angles, panels
 from .common import recorded_network
 
@@ -272,12 +273,20 @@ def residual_passes(record: dict | None) -> Figure:
     )
 
 
+#: the methods' own figures by name (:attr:`relulearn.methods.Method.figures` names them)
+FIGURES: dict[str, Callable[[dict | None], Figure]] = {
+    "degree": degree,
+    "objective": objective,
+    "angles": landscape_angles,
+    "decomposition": decomposition,
+    "outputs": outputs,
+    "filtered": filtered_spectra,
+    "passes": residual_passes,
+}
+
 #: each method's own figures, after the common ones
 METHOD_FIGURES: dict[str, tuple[Callable[[dict | None], Figure], ...]] = {
-    "polynomial": (degree,),
-    "landscape": (objective, landscape_angles),
-    "exact": (decomposition, outputs),
-    "filtered-pca": (filtered_spectra, residual_passes),
+    m.name: tuple(FIGURES[f] for f in m.figures) for m in METHODS.values()
 }
 
 

@@ -1,0 +1,92 @@
+"""The method declarations (relulearn.methods) and the code that reads them agree: every method's module,
+estimator class, options, figures, command-line flags and documentation rows."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PYTHON, cli_env
+
+from relulearn import api, regressors
+from relulearn.methods import METHODS, OPTIONS, Method, method_module
+from relulearn.report.methods import FIGURES, METHOD_FIGURES
+
+ROOT = Path(__file__).resolve().parents[1]
+#: estimator parameters that are not method options (the data, the run, the cluster)
+RUN_PARAMETERS = {"whiten", "seed", "chunk_size", "client", "store"}
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_each_declaration_names_a_module_that_implements_it(name):
+    mod = method_module(name)
+    learn = inspect.signature(mod.learn).parameters
+    for option in METHODS[name].options:  # learn takes every declared option by keyword
+        assert option in learn and learn[option].kind is inspect.Parameter.KEYWORD_ONLY, (name, option)
+    assert isinstance(mod.MAX_PASSES, int) and mod.MAX_PASSES >= 0
+    planned = inspect.signature(mod.required_statistics).parameters
+    for key in (*METHODS[name].fit_options, *METHODS[name].source_options):
+        assert key in planned, (name, key)
+    check = getattr(mod, "check_setting", None)
+    assert check is None or list(inspect.signature(check).parameters) == ["source", "options", "outputs"]
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_each_declaration_names_its_estimator_and_figures(name):
+    m = METHODS[name]
+    cls = getattr(regressors, m.regressor)
+    assert cls._method == name and m.regressor in regressors.__all__
+    params = set(cls._get_param_names())
+    assert params - RUN_PARAMETERS <= {"width", *m.options}, (name, params - RUN_PARAMETERS)
+    assert RUN_PARAMETERS <= params
+    assert all(f in FIGURES for f in m.figures)
+    assert METHOD_FIGURES[name] == tuple(FIGURES[f] for f in m.figures)
+
+
+def test_every_estimator_class_is_declared():
+    declared = {m.regressor for m in METHODS.values()}
+    assert declared == set(regressors.__all__)
+
+
+def test_options_of_another_method_are_refused_naming_the_methods_that_take_them():
+    with pytest.raises(ValueError, match=r"--depth applies to --method filtered-pca only, not to moments"):
+        api._options("moments", width=3, depth=2)
+    with pytest.raises(ValueError, match=r"--no-residual applies to --method polynomial only, not to tensor"):
+        api._options("tensor", residual=False)
+    with pytest.raises(ValueError, match=r"--budget applies to --method moments or filtered-pca only"):
+        api._options("exact", budget=10)
+    assert api._options("polynomial", width=None, degree=3, shrink=None) == {"width": None, "degree": 3}
+
+
+def test_a_declaration_with_an_unknown_option_is_refused():
+    with pytest.raises(ValueError, match=r"unknown options \['colour'\]"):
+        Method("x", "x", "s", "l", "f", "p", "i", {"colour": "?"}, "XRegressor")
+
+
+def test_the_command_line_takes_every_option_with_each_methods_help():
+    # wide columns: argparse would break words at their hyphens
+    out = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", "learn", "--help"],
+        capture_output=True,
+        text=True,
+        env=dict(cli_env(), COLUMNS="100000"),
+        check=True,
+    ).stdout
+    text = " ".join(out.split())
+    for m in METHODS.values():
+        assert f"{m.name} = {' '.join(m.summary.split())}" in text
+    for o in OPTIONS.values():
+        assert o.flag in text
+        users = [m.name for m in METHODS.values() if o.name in m.options]
+        assert users, f"{o.name} is declared by no method"
+        block = text.split(o.flag, 2)[-1]  # the option's own help, after its usage entry
+        for name in users:
+            assert re.search(rf"\b{re.escape(name)}\b", block[:2000]), (o.flag, name)
+
+
+def test_the_readme_table_is_the_declarations():
+    rows = re.findall(r"^\| `([a-z-]+)` \| (.*) \| (.*) \| (.*) \|$", (ROOT / "README.md").read_text(), flags=re.M)
+    assert rows[1:] == [(m.name, m.learns, m.source, m.paper) for m in METHODS.values()]  # after the header
