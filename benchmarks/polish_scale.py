@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relulearn.api import HeldOut
+from relulearn.api.execution import HeldOut
 from relulearn.estimators.coverage import cover
 from relulearn.estimators.polish import polish_outputs
 from relulearn.estimators.polish_cg import polish_outputs_cg

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import save_json, utc_now  # noqa: E402
-from relulearn.api import HeldOut, _mapper  # noqa: E402
+from relulearn.api.execution import HeldOut, mapper  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators.streamed import refine_streamed  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
@@ -66,7 +66,7 @@ def one(d: int, k: int, n: int, client: Any) -> dict[str, Any]:
     teacher = source.network
     start = start_network(teacher, ANGLE, seed=d)
     t0 = time.perf_counter()
-    net, rep = refine_streamed(start, HeldOut(source, cfg.seed), n, mapper=_mapper(client))
+    net, rep = refine_streamed(start, HeldOut(source, cfg.seed), n, mapper=mapper(client))
     seconds = time.perf_counter() - t0
     return {"d": d, "k": k, "samples_per_pass": n, "start_angle": ANGLE,
             "start_parameter_error": compare(teacher, start).relative_error,

@@ -7,6 +7,7 @@ checks every chunk of a store against its checksums.
 """
 
 from ._version import __version__
+from .methods import METHODS
 
 #: the public names and the modules they live in, imported on first use: `relulearn.cli` starts (and refuses a
 #: locked store) without importing numpy, zarr, dask and the methods first
@@ -21,15 +22,9 @@ _PUBLIC = {
     **dict.fromkeys(("StoreDamagedError", "StoreError", "StoredRun"), "storage"),
 }
 
-#: scikit-learn estimators (relulearn.regressors), imported on first use: scikit-learn is an optional dependency
-REGRESSORS = (
-    "MomentsRegressor",
-    "TensorRegressor",
-    "FilteredPCARegressor",
-    "ExactRegressor",
-    "PolynomialRegressor",
-    "LandscapeRegressor",
-)
+#: scikit-learn estimators (relulearn.regressors, one per method), imported on first use: scikit-learn is an
+#: optional dependency
+REGRESSORS = tuple(m.regressor for m in METHODS.values())
 
 __all__ = [
     "estimate",

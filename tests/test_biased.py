@@ -94,7 +94,7 @@ def rotated(net: Network, angle: float, seed: int) -> Network:
 def test_the_streamed_refinement_fits_biases_to_machine_precision_from_a_start_off():
     """Noiseless: from every unit 0.15 rad off (directions and offsets) and the output bias 0.1 off, the
     refinement on streamed parts reaches the teacher to rounding."""
-    from relulearn.api import HeldOut
+    from relulearn.api.execution import HeldOut
     from relulearn.estimators.streamed import refine_streamed
     from relulearn.pipeline.sources import TeacherSource
 
@@ -111,7 +111,7 @@ def test_with_noise_the_biased_refinement_error_falls_as_one_over_root_n():
     """Its fixed point is the least-squares fit on every streamed sample: with label noise the parameter error
     falls as n^{-1/2} — 8× the samples, √8 = 2.8× less error (the error's norm over 49 parameters varies by about
     10 %, so the ratio is above 1.6 with room) — and at 4·10⁵ samples it is below the bounded sample's polish."""
-    from relulearn.api import HeldOut
+    from relulearn.api.execution import HeldOut
     from relulearn.estimators.polish import polish
     from relulearn.estimators.streamed import refine_streamed
     from relulearn.pipeline.sources import TeacherSource

@@ -15,14 +15,14 @@ from relulearn.network import Network
 from relulearn.pipeline.sources import make_source
 
 
-def _teacher(tmp_path, d: int = 24, k: int = 8, m: int = 3) -> tuple[Network, api.HeldOut]:
+def _teacher(tmp_path, d: int = 24, k: int = 8, m: int = 3) -> tuple[Network, api.execution.HeldOut]:
     rng = np.random.default_rng(4)
     net = Network((rng.standard_normal((k, d)) / np.sqrt(d), rng.choice([-1.0, 1.0], (m, k)) * rng.uniform(0.5, 1.5, (m, k))),
                   (0.6 * rng.standard_normal(k), rng.standard_normal(m)))
     net.save(tmp_path / "t.npz")
     cfg = config_from_dict({"seed": 5, "samples": 1000, "chunk_size": 1000,
                             "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}}})
-    return net, api.HeldOut(make_source(cfg), cfg.seed)
+    return net, api.execution.HeldOut(make_source(cfg), cfg.seed)
 
 
 def _population(net: Network) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +45,7 @@ def test_controlled_moments_are_unbiased_and_the_degree_two_expansion_cuts_their
     net, draw = _teacher(tmp_path)
     t1, t2 = _population(net)
     m, d = t1.shape
-    mapper = api._mapper(client)
+    mapper = api.execution.mapper(client)
     parts = control.residual_parts(240_000, first=7)
     assert len(parts) == control.PARTS and sum(n for _, n in parts) == 240_000
     basis = np.linalg.svd(t2.transpose(1, 0, 2).reshape(d, m * d))[0][:, :8]  # the span of the 8 units
@@ -95,5 +95,5 @@ def test_a_mapped_function_of_megabytes_goes_to_the_workers_once_and_gives_the_s
     fn = _Weighted(np.random.default_rng(0).standard_normal(2_000_000))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = api._mapper(client)(fn, range(6))
+        got = api.execution.mapper(client)(fn, range(6))
     assert got == list(map(fn, range(6)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relulearn.api import _mapper
+from relulearn.api.execution import mapper
 from relulearn.estimators.deepstream import _jacobians, deep_sums, refine_deep
 from relulearn.estimators.spectral import principal_angles
 from relulearn.network import Network
@@ -77,7 +77,7 @@ def test_noiseless_refinement_reaches_machine_precision_from_a_basis_off_the_tea
     e -= basis @ (basis.T @ e)
     start_basis = np.cos(angle) * basis + np.sin(angle) * np.linalg.qr(e)[0]
     start = Network(tuple(w * (1 + 0.05 * rng.standard_normal(w.shape)) for w in g), activation="relu")
-    net, found, report = refine_deep(start, start_basis, Draw(teacher, d), 100_000, mapper=_mapper(None),
+    net, found, report = refine_deep(start, start_basis, Draw(teacher, d), 100_000, mapper=mapper(None),
                                      part_rows=25_000)
     assert report["stop"] == "loss at rounding level" and report["passes"] <= 25, report["stop"]
     assert report["relative_loss"] < 1e-25

@@ -226,7 +226,7 @@ def test_too_few_samples_gives_the_number_needed(tmp_path):
 
 def test_starts_are_bitwise_equal_in_process_and_on_two_workers(client):
     """The starts of G run through the method's mapper: the same bits wherever they run (r = 20)."""
-    from relulearn.api import _mapper
+    from relulearn.api.execution import mapper
 
     r = 20
     rng = np.random.default_rng(15)
@@ -234,8 +234,8 @@ def test_starts_are_bitwise_equal_in_process_and_on_two_workers(client):
     t = np.einsum("i,ia,ib,ic,id->abcd", 1.0 / rng.uniform(0.5, 1.5, r), u, u, u, u)
     t += 1e-3 * hermite.unpack(hermite.pack(rng.standard_normal((r,) * 4)), r, 4)  # noisy, not exactly orthogonal
     params = GParameters(mu=0.03, lam=20.0, beta_max=2.0, beta_min=0.7, noise=0.0)
-    here = minimize_g(t.reshape(r * r, r * r), r, params, starts=2, seed=(5,), mapper=_mapper(None))
-    there = minimize_g(t.reshape(r * r, r * r), r, params, starts=2, seed=(5,), mapper=_mapper(client))
+    here = minimize_g(t.reshape(r * r, r * r), r, params, starts=2, seed=(5,), mapper=mapper(None))
+    there = minimize_g(t.reshape(r * r, r * r), r, params, starts=2, seed=(5,), mapper=mapper(client))
     assert all(np.array_equal(a.b, b.b) and a.value == b.value for a, b in zip(here, there))
 
 

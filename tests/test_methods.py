@@ -53,12 +53,12 @@ def test_every_estimator_class_is_declared():
 
 def test_options_of_another_method_are_refused_naming_the_methods_that_take_them():
     with pytest.raises(ValueError, match=r"--depth applies to --method filtered-pca only, not to moments"):
-        api._options("moments", width=3, depth=2)
+        api.learning.checked_options("moments", width=3, depth=2)
     with pytest.raises(ValueError, match=r"--no-residual applies to --method polynomial only, not to tensor"):
-        api._options("tensor", residual=False)
+        api.learning.checked_options("tensor", residual=False)
     with pytest.raises(ValueError, match=r"--budget applies to --method moments or filtered-pca only"):
-        api._options("exact", budget=10)
-    assert api._options("polynomial", width=None, degree=3, shrink=None) == {"width": None, "degree": 3}
+        api.learning.checked_options("exact", budget=10)
+    assert api.learning.checked_options("polynomial", width=None, degree=3, shrink=None) == {"width": None, "degree": 3}
 
 
 def test_a_declaration_with_an_unknown_option_is_refused():
@@ -90,3 +90,11 @@ def test_the_command_line_takes_every_option_with_each_methods_help():
 def test_the_readme_table_is_the_declarations():
     rows = re.findall(r"^\| `([a-z-]+)` \| (.*) \| (.*) \| (.*) \|$", (ROOT / "README.md").read_text(), flags=re.M)
     assert rows[1:] == [(m.name, m.learns, m.source, m.paper) for m in METHODS.values()]  # after the header
+
+
+@pytest.mark.parametrize("fn", [api.learn, api.fit])
+def test_the_python_api_takes_every_option_by_keyword(fn):
+    params = inspect.signature(fn).parameters
+    for name in OPTIONS:
+        assert name in params and params[name].kind is inspect.Parameter.KEYWORD_ONLY, (fn.__name__, name)
+        assert params[name].default is None  # the method's default applies

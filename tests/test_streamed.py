@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relulearn.api import _mapper
+from relulearn.api.execution import mapper
 from relulearn.estimators import streamed
 from relulearn.estimators.streamed import PopulationGram, gradient_sums, pair_second_moment, refine_streamed
 from relulearn.network import Network, compare
@@ -78,7 +78,7 @@ def test_gradient_sums_is_the_half_gradient_of_the_squared_loss():
 
 def test_noiseless_refinement_reaches_machine_precision_from_a_start_02_rad_off():
     teacher, start = _teacher_and_start(50, 3, 0.2)
-    net, rep = refine_streamed(start, Draw(teacher, 50), 200_000, mapper=_mapper(None))
+    net, rep = refine_streamed(start, Draw(teacher, 50), 200_000, mapper=mapper(None))
     assert compare(teacher, start).relative_error > 0.1
     assert compare(teacher, net).relative_error <= 1e-12, rep
     assert rep["passes"] <= 20 and rep["relative_loss"] <= 1e-26
@@ -91,11 +91,11 @@ def test_anderson_mixing_reaches_the_exact_fit_when_the_samples_are_few_multiple
     d, k = 100, 5
     teacher, start = _teacher_and_start(d, k, 0.3, seed=2)
     draw = Draw(teacher, d)
-    mixed, rep = refine_streamed(start, draw, 8 * k * d, mapper=_mapper(None))
+    mixed, rep = refine_streamed(start, draw, 8 * k * d, mapper=mapper(None))
     assert compare(teacher, mixed).relative_error <= 1e-12, rep["stop"]
     assert rep["mixed_steps"] > 0
     monkeypatch.setattr(streamed, "ANDERSON_MEMORY", 0)  # plain steps only
-    plain, rep_plain = refine_streamed(start, draw, 8 * k * d, mapper=_mapper(None))
+    plain, rep_plain = refine_streamed(start, draw, 8 * k * d, mapper=mapper(None))
     assert rep_plain["mixed_steps"] == 0
     assert compare(teacher, plain).relative_error > 1e3 * max(compare(teacher, mixed).relative_error, 1e-15)
 
@@ -103,8 +103,8 @@ def test_anderson_mixing_reaches_the_exact_fit_when_the_samples_are_few_multiple
 def test_refinement_is_bitwise_equal_in_process_and_on_two_workers(client):
     teacher, start = _teacher_and_start(24, 3, 0.05, seed=4)
     draw = Draw(teacher, 24, noise=0.1)
-    here, rep_here = refine_streamed(start, draw, 90_000, part_rows=30_000, max_passes=3, mapper=_mapper(None))
-    there, rep_there = refine_streamed(start, draw, 90_000, part_rows=30_000, max_passes=3, mapper=_mapper(client))
+    here, rep_here = refine_streamed(start, draw, 90_000, part_rows=30_000, max_passes=3, mapper=mapper(None))
+    there, rep_there = refine_streamed(start, draw, 90_000, part_rows=30_000, max_passes=3, mapper=mapper(client))
     assert rep_here["passes"] == 3 and rep_here == rep_there
     assert all(np.array_equal(a, b) for a, b in zip(here.weights, there.weights))
 

@@ -113,7 +113,7 @@ def test_rarely_active_units_get_their_rows_and_the_polish_then_reaches_machine_
     is not determined and polish stops far off. :func:`.coverage.cover` streams further queries of the source and
     keeps those on the rarer side of each short unit (active for β < 0, inactive for the always-on unit β = 2.3)
     until each has 4(d+1); on that sample polish from 0.1 rad reaches the teacher's rounding."""
-    from relulearn.api import HeldOut
+    from relulearn.api.execution import HeldOut
     from relulearn.estimators.coverage import cover, side_counts
     from relulearn.pipeline.sources import TeacherSource
 

@@ -106,7 +106,7 @@ class SampleDraw(Protocol):
 
 def part_batches(draw: Any, p: int, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Part ``p`` of ``draw`` batch by batch when the draw streams it (an optional
-    ``part_batches(p, n)``, as :class:`relulearn.api.HeldOut` has), else as one batch (``part``)."""
+    ``part_batches(p, n)``, as :class:`relulearn.api.execution.HeldOut` has), else as one batch (``part``)."""
     batches = getattr(draw, "part_batches", None)
     if batches is None:
         yield draw.part(int(p), int(n))

@@ -1,0 +1,191 @@
+"""Estimate then learn in one call (``fit``), and the plan of a run before any work (``plan``)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..config import RunConfig, load_config
+from ..pipeline.cluster import connect, prepare
+from ..pipeline.run import estimate as _estimate
+from ..storage import RunStore, StoreError, writing
+
+if TYPE_CHECKING:
+    pass
+
+
+from ..methods import METHODS, method_module
+from .learning import check_setting, checked_options, learn_with, setting_source
+from .runs import planned_workers
+
+
+def fit(
+    config: str | Path | RunConfig,
+    store: str,
+    method: str = "moments",
+    *,
+    width: int | None = None,
+    depth: int | None = None,
+    budget: int | None = None,
+    activation: str | None = None,
+    exact_samples: int | None = None,
+    refine_samples: int | None = None,
+    starts: int | None = None,
+    route: str | None = None,
+    degree: int | None = None,
+    shrink: str | None = None,
+    subspace: bool | None = None,
+    residual: bool | None = None,
+    biases: bool | None = None,
+    out: str | None = None,
+    samples: int | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    break_lock: bool = False,
+    dashboard: str | None = None,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
+
+    A configuration without a ``statistics`` section gets the method's own statistics, in the form
+    projected fastest under ``run.worker_memory`` (:func:`relulearn.runplan.plan_run`); the plan's
+    one-line summary is printed to ``progress`` before the work, and a run projected past
+    ``run.max_hours`` is refused. ``dry_run`` returns the plan (``plan``, and ``plan_lines`` to print)
+    without any work. The other options are those of :func:`learn` and :func:`estimate`; the store's
+    lease is taken before a cluster starts and held until the learn ends.
+    """
+    options = checked_options(
+        method,
+        width=width,
+        depth=depth,
+        budget=budget,
+        activation=activation,
+        exact_samples=exact_samples,
+        refine_samples=refine_samples,
+        starts=starts,
+        route=route,
+        degree=degree,
+        shrink=shrink,
+        subspace=subspace,
+        residual=residual,
+        biases=biases,
+    )
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    setting = setting_source(cfg)
+    check_setting(method, setting, options)  # before anything is written
+    kept = _stored_statistics(store) if "statistics" not in cfg.model_fields_set else None
+    if kept is not None:
+        # a run to resume or extend keeps the statistics it was started with: the form chosen by projected
+        # time depends on the machine, and another choice would not match the store
+        from ..config import config_from_dict
+
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=kept), base_dir=cfg.base_dir)
+    run_plan = _plan_fit(cfg, method, setting, width, options, samples, planned_workers(client, workers))
+    memory = None
+    if "statistics" not in cfg.model_fields_set:
+        from ..config import config_from_dict
+
+        mod = method_module(method)
+        if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
+            from ..pipeline.plan import plan_families
+
+            memory = plan_families(
+                cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
+            )
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
+    if dry_run:
+        return {"method": method, "dry_run": True, "plan": run_plan.to_dict(), "plan_lines": run_plan.lines()}
+    if progress is not None:
+        print(run_plan.summary(), file=progress)
+
+    projected = {p.name: p.projected_seconds for p in run_plan.passes}
+
+    def run(c: Any, lease: Any) -> dict[str, Any]:
+        summary = _estimate(
+            cfg, store, samples=samples, client=c, progress=progress, lease=lease, projected=projected.get("estimate")
+        )
+        result = learn_with(c, store, method, options, out, progress, break_lock, projected=projected)
+        result["estimate"] = summary.to_dict()
+        result["plan"] = run_plan.to_dict()
+        if memory is not None:
+            result["statistics_plan"] = memory
+        return result
+
+    with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
+        if client == "local":
+            return run(None, lease)
+        if client is not None:
+            prepare(client)
+            return run(client, lease)
+        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
+            return run(c, lease)
+
+
+def _stored_statistics(store: str) -> dict | None:
+    """The statistics section of the run already committed at ``store`` (None: no run there yet, or a store
+    that cannot be read, which the run itself then reports)."""
+    try:
+        meta = RunStore(store).meta()
+    except (StoreError, OSError, ValueError):
+        return None
+    if not meta or "config" not in meta:
+        return None
+    return dict(meta["config"].get("statistics") or {}) or None
+
+
+def _plan_fit(
+    cfg: RunConfig,
+    method: str,
+    setting: Any,
+    width: int | None,
+    options: dict[str, Any],
+    samples: int | None,
+    workers: int,
+) -> Any:
+    """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options."""
+    from ..runplan import plan_run
+
+    extra = {k: options.get(k) for k in METHODS[method].fit_options}
+    extra.update({k: getattr(setting, k, None) for k in METHODS[method].source_options})
+    return plan_run(
+        cfg,
+        method,
+        width=width,
+        samples=samples,
+        workers=workers,
+        extra=extra,
+        outputs=getattr(setting, "outputs", None),
+    )
+
+
+def plan(
+    config: str | Path | RunConfig,
+    method: str | None = None,
+    *,
+    samples: int | None = None,
+    width: int | None = None,
+    workers: int | None = None,
+    **method_options: Any,
+) -> dict[str, Any]:
+    """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (no method) for a configuration,
+    without any work: each pass, each family's form, flops and bytes per sample, projected wall time on
+    ``workers`` (default: one per core) and memory per worker and on the driver.
+
+    Returns the plan as a dict (:meth:`relulearn.runplan.RunPlan.to_dict`: ``projected_seconds`` for the whole
+    command, one per pass) with ``lines``, the plan as a person reads it.
+    """
+    from ..runplan import plan_run
+
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    n_workers = planned_workers(None, workers)
+    if method is None:
+        got = plan_run(cfg, None, samples=samples, workers=n_workers)
+    else:
+        options = checked_options(method, width=width, **method_options)
+        setting = setting_source(cfg)
+        check_setting(method, setting, options)
+        got = _plan_fit(cfg, method, setting, width, options, samples, n_workers)
+    return dict(got.to_dict(), lines=got.lines())

@@ -1,0 +1,284 @@
+"""Learning from a store: the method's options and setting checked before any work, the extra passes it asks
+for, the model written and the learn recorded in the store (``learn``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any, TextIO, cast
+
+import numpy as np
+
+from ..aligned import one_blas_thread
+from ..config import RunConfig
+from ..estimators.base import PassRequest
+from ..network import Network
+from ..pipeline.cluster import connect, prepare
+from ..pipeline.projection import format_seconds
+from ..pipeline.run import estimate as _estimate
+from ..pipeline.sources import data_of
+from ..storage import RunStore, StoreError, open_store
+
+if TYPE_CHECKING:
+    from ..pipeline.data import DataSource
+
+
+from ..methods import METHODS, OPTIONS, method_module
+from .execution import HeldOut, mapper
+
+
+def check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """Refuse, before any work, a source outside the method's setting (vector labels for a method of one
+    output; the method's own ``check_setting``); returns the options, completed from the source where the
+    method needs it (``exact``'s activation, ``moments``' biases)."""
+    from ..pipeline.sources import label_outputs
+
+    outputs = label_outputs(source)
+    if outputs and not METHODS[method].vector_labels:
+        several = " or ".join(f"--method {m.name}" for m in METHODS.values() if m.vector_labels)
+        raise ValueError(
+            f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "
+            f"set source.output to the output to learn, or use {several} (networks with vector outputs)"
+        )
+    check = getattr(method_module(method), "check_setting", None)
+    return dict(options) if check is None else check(source, dict(options), outputs)
+
+
+def setting_source(cfg: RunConfig) -> Any:
+    """What :func:`_check_setting` looks at, before a run: the source itself, or for data (whose scan the
+    run's workers make, not the driver) its width, scalar label and whitening."""
+    from types import SimpleNamespace
+
+    from ..pipeline.sources import make_source
+
+    if cfg.source.data is None:
+        return make_source(cfg)
+    return SimpleNamespace(
+        d=cfg.source.d, outputs=None, network=None, whitening=True if cfg.source.data.whiten else None
+    )
+
+
+def checked_options(method: str, **given: Any) -> dict[str, Any]:
+    """The method's keyword options (``width`` always); options a method does not declare
+    (:attr:`relulearn.methods.Method.options`) are refused by name."""
+    allowed = {"width", *METHODS[method].options}
+    extra = [k for k, v in given.items() if v is not None and k not in allowed]
+    if extra:
+        verb = "applies" if len(extra) == 1 else "apply"
+        users = [m.name for m in METHODS.values() if all(k in m.options for k in extra)]
+        extra = [OPTIONS[k].flag if k in OPTIONS else f"--{k}" for k in extra]
+        raise ValueError(f"{' and '.join(extra)} {verb} to --method {' or '.join(users)} only, not to {method}")
+    return {k: v for k, v in given.items() if k == "width" or v is not None}
+
+
+def _pass_url(store: str, name: str, statistics: dict) -> str:
+    """Where a requested pass is stored: its name and a digest of what it computes, so that
+    a different request (another sample count, width or candidate) never collides with it."""
+    import hashlib
+    import json
+
+    digest = hashlib.sha256(json.dumps(statistics, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{store.rstrip('/')}/passes/{name}-{digest}"
+
+
+def learn_with(
+    client: Any,
+    store: str,
+    method: str,
+    options: dict[str, Any],
+    out: str | None,
+    progress: TextIO | None,
+    break_lock: bool = False,
+    projected: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    from ..config import config_from_dict
+    from ..pipeline.sources import make_source
+    from ..progress import reporting as stage_progress
+
+    t0 = time.perf_counter()
+    mod = method_module(method)
+    run = open_store(store)
+    cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
+    source = make_source(cfg)
+    options = check_setting(method, source, options)
+    stats = run.all_arrays()  # one commit, checked against its manifest (a damaged store is refused here)
+
+    samples = HeldOut(source, cfg.seed)
+    passes: list[dict] = []
+    pass_info: list[dict] = []
+    for _ in range(getattr(mod, "MAX_PASSES", 3) + 1):  # a method asks for a bounded number of passes
+        # the driver's products give the same bits in any process (CLI, notebook, tests); the long stages
+        # (enumeration, refinement, polish) report to the command's progress stream
+        with one_blas_thread(), stage_progress(progress):
+            result = mod.learn(stats, passes, samples, mapper=mapper(client), seed=cfg.seed, **options)
+        if not isinstance(result, PassRequest):
+            break
+        url = _pass_url(store, result.name, result.statistics)
+        pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
+        when = (projected or {}).get(result.name)
+        if progress is not None:
+            print(
+                f"pass '{result.name}': {result.reason}"
+                + (f" (projected {format_seconds(when)})" if when is not None else ""),
+                file=progress,
+            )
+        # a pass is a store of its own, written under its own lease
+        summary = _estimate(
+            pass_cfg, url, samples=run.samples, client=client, progress=progress, break_lock=break_lock, projected=when
+        )
+        pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
+        passes.append(open_store(url).all_arrays())
+    else:
+        raise RuntimeError(f"method {method} kept asking for passes; this is a bug, please report it")
+    net = result.network
+    if data_of(source) is not None and isinstance(net, Network):  # whitened data: back to the raw inputs
+        net = cast("DataSource", source).to_raw(net)
+    if out is not None:
+        net.save(out)
+    done = {
+        "method": method,
+        "store": store,
+        "out": out,
+        **model_shape(net),
+        "samples": run.samples,
+        "passes": pass_info,
+        "seconds": time.perf_counter() - t0,
+        "report": result.report,
+    }
+    _record_learn(store, done, net)
+    return done
+
+
+#: a learn record keeps the network learned when it has at most this many weights (the report's test error
+#: against the samples evaluates every recorded network)
+RECORD_WEIGHTS = 200_000
+
+
+def _record_learn(store: str, done: dict[str, Any], net: Any) -> None:
+    """Keep what a learn found beside the store's statistics, for ``relulearn report`` (its learning curves, and
+    the held-out loss against the samples as the store is extended); a store that cannot take it loses nothing."""
+    import json
+
+    losses = done["report"].get("validation_relative_loss")
+    chosen = done["report"].get("chosen")
+    doc = {k: done[k] for k in ("method", "samples", "seconds", "kind")}
+    if isinstance(losses, dict) and losses:
+        doc["validation_relative_loss"] = losses.get(chosen, min(losses.values()))
+    else:
+        doc["validation_relative_loss"] = None
+    doc["report"] = json.loads(json.dumps(done["report"], default=str))
+    if isinstance(net, Network) and sum(w.size for w in net.weights) <= RECORD_WEIGHTS:
+        doc["network"] = {k: (v.tolist() if v.dtype.kind == "f" else str(v)) for k, v in net.to_arrays().items()}
+    try:
+        RunStore(store).add_record("learn", doc)
+    except (StoreError, OSError):
+        pass
+
+
+def model_shape(model: Any) -> dict[str, Any]:
+    """What kind of model a method returned, and its size: width and depth of a network, degree
+    (and subspace rank) of a polynomial."""
+    from ..polynomial import PolynomialModel
+
+    if isinstance(model, PolynomialModel):
+        return {
+            "kind": "polynomial",
+            "degree": model.degree,
+            "input_dim": model.input_dim,
+            "subspace_rank": None if model.basis is None else model.dim,
+        }
+    out = {
+        "kind": "network",
+        "width": int(model.weights[0].shape[0]),
+        "depth": int(model.depth),
+        "input_dim": model.input_dim,
+    }
+    if model.depth == 1 and model.output_dim == 1 and out["width"] <= 64:
+        # the units at a glance, in the scale-free form compare uses: λ_i ‖u_i‖ and b_i / ‖u_i‖
+        norms = np.linalg.norm(model.weights[0], axis=1)
+        units = {"output_weights": (model.weights[1][0] * norms).tolist()}
+        if model.biases is not None:
+            units["offsets"] = (model.biases[0] / np.where(norms > 0, norms, 1.0)).tolist()
+            units["output_bias"] = float(model.biases[1][0])
+        out["units"] = units
+    return out
+
+
+def learn(
+    store: str,
+    method: str = "moments",
+    *,
+    width: int | None = None,
+    depth: int | None = None,
+    budget: int | None = None,
+    activation: str | None = None,
+    exact_samples: int | None = None,
+    refine_samples: int | None = None,
+    starts: int | None = None,
+    route: str | None = None,
+    degree: int | None = None,
+    shrink: str | None = None,
+    subspace: bool | None = None,
+    residual: bool | None = None,
+    biases: bool | None = None,
+    out: str | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    break_lock: bool = False,
+    dashboard: str | None = None,
+) -> dict[str, Any]:
+    """Learn a network from the statistics in ``store`` with a learning ``method``.
+
+    Runs the extra passes the method asks for (stored under ``STORE/passes/``), evaluates
+    candidate batches on the cluster, and writes the network to ``out`` (``.npz``).
+    ``width`` is the number of hidden units (``moments``) or the largest hidden width
+    (``filtered-pca``); ``depth`` (hidden layers) and ``budget`` (candidate networks) are
+    options of ``filtered-pca``; ``activation`` (``relu``, ``relu2``, ``relu3``; default: the
+    teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
+    (samples streamed through the refinement; default all the store holds; 0: none) of ``exact``,
+    ``moments`` and ``filtered-pca`` (its deep answers: at most 10⁷);
+    ``starts`` (random starts of G, default 8) and ``route`` (``moments`` or ``stream``; default by
+    width) of ``landscape``; ``degree`` (default: chosen on held-out samples), ``shrink`` (``order``, the
+    default, ``none``, ``entry``), ``subspace`` (expand the inputs projected on the relevant subspace) and
+    ``residual`` (re-estimate orders ≥ 3 on residual labels, default True) of ``polynomial``, whose
+    model is a :class:`~relulearn.polynomial.PolynomialModel`; ``biases`` of ``moments`` (learn hidden and
+    output biases; default: unless the source is a planted or file network without biases).
+
+    The store is only read (learn takes no lease on it): every statistic and the ledger from one commit,
+    checked against its manifest (a damaged store is refused with
+    :class:`~relulearn.storage.errors.StoreDamagedError`, naming the array and chunk, before any method runs);
+    each extra pass is a store of its own, written under its own lease (``break_lock``: break a stale one, left
+    by a learn that died).
+    ``dashboard``: ``HOST:PORT`` of a local cluster's dashboard (default 127.0.0.1, a free port).
+
+    Returns
+    -------
+    dict
+        ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
+    """
+    options = checked_options(
+        method,
+        width=width,
+        depth=depth,
+        budget=budget,
+        activation=activation,
+        exact_samples=exact_samples,
+        refine_samples=refine_samples,
+        starts=starts,
+        route=route,
+        degree=degree,
+        shrink=shrink,
+        subspace=subspace,
+        residual=residual,
+        biases=biases,
+    )
+    open_store(store)  # no store, or a damaged root, is refused before a cluster starts
+    if client == "local":
+        return learn_with(None, store, method, options, out, progress, break_lock)
+    if client is not None:
+        prepare(client)
+        return learn_with(client, store, method, options, out, progress, break_lock)
+    with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard) as c:
+        return learn_with(c, store, method, options, out, progress, break_lock)

@@ -1,0 +1,168 @@
+"""Running a configuration's estimation and reading a store: ``estimate``, ``status``, ``verify``, ``merge``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from ..config import RunConfig, load_config
+from ..pipeline.cluster import connect, prepare
+from ..pipeline.run import RunSummary, merge_stores
+from ..pipeline.run import estimate as _estimate
+from ..storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
+
+if TYPE_CHECKING:
+    pass
+
+
+def estimate(
+    config: str | Path | RunConfig,
+    store: str,
+    *,
+    samples: int | None = None,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    client: Any = None,
+    progress: TextIO | None = sys.stderr,
+    commit_interval: float | None = None,
+    on_start: Callable[[dict], None] | None = None,
+    break_lock: bool = False,
+    dashboard: str | None = None,
+    new_store_here: bool = False,
+) -> RunSummary:
+    """Start, resume or extend the run described by ``config`` in ``store``.
+
+    Parameters
+    ----------
+    config
+        A YAML path or a :class:`~relulearn.config.RunConfig`.
+    store
+        The store location (local directory or fsspec URL).
+    samples
+        Total samples wanted (default: the config's ``samples``); more than the store
+        holds extends the run.
+    workers, scheduler
+        Start a ``LocalCluster`` with ``workers`` processes (default: one per core), or
+        connect to a running scheduler. Ignored when ``client`` is given.
+    client
+        An existing ``distributed.Client``, or the string ``"local"`` to run in this
+        process without Dask.
+    break_lock
+        Break a stale lease on the store (left by a writer that died) before taking it.
+    dashboard
+        ``HOST:PORT`` of a local cluster's dashboard (default: the config's ``run.dashboard``,
+        else 127.0.0.1 on a free port).
+    new_store_here
+        Start a new store in a folder that is not a readable store (other files stay as they are; the
+        relulearn data of a store whose root metadata is missing or damaged is moved into
+        ``STORE/set-aside-<time>/``, never deleted). Without it such a folder is refused.
+
+    Raises
+    ------
+    StoreLockedError
+        Before any cluster starts, when another writer holds the store's lease, or a
+        stale lease is left and ``break_lock`` is not given.
+    StoreDamagedError
+        When the store is damaged (its root metadata before any cluster starts; a chunk or metadata
+        document of the committed generation when the run opens it), naming what; nothing is modified.
+    TooLongError
+        When ``run.max_hours`` is set and the run is projected to take longer (:mod:`relulearn.runplan`).
+    """
+    cfg = config if isinstance(config, RunConfig) else load_config(config)
+    if cfg.run.max_hours is not None:  # projected before any work (the projection is skipped without a limit)
+        from ..runplan import plan_run
+
+        plan_run(cfg, None, samples=samples, workers=planned_workers(client, workers))
+    # before a cluster starts: a refusal is immediate
+    with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
+        kw: dict[str, Any] = dict(
+            samples=samples,
+            progress=progress,
+            commit_interval=commit_interval,
+            on_start=on_start,
+            lease=lease,
+            new_store_here=new_store_here,
+        )
+        if client == "local":
+            return _estimate(cfg, store, client=None, **kw)
+        if client is not None:
+            prepare(client)  # a client the caller made: same checks and worker setup as connect()
+            return _estimate(cfg, store, client=client, **kw)
+        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
+            return _estimate(cfg, store, client=c, **kw)
+
+
+def status(store: str) -> dict[str, Any]:
+    """What a store holds: samples, statistics, fingerprint, last commit, and ``lease``: the writer
+    holding the store (host, pid, start, last heartbeat, and ``stale``: why it is stale, or None),
+    or None when no writer holds it; ``damaged``: the objects of the committed generation that one
+    listing shows missing or truncated (no byte is read: :func:`verify` finds altered bytes too; None
+    for a store written before checksums).
+
+    Raises
+    ------
+    StoreDamagedError
+        When the root metadata is missing, unreadable or differs from its digest (a damaged store, not
+        "no store").
+    """
+    try:
+        out = open_store(store).summary()
+    except StoreError as err:
+        found = read_lease(store) if "no relulearn store" in str(err) else None
+        if not isinstance(found, LeaseInfo):
+            raise
+        raise StoreError(f"{err}; its first run is being written by {found.describe()}") from None
+    sizes = RunStore(store).check_sizes()
+    out["damaged"] = None if sizes is None else [d.to_dict() for d in sizes]
+    found = read_lease(store)
+    out["lease"] = (
+        found.to_dict()
+        if isinstance(found, LeaseInfo)
+        else None
+        if found is None
+        else {"holder": None, "stale": "its lease document cannot be read"}
+    )
+    return out
+
+
+def verify(store: str) -> dict[str, Any]:
+    """Check every chunk and metadata document of the store's committed generation (statistics and ledger,
+    then each extra pass under ``passes/``) against the commit's manifest, and the root metadata against its
+    digest; nothing is written.
+
+    Returns
+    -------
+    dict
+        ``intact`` (bool), ``arrays`` (per array: ``array``, ``chunks`` checked, ``status``), ``damaged``
+        (every damaged object: ``array``, ``chunk``, ``key`` — its file — and ``problem``), ``checksums``
+        (False for a store written before checksums: missing and truncated chunks are found, flipped bytes
+        are not), ``root``, ``documents``, ``passes``, ``seconds``
+        (:func:`relulearn.storage.verify.verify_store`).
+
+    Raises
+    ------
+    StoreError
+        When ``store`` holds no relulearn store or no committed run, or cannot be reached.
+    """
+    from ..storage.verify import verify_store
+
+    return verify_store(store)
+
+
+def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, Any]:
+    """Merge two stores of the same source with different seeds into a new store ``out``
+    (``break_lock``: break a stale lease on ``out`` first)."""
+    return merge_stores(a, b, out, break_lock=break_lock)
+
+
+def planned_workers(client: Any, workers: int | None) -> int:
+    """Workers a run will have: 1 in process, a client's current workers, else the local cluster's."""
+    import os
+
+    if client == "local":
+        return 1
+    if client is not None:
+        return max(1, len(client.scheduler_info().get("workers", {})))
+    return int(workers or os.cpu_count() or 1)
