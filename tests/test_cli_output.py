@@ -86,16 +86,16 @@ def test_a_vacuous_angle_bound_is_not_printed_as_an_angle():
 
 
 def test_the_demo_mentions_merged_units_only_when_a_teacher_unit_is_missing(capsys):
-    from relulearn.cli import _print_demo
+    from relulearn.cli.output import print_demo
 
     unit = {"unit": 0, "teacher_lambda": 1.0, "learned_lambda": 1.0, "angle": 1e-15, "relative_error": 1e-15}
     result = {"d": 20, "width": 2, "samples": 10**6, "units": [unit, dict(unit, unit=1)], "parameter_error": 1e-15,
               "relative_test_error": 1e-30, "merged_units": [{"into": 1, "reason": "same direction"}],
               "estimate_seconds": 1.0, "learn_seconds": 1.0, "seconds": 2.0}
-    _print_demo(result)
+    print_demo(result)
     assert "merged" not in capsys.readouterr().out  # every unit came out: the search's merges did not matter
     result["units"][1] = dict(unit, unit=1, learned_lambda=None, angle=None)
-    _print_demo(result)
+    print_demo(result)
     assert "teacher unit 1 not found" in capsys.readouterr().out
 
 

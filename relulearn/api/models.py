@@ -34,24 +34,11 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     ``teacher`` is a run configuration (its source, noise included, with samples from a
     stream the estimation never uses) or a network ``.npz`` (noiseless, every output).
     """
-    from ..network import compare, compare_two_layer, subspace_angle
-    from ..pipeline.sources import Stream, TeacherSource, draw, make_source
+    from ..pipeline.sources import Stream, draw
     from ..polynomial import PolynomialModel, load_model
 
     net = model if isinstance(model, (Network, PolynomialModel)) else load_model(model)
-    teacher = Path(teacher)
-    source: RunSource
-    if teacher.suffix == ".npz":
-        source, seed = TeacherSource(Network.load(teacher)), 0
-    elif teacher.suffix.lower() in (".yaml", ".yml", ".json", ""):
-        cfg = load_config(teacher)
-        source, seed = make_source(cfg), cfg.seed
-    else:
-        raise ConfigError(
-            f"teacher {teacher}: a {teacher.suffix} file is not a teacher; give a network file (.npz) "
-            "or a run configuration (.yaml) whose source is the teacher (an ONNX model or a callable "
-            "goes in its `teacher:` section)"
-        )
+    source, seed = _teacher_source(Path(teacher))
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
     if data_of(source) is not None:  # data: its last rows, raw (the model maps raw inputs)
@@ -65,8 +52,7 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
             f"the model has {net.output_dim} outputs but the teacher's labels have {y2.shape[1]}; "
             "learn a model of the same source (or set source.output to compare one output)"
         )
-    pred = net.forward(x)
-    err2, ey2 = np.mean((y2 - pred) ** 2, axis=0), np.mean(y2**2, axis=0)
+    err2, ey2 = np.mean((y2 - net.forward(x)) ** 2, axis=0), np.mean(y2**2, axis=0)
     out: dict[str, Any] = {
         "samples": samples,
         "relative_test_error": float(err2.sum() / ey2.sum()),
@@ -95,24 +81,50 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         )
         return out
     out.update({"model_kind": "network", "model_width": int(net.weights[0].shape[0]), "model_depth": int(net.depth)})
+    out.update(_parameter_errors(net, source, x, y2.shape[1], samples))
+    return out
+
+
+def _teacher_source(teacher: Path) -> tuple[RunSource, int]:
+    """The source ``evaluate`` draws its test samples from, and its seed: a network file (noiseless) or a run
+    configuration's source."""
+    from ..pipeline.sources import TeacherSource, make_source
+
+    if teacher.suffix == ".npz":
+        return TeacherSource(Network.load(teacher)), 0
+    if teacher.suffix.lower() in (".yaml", ".yml", ".json", ""):
+        cfg = load_config(teacher)
+        return make_source(cfg), cfg.seed
+    raise ConfigError(
+        f"teacher {teacher}: a {teacher.suffix} file is not a teacher; give a network file (.npz) "
+        "or a run configuration (.yaml) whose source is the teacher (an ONNX model or a callable "
+        "goes in its `teacher:` section)"
+    )
+
+
+def _parameter_errors(net: Network, source: RunSource, x: np.ndarray, outputs: int, samples: int) -> dict[str, Any]:
+    """The learned network against the teacher's weights: the subspace angle and the parameter error up to the
+    symmetries (or why there is none: data, a black box, one output of a vector teacher)."""
+    from ..network import compare, compare_two_layer, subspace_angle
+
+    t_net = getattr(source, "network", None)
     if t_net is None and data_of(source) is not None:
-        out["parameter_error"] = None
-        out["parameter_error_note"] = (
-            f"the source is data: the test error is on its last {samples:,} rows (held out "
-            "only if the run used fewer rows); no teacher weights to compare with"
-        )
-        return out
+        return {
+            "parameter_error": None,
+            "parameter_error_note": f"the source is data: the test error is on its last {samples:,} rows (held out "
+            "only if the run used fewer rows); no teacher weights to compare with",
+        }
     if t_net is None:
-        out["parameter_error"] = None
-        out["parameter_error_note"] = (
-            f"the teacher is a black box ({getattr(source, 'label', 'no weights')}): no "
-            "weights to compare with; compare by test error"
-        )
-        return out
+        return {
+            "parameter_error": None,
+            "parameter_error_note": f"the teacher is a black box ({getattr(source, 'label', 'no weights')}): no "
+            "weights to compare with; compare by test error",
+        }
+    out: dict[str, Any] = {}
     scalar_relu = (
         t_net.activation == "relu"
         and net.activation == "relu"
-        and y2.shape[1] == 1
+        and outputs == 1
         and getattr(source, "output", None) is None
     )
     if scalar_relu and t_net.biases is None:
@@ -127,25 +139,22 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
         return out
     try:
         cmp = compare(t_net, net) if scalar_relu else compare_two_layer(t_net, net)
-        out["parameter_error"] = cmp.relative_error
-        out["matching"] = list(cmp.matching)
-        out["unit_errors"] = list(cmp.unit_errors)
-        if scalar_relu:
-            # teacher units left without a learned unit were merged into the nearest one
-            u_t = t_net.weights[0] / np.linalg.norm(t_net.weights[0], axis=1, keepdims=True)
-            u_l = net.weights[0] / np.linalg.norm(net.weights[0], axis=1, keepdims=True)
-            out["merged_teacher_units"] = [
-                {
-                    "teacher_unit": i,
-                    "into_learned_unit": int(np.argmax(u_l @ u_t[i])),
-                    "angle": float(np.arccos(np.clip(np.max(u_l @ u_t[i]), -1.0, 1.0))),
-                }
-                for i, j in enumerate(cmp.matching)
-                if j < 0
-            ]
     except ValueError as err:
-        out["parameter_error"] = None
-        out["parameter_error_note"] = str(err)
+        return dict(out, parameter_error=None, parameter_error_note=str(err))
+    out.update(parameter_error=cmp.relative_error, matching=list(cmp.matching), unit_errors=list(cmp.unit_errors))
+    if scalar_relu:
+        # teacher units left without a learned unit were merged into the nearest one
+        u_t = t_net.weights[0] / np.linalg.norm(t_net.weights[0], axis=1, keepdims=True)
+        u_l = net.weights[0] / np.linalg.norm(net.weights[0], axis=1, keepdims=True)
+        out["merged_teacher_units"] = [
+            {
+                "teacher_unit": i,
+                "into_learned_unit": int(np.argmax(u_l @ u_t[i])),
+                "angle": float(np.arccos(np.clip(np.max(u_l @ u_t[i]), -1.0, 1.0))),
+            }
+            for i, j in enumerate(cmp.matching)
+            if j < 0
+        ]
     return out
 
 

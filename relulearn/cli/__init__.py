@@ -1,0 +1,122 @@
+"""The ``relulearn`` command line: argument parsing and printing only; the work is in :mod:`relulearn.api`.
+
+:func:`main` reads the arguments (:mod:`.parser`), refuses a locked store at once, then imports the library and
+runs the command (:mod:`.commands`), printing its result for people (:mod:`.output`) or as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import MissingDependencyError
+from ..storage.errors import StoreError
+from .parser import build_parser
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+#: `relulearn verify` found damage (0: intact; 2: no store to verify, or an error)
+EXIT_DAMAGED = 1
+
+__all__ = ["build_parser", "main"]
+
+#: the store each writing command writes (the argument naming it)
+_WRITES = {"estimate": "store", "fit": "store", "merge": "out"}
+
+
+def _refuse_if_locked(args: argparse.Namespace) -> None:
+    """Raise the lease's refusal before anything is imported or read, when the store a writing command names is a
+    local folder whose lease another writer holds (without ``--break-lock``); the command itself refuses the
+    same way later, this only makes it immediate."""
+    where = _WRITES.get(args.command)
+    url = getattr(args, where, None) if where else None
+    if url is None or getattr(args, "break_lock", False) or "://" in str(url):
+        return
+    from ..storage.lease import LEASE_KEY, LeaseInfo, StoreLockedError, read_lease
+
+    if not (Path(url) / LEASE_KEY).is_file():
+        return
+    info = read_lease(str(url))
+    if isinstance(info, LeaseInfo):
+        raise StoreLockedError(str(url), info, info.stale_reason())
+
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+#: `relulearn verify` found damage (0: intact; 2: no store to verify, or an error)
+EXIT_DAMAGED = 1
+
+
+#: what is safe after Ctrl-C, per command (others write nothing, or only the file they were asked for, whole)
+_INTERRUPTED: dict[str | None, str] = {
+    "estimate": "every merged block was committed. Run the same command to resume.",
+    "fit": "every merged block was committed. Run the same command to resume.",
+    "learn": "the blocks of the passes it ran were committed; run the same command to continue from them.",
+    "merge": "the output store keeps its last commit; run the same command again.",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``relulearn ARGV``; returns the exit code (0, :data:`EXIT_USER_ERROR` with ``relulearn: error: …``
+    for a user's mistake, :data:`EXIT_DAMAGED` from ``verify``, :data:`EXIT_INTERRUPTED` after Ctrl-C)."""
+    args = build_parser().parse_args(argv)
+    try:
+        _refuse_if_locked(args)
+    except StoreError as err:
+        return _error(args, str(err), err)
+    # the library is imported once the arguments are read and a locked store has been refused: a second writer
+    # is turned away at once (numpy, zarr, dask and the methods take most of a second to import)
+    from ..config import ConfigError
+    from ..network import NetworkFileError
+    from ..pipeline.cluster import ClusterLostError
+    from ..pipeline.sources import SourceDataError
+    from . import commands
+
+    try:
+        outcome = commands.run(args)
+    except ClusterLostError as err:
+        resume = "relulearn " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+        return _error(
+            args,
+            f"{err}. Start the scheduler and workers again (or drop --scheduler for a local cluster) and run "
+            f"the same command to resume: {resume}",
+            err,
+        )
+    except (
+        ConfigError,
+        StoreError,
+        NetworkFileError,
+        SourceDataError,
+        OSError,
+        ValueError,
+        MissingDependencyError,
+    ) as err:
+        return _error(args, str(err), err)
+    except KeyboardInterrupt:
+        print(
+            f"relulearn: interrupted; {_INTERRUPTED.get(getattr(args, 'command', None), 'nothing was written')}",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if isinstance(outcome, int):  # the command printed what it had to say
+        return outcome
+    try:
+        commands.show(args, outcome)
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `relulearn status run.zarr | head -3`
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+def _error(args: argparse.Namespace, message: str, err: BaseException) -> int:
+    """Report a user's mistake: ``relulearn: error: …`` on stderr (and as JSON on stdout with ``--json``)."""
+    if getattr(args, "json", False):
+        print(json.dumps({"error": message, "kind": type(err).__name__}))
+    print(f"relulearn: error: {message}", file=sys.stderr)
+    return EXIT_USER_ERROR
