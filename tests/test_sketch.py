@@ -30,7 +30,8 @@ from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sketch import check_pass_store, refine_record
 from relulearn.pipeline.sources import make_source
 from relulearn.pipeline.families import build_statistics
-from relulearn.pipeline.statistics import OutputMoments, accumulate_chunks
+from relulearn.pipeline.stats.output_moments import OutputMoments
+from relulearn.pipeline.stats.partial import accumulate_chunks
 from relulearn.storage import StoreError
 
 D = 24

@@ -30,11 +30,8 @@ from .families import build_statistics
 from .plan import check_partial_bytes
 from .sketch import check_refines
 from .sources import RunSource, Source, SourceDataError, data_of, make_source
-from .statistics import (
-    Partial,
-    Statistic,
-    accumulate_chunks,
-)
+from .stats.base import Statistic
+from .stats.partial import Partial, accumulate_chunks
 from .worker import platform_id, tune_malloc
 
 if TYPE_CHECKING:
