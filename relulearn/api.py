@@ -21,8 +21,9 @@ from .config import ConfigError, RunConfig, load_config
 from .estimators.base import PassRequest, Samples
 from .network import Network
 from .pipeline.cluster import ClusterLostError, connect, connection_lost, prepare
+from .pipeline.merge import merge_stores
 from .pipeline.projection import format_seconds
-from .pipeline.run import RunSummary, merge_stores
+from .pipeline.run import RunSummary
 from .pipeline.run import estimate as _estimate
 from .pipeline.sources import data_of
 from .storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing

@@ -139,7 +139,7 @@ def test_extended_run_is_bitwise_equal_to_uninterrupted(tmp_path):
 
 
 def test_merged_sketch_stores_average_their_sketches(tmp_path):
-    from relulearn.pipeline.run import merge_stores
+    from relulearn.pipeline.merge import merge_stores
 
     stats = {"basic": None, "sketch": {"rank": 4, "second": {}, "filtered": {"thresholds": [0.0, 0.5]}}}
     a, b, c = (str(tmp_path / n) for n in ("a.zarr", "b.zarr", "c.zarr"))

@@ -506,7 +506,7 @@ def check_refines(
     record
         The pass's ``statistics.sketch.refines`` (:func:`refine_record` of the refined store).
     fingerprint
-        The pass run's own fingerprint (``run.fingerprint``).
+        The pass run's own fingerprint (``state.fingerprint``).
     samples
         The samples the pass run is asked for (whole chunks).
 
