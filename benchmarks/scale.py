@@ -7,7 +7,7 @@ count", §9 "the driver's death costs at most the blocks merged since the last c
    ``--short-samples`` (default 4.8·10^7 = 12 blocks) into fresh stores, plus a ``--workers 2``
    run with ``--commit-interval 0`` (a commit after every block) under a timing wrapper
    (:func:`timed_cli`: ``relulearn.cli.main`` with ``RunStore.commit`` and the commit's
-   ``_groups`` call timed). The three kinds run in the order A B C C B A (``--short-reps`` 2),
+   ``commit_groups`` call timed). The three kinds run in the order A B C C B A (``--short-reps`` 2),
    which cancels a linear drift of the machine's load. From them: samples/s with 1 and 2
    workers and the speed-up; the seconds one commit takes on the driver; its wall-time cost.
 2. **The big run**: ``python -m relulearn.cli estimate CONFIG --store DIR --workers 2 --json``
@@ -97,8 +97,8 @@ START_RE = re.compile(r"^(starting|resuming) run in .*: ([\d,]+) -> ([\d,]+) sam
 def timed_cli(timings_path: str, argv: list[str]) -> int:
     """``relulearn.cli.main(argv)`` with every commit timed; the timings go to ``timings_path``.
 
-    A commit of :func:`relulearn.pipeline.run.estimate` is ``store.commit(_meta(...),
-    _groups(...))``: ``_groups`` (finalize the estimates and standard errors) and
+    A commit of :func:`relulearn.pipeline.run.estimate` is ``store.commit(commit_meta(...),
+    commit_groups(...))``: ``commit_groups`` (finalize the estimates and standard errors) and
     ``RunStore.commit`` (write the generation, flip the head, delete the old one) are
     wrapped with ``perf_counter``; nothing else changes.
     """
@@ -107,7 +107,7 @@ def timed_cli(timings_path: str, argv: list[str]) -> int:
     from relulearn.storage import RunStore
 
     records: list[dict[str, float]] = []
-    orig_groups, orig_commit = run_mod._groups, RunStore.commit
+    orig_groups, orig_commit = run_mod.commit_groups, RunStore.commit
 
     def groups(*a, **k):
         t = time.perf_counter()
@@ -121,7 +121,7 @@ def timed_cli(timings_path: str, argv: list[str]) -> int:
         records.append({"what": "write", "at": t, "seconds": time.perf_counter() - t})
         return out
 
-    run_mod._groups = groups
+    run_mod.commit_groups = groups  # run.py calls it by the name it imported
     RunStore.commit = commit
 
     def dump() -> None:
@@ -512,7 +512,7 @@ def short_runs(cfg_path: Path, work: Path, samples: int, reps: int, log) -> dict
         "share_of_run_time_with_commit_interval_0": median([r["commit_seconds_total"] / r["seconds"] for r in c0]),
         "wall_seconds_per_extra_commit": ((res["workers_2_commit_0"]["seconds_median"] - res["workers_2"]["seconds_median"])
                                           / extra if extra > 0 else None),
-        "method": ("driver-side: relulearn.cli.main run under a wrapper that times _groups (finalize estimates "
+        "method": ("driver-side: relulearn.cli.main run under a wrapper that times commit_groups (finalize estimates "
                    "and standard errors) + RunStore.commit (write the generation, flip head, delete the old one) "
                    "with perf_counter, --commit-interval 0 (a commit after every block); wall-time effect: "
                    "(median seconds with --commit-interval 0 - median seconds with the default) / (difference "

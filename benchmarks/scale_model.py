@@ -65,8 +65,9 @@ from relulearn.estimators.streamed import gradient_sums, part_rows_for  # noqa: 
 from relulearn.pipeline import plan  # noqa: E402
 from relulearn.pipeline.sources import (  # noqa: E402
     BATCH_ROWS, Stream, TeacherSource, batch_rows, chunk_batches, generator, make_source)
-from relulearn.pipeline.statistics import (  # noqa: E402
-    Partial, Statistic, accumulate_chunks, threshold_grid)
+from relulearn.pipeline.stats.base import Statistic  # noqa: E402
+from relulearn.pipeline.stats.filtered import threshold_grid  # noqa: E402
+from relulearn.pipeline.stats.partial import Partial, accumulate_chunks  # noqa: E402
 from relulearn.pipeline.families import build_statistics
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale_model.json"

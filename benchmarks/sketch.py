@@ -54,7 +54,7 @@ from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.run import estimate  # noqa: E402
 from relulearn.pipeline.sketch import SketchMoments, gaussian_test_matrix, refine_record  # noqa: E402
 from relulearn.pipeline.sources import chunk_batches, make_source  # noqa: E402
-from relulearn.pipeline.statistics import OutputMoments  # noqa: E402
+from relulearn.pipeline.stats.output_moments import OutputMoments  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sketch.json"
 RUN_SEED = 11

@@ -89,16 +89,12 @@ from relulearn.config import (  # noqa: E402
     config_from_dict,
 )
 from relulearn.pipeline.sources import BATCH_ROWS, Source, Stream, generator, make_source  # noqa: E402
-from relulearn.pipeline.statistics import (  # noqa: E402
-    BasicMoments,
-    ContractedMoments,
-    FilteredMoments,
-    HermiteTensors,
-    Statistic,
-    accumulate_chunks,
-    direction_bank,
-    threshold_grid,
-)
+from relulearn.pipeline.stats.base import Statistic  # noqa: E402
+from relulearn.pipeline.stats.basic import BasicMoments  # noqa: E402
+from relulearn.pipeline.stats.contracted import ContractedMoments, direction_bank  # noqa: E402
+from relulearn.pipeline.stats.filtered import FilteredMoments, threshold_grid  # noqa: E402
+from relulearn.pipeline.stats.hermite import HermiteTensors  # noqa: E402
+from relulearn.pipeline.stats.partial import accumulate_chunks  # noqa: E402
 
 SEED = 11
 QUANTILES = [0.5, 0.8, 0.95]

@@ -352,13 +352,13 @@ def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small
 def test_status_names_the_platforms_of_a_mixed_store(families, tmp_path, monkeypatch):
     """A store extended on a node with another BLAS kernel says so. (This machine has one CPU
     type, so the other node's platform id is set by hand for the first half of the run.)"""
-    import relulearn.pipeline.run as run_module
+    import relulearn.pipeline.blocks as blocks_module
 
     cfg_path, ref = families
     url = str(tmp_path / "mixed.zarr")
     other = "numpy 2.4.6; openblas 0.3.31 Haswell"
     with monkeypatch.context() as m:
-        m.setattr(run_module, "platform_id", lambda: other)
+        m.setattr(blocks_module, "platform_id", lambda: other)
         estimate(load_config(cfg_path), url, samples=40_000, client="local", progress=None)
     assert open_store(url).platforms() == [other] * 4
     estimate(load_config(cfg_path), url, client="local", progress=None)

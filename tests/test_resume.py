@@ -154,9 +154,9 @@ def test_extend_equals_one_long_run(client, tmp_path):
 def test_a_signal_inside_a_commit_is_raised_when_the_commit_ends():
     """A SIGTERM or Ctrl-C that arrives while a commit writes is held: raised in the waiting thread, it
     would leave zarr's writer thread filling a generation that the commit after the interrupt deletes."""
-    from relulearn.pipeline.run import _Interrupts
+    from relulearn.pipeline.interrupts import Interrupts
 
-    interrupts = _Interrupts()
+    interrupts = Interrupts()
     old = signal.signal(signal.SIGTERM, interrupts.handler)
     try:
         steps = []

@@ -30,7 +30,8 @@ from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sketch import check_pass_store, refine_record
 from relulearn.pipeline.sources import make_source
 from relulearn.pipeline.families import build_statistics
-from relulearn.pipeline.statistics import OutputMoments, accumulate_chunks
+from relulearn.pipeline.stats.output_moments import OutputMoments
+from relulearn.pipeline.stats.partial import accumulate_chunks
 from relulearn.storage import StoreError
 
 D = 24
@@ -138,7 +139,7 @@ def test_extended_run_is_bitwise_equal_to_uninterrupted(tmp_path):
 
 
 def test_merged_sketch_stores_average_their_sketches(tmp_path):
-    from relulearn.pipeline.run import merge_stores
+    from relulearn.pipeline.merge import merge_stores
 
     stats = {"basic": None, "sketch": {"rank": 4, "second": {}, "filtered": {"thresholds": [0.0, 0.5]}}}
     a, b, c = (str(tmp_path / n) for n in ("a.zarr", "b.zarr", "c.zarr"))

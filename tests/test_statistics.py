@@ -35,7 +35,7 @@ from relulearn.network import Network
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source, pilot_batches
 from relulearn.pipeline.families import build_statistics
-from relulearn.pipeline.statistics import accumulate_chunks
+from relulearn.pipeline.stats.partial import accumulate_chunks
 
 from conftest import make_config
 
@@ -686,3 +686,12 @@ def test_vector_output_teacher_selects_its_output(tmp_path):
                           two["contracted/pair_direction"])
     for name, t in ct.items():
         check_within(f"contracted.{name}", two[f"contracted/{name}"], two[f"contracted/{name}_se"], t)
+
+
+def test_registry_names_every_section_by_its_family():
+    """Every statistics section has a family in the registry, under the name its statistic stores its group by."""
+    from relulearn.config import StatisticsConfig
+    from relulearn.pipeline.stats.registry import FAMILIES
+
+    assert list(FAMILIES) == list(StatisticsConfig.model_fields)
+    assert all(cls.name == name for name, cls in FAMILIES.items())

@@ -27,7 +27,8 @@ from relulearn.config import ConfigError, config_from_dict
 from relulearn.network import RELU_POWERS
 from relulearn.pipeline.sources import OutputColumn, SourceDataError, Stream, check_finite, draw, make_source
 from relulearn.pipeline.families import build_statistics
-from relulearn.pipeline.statistics import PerOutput, accumulate_chunks
+from relulearn.pipeline.stats.partial import accumulate_chunks
+from relulearn.pipeline.stats.per_output import PerOutput
 
 from test_resume import assert_bitwise_equal, residual_section, store_arrays
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import RunConfig, load_config
 from ..pipeline.cluster import connect, prepare
-from ..pipeline.run import RunSummary, merge_stores
+from ..pipeline.merge import merge_stores
+from ..pipeline.run import RunSummary
 from ..pipeline.run import estimate as _estimate
 from ..storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
 

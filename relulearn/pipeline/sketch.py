@@ -41,19 +41,13 @@ from ..config import RunConfig, SketchConfig, check_sketch_rank
 from ..network import Network
 from ..storage import StoreError, diff_fields
 from .sources import Source, Stream, generator
-from .statistics import (
-    Statistic,
-    Var,
-    _of_output,
-    _suffix,
-    candidate_coords,
-    direction_bank,
-    low_rank_expansion,
-    residual_grid,
-    residual_scores,
-    residual_setup,
-    threshold_grid,
-)
+from .stats.base import Statistic, Var
+from .stats.build import FamilyContext
+from .stats.contracted import direction_bank
+from .stats.expansion import low_rank_expansion
+from .stats.filtered import suffix_sums, threshold_grid
+from .stats.per_output import of_output
+from .stats.residual import candidate_coords, residual_grid, residual_scores, residual_setup
 
 __all__ = [
     "SketchMoments",
@@ -153,6 +147,13 @@ class SketchMoments(Statistic):
                 np.asarray(v, dtype=np.float64),
                 np.asarray(theta, dtype=np.float64),
             )
+
+    @classmethod
+    def from_config(cls, section: SketchConfig, ctx: FamilyContext) -> Statistic:
+        """The ``sketch`` section's statistic: Ω, its direction bank and τ grids resolved once
+        (:func:`sketch_setup`), then one statistic per output."""
+        setup = sketch_setup(section, ctx.cfg, ctx.source, ctx.stored(cls.name) if ctx.stored else None)
+        return ctx.per_output(setup.statistic)
 
     @property
     def n_pairs(self) -> int:
@@ -334,13 +335,13 @@ class SketchMoments(Statistic):
                 + acc["contracted_c"][:, None, None] * gp[:, :, None] * g_om[:, None, :]
             )
         if self.tau is not None:
-            count = _suffix(acc["filtered_count"], 0)
-            out["Y_filtered"] = _suffix(acc["filtered_xz"], 0) - count[:, None, None] * om
+            count = suffix_sums(acc["filtered_count"], 0)
+            out["Y_filtered"] = suffix_sums(acc["filtered_xz"], 0) - count[:, None, None] * om
             out["prob_filtered"] = count
         if self.candidates is not None:
-            count = _suffix(acc["residual_count"], 1)
+            count = suffix_sums(acc["residual_count"], 1)
             off = om - self.res_basis.T @ self.b_omega  # (I − BᵀB) Ω
-            out["Y_residual"] = _suffix(acc["residual_xz"], 1) - count[:, :, None, None] * off
+            out["Y_residual"] = suffix_sums(acc["residual_xz"], 1) - count[:, :, None, None] * off
             out["prob_residual"] = count
         if self.is_basis:
             # B M Bᵀ = Ωᵀ Y: linear in the sums, so its standard error comes from the chunks like Y's
@@ -414,11 +415,11 @@ class SketchSetup:
         """The statistic of the scalar label (``output`` None) or of output ``output``."""
         filtered = None
         if self.tau is not None:
-            filtered = (_of_output(self.tau, output, 1), _of_output(self.quantiles, output, 1))
+            filtered = (of_output(self.tau, output, 1), of_output(self.quantiles, output, 1))
         residual = None
         if self.residual is not None:
             rb, nets, tau, q = self.residual
-            residual = (rb, nets, _of_output(tau, output, 2), q)
+            residual = (rb, nets, of_output(tau, output, 2), q)
         return SketchMoments(
             self.omega,
             is_basis=self.is_basis,
@@ -505,7 +506,7 @@ def check_refines(
     record
         The pass's ``statistics.sketch.refines`` (:func:`refine_record` of the refined store).
     fingerprint
-        The pass run's own fingerprint (``run.fingerprint``).
+        The pass run's own fingerprint (``state.fingerprint``).
     samples
         The samples the pass run is asked for (whole chunks).
 

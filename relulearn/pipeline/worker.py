@@ -4,7 +4,7 @@ A ``LocalCluster`` started by relulearn and a ``dask worker`` started by hand (o
 batch system, a compose file, a Kubernetes operator) must compute the same bits at the
 same speed. The treatment is applied in three places, so that no route misses it:
 
-* :func:`compute_block` (in ``run.py``) tunes malloc once per process, limits BLAS to
+* :func:`compute_block` (in ``blocks.py``) tunes malloc once per process, limits BLAS to
   one thread per task and copies every array it uses into aligned memory;
 * :func:`worker_setup_plugin`, a worker plugin the driver registers on connecting, applies the
   process-wide part (malloc, one BLAS thread) as soon as a worker joins;

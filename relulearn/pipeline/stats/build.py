@@ -1,0 +1,56 @@
+"""What a family is built from: the run's configuration, the source (for pilot passes) or the store (for the
+direction banks and τ grids drawn before), and the label's output count; and the :class:`Family` protocol of
+the classes the registry holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ...config import RunConfig
+from ..sources import Source
+from .base import Statistic
+from .per_output import PerOutput
+
+__all__ = ["FamilyContext", "Family"]
+
+
+@dataclass(frozen=True)
+class FamilyContext:
+    """What every family's :meth:`Family.from_config` gets.
+
+    ``stored(name)``, when given, returns a committed statistic's arrays: its direction bank and τ grid are
+    then taken from the store instead of being drawn again (``source`` is then None). ``outputs`` is the
+    number of outputs of a label vector (None: a scalar label).
+    """
+
+    cfg: RunConfig
+    source: Source | None
+    stored: Callable[[str], Mapping[str, np.ndarray]] | None
+    outputs: int | None
+
+    @property
+    def d(self) -> int:
+        """The input dimension."""
+        return self.cfg.source.d
+
+    def per_output(self, make: Callable[[int | None], Statistic]) -> Statistic:
+        """``make(j)``, the statistic of output ``j`` (``j`` None: of the scalar label), as the run needs it:
+        itself for a scalar label, a :class:`PerOutput` of one per output for a label vector."""
+        m = self.outputs
+        return make(None) if m is None else PerOutput(make(j) for j in range(m))
+
+
+class Family(Protocol):
+    """A statistic class that builds itself from its configuration section (what the registry holds)."""
+
+    name: str
+
+    @classmethod
+    def from_config(cls, section: Any, ctx: FamilyContext) -> Statistic:
+        """The statistic a configuration section asks for, with its banks and grids resolved."""
+        ...

@@ -1,0 +1,162 @@
+"""The ``contracted`` family: ``T_l(g, …, g, ·, ·)`` and its lower contractions for orders × directions, with
+its direction bank and the pilot pass of its control variate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import cast
+
+import numpy as np
+
+from ... import hermite
+from ...config import ContractedConfig
+from ..plan import MemoryBudgetError
+from ..sources import Source, Stream, check_finite, generator, pilot_batches
+from .base import Statistic, Var
+from .build import FamilyContext
+from .expansion import low_rank_expansion, output_expansion
+from .per_output import of_output
+
+__all__ = ["ContractedMoments", "direction_bank", "linear_control"]
+
+
+def _check_bank(cfg: ContractedConfig, d: int, m: int | None, budget: int) -> None:
+    """Refuse a count of directions whose matrices alone (one d × d sum per order, direction and output) exceed
+    ``budget`` bytes, before the bank itself is drawn (10¹² directions would be a 116 TiB array)."""
+    if not isinstance(cfg.directions, int):
+        return
+    need = 8 * cfg.directions * len(cfg.orders) * d * d * (m or 1)
+    if need > budget:
+        raise MemoryBudgetError(
+            f"statistics.contracted.directions = {cfg.directions:,}: one d × d matrix per order, direction and "
+            f"output is {need:,} bytes per block partial, more than run.worker_memory = {budget:,} bytes; give "
+            f"fewer directions (at most {max(1, budget // (8 * len(cfg.orders) * d * d * (m or 1))):,} fit) or "
+            "sketch the family (statistics.sketch). Nothing was written"
+        )
+
+
+def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
+    """The unit directions g of the contracted statistic, shape (G, d)."""
+    if isinstance(cfg.directions, int):
+        seed = run_seed if cfg.directions_seed is None else cfg.directions_seed
+        g = generator(seed, Stream.DIRECTIONS).standard_normal((cfg.directions, d))
+    else:
+        g = np.asarray(cfg.directions, dtype=np.float64)
+        if g.ndim != 2 or g.shape[1] != d:
+            raise ValueError(
+                f"statistics.contracted.directions has shape {g.shape}; each direction needs d={d} entries"
+            )
+    norms = np.linalg.norm(g, axis=1)
+    if np.any(norms == 0) or not np.all(np.isfinite(norms)):
+        raise ValueError("statistics.contracted.directions has a zero or non-finite row")
+    return g / norms[:, None]
+
+
+class ContractedMoments(Statistic):
+    """``M_l^g = T_l(g,…,g,·,·)``, ``T_l(g,…,g,·)`` and ``T_l(g,…,g)`` for orders × directions.
+
+    Each pair costs two symmetric rank-k updates (rows of positive and of negative weight), d(d+1)
+    flops per sample; docs/design.md §3 batches them into one GEMM, at twice the flops.
+    Pairs are ordered order-major: pair ``p = a·G + b`` is (orders[a], directions[b]).
+    """
+
+    name = "contracted"
+
+    def __init__(
+        self,
+        directions: np.ndarray,
+        orders: Iterable[int],
+        control: tuple[np.ndarray, np.ndarray] | None = None,
+        expansion: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ):
+        self.directions = np.asarray(directions, dtype=np.float64)
+        self.orders = [int(o) for o in orders]
+        self.d = self.directions.shape[1]
+        self.n_pairs = len(self.orders) * len(self.directions)
+        # (ȳ, β): the labels' expansion of degree ≤ 1 from the pilot pass, subtracted from every label
+        self.control = (
+            None
+            if control is None
+            else (float(np.asarray(control[0])), np.asarray(control[1], dtype=np.float64).reshape(self.d))
+        )
+        # (t0, t1, V, θ): a given expansion of degree ≤ 2, T_2 = V diag(θ) Vᵀ (low rank: O(d s) per sample)
+        self.expansion = expansion
+
+    @classmethod
+    def from_config(cls, section: ContractedConfig, ctx: FamilyContext) -> Statistic:
+        """The ``contracted`` section's statistic: its direction bank and control variate drawn (after the
+        bank's size is checked against ``run.worker_memory``), or read from the store."""
+        cfg, d, m, stored = ctx.cfg, ctx.d, ctx.outputs, ctx.stored
+        if not stored:
+            _check_bank(section, d, m, cfg.run.worker_memory)
+        g = stored(cls.name)["direction"] if stored else direction_bank(section, d, cfg.seed)
+        control = None
+        if section.control:
+            control = (
+                (stored(cls.name)["control_mean"], stored(cls.name)["control_beta"])
+                if stored
+                else linear_control(cast(Source, ctx.source), cfg.seed, section.control_samples)
+            )
+        return ctx.per_output(
+            lambda j: ContractedMoments(
+                g,
+                section.orders,
+                None if control is None else (of_output(control[0], j, 0), of_output(control[1], j, 1)),
+                _contracted_expansion(section, d, m, j),
+            )
+        )
+
+    def sums_schema(self):
+        p, d = self.n_pairs, self.d
+        return {"M": Var(("pair", "i", "j"), (p, d, d)), "v": Var(("pair", "i"), (p, d)), "s": Var(("pair",), (p,))}
+
+    def coords(self):
+        g = len(self.directions)
+        out = {
+            "direction": (("direction", "i"), self.directions),
+            "pair_order": (("pair",), np.repeat(np.asarray(self.orders, dtype=np.int64), g)),
+            "pair_direction": (("pair",), np.tile(np.arange(g, dtype=np.int64), len(self.orders))),
+        }
+        if self.control is not None:
+            out["control_mean"] = ((), np.float64(self.control[0]))
+            out["control_beta"] = (("i",), self.control[1])
+        return out
+
+    def update(self, acc, x, y):
+        if self.control is not None:  # same expectations for orders ≥ 2, less variance
+            y = y - self.control[0] - x @ self.control[1]
+        if self.expansion is not None:  # the same for orders ≥ 3
+            t0, t1, v, theta = self.expansion
+            z = x @ v
+            y = y - (t0 + x @ t1 + 0.5 * ((z * z - 1.0) @ theta))
+        acc["M"] += hermite.contracted_matrix_sums(x, y, self.directions, self.orders)
+        acc["v"] += hermite.contracted_vector_sums(x, y, self.directions, self.orders)
+        acc["s"] += hermite.contracted_scalar_sums(x, y, self.directions, self.orders)
+
+    def config(self):
+        out = {"orders": self.orders, "directions": self.directions.tolist()}
+        if self.expansion is not None:  # only when set: stores made before the option keep their fingerprint
+            t0, t1, v, theta = self.expansion
+            out["expansion"] = {"t0": t0, "t1": t1.tolist(), "t2_vectors": v.T.tolist(), "t2_values": theta.tolist()}
+        return out
+
+
+def linear_control(source: Source, seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ȳ, β)`` with ``β = E[y x]`` over the pilot pass: the labels' expansion of degree ≤ 1 under Gaussian
+    inputs (per output, stacked, for a vector source: shapes (m,) and (m, d))."""
+    count, s0, s1 = 0, 0.0, 0.0
+    row = 0
+    for x, y in pilot_batches(source, seed, n):
+        check_finite(x, y, None, row)
+        row += len(y)
+        count += len(y)
+        s0 = s0 + y.sum(axis=0)
+        s1 = s1 + (y.T @ x if y.ndim == 2 else y @ x)
+    return np.asarray(s0 / count, dtype=np.float64), np.asarray(s1 / count, dtype=np.float64)
+
+
+def _contracted_expansion(section: ContractedConfig, d: int, m: int | None, j: int | None) -> tuple | None:
+    """Output ``j``'s expansion ``(t0, t1, V, θ)`` of a ``contracted`` section (None: none given)."""
+    exp, where = output_expansion(section, m, j, "statistics.contracted")
+    return None if exp is None else low_rank_expansion(exp, d, where)

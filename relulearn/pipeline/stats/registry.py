@@ -1,0 +1,31 @@
+"""The statistic families by the name of their configuration section, in the order a run builds them.
+
+:mod:`relulearn.pipeline.families` builds what a configuration asks for from this table alone; a new family is
+a module with its class (``name``, ``from_config``) and one line here.
+"""
+
+from __future__ import annotations
+
+from ..sketch import SketchMoments
+from .basic import BasicMoments
+from .build import Family
+from .contracted import ContractedMoments
+from .filtered import FilteredMoments
+from .hermite import HermiteTensors
+from .output_moments import OutputMoments
+from .projected_hermite import ProjectedHermite
+from .residual import ResidualFilteredMoments
+
+__all__ = ["FAMILIES"]
+
+#: section name (``statistics.<name>``, the stored group) → the family class that builds it
+FAMILIES: dict[str, type[Family]] = {
+    "basic": BasicMoments,
+    "output_moments": OutputMoments,
+    "hermite": HermiteTensors,
+    "contracted": ContractedMoments,
+    "filtered": FilteredMoments,
+    "residual": ResidualFilteredMoments,
+    "projected_hermite": ProjectedHermite,
+    "sketch": SketchMoments,
+}
