@@ -115,9 +115,9 @@ def timed_cli(timings_path: str, argv: list[str]) -> int:
         records.append({"what": "groups", "at": t, "seconds": time.perf_counter() - t})
         return out
 
-    def commit(self, meta, grps):
+    def commit(self, meta, grps, **kw):  # kw: the run's lease
         t = time.perf_counter()
-        out = orig_commit(self, meta, grps)
+        out = orig_commit(self, meta, grps, **kw)
         records.append({"what": "write", "at": t, "seconds": time.perf_counter() - t})
         return out
 
