@@ -44,7 +44,7 @@ The Hermite family (full packed tensors) runs at its own dimensions and orders
 entries fit ``max_entries``). Besides the model count it records the flops the
 implementation executes (``relulearn.hermite.raw_moment_flops``, the plan of its blocked
 GEMMs) and, timed in the same interleaved rounds, the former implementation ("before":
-one GEMM of all (prefix, suffix) pairs per order, ``hermite._raw_moment_sums_pairs``).
+one GEMM of all (prefix, suffix) pairs per order, ``relulearn.hermite.moments._raw_moment_sums_pairs``).
 
 Run ``python benchmarks/throughput.py`` (about 10 minutes on 2 cores) or ``--quick`` for a
 smoke run; results go to ``benchmarks/results/throughput.json``, or, when ``--families``
@@ -88,6 +88,7 @@ from relulearn.config import (  # noqa: E402
     RunConfig,
     config_from_dict,
 )
+from relulearn.hermite.moments import _raw_moment_sums_pairs  # noqa: E402
 from relulearn.pipeline.sources import BATCH_ROWS, Source, Stream, generator, make_source  # noqa: E402
 from relulearn.pipeline.stats.base import Statistic  # noqa: E402
 from relulearn.pipeline.stats.basic import BasicMoments  # noqa: E402
@@ -367,7 +368,7 @@ def bench_family(name: str, d: int, source: Source, batches: list[tuple[np.ndarr
         def update_before(r: int) -> None:
             x, y = batches[r % nb]
             for m in range(stat.max_order + 1):
-                acc_before[f"raw{m}"] += hermite._raw_moment_sums_pairs(x, y, m)
+                acc_before[f"raw{m}"] += _raw_moment_sums_pairs(x, y, m)
 
         fns["update_before"] = update_before
     t = interleaved(fns, min_reps=min_reps, max_reps=max_reps, budget=budget)

@@ -201,7 +201,7 @@ def test_raw_moment_sums_against_einsum(d, m):
 
 
 def test_raw_moment_sums_row_batches(monkeypatch):
-    import relulearn.hermite as H
+    import relulearn.hermite.batching as H
 
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal((97, 3)), rng.standard_normal(97)
@@ -255,7 +255,7 @@ def test_raw_moment_sums_upto_row_batches():
 
 
 def test_raw_moment_sums_upto_matches_single_orders_and_is_deterministic():
-    import relulearn.hermite as H
+    import relulearn.hermite.moments as H
 
     rng = np.random.default_rng(8)
     x, y = rng.standard_normal((500, 5)), rng.standard_normal(500)
@@ -329,7 +329,7 @@ def test_contracted_matrix_sums_against_full_tensor(small_sample):
 
 
 def test_contracted_matrix_sums_row_batches(small_sample, monkeypatch):
-    import relulearn.hermite as H
+    import relulearn.hermite.batching as H
 
     x, y, G, _ = small_sample
     ref = contracted_matrix_sums(x, y, G, [2, 4, 6])
@@ -342,7 +342,7 @@ def test_contracted_matrix_sums_signed_rank_k_updates(monkeypatch):
     numpy at d >= 20: y > 0 makes every order-2 weight positive (no negative rows for those pairs),
     zero labels give rows of zero weight; the result is exactly symmetric and does not depend on the
     gather block or on the input's memory alignment."""
-    import relulearn.hermite as H
+    import relulearn.hermite.contracted as H
 
     rng = np.random.default_rng(11)
     n, d = 700, 24

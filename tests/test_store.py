@@ -90,7 +90,7 @@ def test_interrupted_commit_leaves_previous_generation_readable(run_url, tmp_pat
     expected = before.arrays("basic")
     # simulate step (1) of a commit that never reached step (2): a complete new generation
     store = RunStore(url)
-    import relulearn.storage.store as st
+    import relulearn.storage.generation as st
     from zarr.core.sync import sync
 
     sync(st._write_generation(url, "g999999", {"basic": {"xx": (("i", "j"), np.zeros((6, 6)))}}))

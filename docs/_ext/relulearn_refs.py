@@ -9,6 +9,7 @@ method page's options from the declarations in ``relulearn.methods``, so none ca
 from __future__ import annotations
 
 import argparse
+import re
 import typing
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
@@ -67,7 +68,9 @@ def _type_name(annotation: Any) -> str:
         kind = annotation.model_fields.get("kind")
         kinds = get_args(kind.annotation) if kind is not None else ()
         return f"section (kind {kinds[0]})" if kinds else "section"
-    return getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
+    name = getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
+    # the sections live in submodules of relulearn.config, which re-exports them: name them where users import them
+    return re.sub(r"\brelulearn\.config\.\w+\.", "relulearn.config.", name)
 
 
 def _default(field: Any) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import hermite
+from ..hermite.contracted import _GRAM_BLOCK, _add_signed_grams, _mirror_upper
 from .base import part_batches
 
 #: parts of the residual's sample (their spread gives the standard errors), each of at least ``MIN_ROWS`` rows
@@ -87,13 +87,13 @@ class ResidualMoments:
         p, n = item
         d, m = self.model.input_dim, self.model.output_dim
         s0, s1, s2 = np.zeros(m), np.zeros((m, d)), np.zeros((m, d, d))
-        buf = np.empty((max(1, hermite._GRAM_BLOCK // d), d))
+        buf = np.empty((max(1, _GRAM_BLOCK // d), d))
         for x, y in part_batches(self.draw, p, n):
             r = y.reshape(len(y), -1) - self.model.forward(x)
             s0 += r.sum(axis=0)
             s1 += r.T @ x
-            hermite._add_signed_grams(s2, np.require(x, requirements=("C", "A")), r, buf)
-        hermite._mirror_upper(s2)
+            _add_signed_grams(s2, np.require(x, requirements=("C", "A")), r, buf)
+        _mirror_upper(s2)
         return {"A": s0 / n, "T1": s1 / n, "T2": s2 / n - (s0 / n)[:, None, None] * np.eye(d)}
 
 

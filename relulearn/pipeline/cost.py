@@ -124,7 +124,7 @@ def _gram_work(d: int, matrices: int, *, weighted: bool = True) -> Work:
     """``matrices`` d × d sums of ``w x xᵀ``: a syrk each above d = 64 (the rows gathered or weighted once per
     matrix, in place), one GEMM per row batch for all below it (2 d² flops each, on a fresh weighted copy of
     the rows for every matrix, which the GEMM then reads)."""
-    from ..hermite import _SYRK_MIN_D
+    from ..hermite.contracted import _SYRK_MIN_D
 
     if d >= _SYRK_MIN_D:
         return Work(((matrices * float(d) * (d + 1), d),), stream=(2 if weighted else 1) * _F * d * matrices)

@@ -48,8 +48,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import StoreDamagedError
-from .store import LEASE_KEY, StoreError, _is_local, _local_path, _object_store_errors, storage_options
+from .errors import StoreDamagedError, StoreError
+from .folder import LEASE_KEY
+from .location import _is_local, _local_path, _object_store_errors, storage_options
 
 __all__ = [
     "HEARTBEAT_SECONDS",

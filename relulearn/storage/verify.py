@@ -13,7 +13,8 @@ from zarr.core.sync import sync
 
 from . import integrity
 from .errors import RESTORE_HINT, Damage, StoreDamagedError, StoreError
-from .store import RunStore, _children, _is_local, _local_path, _object_store_errors
+from .location import _children, _is_local, _local_path, _object_store_errors
+from .store import RunStore
 
 if TYPE_CHECKING:
     from zarr import AsyncGroup

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .store import RunStore, StoreError, _object_store_errors, storage_options
+from .location import _object_store_errors, storage_options
+from .store import RunStore, StoreError
 
 __all__ = ["StoredRun", "open_store", "LEDGER_COLUMNS", "ledger_platforms"]
 

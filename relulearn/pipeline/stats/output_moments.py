@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import hermite
 from ...config import OutputMomentsConfig
+from ...hermite.contracted import _GRAM_BLOCK, _SYRK_MIN_D, _add_signed_grams, _mirror_upper
 from .base import Statistic, Var
 from .build import FamilyContext
 
@@ -63,14 +63,14 @@ class OutputMoments(Statistic):
         acc["a"] += a.sum(axis=0)
         acc["aa"] += a.T @ a
         acc["ax"] += a.T @ x
-        if d >= hermite._SYRK_MIN_D:
+        if d >= _SYRK_MIN_D:
             # Σ a_j x xᵀ as two symmetric rank-k updates per output (d(d+1) flops per sample, half a
             # GEMM's), then mirrored: 1.5× faster than the GEMM below at d = 512
             quad = np.zeros((m, d, d))
-            hermite._add_signed_grams(
-                quad, np.require(x, requirements=("C", "A")), a, np.empty((max(1, min(n, hermite._GRAM_BLOCK // d)), d))
+            _add_signed_grams(
+                quad, np.require(x, requirements=("C", "A")), a, np.empty((max(1, min(n, _GRAM_BLOCK // d)), d))
             )
-            hermite._mirror_upper(quad)
+            _mirror_upper(quad)
             acc["axx"] += quad
             return
         # rows per GEMM so that the weighted copy xw (rows × m d) stays below _XW_BYTES

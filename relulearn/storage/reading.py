@@ -1,0 +1,88 @@
+"""Reading a committed generation: the arrays of its groups, each chunk and document checked against the commit's
+manifest before a value is used, and ``head`` read again after them (:meth:`relulearn.storage.store.RunStore.read_head`
+retries when it moved)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, cast
+
+import numpy as np
+import zarr
+import zarr.api.asynchronous as zasync
+from zarr.abc.store import Store
+from zarr.core.buffer import default_buffer_prototype
+
+from . import integrity
+from .errors import Damage
+from .generation import ArrayData
+from .location import _open_store
+
+
+async def _head_now(store: Store) -> str | None:
+    raw = await store.get("zarr.json", default_buffer_prototype())
+    try:
+        return None if raw is None else json.loads(raw.to_bytes())["attributes"]["relulearn"]["head"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+async def _read_generation(
+    url: str, names: list[str]
+) -> tuple[dict, dict[str, dict[str, ArrayData]], str | None, list[Damage]]:
+    """One read of the arrays of ``names`` in the head generation (:meth:`~relulearn.storage.store.RunStore.read_head`):
+    ``(meta, groups, head after the read, damages)``; ``meta`` is empty when the root document is damaged, ``groups``
+    empty when ``head`` moved between the two reads of the root or a checked object is damaged."""
+    store = _open_store(url, read_only=True)
+    raw = await store.get("zarr.json", default_buffer_prototype())
+    try:
+        doc = json.loads(raw.to_bytes()) if raw is not None else None
+    except ValueError:
+        doc = None
+    damage = None if doc is None else integrity.check_root(doc)
+    if doc is None or damage is not None:  # (damaged since meta() read it: meta() says how)
+        return {}, {}, "", [damage] if damage is not None else []
+    meta = dict(doc["attributes"]["relulearn"])
+    head = meta["head"]
+    root = await zasync.open_group(store, mode="r", zarr_format=3)
+    if root.attrs["relulearn"].get("head") != head:  # a commit between the two reads of the root
+        return meta, {}, None, []
+    grps = dict(zip(names, await asyncio.gather(*(root.getitem(f"{head}/{n}") for n in names))))
+    arrays: dict[str, list[Any]] = {}
+    for n, g in grps.items():
+        arrays[n] = [arr async for _, arr in cast("zarr.AsyncGroup", g).arrays()]  # a generation's groups
+    infos = [
+        integrity.ArrayInfo(arr.path.removeprefix(f"{head}/"), arr.metadata)
+        for group in arrays.values()
+        for arr in group
+    ]
+    manifest = meta.get("integrity")
+    checked: dict[str, dict[str, bytes]] = {}
+    (damages, _), doc_damages = await asyncio.gather(
+        integrity.check_chunks(store, head, infos, manifest, keep=checked),
+        integrity.check_documents(store, head, ["", *names, *(i.path for i in infos)], manifest),
+    )
+    if damages or doc_damages:
+        return meta, {}, await _head_now(store), damages + doc_damages
+
+    by_path = {info.path: info for info in infos}
+
+    async def values_of(arr: Any) -> np.ndarray:
+        # the bytes just checked are decoded (raw numbers): each chunk is read once
+        info = by_path[arr.path.removeprefix(f"{head}/")]
+        if info.decodable:
+            return info.decode(checked.get(info.path, {}))
+        return await arr.getitem(Ellipsis)
+
+    async def group(name: str) -> dict[str, ArrayData]:
+        values = await asyncio.gather(*(values_of(arr) for arr in arrays[name]))
+        return dict(
+            sorted(
+                (arr.basename, (tuple(arr.metadata.dimension_names or ()), np.asarray(v)))
+                for arr, v in zip(arrays[name], values)
+            )
+        )
+
+    groups = dict(zip(names, await asyncio.gather(*(group(n) for n in names))))
+    return meta, groups, await _head_now(store), []
