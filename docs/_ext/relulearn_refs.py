@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
-
 
 # ------------------------------------------------------------------ CLI
 
@@ -54,7 +54,7 @@ def cli_reference() -> str:
 
 def _type_name(annotation: Any) -> str:
     origin = get_origin(annotation)
-    if origin is Union:
+    if origin is Union or origin is types.UnionType:  # Optional[X] and X | None alike
         args = [a for a in get_args(annotation) if a is not type(None)]
         names = " or ".join(_type_name(a) for a in args)
         return names + (" (optional)" if len(args) < len(get_args(annotation)) else "")
@@ -67,7 +67,11 @@ def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         kind = annotation.model_fields.get("kind")
         kinds = get_args(kind.annotation) if kind is not None else ()
-        return f"section (kind {kinds[0]})" if kinds else "section"
+        if kinds:
+            return f"section (kind {kinds[0]})"
+        # a section told apart by a key of its own (a teacher's `file:`, `callable:` or `onnx:`)
+        required = [k for k, f in annotation.model_fields.items() if f.is_required()]
+        return f"section ({required[0]}: …)" if required else "section"
     name = getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
     # the sections live in submodules of relulearn.config, which re-exports them: name them where users import them
     return re.sub(r"\brelulearn\.config\.\w+\.", "relulearn.config.", name)
