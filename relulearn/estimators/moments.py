@@ -28,6 +28,7 @@ from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 from ..network import Network
 from . import biased, enumeration, spectral, subspace
 from .base import Arrays, BudgetError, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .enumeration_search import EnumerationResult
 from .polish import polish_and_select
 from .streamed import projected_sample, refine_streamed, refine_unless_exact
 
@@ -257,7 +258,7 @@ def _finish(
 
 def _enumerate(
     z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, k: int, budget: int, **options: Any
-) -> enumeration.EnumerationResult:
+) -> EnumerationResult:
     """The enumeration of ``k`` units on the subspace coordinates ``z``; a budget too small for it is refused
     naming ``--budget`` and the method that needs no enumeration."""
     try:
