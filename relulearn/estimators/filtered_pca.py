@@ -48,8 +48,9 @@ from . import deepfit, enumeration, spectral, subspace
 from .base import LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
 from .deepstream import refine_deep
 from .polish import polish_and_select, refinement_verdict
-from .spectral import FilterGridError
+from .stored_matrices import FilterGridError, filtered_matrices
 from .streamed import projected_sample, refine_streamed
+from .subspace_geometry import principal_angles
 
 __all__ = [
     "MissingStatisticError",
@@ -149,7 +150,7 @@ def _subspace_state(
 ) -> tuple[np.ndarray, list[dict], bool]:
     """The basis (d, r) after the first pass and every residual pass; per-step records;
     whether the last pass added nothing."""
-    mats, ses, names, grid = spectral.filtered_matrices(stats["filtered"], "M_tau", _grid_hint(stats))
+    mats, ses, names, grid = filtered_matrices(stats["filtered"], "M_tau", _grid_hint(stats))
     sub = spectral.relevant_subspace(mats, ses, names=names)
     steps = [{"pass": "filtered", "grid": grid, "added": int(sub.rank), "subspace": sub.to_dict(include_basis=False)}]
     if sub.rank == 0:
@@ -164,9 +165,7 @@ def _subspace_state(
         stored_basis = np.asarray(arrays["basis"]).T
         if stored_basis.shape != basis.shape or not np.allclose(stored_basis, basis, atol=1e-12):
             raise ValueError(f"residual pass {i + 1} was computed on another subspace; this is a bug, please report it")
-        m, s, n, grid = spectral.filtered_matrices(
-            arrays, f"residual{i + 1}", "The candidates fit every sample exactly."
-        )
+        m, s, n, grid = filtered_matrices(arrays, f"residual{i + 1}", "The candidates fit every sample exactly.")
         step = spectral.relevant_subspace(m, s, names=n)
         # the pass's matrices live off the basis; keep what is off it (noise may leak a little in)
         added = min(step.rank, basis.shape[0] - basis.shape[1])
@@ -495,7 +494,7 @@ def _iterate(
     last = joint[-1]
     change = math.pi / 2
     if len(joint) > 1 and joint[-2].rank == last.rank and last.rank > 0:
-        change = float(spectral.principal_angles(joint[-2].basis, last.basis).max(initial=0.0))
+        change = float(principal_angles(joint[-2].basis, last.basis).max(initial=0.0))
     steps[-1]["change"] = change
     lo, hi = SKETCH_PASSES
     if len(done) < hi and (len(done) < lo or change > last.angle_bound):
@@ -647,7 +646,7 @@ def _refined_deep(
         deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0],
         deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0],
     )
-    rep["basis_angle_moved"] = float(spectral.principal_angles(basis, basis2).max(initial=0.0))
+    rep["basis_angle_moved"] = float(principal_angles(basis, basis2).max(initial=0.0))
     report["refinement"] = rep
     return (net2, basis2) if rep["kept"] else (net_z, basis)
 

@@ -61,7 +61,8 @@ from typing import Any
 import numpy as np
 
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
-from .spectral import DEFAULT_LEVEL, KAPPA, _stack_noise, noise_floor, principal_angles
+from .spectral import DEFAULT_LEVEL, KAPPA, _stack_noise, noise_floor
+from .subspace_geometry import principal_angles
 
 __all__ = [
     "SketchBasis",
