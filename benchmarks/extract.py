@@ -140,15 +140,16 @@ TRAINERS = {"sklearn": trained_teacher, "torch": torch_teacher, "digits": digits
 def queries(done: dict[str, Any], outputs: int = 1) -> int:
     """The teacher's answers a fit used: the store's samples, each pass's, and the bounded and streamed ones the
     learner drew (training and validation samples, control and residual rounds, refinement passes)."""
-    from relulearn.estimators import tensor
+    from relulearn.estimators.tensor_finish import RESIDUAL_SAMPLES
+    from relulearn.estimators.tensor_plan import sample_sizes
 
     rep = done["report"]
     n = done["samples"] * (1 + len(done["passes"]))
     d, k = done["input_dim"], done["width"]
-    n_train, n_val = tensor.sample_sizes(d, k, outputs)
+    n_train, n_val = sample_sizes(d, k, outputs)
     n += int(rep.get("coverage", {}).get("queries", 0))
     n += n_train + n_val
-    n += tensor.RESIDUAL_SAMPLES * sum(1 for r in rep.get("residual_rounds", []) if "rank" in r)
+    n += RESIDUAL_SAMPLES * sum(1 for r in rep.get("residual_rounds", []) if "rank" in r)
     n += sum(int(r["samples"]) for r in rep.get("control_rounds", []))
     refine = rep.get("refinement", {})
     n += int(refine.get("samples", 0)) * int(refine.get("passes", 0))

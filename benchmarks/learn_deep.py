@@ -49,6 +49,8 @@ from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import spectral  # noqa: E402
 from relulearn.estimators.filtered_pca import QUANTILES  # noqa: E402
+from relulearn.estimators.stored_matrices import matrices_from_store  # noqa: E402
+from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E402
 from relulearn.network import Network, subspace_angle  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
@@ -72,12 +74,12 @@ def make_config(d: int, widths: list[int], teacher_seed: int, samples: int) -> d
 def baseline_angle(store: str, teacher: Network) -> dict[str, Any]:
     """The M_2-only spectral stage: its supported rank (≤ k) and largest angle (π/2 if short)."""
     k = teacher.weights[0].shape[0]
-    mats, ses, names = spectral.matrices_from_store(open_store(store).arrays("contracted"), orders=[2])
+    mats, ses, names = matrices_from_store(open_store(store).arrays("contracted"), orders=[2])
     sub = spectral.relevant_subspace(mats, ses, rank=k, names=names)
     if sub.rank < k:
         angle = float(np.pi / 2)
     else:
-        angle = float(spectral.principal_angles(teacher.weights[0].T, sub.basis).max())
+        angle = float(principal_angles(teacher.weights[0].T, sub.basis).max())
     return {"rank": int(sub.rank), "angle": angle, "message": sub.message}
 
 

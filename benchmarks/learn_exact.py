@@ -45,7 +45,8 @@ from learn_one_hidden import machine_info  # noqa: E402
 
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators import spectral, tensor  # noqa: E402
+from relulearn.estimators import tensor  # noqa: E402
+from relulearn.estimators.joint_range import joint_range  # noqa: E402
 from relulearn.network import Network, compare_two_layer  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
@@ -112,7 +113,7 @@ def tensor_step_vs_parafac(store: str, teacher: Network, seed: int) -> dict[str,
     k = teacher.weights[0].shape[0]
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
-    sub = spectral.joint_range(list(t2), list(t2_se), rank=k)
+    sub = joint_range(list(t2), list(t2_se), rank=k)
     dec = tensor.decompose(t2, sub.basis, seed=seed)
     out["relulearn"] = {"seconds": time.perf_counter() - t0, "subspace_rank": int(sub.rank),
                         "angle": direction_angle(teacher.weights[0], dec.directions)}

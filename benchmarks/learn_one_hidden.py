@@ -66,10 +66,13 @@ import yaml  # noqa: E402
 from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import spectral  # noqa: E402
+from relulearn.estimators.stored_matrices import matrices_from_store  # noqa: E402
+from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import save_json, utc_now  # noqa: E402
+
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
 
@@ -119,7 +122,7 @@ def largest_angle(basis: np.ndarray, teacher_u: np.ndarray) -> tuple[float, list
     k = teacher_u.shape[0]
     if basis.size == 0 or basis.shape[1] == 0:
         return float(np.pi / 2), []
-    ang = spectral.principal_angles(basis, teacher_u.T)
+    ang = principal_angles(basis, teacher_u.T)
     raw = [float(a) for a in ang]
     return (float(np.pi / 2) if basis.shape[1] < k else float(np.max(ang))), raw
 
@@ -142,7 +145,7 @@ def run_relulearn(cfg_dict: dict, store: str, workdir: Path, client: Any, teache
         try:
             from relulearn import open_store
 
-            mats, ses, names = spectral.matrices_from_store(open_store(store).arrays("contracted"))
+            mats, ses, names = matrices_from_store(open_store(store).arrays("contracted"))
             sub = spectral.relevant_subspace(mats, ses, rank=k, names=names)
             rec["angle"], rec["angles"] = largest_angle(sub.basis, teacher_u)
             rec["subspace_rank"] = int(sub.rank)

@@ -33,8 +33,8 @@ from relulearn.pipeline.sources import TeacherSource
 
 #: (d, k, m, n, angle, dense too)
 CASES = [(60, 40, 10, 8_000, 0.1, True), (300, 64, 10, 20_000, 0.1, False)]
-#: the size of a width-128 network on 28×28 images with 10 outputs, n as :func:`relulearn.estimators.tensor.
-#: sample_sizes` draws (``--large``)
+#: the size of a width-128 network on 28×28 images with 10 outputs, n as :func:`relulearn.estimators.
+#: tensor_plan.sample_sizes` draws (``--large``)
 LARGE = [(784, 128, 10, 80_000, 0.1, False)]
 QUICK = CASES[:1]
 

@@ -50,6 +50,7 @@ from relulearn import open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import spectral  # noqa: E402
 from relulearn.estimators.subspace import sketch_basis, subspace_iteration  # noqa: E402
+from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.run import estimate  # noqa: E402
 from relulearn.pipeline.sketch import SketchMoments, gaussian_test_matrix, refine_record  # noqa: E402
@@ -87,7 +88,7 @@ def top_eigen(m: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def angle(a: np.ndarray, b: np.ndarray) -> float:
-    return float(spectral.principal_angles(a, b).max())
+    return float(principal_angles(a, b).max())
 
 
 def pass_runner(base: dict, workdir: Path, client: Any, log: list, tag: str) -> Callable[[dict], dict]:

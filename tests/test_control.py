@@ -10,7 +10,8 @@ import numpy as np
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.estimators import control, tensor
+from relulearn.estimators import control
+from relulearn.estimators.tensor_profile import profile
 from relulearn.network import Network
 from relulearn.pipeline.sources import make_source
 
@@ -29,7 +30,7 @@ def _population(net: Network) -> tuple[np.ndarray, np.ndarray]:
     u, a, b = net.weights[0], net.weights[1], net.biases[0]
     norms = np.linalg.norm(u, axis=1)
     uh, beta, amp = u / norms[:, None], b / norms, a * norms[None, :]
-    return (amp * tensor.profile(1, beta)) @ uh, np.einsum("ji,ia,ib->jab", amp * tensor.profile(2, beta), uh, uh)
+    return (amp * profile(1, beta)) @ uh, np.einsum("ji,ia,ib->jab", amp * profile(2, beta), uh, uh)
 
 
 def _zeros(m: int, d: int) -> control.Quadratic:

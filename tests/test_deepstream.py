@@ -9,7 +9,7 @@ import pytest
 
 from relulearn.api.execution import mapper
 from relulearn.estimators.deepstream import _jacobians, deep_sums, refine_deep
-from relulearn.estimators.spectral import principal_angles
+from relulearn.estimators.subspace_geometry import principal_angles
 from relulearn.network import Network
 
 from test_streamed import Draw

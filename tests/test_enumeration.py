@@ -15,16 +15,11 @@ import re
 import numpy as np
 import pytest
 
-from relulearn.estimators.enumeration import (
-    EnumerationResult,
-    covering_radius,
-    enumerate_network,
-    fit_units,
-    score_candidates,
-    sphere_net,
-    stage_cost,
-)
+from relulearn.estimators.enumeration import enumerate_network
+from relulearn.estimators.enumeration_search import EnumerationResult, stage_cost
 from relulearn.estimators.polish import polish
+from relulearn.estimators.relu_units import fit_units, score_candidates
+from relulearn.estimators.sphere_nets import covering_radius, sphere_net
 from relulearn.network import Network, compare
 
 # ------------------------------------------------------------------ helpers
@@ -84,7 +79,7 @@ def test_sphere_net_is_antipodal_unit_and_seeded():
         net = sphere_net(r, count, seed=3)
         assert net.shape == (count, r)
         np.testing.assert_allclose(np.linalg.norm(net, axis=1), 1.0, atol=1e-12)
-        np.testing.assert_array_equal(net[count // 2:], -net[: count // 2])  # both signs of every direction
+        np.testing.assert_array_equal(net[count // 2 :], -net[: count // 2])  # both signs of every direction
         np.testing.assert_array_equal(net, sphere_net(r, count, seed=3))
     assert not np.array_equal(sphere_net(3, 64, seed=3), sphere_net(3, 64, seed=4))
     with pytest.raises(ValueError, match="even"):

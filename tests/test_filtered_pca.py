@@ -10,18 +10,19 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
+from test_statistics import check_within
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
 from relulearn.estimators import spectral
-from relulearn.estimators.deepfit import CandidateBudgetError
-from relulearn.estimators.filtered_pca import QUANTILES, FilterGridError
 from relulearn.estimators.base import MissingStatisticError
+from relulearn.estimators.deepfit import CandidateBudgetError
+from relulearn.estimators.filtered_pca import QUANTILES
+from relulearn.estimators.stored_matrices import FilterGridError, filtered_matrices, matrices_from_store
+from relulearn.estimators.subspace_geometry import principal_angles
 from relulearn.network import Network, compare, subspace_angle
 from relulearn.pipeline.sources import make_source
-
-from conftest import PYTHON, cli_env
-from test_statistics import check_within
 
 
 def vanishing_network(d: int, seed: int = 0) -> tuple[Network, np.ndarray]:
@@ -57,7 +58,7 @@ def test_vanishing_moments_network(client, tmp_path):
     url = str(tmp_path / "s.zarr")
     api.estimate(cfg, url, client=client, progress=None)
     run = open_store(url)
-    mats, ses, _ = spectral.matrices_from_store(run.arrays("contracted"), orders=[2])
+    mats, ses, _ = matrices_from_store(run.arrays("contracted"), orders=[2])
     check_within("M_2 of the vanishing network", mats[0], ses[0], np.zeros((d, d)))
     m2 = spectral.relevant_subspace(mats, ses, names=["M_2"])
     assert m2.rank == 0, m2.message  # the correlational stage finds nothing
@@ -69,7 +70,7 @@ def test_vanishing_moments_network(client, tmp_path):
     basis = np.asarray(result["report"]["subspace"]["basis"])
     # residual passes may add the directions by which the estimated subspace misses V
     assert basis.shape[0] == d and basis.shape[1] >= 2
-    assert spectral.principal_angles(u.T, basis).max() <= 0.05
+    assert principal_angles(u.T, basis).max() <= 0.05
     learned = Network.load(tmp_path / "m.npz")
     x = np.random.default_rng(1).standard_normal((20_000, d))
     assert subspace_angle(net, learned, x) <= 0.05
@@ -149,13 +150,13 @@ def test_fit_on_a_sketch_runs_subspace_passes_and_recovers_exactly(client, tmp_p
     dense = dict(data, statistics={"basic": None, "filtered": {"quantiles": QUANTILES}}, run={"commit_interval": 1e9})
     url = str(tmp_path / "dense.zarr")
     api.estimate(config_from_dict(dense), url, client=client, progress=None)
-    mats, ses, names, _ = spectral.filtered_matrices(open_store(url).arrays("filtered"), "M_tau", "")
+    mats, ses, names, _ = filtered_matrices(open_store(url).arrays("filtered"), "M_tau", "")
     sub = spectral.relevant_subspace(mats, ses, names=names)
     found = np.asarray(result["report"]["subspace"]["basis"])[:, :k]  # residual rounds append their directions
     truth = teacher.weights[0].T
     assert sub.rank == found.shape[1] == k
-    to_truth = spectral.principal_angles(truth, sub.basis).max()
-    assert spectral.principal_angles(sub.basis, found).max() <= 0.1 * to_truth, to_truth
+    to_truth = principal_angles(truth, sub.basis).max()
+    assert principal_angles(sub.basis, found).max() <= 0.1 * to_truth, to_truth
 
 
 @pytest.mark.slow

@@ -23,8 +23,8 @@ import pytest
 
 from relulearn import open_store
 from relulearn.config import ConfigError, config_from_dict
-from relulearn.estimators.spectral import principal_angles
 from relulearn.estimators.subspace import rayleigh_ritz, sketch_basis, subspace_iteration
+from relulearn.estimators.subspace_geometry import principal_angles
 from relulearn.pipeline.plan import MemoryBudgetError, plan_families
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sketch import check_pass_store, refine_record

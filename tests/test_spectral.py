@@ -28,21 +28,20 @@ import numpy as np
 import pytest
 
 from relulearn.config import config_from_dict
+from relulearn.estimators.joint_range import joint_range
 from relulearn.estimators.spectral import (
     Spectrum,
     Subspace,
-    directions_in_subspace,
-    matrices_from_store,
     noise_floor,
-    principal_angles,
     relevant_subspace,
     spectrum,
 )
+from relulearn.estimators.stored_matrices import matrices_from_store
+from relulearn.estimators.subspace_geometry import directions_in_subspace, principal_angles
 from relulearn.hermite import relu_hermite_coefficient
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source
 from relulearn.storage.views import open_store
-from relulearn.estimators import spectral
 
 C2, C4 = relu_hermite_coefficient(2), relu_hermite_coefficient(4)
 
@@ -501,7 +500,7 @@ def test_joint_range_never_counts_noise_over_many_matrices():
         noise.append(e)
         mats.append(q @ np.diag(rng.standard_normal(r) * 0.06) @ q.T + e)
     ses = [np.full((d, d), se)] * count
-    found = spectral.joint_range(mats, ses)
+    found = joint_range(mats, ses)
     assert found.rank == r
-    assert spectral.principal_angles(q, found.basis).max() < 0.1
-    assert spectral.joint_range(noise, ses).rank == 0
+    assert principal_angles(q, found.basis).max() < 0.1
+    assert joint_range(noise, ses).rank == 0

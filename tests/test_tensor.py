@@ -9,10 +9,14 @@ from numpy.polynomial.hermite_e import hermeval
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.estimators import tensor
+from relulearn.estimators import spectral
 from relulearn.estimators.base import BudgetError, TooFewSamplesError
 from relulearn.estimators.polish import polish_outputs
 from relulearn.estimators.polish_cg import matrix_free, polish_outputs_cg
+from relulearn.estimators.tensor_outputs import MISFIT_MAX, _from_outputs
+from relulearn.estimators.tensor_plan import OUTPUTS_ROUTE_MIN_D, WidthError
+from relulearn.estimators.tensor_profile import BETA_GRID, profile
+from relulearn.estimators.tensor_slices import _decompose, _lifted_slices
 from relulearn.network import Network, compare
 from relulearn.pipeline.sources import Stream, generator
 
@@ -27,7 +31,7 @@ def test_the_offset_profile_is_the_hermite_coefficient_of_a_shifted_relu():
             he = np.eye(order + 1)[order]
             want = quad(lambda z: (z + beta) * hermeval(z, he) * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi),
                         -beta, np.inf, epsabs=1e-12, epsrel=1e-12, limit=200)[0]
-            assert abs(tensor.profile(order, beta) - want) <= 1e-11, (beta, order)
+            assert abs(profile(order, beta) - want) <= 1e-11, (beta, order)
 
 
 def planted(seed: int, d: int, k: int, m: int) -> Network:
@@ -221,8 +225,8 @@ def _population_output_moments(net: Network) -> dict:
     u, a, b = net.weights[0], net.weights[1], net.biases[0]
     norms = np.linalg.norm(u, axis=1)
     uh, beta, amp = u / norms[:, None], b / norms, a * norms[None, :]
-    t1 = (amp * tensor.profile(1, beta)) @ uh
-    t2 = np.einsum("ji,ia,ib->jab", amp * tensor.profile(2, beta), uh, uh)
+    t1 = (amp * profile(1, beta)) @ uh
+    t2 = np.einsum("ji,ia,ib->jab", amp * profile(2, beta), uh, uh)
     return {"T1": t1, "T1_se": np.full(t1.shape, 1e-6), "T2": t2, "T2_se": np.full(t2.shape, 1e-6),
             "count": np.asarray(10**12)}
 
@@ -233,7 +237,7 @@ def test_the_outputs_route_reads_every_unit_its_offset_and_orientation_off_the_p
     moments of a planted network (d = 70, k = 24, m = 5) every direction comes out with its sign to 1e-8 and
     every offset to the β grid's step."""
     net = planted(11, 70, 24, 5)
-    units, overcomplete, report = tensor._from_outputs({"output_moments": _population_output_moments(net)}, None, 0)
+    units, overcomplete, report = _from_outputs({"output_moments": _population_output_moments(net)}, None, 0)
     assert not overcomplete and report["route"] == "outputs" and report["subspace"]["rank"] == 24
     u, b = net.weights[0], net.biases[0]
     norms = np.linalg.norm(u, axis=1)
@@ -241,7 +245,7 @@ def test_the_outputs_route_reads_every_unit_its_offset_and_orientation_off_the_p
     match = np.argmax(np.abs(cos), axis=1)
     assert sorted(match.tolist()) == list(range(24))
     assert np.all(cos[np.arange(24), match] >= 1 - 1e-8), np.min(cos[np.arange(24), match])
-    step = tensor.BETA_GRID[1] - tensor.BETA_GRID[0]
+    step = BETA_GRID[1] - BETA_GRID[0]
     assert np.max(np.abs(units.beta - b[match] / norms[match])) <= step
     assert report["decomposition"]["flipped_by_order_1"] > 0  # some came out of the decomposition reversed
 
@@ -250,7 +254,7 @@ def test_a_wide_input_with_several_outputs_is_learned_from_the_outputs_second_mo
     """At d ≥ OUTPUTS_ROUTE_MIN_D with several outputs, `fit` estimates only basic and output_moments (no
     contracted orders, no higher-order pass), and the decomposition of the outputs' T_2 with T_1's orientations,
     then polish, give every parameter to machine precision (d = 64, width 12, 4 outputs)."""
-    d, k, m = tensor.OUTPUTS_ROUTE_MIN_D, 12, 4
+    d, k, m = OUTPUTS_ROUTE_MIN_D, 12, 4
     teacher = planted(5, d, k, m)
     teacher.save(tmp_path / "t.npz")
     out = str(tmp_path / "m.npz")
@@ -271,7 +275,7 @@ def test_units_under_the_noise_floor_are_lifted_by_control_variate_rounds(tmp_pa
     the stored T_2 holds only about half the directions above its floor, and the weak units mixed into them leave
     a decomposition misfit far above its noise. The control rounds (fresh samples of what the labels' degree-two
     expansion leaves) raise all 16 above the floor, and polish gives every parameter to machine precision."""
-    d, k, m = tensor.OUTPUTS_ROUTE_MIN_D, 16, 4
+    d, k, m = OUTPUTS_ROUTE_MIN_D, 16, 4
     teacher = planted(5, d, k, m)
     a = teacher.weights[1].copy()
     a[:, :4] *= 0.25
@@ -281,9 +285,9 @@ def test_units_under_the_noise_floor_are_lifted_by_control_variate_rounds(tmp_pa
     done = api.fit(config_from_dict(file_config(tmp_path / "t.npz", d, 100_000)), str(tmp_path / "s.zarr"),
                    "tensor", out=out, client="local", progress=None)
     rep = done["report"]
-    assert rep["first_decomposition"]["rank"] < k and rep["first_decomposition"]["misfit"] > tensor.MISFIT_MAX
+    assert rep["first_decomposition"]["rank"] < k and rep["first_decomposition"]["misfit"] > MISFIT_MAX
     assert rep["control_rounds"][0]["noise_ratio"] < 0.5 and rep["subspace"]["rank"] == k
-    assert rep["decomposition"]["misfit"] <= tensor.MISFIT_MAX
+    assert rep["decomposition"]["misfit"] <= MISFIT_MAX
     learned = Network.load(out)
     assert compare(teacher, learned).relative_error <= 1e-10
 
@@ -423,13 +427,13 @@ def test_lifted_slices_of_full_tensors_decompose_an_overcomplete_network_exactly
     arrays = {}
     for l in range(3, 7):
         idx = hermite.unique_indices(d, l)
-        arrays[f"T{l}"] = np.einsum("i,ip->p", amp * tensor.profile(l, beta), np.prod(u[:, idx], axis=2))
+        arrays[f"T{l}"] = np.einsum("i,ip->p", amp * profile(l, beta), np.prod(u[:, idx], axis=2))
         arrays[f"T{l}_se"] = np.full(len(idx), 1e-9)
-    m2 = (u.T * (amp * tensor.profile(2, beta))) @ u
-    sl = tensor._lifted_slices([(m2, np.full((d, d), 1e-9))], [arrays], d, seed=0)
-    sub = tensor.spectral.relevant_subspace(list(sl.matrices), list(sl.ses))
+    m2 = (u.T * (amp * profile(2, beta))) @ u
+    sl = _lifted_slices([(m2, np.full((d, d), 1e-9))], [arrays], d, seed=0)
+    sub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses))
     assert sub.rank == k
-    units, report = tensor._decompose(sl.matrices, sl, sub.basis, 0, d, 1)
+    units, report = _decompose(sl.matrices, sl, sub.basis, 0, d, 1)
     assert report["algorithm"].startswith("Jennrich") and largest_angle(units.directions, u) <= 1e-6
     match = np.argmax(np.abs(units.directions @ u.T), axis=0)
     sign = np.sign(np.sum(units.directions[match] * u, axis=1))  # a direction found as −û has offset −β
@@ -468,7 +472,7 @@ def test_a_width_past_the_identifiable_limit_is_refused_before_any_store_is_writ
     it, and nothing is written."""
     teacher = planted(9, 4, 3, 1)
     teacher.save(tmp_path / "t.npz")
-    with pytest.raises(tensor.WidthError, match=r"at most d\(d\+1\)/2 = 10 units at d = 4 \(width 11 asked\).*"
+    with pytest.raises(WidthError, match=r"at most d\(d\+1\)/2 = 10 units at d = 4 \(width 11 asked\).*"
                                                 r"orders 6 and 8"):
         api.fit(config_from_dict(file_config(tmp_path / "t.npz", 4, 100_000)), str(tmp_path / "s.zarr"), "tensor",
                 width=11, client="local", progress=None)

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from ..network import Network
-from . import cp, orthants, spectral
+from . import cp, orthants
 from . import exact_step as _exact_step
 from . import fixed_parameter as _fixed
 from . import refine as _refine
 from . import signs as _signs
 from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .joint_range import JointRange, joint_range
 from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
 
 __all__ = [
@@ -97,7 +98,7 @@ def _validation(cands: dict[str, Network], smp: Samples) -> dict[str, float]:
     return {name: relative_loss(net, smp.x_val, smp.y_val) for name, net in cands.items()}
 
 
-def _basis(sub: spectral.JointRange, t2: np.ndarray, k: int, report: dict) -> np.ndarray:
+def _basis(sub: JointRange, t2: np.ndarray, k: int, report: dict) -> np.ndarray:
     if sub.rank >= k:
         return sub.basis[:, :k]
     # fewer directions above the floor than units: the top-k eigenvectors of Σ_j T2_j², with a note
@@ -170,7 +171,7 @@ def learn(
     t2_se = np.asarray(om["T2_se"], dtype=np.float64)
     m, d = t2.shape[0], t2.shape[1]
     # the span of the v_i: eigenvalues of Σ_j T2_j² above the noise floor of the standard errors
-    sub = spectral.joint_range(list(t2), list(t2_se), rank=width)
+    sub = joint_range(list(t2), list(t2_se), rank=width)
     report: dict[str, Any] = {"activation": act.name, "subspace": sub.to_dict(include_basis=False)}
     if sub.rank == 0:
         raise NoSignalError(

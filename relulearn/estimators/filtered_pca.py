@@ -20,7 +20,7 @@
 
 **Large d.** When the dense ``M_τ`` do not fit a worker's block partial, ``fit`` asks for their
 sketch (``statistics.sketch.filtered``) instead; step 1 then runs as subspace passes on the same
-chunks, all τ at once (:func:`.subspace.joint_ritz`), and the answer is the span of their
+chunks, all τ at once (:func:`.joint_subspace.joint_ritz`), and the answer is the span of their
 significant refined eigenvectors. The candidates are fitted on inputs projected part by part on
 the workers when a bounded sample of d-dimensional inputs would not fit. Step 2 runs in sketch form
 too: a pass sketches the residual-filtered matrices of the best candidate (``statistics.sketch.residual``,
@@ -30,12 +30,12 @@ once), and those directions extend the subspace.
 Like every method, a pure function of stored statistics and bounded samples; ``api`` runs
 the passes it asks for and calls it again with their statistics. Each call re-derives the
 subspace from the main store and the passes (cheap), and fits candidates only on the
-newest subspace; when a pass adds nothing, the candidate stored with it is the answer.
+newest subspace; when a pass adds nothing, the candidate stored with it is the answer. The replay of
+the subspace from the passes is :mod:`.filtered_subspace`.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,19 +44,19 @@ import numpy as np
 
 from ..config import SKETCH_OVERSAMPLING
 from ..network import Network, gradient_subspace
-from . import deepfit, enumeration, spectral, subspace
-from .base import LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from . import deepfit, enumeration
+from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 from .deepstream import refine_deep
+from .filtered_subspace import SKETCH_PASSES, _candidate_config, _sketched_state, _stored_candidate, _subspace_state
 from .polish import polish_and_select, refinement_verdict
-from .spectral import FilterGridError
 from .streamed import projected_sample, refine_streamed
+from .subspace_geometry import principal_angles
 
 __all__ = [
     "MissingStatisticError",
     "PassRequest",
     "LearnResult",
     "Samples",
-    "FilterGridError",
     "required_statistics",
     "learn",
     "MAX_PASSES",
@@ -73,9 +73,6 @@ REFINE_SAMPLES = 10_000_000
 QUANTILES = [0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97]
 #: residual passes asked for at most (each adds at least one direction, so also ≤ k)
 RESIDUAL_PASSES = 4
-#: subspace passes on a sketch of the M_τ: at least 2 (the first pass's gap comes from the noisy
-#: sketch), at most 5
-SKETCH_PASSES = (2, 5)
 #: passes a run may ask for (residual passes on dense statistics; on a sketch, the subspace passes of
 #: the M_τ, then per residual round one sketch of the residual family and its subspace passes)
 MAX_PASSES = SKETCH_PASSES[1] + RESIDUAL_PASSES * (1 + SKETCH_PASSES[1])
@@ -125,70 +122,6 @@ def _check(stats: Mapping[str, Arrays]) -> None:
         raise MissingStatisticError.lacking(
             "filtered-pca", "filtered", "filtered second moments M_τ", f"{{quantiles: {QUANTILES}}}"
         )
-
-
-def _grid_hint(stats: Mapping[str, Arrays]) -> str:
-    hint = "Lower statistics.filtered.thresholds, or give quantiles instead (e.g. quantiles: [0.5, 0.75, 0.9])"
-    basic = stats.get("basic")
-    if basic is not None and "yy" in basic:
-        hint += f"; this store has E[y²] = {float(np.asarray(basic['yy'])):.4g}"
-    return hint + ", and estimate into a new store."
-
-
-def _orthonormal_extension(basis: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """``[basis, new']`` with ``new`` orthonormalized against ``basis`` (new: (d, m))."""
-    if new.shape[1] == 0:
-        return basis
-    new = new - basis @ (basis.T @ new)
-    q, _ = np.linalg.qr(new)
-    return np.concatenate([basis, q], axis=1)
-
-
-def _subspace_state(
-    stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]]
-) -> tuple[np.ndarray, list[dict], bool]:
-    """The basis (d, r) after the first pass and every residual pass; per-step records;
-    whether the last pass added nothing."""
-    mats, ses, names, grid = spectral.filtered_matrices(stats["filtered"], "M_tau", _grid_hint(stats))
-    sub = spectral.relevant_subspace(mats, ses, names=names)
-    steps = [{"pass": "filtered", "grid": grid, "added": int(sub.rank), "subspace": sub.to_dict(include_basis=False)}]
-    if sub.rank == 0:
-        raise NoSignalError(
-            "filtered PCA found no direction above the noise floor in the stored M_τ: the statistics are pure "
-            "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
-        )
-    basis = sub.basis
-    exhausted = False
-    for i, p in enumerate(passes):
-        arrays = p["residual"]
-        stored_basis = np.asarray(arrays["basis"]).T
-        if stored_basis.shape != basis.shape or not np.allclose(stored_basis, basis, atol=1e-12):
-            raise ValueError(f"residual pass {i + 1} was computed on another subspace; this is a bug, please report it")
-        m, s, n, grid = spectral.filtered_matrices(
-            arrays, f"residual{i + 1}", "The candidates fit every sample exactly."
-        )
-        step = spectral.relevant_subspace(m, s, names=n)
-        # the pass's matrices live off the basis; keep what is off it (noise may leak a little in)
-        added = min(step.rank, basis.shape[0] - basis.shape[1])
-        basis = _orthonormal_extension(basis, step.basis[:, :added])
-        steps.append(
-            {
-                "pass": f"residual-{i + 1}",
-                "grid": grid,
-                "added": int(added),
-                "subspace": step.to_dict(include_basis=False),
-            }
-        )
-        exhausted = added == 0
-    return basis, steps, exhausted
-
-
-def _stored_candidate(arrays: Arrays, c: int = 0) -> Network:
-    layers, j = [], 0
-    while f"candidate{c}_W{j}" in arrays:
-        layers.append(np.asarray(arrays[f"candidate{c}_W{j}"], dtype=np.float64))
-        j += 1
-    return Network(tuple(layers), activation="relu")
 
 
 def learn(
@@ -244,14 +177,10 @@ def learn(
     if width is not None and width < 1:
         raise ValueError(f"width must be at least 1, got {width}")
     sketched = "filtered" not in stats
-    rounds = 0
-    if sketched:
-        got = _sketched_state(stats["sketch"], passes)
-        if isinstance(got, PassRequest):
-            return got
-        basis, steps, exhausted, rounds = got
-    else:
-        basis, steps, exhausted = _subspace_state(stats, passes)
+    got = _replayed(stats, passes)
+    if isinstance(got, PassRequest):
+        return got
+    basis, steps, exhausted, rounds = got
     d, r = basis.shape
     w = int(width) if width is not None else (r if depth == 1 else max(4, 2 * r))
     if depth > 1:  # fail before any work when the enumeration cannot fit its budget
@@ -303,6 +232,26 @@ def learn(
     if len(passes) >= RESIDUAL_PASSES or r >= d:
         report["stop_reason"] = f"stopped after {len(passes)} residual passes (rank {r} of d={d})"
         return _finish(best.network, basis, depth, smp, report, refine)
+    return _residual_request(cands, basis, len(passes))
+
+
+def _replayed(
+    stats: Mapping[str, Arrays], passes: Sequence[Mapping[str, Arrays]]
+) -> PassRequest | tuple[np.ndarray, list[dict], bool, int]:
+    """The subspace replayed from the passes (:mod:`.filtered_subspace`): the basis, per-step records, whether the
+    last pass added nothing and the residual rounds done on a sketch; or the next pass of an unfinished
+    iteration on a sketch."""
+    if "filtered" not in stats:
+        return _sketched_state(stats["sketch"], passes)
+    basis, steps, exhausted = _subspace_state(stats, passes)
+    return basis, steps, exhausted, 0
+
+
+def _residual_request(cands: list[deepfit.Candidate], basis: np.ndarray, done: int) -> PassRequest:
+    """The next residual pass (dense statistics; ``done`` passes so far): the residual-filtered matrices of the
+    best candidate and of the best of up to :data:`PASS_CANDIDATES` − 1 other architectures."""
+    r = basis.shape[1]
+    best = cands[0]
     chosen, seen = [], set()
     for c in cands:  # the best candidate, then the best of other architectures
         if c.widths not in seen:
@@ -311,7 +260,7 @@ def learn(
         if len(chosen) == PASS_CANDIDATES:
             break
     return PassRequest(
-        f"residual-{len(passes) + 1}",
+        f"residual-{done + 1}",
         {
             "residual": {
                 "basis": basis.T.tolist(),
@@ -357,170 +306,6 @@ class _ResidualAsk:
             f"the best network on the {r}-dimensional subspace leaves held-out relative loss {best.val_loss:.3g}; "
             "a sketch of its residual-filtered matrices looks for the directions still missing",
         )
-
-
-def _candidate_config(net: Network) -> dict[str, Any]:
-    return {"weights": [w.tolist() for w in net.weights]}
-
-
-def _sketched_state(
-    sketch: Arrays, passes: Sequence[Mapping[str, Arrays]]
-) -> PassRequest | tuple[np.ndarray, list[dict], bool, int]:
-    """Replay the passes of a sketched run: subspace passes on the ``M_τ``, then residual rounds (a sketch
-    of the residual family of the best candidate on the basis so far, and its subspace passes; the
-    directions they find extend the basis). Returns the next :class:`PassRequest` of an unfinished
-    iteration, or the basis, per-pass records, whether the last round added nothing, and the rounds."""
-    sketches = [p["sketch"] for p in passes if "sketch" in p]
-    filtered = [a for a in sketches if "Y_filtered" in a]
-    got: PassRequest | tuple[np.ndarray, list[dict]] | tuple[subspace.JointStep, list[dict]]
-    got = _sketch_subspace(sketch, filtered)
-    if isinstance(got, PassRequest):
-        return got
-    basis, steps = got
-    residual = [a for a in sketches if "Y_residual" in a]
-    groups: list[list[Arrays]] = []
-    for a in residual:  # a round opens with its sketch (no basis: no B M Bᵀ), then its subspace passes
-        if "BMB_residual" not in a or not groups:
-            groups.append([a])
-        else:
-            groups[-1].append(a)
-    exhausted = False
-    for i, (first, *done) in enumerate(groups):
-        d, r = basis.shape
-        stored = np.asarray(first["residual_basis"]).T
-        if stored.shape != basis.shape or not np.allclose(stored, basis, atol=1e-12):
-            raise ValueError(
-                f"residual round {i + 1} was computed on another subspace; this is a bug, please report it"
-            )
-        count = float(np.asarray(first["count"]))
-        keep = np.flatnonzero(np.asarray(first["prob_residual"])[0] * count >= 1)
-        if keep.size == 0:  # every |residual| at or below the smallest τ: the candidate fits every sample
-            steps.append({"pass": f"residual-{i + 1}", "added": 0, "reason": "no residual above any threshold"})
-            exhausted = True
-            continue
-        options = {
-            "basis": basis.T.tolist(),
-            "candidates": [_stored_candidate_config(first)],
-            "thresholds": np.asarray(first["residual_tau"])[0].tolist(),
-        }
-        got = _iterate(
-            first,
-            done,
-            "residual",
-            keep,
-            options,
-            f"residual-{i + 1}-subspace",
-            "a single sketch of the residual-filtered matrices is noisy at large d; subspace passes on "
-            "the same chunks refine it (all τ at once)",
-        )
-        if isinstance(got, PassRequest):
-            return got
-        last, rsteps = got
-        added = min(last.rank, d - r)
-        basis = _orthonormal_extension(basis, last.basis[:, :added])
-        steps.extend(rsteps)
-        steps.append({"pass": f"residual-{i + 1}", "added": int(added)})
-        exhausted = added == 0
-    return basis, steps, exhausted, len(groups)
-
-
-def _stored_candidate_config(arrays: Arrays) -> dict[str, Any]:
-    return _candidate_config(_stored_candidate(arrays))
-
-
-def _per_tau(arrays: Arrays, key: str, family: str) -> np.ndarray:
-    """A sketched family's array over τ: ``filtered`` as stored, ``residual`` of its one candidate."""
-    a = np.asarray(arrays[key])
-    return a[0] if family == "residual" else a
-
-
-def _sketch_subspace(sketch: Arrays, done: Sequence[Arrays]) -> PassRequest | tuple[np.ndarray, list[dict]]:
-    """Subspace iteration on the sketched ``M_τ`` of every τ at once, one requested pass per step on the
-    chunks of the main store (``done``: the passes so far); the iteration is replayed from the passes (a
-    pure function of the statistics). Returns the next :class:`PassRequest`, or the basis (d × m) of the
-    span of the significant eigenvectors and the per-pass records."""
-    tau = np.asarray(sketch["tau"], dtype=np.float64)
-    if tau.ndim != 1:
-        raise ValueError(
-            "filtered-pca on a sketch learns one scalar label; this store sketches the M_τ of "
-            f"{tau.shape[0]} outputs (choose one with source.output)"
-        )
-    count = float(np.asarray(sketch["count"]))
-    keep = np.flatnonzero(np.asarray(sketch["prob_filtered"], dtype=np.float64) * count >= 1)
-    if keep.size == 0:
-        taus = ", ".join(f"{t:.4g}" for t in tau)
-        raise FilterGridError(
-            f"no sample passed the filter at any threshold of the sketched M_τ (τ = {taus}, {int(count):,} "
-            f"samples): every |y| is at or below the smallest τ. {_grid_hint({})}"
-        )
-    got = _iterate(
-        sketch,
-        done,
-        "filtered",
-        keep,
-        {"thresholds": tau.tolist()},
-        "subspace",
-        "a single sketch of the M_τ is swamped by noise at large d; subspace passes on the same "
-        "chunks refine it (randomised subspace iteration, all τ at once)",
-    )
-    if isinstance(got, PassRequest):
-        return got
-    last, steps = got
-    if last.rank == 0:
-        raise NoSignalError(
-            "filtered PCA found no direction above the noise floor in the sketched M_τ: the statistics are pure "
-            "noise at this sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
-        )
-    return last.basis, steps
-
-
-def _iterate(
-    sketch: Arrays,
-    done: Sequence[Arrays],
-    family: str,
-    keep: np.ndarray,
-    options: dict[str, Any],
-    prefix: str,
-    first_reason: str,
-) -> PassRequest | tuple[subspace.JointStep, list[dict]]:
-    """Subspace iteration on a sketched family's matrices of the τ in ``keep``, replayed from the passes
-    ``done``: the next pass (named ``prefix-i``, with the family's ``options``), or the last joint step and
-    the per-pass records once the span moves by less than its angle bound (at most ``SKETCH_PASSES[1]``)."""
-    if not done:
-        y, se = _per_tau(sketch, f"Y_{family}", family), _per_tau(sketch, f"Y_{family}_se", family)
-        basis, _ = subspace.joint_sketch_basis([y[t] for t in keep], [se[t] for t in keep])
-        return PassRequest(f"{prefix}-1", subspace.pass_statistics(basis, family, options), first_reason)
-    joint = [_joint_step(p, keep, family) for p in done]
-    steps = [dict({"pass": f"{prefix}-{i + 1}", "added": j.rank}, **j.to_dict()) for i, j in enumerate(joint)]
-    last = joint[-1]
-    change = math.pi / 2
-    if len(joint) > 1 and joint[-2].rank == last.rank and last.rank > 0:
-        change = float(spectral.principal_angles(joint[-2].basis, last.basis).max(initial=0.0))
-    steps[-1]["change"] = change
-    lo, hi = SKETCH_PASSES
-    if len(done) < hi and (len(done) < lo or change > last.angle_bound):
-        return PassRequest(
-            f"{prefix}-{len(done) + 1}",
-            subspace.pass_statistics(last.next_basis, family, options),
-            f"the span of the significant directions moved by {change:.3g} rad in the last pass, more "
-            f"than its angle bound {last.angle_bound:.3g} rad (or fewer than {lo} passes so far)",
-        )
-    steps[-1]["converged"] = bool(change <= last.angle_bound)
-    return last, steps
-
-
-def _joint_step(arrays: Arrays, keep: np.ndarray, family: str = "filtered") -> subspace.JointStep:
-    """:func:`.subspace.joint_ritz` of a stored subspace pass of a family, on the τ that kept samples."""
-    y, y_se, bmb = (_per_tau(arrays, k, family) for k in (f"Y_{family}", f"Y_{family}_se", f"BMB_{family}"))
-    key = f"BMB_{family}_se"
-    bmb_se = _per_tau(arrays, key, family) if key in arrays else None
-    return subspace.joint_ritz(
-        [y[t] for t in keep],
-        [y_se[t] for t in keep],
-        [bmb[t] for t in keep],
-        np.asarray(arrays["omega"]),
-        bmb_ses=None if bmb_se is None else [bmb_se[t] for t in keep],
-    )
 
 
 def _learn_large(
@@ -647,7 +432,7 @@ def _refined_deep(
         deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0],
         deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0],
     )
-    rep["basis_angle_moved"] = float(spectral.principal_angles(basis, basis2).max(initial=0.0))
+    rep["basis_angle_moved"] = float(principal_angles(basis, basis2).max(initial=0.0))
     report["refinement"] = rep
     return (net2, basis2) if rep["kept"] else (net_z, basis)
 

@@ -28,8 +28,11 @@ from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 from ..network import Network
 from . import biased, enumeration, spectral, subspace
 from .base import Arrays, BudgetError, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .enumeration_search import EnumerationResult
 from .polish import polish_and_select
+from .stored_matrices import matrices_from_store
 from .streamed import projected_sample, refine_streamed, refine_unless_exact
+from .subspace_geometry import directions_in_subspace, principal_angles
 
 __all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
 
@@ -164,9 +167,9 @@ def learn(
         wanted = basis.shape[1]
         total = int(np.asarray(stats["sketch"]["count"])) if refine_samples is None else int(refine_samples)
         return _finish(basis, wanted, total, samples, mapper, seed, budget, report, biases)
-    mats, ses, names = spectral.matrices_from_store(stats["contracted"])
+    mats, ses, names = matrices_from_store(stats["contracted"])
     for i, p in enumerate(passes):
-        m, s, n = spectral.matrices_from_store(p["contracted"])
+        m, s, n = matrices_from_store(p["contracted"])
         mats, ses, names = mats + m, ses + s, names + [f"pass{i + 1}:{x}" for x in n]
     sub = spectral.relevant_subspace(mats, ses, rank=width, names=names)
     report = {"subspace": sub.to_dict()}
@@ -177,7 +180,7 @@ def learn(
         )
     wanted = width or sub.rank
     if not passes and (sub.rank < wanted or not getattr(sub, "supported", True)):
-        g = spectral.directions_in_subspace(sub.basis, max(4, 2 * sub.rank), seed)
+        g = directions_in_subspace(sub.basis, max(4, 2 * sub.rank), seed)
         return PassRequest(
             "adaptive-1",
             {"contracted": {"orders": [2, 4, 6], "directions": g.tolist(), "control": True}},
@@ -257,7 +260,7 @@ def _finish(
 
 def _enumerate(
     z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray, *, k: int, budget: int, **options: Any
-) -> enumeration.EnumerationResult:
+) -> EnumerationResult:
     """The enumeration of ``k`` units on the subspace coordinates ``z``; a budget too small for it is refused
     naming ``--budget`` and the method that needs no enumeration."""
     try:
@@ -391,7 +394,7 @@ def _sketch_subspace(
         bmb_se=np.asarray(last["BMB_second_se"]) if "BMB_second_se" in last else None,
     )
     k = step.k
-    change = float(spectral.principal_angles(step.vectors[:, :k], step.next_basis[:, :k]).max(initial=0.0))
+    change = float(principal_angles(step.vectors[:, :k], step.next_basis[:, :k]).max(initial=0.0))
     lo, hi = SKETCH_PASSES
     if len(done) < hi and (len(done) < lo or change > step.angle_bound or step.angle_bound >= VACUOUS_ANGLE):
         return PassRequest(

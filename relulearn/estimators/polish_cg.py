@@ -53,7 +53,7 @@ CG_PER_STEP = 200
 def matrix_free(unknowns: int, outputs: int = 1) -> bool:
     """Whether the polish of ``unknowns`` parameters ``p`` on ``outputs`` outputs ``m`` is solved matrix-free.
 
-    By the work of one Gauss–Newton step on the samples each takes (:func:`.tensor.sample_sizes`): the dense
+    By the work of one Gauss–Newton step on the samples each takes (:func:`.tensor_plan.sample_sizes`): the dense
     normal matrix is summed output by output, ``m · max(20000, 40p) · p²``; conjugate gradients apply it as two
     products with the design, ``4 p`` per row and iteration, on ``max(20000, 8p/m)`` rows, for
     :data:`CG_PER_STEP` iterations. Measured (from 0.05 rad, both to 10⁻¹⁶): d = 64, k = 12, m = 4 (1,088

@@ -45,6 +45,7 @@ from .. import hermite
 from ..polynomial import PolynomialModel
 from . import spectral
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
+from .stored_matrices import FilterGridError, filtered_matrices
 
 __all__ = [
     "MAX_PASSES",
@@ -253,8 +254,8 @@ def _find_subspace(stats: Mapping[str, Arrays], d: int, report: dict) -> np.ndar
     names = ["T_2"]
     if "filtered" in stats:
         try:
-            m, s, n, _ = spectral.filtered_matrices(stats["filtered"], "M_tau", "")
-        except spectral.FilterGridError:  # no sample above any τ: T_2 and T_1 alone
+            m, s, n, _ = filtered_matrices(stats["filtered"], "M_tau", "")
+        except FilterGridError:  # no sample above any τ: T_2 and T_1 alone
             m, s, n = [], [], []
         mats, ses, names = mats + m, ses + s, names + n
     sub = spectral.relevant_subspace(mats, ses, names=names)

@@ -47,34 +47,22 @@ least its own ``|μ|/f > 1``, by interlacing) survives. When many directions are
 a threshold of 1 would keep noise directions (``tests/test_spectral.py``) — and the rank is
 then still at least the largest per-matrix count (each count is a lower bound on
 ``dim U``), and the result says so in its message.
+
+The matrices come from a store through :mod:`.stored_matrices`; the joint range of many matrices from the sum
+of their squares is :mod:`.joint_range`; angles between subspaces and directions inside one are
+:mod:`.subspace_geometry`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import scipy.linalg
 
-__all__ = [
-    "DEFAULT_LEVEL",
-    "FilterGridError",
-    "KAPPA",
-    "JointRange",
-    "joint_range",
-    "Spectrum",
-    "Subspace",
-    "directions_in_subspace",
-    "filtered_matrices",
-    "matrices_from_store",
-    "noise_floor",
-    "principal_angles",
-    "relevant_subspace",
-    "spectrum",
-]
+__all__ = ["DEFAULT_LEVEL", "KAPPA", "Spectrum", "Subspace", "noise_floor", "relevant_subspace", "spectrum"]
 
 DEFAULT_LEVEL = 0.01
 """Default probability that noise alone exceeds a floor (for ``relevant_subspace``: in any
@@ -93,11 +81,6 @@ Gaussians) needs the most and approaches, for ``d/level`` → ∞, κ → 1 only
 percentile of ``||E||`` for standard-error patterns like those of real ``M_2`` / ``M_4^g``
 estimates, and up to ~2× when a few isolated entries dominate ``σ*``
 (``tests/test_spectral.py`` checks exceedance and looseness by simulation)."""
-
-_DIRECTIONS_STREAM = 0x5BEC7  # separates this generator's stream from others keyed by the same seed
-
-
-# ----------------------------------------------------------------------------- floors
 
 
 def _check_level(level: float) -> None:
@@ -167,9 +150,6 @@ def _stack_noise(tau: np.ndarray, level: float) -> float:
     row = math.sqrt(float(t2.sum(axis=1).max()))
     col = math.sqrt(float(t2.sum(axis=0).max()))
     return row + col + KAPPA * float(tau.max()) * math.sqrt(2.0 * math.log((d + n) / level))
-
-
-# --------------------------------------------------------------------------- spectrum
 
 
 @dataclass(frozen=True)
@@ -259,9 +239,6 @@ def spectrum(matrix: np.ndarray, se: np.ndarray, *, level: float = DEFAULT_LEVEL
     order = np.argsort(-np.abs(w), kind="stable")
     w, v = w[order], v[:, order]
     return Spectrum(eigenvalues=w, eigenvectors=v, floor=floor, significant=np.abs(w) > floor, name=name, level=level)
-
-
-# --------------------------------------------------------------------------- subspace
 
 
 @dataclass(frozen=True)
@@ -371,35 +348,13 @@ def relevant_subspace(
     -------
     Subspace
     """
-    _check_level(level)
-    if len(matrices) == 0:
-        raise ValueError("relevant_subspace needs at least one matrix")
-    if len(ses) != len(matrices):
-        raise ValueError(f"got {len(matrices)} matrices but {len(ses)} standard-error arrays")
-    if names is None:
-        names = [f"matrix{a}" for a in range(len(matrices))]
-    elif len(names) != len(matrices):
-        raise ValueError(f"got {len(matrices)} matrices but {len(names)} names")
-    if rank is not None and (int(rank) != rank or rank < 0):
-        raise ValueError(f"rank must be a non-negative integer or None, got {rank}")
-    shapes = {np.shape(m) for m in matrices}
-    if len(shapes) != 1:
-        raise ValueError(f"all matrices must have the same shape, got {sorted(shapes)}")
+    names = _checked_names(matrices, ses, rank=rank, names=names, level=level)
     d = np.shape(matrices[0])[0]
 
     per_level = level / len(matrices)
     spectra = tuple(spectrum(m, s, level=per_level, name=n) for m, s, n in zip(matrices, ses, names))
 
-    # Weighted significant eigenvectors, and the standard deviations of their noise parts
-    # (E_a v̂)_i / f_a with v̂ treated as fixed: var = Σ_l S_il² v̂_l² / f_a².
-    cols, taus = [], []
-    for sp, s in zip(spectra, ses):
-        if sp.rank == 0:
-            continue
-        v = sp.eigenvectors[:, sp.significant]
-        cols.append(v * (np.abs(sp.eigenvalues[sp.significant]) / sp.floor))
-        s2 = np.maximum(np.asarray(s, dtype=np.float64), np.asarray(s, dtype=np.float64).T) ** 2
-        taus.append(np.sqrt(s2 @ (v * v)) / sp.floor)
+    cols, taus = _weighted_columns(spectra, ses)
     per_matrix_max = max((sp.rank for sp in spectra), default=0)
 
     if cols:
@@ -419,21 +374,7 @@ def relevant_subspace(
             f"the {n_cols} stacked directions carry combined noise {nu:.2f} floors (> 1), so a direction "
             f"seen in a single matrix needs strength above {nu:.2f} floors to be kept"
         )
-    supported = True
-    if rank is None:
-        r = n_sig
-    elif n_sig >= rank:
-        r = int(rank)
-        if n_sig > rank:
-            notes.append(f"the noise floor supports {n_sig} directions; kept the {r} strongest as requested")
-    else:
-        r = n_sig
-        supported = False
-        notes.insert(
-            0,
-            f"the noise floor supports only {n_sig} of the {rank} requested directions at this sample count; "
-            "more samples (or higher orders / directions inside the subspace) would be needed",
-        )
+    r, supported = _kept_rank(n_sig, rank, notes)
 
     basis = left[:, :r]
     strength = sv[:r] / threshold - 1.0
@@ -455,290 +396,64 @@ def relevant_subspace(
     )
 
 
-@dataclass(frozen=True)
-class JointRange:
-    """The joint range of several symmetric matrices from the sum of their squares.
-
-    Attributes
-    ----------
-    basis
-        ``(d, r)`` orthonormal eigenvectors of ``Σ_a M̂_a²``, strongest first.
-    rank
-        ``r``: eigenvalues above ``floor`` (or the ``rank`` requested, when supported).
-    eigenvalues
-        All eigenvalues of ``Σ_a M̂_a²``, descending.
-    floor
-        ``Σ_a f_a²`` with ``f_a`` the noise floor of matrix ``a`` (at ``level / count``).
-    strength
-        ``(r,)``: ``λ_i / floor − 1`` of the kept directions.
-    supported
-        ``False`` when fewer directions than requested clear the floor.
-    message
-        What was decided, in words (empty when nothing to add).
-    angle_bound
-        ``arcsin(min(1, δ / λ_r))`` with ``δ = Σ_a (2 ||M̂_a|| f_a + f_a²)`` bounding the noise in
-        ``Σ_a M̂_a²`` (Davis–Kahan); ``None`` for ``r = 0``.
-    """
-
-    basis: np.ndarray
-    rank: int
-    eigenvalues: np.ndarray
-    floor: float
-    strength: np.ndarray
-    supported: bool = True
-    message: str = ""
-    angle_bound: float | None = None
-    level: float = DEFAULT_LEVEL
-
-    def to_dict(self, *, include_basis: bool = True) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "rank": int(self.rank),
-            "supported": bool(self.supported),
-            "message": self.message,
-            "floor": float(self.floor),
-            "strength": [float(v) for v in self.strength],
-            "eigenvalues": [float(v) for v in self.eigenvalues[: max(2 * self.rank, 8)]],
-            "angle_bound": None if self.angle_bound is None else float(self.angle_bound),
-            "level": float(self.level),
-        }
-        if include_basis:
-            out["basis"] = self.basis.tolist()
-        return out
-
-
-def joint_range(
-    matrices: Sequence[np.ndarray], ses: Sequence[np.ndarray], *, rank: int | None = None, level: float = DEFAULT_LEVEL
-) -> JointRange:
-    """The span of the ranges of several estimated symmetric matrices ``M̂_a = M_a + E_a`` whose true
-    ranges lie in one subspace ``V``, from the eigenvalues of ``Σ_a M̂_a²`` (``= Σ_a M̂_aᵀ M̂_a``).
-
-    For a unit ``w ⊥ V``, ``wᵀ (Σ_a M̂_a²) w = Σ_a |E_a w|² ≤ Σ_a ||E_a||²``, so by Courant–Fischer
-    every eigenvalue beyond ``dim V`` is at most ``floor = Σ_a f_a²`` (``f_a`` :func:`noise_floor`
-    of matrix ``a`` at ``level / count``): the count of eigenvalues above ``floor`` never exceeds
-    ``dim V`` (with probability ``1 − level``). Unlike stacking each matrix's significant
-    eigenvectors (:func:`relevant_subspace`), a direction that is weak in every single matrix
-    still adds up over many of them, and many matrices add no spurious directions (the
-    per-output second moments of the ``exact`` method: tens of matrices at large ``d``).
-
-    Parameters
-    ----------
-    matrices, ses
-        ``(d, d)`` estimates and their standard-error matrices.
-    rank
-        Number of directions wanted (the strongest are kept; fewer when fewer clear the floor).
-    level
-        Total probability that noise alone adds a direction.
-
-    Returns
-    -------
-    JointRange
-    """
+def _checked_names(
+    matrices: Sequence[np.ndarray],
+    ses: Sequence[np.ndarray],
+    *,
+    rank: int | None,
+    names: Sequence[str] | None,
+    level: float,
+) -> Sequence[str]:
+    """Refuse inconsistent arguments of :func:`relevant_subspace`; the matrices' names (default ``"matrix0"``, ...)."""
     _check_level(level)
-    if len(matrices) == 0 or len(ses) != len(matrices):
-        raise ValueError(
-            f"joint_range needs matrices and as many standard-error arrays; got {len(matrices)} and {len(ses)}"
-        )
-    per = level / len(matrices)
-    floors = [noise_floor(s, per) for s in ses]
-    mats = [np.asarray(mt, dtype=np.float64) for mt in matrices]
-    total = sum(mt @ mt.T for mt in mats)
-    w, v = np.linalg.eigh((total + total.T) / 2.0)
-    order = np.argsort(w)[::-1]
-    w, v = w[order], v[:, order]
-    floor = float(sum(f * f for f in floors))
-    n_sig = int(np.count_nonzero(w > floor))
-    supported, notes = True, []
-    r = n_sig if rank is None else min(int(rank), n_sig)
-    if rank is not None and n_sig < rank:
+    if len(matrices) == 0:
+        raise ValueError("relevant_subspace needs at least one matrix")
+    if len(ses) != len(matrices):
+        raise ValueError(f"got {len(matrices)} matrices but {len(ses)} standard-error arrays")
+    if names is None:
+        names = [f"matrix{a}" for a in range(len(matrices))]
+    elif len(names) != len(matrices):
+        raise ValueError(f"got {len(matrices)} matrices but {len(names)} names")
+    if rank is not None and (int(rank) != rank or rank < 0):
+        raise ValueError(f"rank must be a non-negative integer or None, got {rank}")
+    shapes = {np.shape(m) for m in matrices}
+    if len(shapes) != 1:
+        raise ValueError(f"all matrices must have the same shape, got {sorted(shapes)}")
+    return names
+
+
+def _weighted_columns(
+    spectra: Sequence[Spectrum], ses: Sequence[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The significant eigenvectors of each matrix weighted by ``|μ| / f_a``, and the standard deviations of
+    their noise parts ``(E_a v̂)_i / f_a`` with ``v̂`` treated as fixed: ``var = Σ_l S_il² v̂_l² / f_a²``."""
+    cols, taus = [], []
+    for sp, s in zip(spectra, ses):
+        if sp.rank == 0:
+            continue
+        v = sp.eigenvectors[:, sp.significant]
+        cols.append(v * (np.abs(sp.eigenvalues[sp.significant]) / sp.floor))
+        s2 = np.maximum(np.asarray(s, dtype=np.float64), np.asarray(s, dtype=np.float64).T) ** 2
+        taus.append(np.sqrt(s2 @ (v * v)) / sp.floor)
+    return cols, taus
+
+
+def _kept_rank(n_sig: int, rank: int | None, notes: list[str]) -> tuple[int, bool]:
+    """The directions kept of ``n_sig`` significant ones when ``rank`` are asked for, and whether the noise floor
+    supports them all; adds what was decided to ``notes``."""
+    supported = True
+    if rank is None:
+        r = n_sig
+    elif n_sig >= rank:
+        r = int(rank)
+        if n_sig > rank:
+            notes.append(f"the noise floor supports {n_sig} directions; kept the {r} strongest as requested")
+    else:
+        r = n_sig
         supported = False
-        notes.append(
+        notes.insert(
+            0,
             f"the noise floor supports only {n_sig} of the {rank} requested directions at this sample count; "
-            "more samples would be needed"
+            "more samples (or higher orders / directions inside the subspace) would be needed",
         )
-    elif rank is not None and n_sig > rank:
-        notes.append(f"the noise floor supports {n_sig} directions; kept the {r} strongest as requested")
-    delta = float(sum(2.0 * np.linalg.norm(mt, 2) * f + f * f for mt, f in zip(mats, floors)))
-    angle = float(math.asin(min(1.0, delta / w[r - 1]))) if r > 0 and w[r - 1] > 0 else None
-    return JointRange(
-        basis=v[:, :r],
-        rank=r,
-        eigenvalues=w,
-        floor=floor,
-        strength=w[:r] / floor - 1.0,
-        supported=supported,
-        message="; ".join(notes),
-        angle_bound=angle,
-        level=level,
-    )
-
-
-# ------------------------------------------------------------------------ geometry
-
-
-def _as_basis(a: np.ndarray, what: str) -> np.ndarray:
-    a = np.asarray(a, dtype=np.float64)
-    if a.ndim == 1:
-        a = a[:, None]
-    if a.ndim != 2:
-        raise ValueError(f"{what} must be a (d, r) basis, got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{what} has NaN or infinite entries")
-    return a
-
-
-def principal_angles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Principal angles between ``span(a)`` and ``span(b)``, in radians, ascending.
-
-    Parameters
-    ----------
-    a, b
-        ``(d, r_a)`` and ``(d, r_b)`` spanning sets, not necessarily orthonormal (a 1-d
-        array is one vector).
-
-    Returns
-    -------
-    np.ndarray
-        ``min(r_a, r_b)`` angles in ``[0, π/2]``. Computed by
-        ``scipy.linalg.subspace_angles`` (Knyazev–Argentati), which uses sines for small
-        angles: the absolute error is ~1e-16 (a 1e-9 rad angle comes out with relative
-        error ~1e-7), where arccos of a cosine would lose everything below ~1e-8.
-    """
-    a, b = _as_basis(a, "a"), _as_basis(b, "b")
-    if a.shape[0] != b.shape[0]:
-        raise ValueError(f"bases live in different dimensions: {a.shape[0]} and {b.shape[0]}")
-    if a.shape[1] == 0 or b.shape[1] == 0:
-        return np.zeros(0)
-    return np.sort(scipy.linalg.subspace_angles(a, b))
-
-
-def directions_in_subspace(basis: np.ndarray, count: int, seed: int) -> np.ndarray:
-    """Unit vectors spread inside ``span(basis)``, for an adaptive contracted pass.
-
-    Inside the relevant subspace ``<u_i, g>`` is O(1) instead of O(1/sqrt(d)), so the
-    contracted matrices ``M_l^g`` there carry their full signal.
-
-    Parameters
-    ----------
-    basis
-        ``(d, r)`` spanning set of the subspace (orthonormalized here).
-    count
-        Number of directions.
-    seed
-        Seed of the generator ``np.random.default_rng((seed, stream))``; no global state.
-
-    Returns
-    -------
-    np.ndarray
-        ``(count, d)`` unit rows: Gaussian vectors projected on the subspace (so they depend on its
-        span only); when ``count <= r`` they are made orthonormal (maximally spread).
-    """
-    q = scipy.linalg.orth(_as_basis(basis, "basis"))
-    r = q.shape[1]
-    if r == 0:
-        raise ValueError("the subspace is empty (rank 0); there are no directions inside it")
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
-    rng = np.random.default_rng((int(seed), _DIRECTIONS_STREAM))
-    # Gaussian vectors of R^d projected on the subspace: they depend on span(basis) only, not on which
-    # orthonormal basis an eigensolver returned (eigenvector signs and rotations differ between CPUs)
-    c = rng.standard_normal((count, q.shape[0])) @ q
-    if 0 < count <= r:
-        qr, rr = np.linalg.qr(c.T)
-        c = (qr * np.where(np.diag(rr) < 0, -1.0, 1.0)).T  # R with a positive diagonal: unique
-    g = c @ q.T
-    return g / np.linalg.norm(g, axis=1, keepdims=True)
-
-
-# ---------------------------------------------------------------------------- store
-
-
-class FilterGridError(ValueError):
-    """No sample passed the filter at any τ of the stored grid."""
-
-
-def filtered_matrices(
-    arrays: Mapping[str, np.ndarray], what: str, config_hint: str
-) -> tuple[list, list, list, list[dict]]:
-    """The filtered matrices ``M_τ`` of a stored ``filtered`` (or ``residual``) statistic with at least one
-    sample past their threshold, their SEs, names (``what[i] (tau=…)``) and the grid; raises
-    :class:`FilterGridError`, ending with ``config_hint``, when no sample passed any threshold."""
-    m, se, prob = (np.asarray(arrays[k], dtype=np.float64) for k in ("M", "M_se", "prob"))
-    tau = np.asarray(arrays["tau"], dtype=np.float64)
-    lead = m.shape[:-2]
-    tau = np.broadcast_to(tau, lead)
-    count = float(np.asarray(arrays["count"]))
-    mats, ses, names, grid = [], [], [], []
-    for idx in np.ndindex(*lead):
-        label = "".join(f"[{i}]" for i in idx)
-        grid.append({"matrix": f"{what}{label}", "tau": float(tau[idx]), "prob": float(prob[idx])})
-        if prob[idx] * count < 1:
-            continue
-        mats.append(m[idx])
-        ses.append(se[idx])
-        names.append(f"{what}{label} (tau={tau[idx]:.4g})")
-    if not mats:
-        taus = ", ".join(f"{t:.4g}" for t in np.unique(tau))
-        raise FilterGridError(
-            f"no sample passed the filter at any threshold of the '{what}' statistic (τ = {taus}, "
-            f"{int(count):,} samples): every |y| is at or below the smallest τ. {config_hint}"
-        )
-    return mats, ses, names, grid
-
-
-def matrices_from_store(
-    arrays: Mapping[str, np.ndarray], orders: Sequence[int] | None = None
-) -> tuple[list[np.ndarray], list[np.ndarray], list[str]]:
-    """The contracted matrices ``M_l^g`` and their standard errors from a store's arrays.
-
-    Parameters
-    ----------
-    arrays
-        ``open_store(url).arrays("contracted")``: needs ``M`` and ``M_se`` (pair, i, j),
-        ``pair_order`` and ``pair_direction`` (pair,).
-    orders
-        Orders wanted (default: all stored, in stored order). Order 2 does not depend on
-        ``g`` (``M_2^g = T_2``), so it is taken once, named ``"M_2"``; order ``l`` at
-        direction ``b`` is named ``"M_l^gb"``.
-
-    Returns
-    -------
-    (matrices, ses, names)
-        Lists in pair order.
-
-    Raises
-    ------
-    KeyError
-        When a required array is missing.
-    ValueError
-        When an order asked for is not in the store.
-    """
-    missing = [k for k in ("M", "M_se", "pair_order", "pair_direction") if k not in arrays]
-    if missing:
-        raise KeyError(f"contracted arrays lack {missing}; pass open_store(url).arrays('contracted')")
-    m = np.asarray(arrays["M"], dtype=np.float64)
-    se = np.asarray(arrays["M_se"], dtype=np.float64)
-    po = np.asarray(arrays["pair_order"]).astype(int)
-    pd = np.asarray(arrays["pair_direction"]).astype(int)
-    if m.ndim != 3 or se.shape != m.shape or po.shape != (m.shape[0],) or pd.shape != po.shape:
-        raise ValueError(
-            f"inconsistent contracted arrays: M {m.shape}, M_se {se.shape}, pair_order {po.shape}, "
-            f"pair_direction {pd.shape}"
-        )
-    stored = list(dict.fromkeys(po.tolist()))
-    wanted = stored if orders is None else [int(o) for o in orders]
-    absent = [o for o in wanted if o not in stored]
-    if absent:
-        raise ValueError(f"orders {absent} are not in the store; it has contracted orders {stored}")
-    mats, ses, names = [], [], []
-    for p in range(len(po)):
-        if po[p] not in wanted:
-            continue
-        if po[p] == 2:
-            if "M_2" in names:
-                continue
-            names.append("M_2")
-        else:
-            names.append(f"M_{po[p]}^g{pd[p]}")
-        mats.append(m[p])
-        ses.append(se[p])
-    return mats, ses, names
+    return r, supported

@@ -16,18 +16,18 @@ MAX_SPECTRA = 6
 def second_moments(stats: dict) -> tuple[list, list, list[str]]:
     """Every stored symmetric d × d estimate with its standard errors: contracted ``M_l^g``, filtered ``M_τ``,
     the Hermite ``T_2`` (of ``hermite``, or of each output in ``output_moments``)."""
-    from ..estimators import spectral
+    from ..estimators.stored_matrices import filtered_matrices, matrices_from_store
     from ..hermite import unpack
 
     mats: list = []
     ses: list = []
     names: list[str] = []
     if "contracted" in stats:
-        m, s, n = spectral.matrices_from_store(stats["contracted"])
+        m, s, n = matrices_from_store(stats["contracted"])
         mats, ses, names = mats + m, ses + s, names + n
     if "filtered" in stats:
         try:
-            m, s, n, _ = spectral.filtered_matrices(stats["filtered"], "M_tau", "")
+            m, s, n, _ = filtered_matrices(stats["filtered"], "M_tau", "")
             mats, ses, names = mats + m, ses + s, names + n
         except ValueError:
             pass
