@@ -155,6 +155,106 @@ def _resolve_pair(
     return p, q, max(rp, rq), PAIR_ITERATIONS
 
 
+def _opposite_pairs(dirs: list[np.ndarray]) -> dict[int, int]:
+    """Each cluster's partner, for the pairs of clusters with opposite mean directions (greedy, in order)."""
+    partner: dict[int, int] = {}
+    for a in range(len(dirs)):
+        for b in range(a + 1, len(dirs)):
+            if a not in partner and b not in partner and np.linalg.norm(dirs[a] + dirs[b]) <= PAIR_TOL:
+                partner[a], partner[b] = b, a
+    return partner
+
+
+def _fit_pair(
+    x: np.ndarray, y: np.ndarray, groups: list[np.ndarray], a: int, b: int, direction: np.ndarray, power: int, need: int
+) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """The units of the opposite clusters ``a`` (along ``direction``) and ``b`` and their report rows;
+    refuses (with the samples needed) a pair that does not separate."""
+    g, gb = groups[a], groups[b]
+    p, q, res, its = _resolve_pair(y[g] @ direction, x[g], y[gb] @ direction, x[gb], power, need)
+    if res > FIT_TOL:
+        # a cluster of the pair holds fewer than d 1-sparse samples of its unit: more samples separate them
+        n = x.shape[0]
+        more = int(math.ceil(n * PAIR_CLUSTER_FACTOR * need / min(len(g), len(gb))))
+        raise TooFewSamplesError(
+            f"too few samples for the fixed-parameter path to separate the two units with opposite output "
+            f"columns (clusters of {len(g)} and {len(gb)} samples, best relative residual {res:.2g}): about "
+            f"{more} samples are needed (set exact_samples)",
+            more,
+        )
+    info = [
+        {"cluster": a, "samples": len(g), "partner": b, "fit_residual": res, "iterations": its},
+        {"cluster": b, "samples": len(gb), "partner": a, "fit_residual": res, "iterations": its},
+    ]
+    return p, q, info
+
+
+def _fit_single(x: np.ndarray, y: np.ndarray, g: np.ndarray, power: int) -> tuple[np.ndarray, float]:
+    """The unit of a cluster without partner and its relative residual; refuses a cluster that fits no
+    single linear system (two positively parallel columns of ``U``)."""
+    v, res = _solve(x[g], np.linalg.norm(y[g], axis=1) ** (1.0 / power))
+    if res > FIT_TOL:
+        raise ValueError(
+            f"the {len(g)} samples whose labels are positive multiples of one output direction do not fit one "
+            f"linear system (relative residual {res:.2g}): two columns of U are positively parallel (u_j = s u_i, "
+            "s > 0), which the fixed-parameter algorithm cannot separate (it needs no two columns of U to be "
+            "positive multiples of each other; u and −u are fine)"
+        )
+    return v, res
+
+
+def _fit_units(
+    x: np.ndarray, y: np.ndarray, groups: list[np.ndarray], power: int, need: int
+) -> tuple[dict[int, np.ndarray], list[dict[str, Any]]]:
+    """Units (by cluster) of the clusters with at least ``need`` samples (both, for an opposite pair),
+    and their report rows."""
+    dirs = [_direction(y[g]) for g in groups]
+    # opposite pairs among all repeated directions (a small partner still contaminates a big cluster)
+    partner = _opposite_pairs(dirs)
+    units: dict[int, np.ndarray] = {}
+    info: list[dict[str, Any]] = []
+    for a, g in enumerate(groups):
+        if a in units or len(g) < need or (a in partner and len(groups[partner[a]]) < need):
+            continue
+        if a in partner:
+            b = partner[a]
+            units[a], units[b], rows = _fit_pair(x, y, groups, a, b, dirs[a], power, need)
+            info += rows
+            continue
+        v, res = _fit_single(x, y, g, power)
+        units[a] = v
+        info.append({"cluster": a, "samples": len(g), "partner": None, "fit_residual": res})
+    return units, info
+
+
+def _check_width(units: dict[int, np.ndarray], groups: list[np.ndarray], k: int, n: int, need: int) -> None:
+    """Refuse fewer units than ``k`` (with the samples needed when clusters were too small) or more."""
+    if len(units) < k:
+        small = [len(g) for a, g in enumerate(groups) if a not in units][: k - len(units)]
+        if small:
+            short = max(1, min(small))
+            more = int(math.ceil(n * need / short * 1.5))
+            raise TooFewSamplesError(
+                f"too few samples for the fixed-parameter path: {len(units)} of {k} units are the only active unit on "
+                f"at least d + {FIXED_MARGIN} = {need} samples (the others on {sorted(small)}); about {more} samples "
+                f"are needed (set exact_samples), i.e. ≈ (d + {FIXED_MARGIN})·2^k·safety for Gaussian inputs",
+                more,
+            )
+        if not groups:
+            raise ValueError(
+                "no two labels are positively parallel: the fixed-parameter path needs noiseless labels "
+                "(with label noise only the tensor path applies, which needs U of rank k: m ≥ k outputs)"
+            )
+        raise ValueError(
+            f"found {len(units)} output directions shared by 1-sparse samples but the network has k = {k} units: "
+            "a unit is never the only active one (a zero column of U, or columns that are positive multiples)"
+        )
+    if len(units) > k:
+        raise ValueError(
+            f"found {len(units)} clusters of positively parallel labels for k = {k} units; is the width right?"
+        )
+
+
 def fixed_parameter(
     x: np.ndarray, y: np.ndarray, k: int, power: int, activation: str, *, seed: int = 0, width_known: bool = True
 ) -> tuple[Network, dict[str, Any]]:
@@ -193,47 +293,7 @@ def fixed_parameter(
     k_given = k
     if not width_known:
         k = max(k, len(groups))
-    dirs = [_direction(y[g]) for g in groups]
-    # opposite pairs among all repeated directions (a small partner still contaminates a big cluster)
-    partner: dict[int, int] = {}
-    for a in range(len(groups)):
-        for b in range(a + 1, len(groups)):
-            if a not in partner and b not in partner and np.linalg.norm(dirs[a] + dirs[b]) <= PAIR_TOL:
-                partner[a], partner[b] = b, a
-    units: dict[int, np.ndarray] = {}
-    info: list[dict[str, Any]] = []
-    for a, g in enumerate(groups):
-        if a in units or len(g) < need or (a in partner and len(groups[partner[a]]) < need):
-            continue
-        if a in partner:
-            b = partner[a]
-            gb = groups[b]
-            p, q, res, its = _resolve_pair(y[g] @ dirs[a], x[g], y[gb] @ dirs[a], x[gb], power, need)
-            if res > FIT_TOL:
-                # a cluster of the pair holds fewer than d 1-sparse samples of its unit: more samples separate them
-                more = int(math.ceil(n * PAIR_CLUSTER_FACTOR * need / min(len(g), len(gb))))
-                raise TooFewSamplesError(
-                    f"too few samples for the fixed-parameter path to separate the two units with opposite output "
-                    f"columns (clusters of {len(g)} and {len(gb)} samples, best relative residual {res:.2g}): about "
-                    f"{more} samples are needed (set exact_samples)",
-                    more,
-                )
-            units[a], units[b] = p, q
-            info += [
-                {"cluster": a, "samples": len(g), "partner": b, "fit_residual": res, "iterations": its},
-                {"cluster": b, "samples": len(gb), "partner": a, "fit_residual": res, "iterations": its},
-            ]
-            continue
-        v, res = _solve(x[g], np.linalg.norm(y[g], axis=1) ** (1.0 / power))
-        if res > FIT_TOL:
-            raise ValueError(
-                f"the {len(g)} samples whose labels are positive multiples of one output direction do not fit one "
-                f"linear system (relative residual {res:.2g}): two columns of U are positively parallel (u_j = s u_i, "
-                "s > 0), which the fixed-parameter algorithm cannot separate (it needs no two columns of U to be "
-                "positive multiples of each other; u and −u are fine)"
-            )
-        units[a] = v
-        info.append({"cluster": a, "samples": len(g), "partner": None, "fit_residual": res})
+    units, info = _fit_units(x, y, groups, power, need)
     report = {
         "samples": int(n),
         "clusters": [len(g) for g in groups[: 2 * k]],
@@ -246,30 +306,7 @@ def fixed_parameter(
             f"the noise floor supported {k_given} directions; {k} distinct output directions "
             f"are shared by 1-sparse samples, so the network has {k} units"
         )
-    if len(units) < k:
-        small = [len(g) for a, g in enumerate(groups) if a not in units][: k - len(units)]
-        if small:
-            short = max(1, min(small))
-            more = int(math.ceil(n * need / short * 1.5))
-            raise TooFewSamplesError(
-                f"too few samples for the fixed-parameter path: {len(units)} of {k} units are the only active unit on "
-                f"at least d + {FIXED_MARGIN} = {need} samples (the others on {sorted(small)}); about {more} samples "
-                f"are needed (set exact_samples), i.e. ≈ (d + {FIXED_MARGIN})·2^k·safety for Gaussian inputs",
-                more,
-            )
-        if not groups:
-            raise ValueError(
-                "no two labels are positively parallel: the fixed-parameter path needs noiseless labels "
-                "(with label noise only the tensor path applies, which needs U of rank k: m ≥ k outputs)"
-            )
-        raise ValueError(
-            f"found {len(units)} output directions shared by 1-sparse samples but the network has k = {k} units: "
-            "a unit is never the only active one (a zero column of U, or columns that are positive multiples)"
-        )
-    if len(units) > k:
-        raise ValueError(
-            f"found {len(units)} clusters of positively parallel labels for k = {k} units; is the width right?"
-        )
+    _check_width(units, groups, k, n, need)
     v = np.array([units[a] for a in sorted(units)])
     u = output_weights(x, y, v, power)
     return Network((v, u), activation=activation), report

@@ -452,6 +452,87 @@ def _pilot(
     return np.asarray(own) / total, np.asarray(rows) / total
 
 
+def _pilot_parameters(own: np.ndarray, rows: np.ndarray, m: int) -> GParameters:
+    """μ and λ from a pilot at the whitened basis rows (:func:`_stream_route`): the trace's mean β̄ and
+    ``max(β̄, max_a T(e_a⁴))``; refuses a trace without the sign of a ReLU network's signal."""
+    beta_bar = float(rows.sum()) / m
+    if beta_bar <= 0:
+        raise TooFewSamplesError(
+            f"the streamed trace of the whitened fourth moment is {beta_bar:.3g} ≤ 0 from {PILOT_SAMPLES:,} samples: "
+            "no fourth-order signal of the sign a ReLU network with a ≥ 0 gives; check the teacher, or use more samples"
+        )
+    beta_max = max(beta_bar, float(own.max()))
+    return GParameters(
+        mu=C_THEOREM * beta_bar / beta_max,
+        lam=2.0 * beta_max / C_THEOREM,
+        beta_max=beta_max,
+        beta_min=beta_bar,
+        noise=float("nan"),
+    )
+
+
+def _streamed_round(
+    samples: Any, mapper: Callable, w: np.ndarray, t: tuple, params: GParameters, seed: int, first: int
+) -> tuple[Any, np.ndarray]:
+    """One round of G on the stream from part ``first`` on (:func:`.landscape_stream.streamed_g`), and the β
+    of each row found, from fresh samples after the run (parts past every part it used)."""
+    from .landscape_stream import streamed_g
+
+    res = streamed_g(
+        samples,
+        mapper,
+        w=w,
+        t0=t[0],
+        t1=t[1],
+        t2=t[2],
+        m=w.shape[0],
+        mu=params.mu,
+        lam=params.lam,
+        seed=seed,
+        beta_max=params.beta_max,
+        beta_min=params.beta_min,
+        first_part=first,
+    )
+    v = (res.b / np.linalg.norm(res.b, axis=1, keepdims=True)) @ w
+    own_rows, _ = _pilot(samples, mapper, t, v, int(res.report["parts"][1]), PILOT_SAMPLES)
+    return res, own_rows
+
+
+def _conditions(params: GParameters, own_rows: np.ndarray) -> dict[str, Any]:
+    """Whether μ and λ met the theorem's conditions (within a factor 1.5) for the β's of the rows found."""
+    bmax, bmin = float(own_rows.max()), float(own_rows.min())
+    kappa = bmax / max(bmin, 1e-300)
+    held = bool(bmin > 0 and params.mu <= 1.5 * C_THEOREM / kappa and params.lam >= bmax / C_THEOREM / 1.5)
+    return {"kappa": kappa, "mu_at_most": C_THEOREM / kappa, "lambda_at_least": bmax / C_THEOREM, "held": held}
+
+
+def _theorem_parameters(params: GParameters, own_rows: np.ndarray) -> GParameters:
+    """μ and λ that meet the theorem's conditions for the β's of the rows found (λ never lowered)."""
+    bmax, bmin = float(own_rows.max()), float(own_rows.min())
+    kappa = bmax / max(bmin, 1e-300)
+    return GParameters(
+        mu=C_THEOREM / kappa,
+        lam=max(params.lam, bmax / C_THEOREM),
+        beta_max=bmax,
+        beta_min=bmin,
+        noise=float("nan"),
+    )
+
+
+def _stream_summary(m: int, rounds: list[dict], last: dict, b: np.ndarray) -> dict[str, Any]:
+    """The report's summary of the streamed route (``last``: the last round's stream report)."""
+    return {
+        "width": m,
+        "route": "stream",
+        "rounds": len(rounds),
+        "samples_streamed": sum(r["stream"]["samples"] for r in rounds),
+        "steps": sum(r["stream"]["steps"] for r in rounds),
+        "converged": last.get("converged"),
+        "conditions_held": rounds[-1]["conditions"]["held"],
+        "distinct_rows": distinct_rows(b),
+    }
+
+
 def _stream_route(
     samples: Any,
     mapper: Callable,
@@ -471,87 +552,32 @@ def _stream_route(
     before the rows are found, so μ = C·β̄/β_max with the trace's mean β̄, and λ = 2 max(β̄, max_a T(e_a⁴))/C.
     The rows found then give each β_j, reported with whether the theorem's conditions held.
     """
-    from .landscape_stream import streamed_g
-
     m = len(eig)
     w = (q / np.sqrt(eig)[None, :]).T  # Λ^{-1/2} Qᵀ, m × d
     t = (t0, t1, t2)
     pilot_parts = _pilot_parts(PILOT_SAMPLES)
     own, rows = _pilot(samples, mapper, t, w, 2, PILOT_SAMPLES)
-    beta_bar = float(rows.sum()) / m
-    if beta_bar <= 0:
-        raise TooFewSamplesError(
-            f"the streamed trace of the whitened fourth moment is {beta_bar:.3g} ≤ 0 from {PILOT_SAMPLES:,} samples: "
-            "no fourth-order signal of the sign a ReLU network with a ≥ 0 gives; check the teacher, or use more samples"
-        )
-    beta_max = max(beta_bar, float(own.max()))
-    params = GParameters(
-        mu=C_THEOREM * beta_bar / beta_max,
-        lam=2.0 * beta_max / C_THEOREM,
-        beta_max=beta_max,
-        beta_min=beta_bar,
-        noise=float("nan"),
-    )
+    params = _pilot_parameters(own, rows, m)
     rounds = []
     first = 2 + pilot_parts
     for rnd in range(2):
-        res = streamed_g(
-            samples,
-            mapper,
-            w=w,
-            t0=t0,
-            t1=t1,
-            t2=t2,
-            m=m,
-            mu=params.mu,
-            lam=params.lam,
-            seed=seed + rnd,
-            beta_max=params.beta_max,
-            beta_min=params.beta_min,
-            first_part=first,
-        )
-        b = res.b
-        # the β of each row found, from fresh samples after the run (parts past every part it used)
-        v = (b / np.linalg.norm(b, axis=1, keepdims=True)) @ w
-        own_rows, _ = _pilot(samples, mapper, t, v, int(res.report["parts"][1]), PILOT_SAMPLES)
+        res, own_rows = _streamed_round(samples, mapper, w, t, params, seed + rnd, first)
         first = int(res.report["parts"][1]) + pilot_parts
-        bmax, bmin = float(own_rows.max()), float(own_rows.min())
-        kappa = bmax / max(bmin, 1e-300)
-        held = bool(bmin > 0 and params.mu <= 1.5 * C_THEOREM / kappa and params.lam >= bmax / C_THEOREM / 1.5)
+        conditions = _conditions(params, own_rows)
         rounds.append(
             {
                 "parameters": params.to_dict(),
                 "stream": res.report,
                 "row_betas": own_rows.tolist(),
-                "conditions": {
-                    "kappa": kappa,
-                    "mu_at_most": C_THEOREM / kappa,
-                    "lambda_at_least": bmax / C_THEOREM,
-                    "held": held,
-                },
+                "conditions": conditions,
             }
         )
-        if held or bmin <= 0:
+        if conditions["held"] or float(own_rows.min()) <= 0:
             break
         # the theorem's conditions for the β's found: run again with them
-        params = GParameters(
-            mu=C_THEOREM / kappa,
-            lam=max(params.lam, bmax / C_THEOREM),
-            beta_max=bmax,
-            beta_min=bmin,
-            noise=float("nan"),
-        )
+        params = _theorem_parameters(params, own_rows)
     report["labels"] = {"first_pass": "y", "streamed_gradient": "y − P≤2 y (T_0, T_1, T_2 of the first pass)"}
     report["parameters"] = params.to_dict()
     report["rounds"] = rounds
-    report["summary"] = {
-        "width": m,
-        "route": "stream",
-        "rounds": len(rounds),
-        "samples_streamed": sum(r["stream"]["samples"] for r in rounds),
-        "steps": sum(r["stream"]["steps"] for r in rounds),
-        "converged": res.report.get("converged"),
-        "conditions_held": rounds[-1]["conditions"]["held"],
-        "distinct_rows": distinct_rows(b),
-    }
-    return b, params
+    report["summary"] = _stream_summary(m, rounds, res.report, res.b)
+    return res.b, params

@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import hermite
+# the estimates are re-exported: this module's docstring derives them, and callers find them here
+from .landscape_sums import BLOCK_ROWS, SIGN_C4, BatchTerms, batch_sums, batch_terms, part_sums, residual_labels
 from .objective_g import distinct_rows
 
 __all__ = [
@@ -51,139 +52,6 @@ __all__ = [
     "streamed_g",
     "StreamedG",
 ]
-
-#: ``sign(c_4)`` for ReLU (``c_4 = −1/√(2π)``): the sign that makes the tensor's weights positive
-SIGN_C4 = float(np.sign(hermite.relu_hermite_coefficient(4)))
-#: rows of a part handled at a time: (rows, m) temporaries of 2048 rows stay in cache (twice as fast
-#: as 16384 rows at m = d = 50, measured)
-BLOCK_ROWS = 2048
-
-
-#: ``ỹ = y − (T_0 + <T_1, x> + ½ <T_2, xxᵀ − I>)``: the labels less their Hermite expansion up to order 2
-#: (same ``E[ỹ He_4(x)]``, since ``He_4`` is orthogonal to every polynomial of degree ≤ 2)
-residual_labels = hermite.subtract_expansion
-
-
-@dataclass(frozen=True)
-class BatchTerms:
-    """Sums over a batch (see :func:`batch_terms`)."""
-
-    value: float
-    grad: np.ndarray
-    own: np.ndarray
-    rows: np.ndarray
-
-
-def batch_terms(x: np.ndarray, y_resid: np.ndarray, v: np.ndarray, mu: float) -> BatchTerms:
-    """Sums over a batch of per-sample unbiased estimates: the tensor part of G, its gradient in V,
-    and per row j ``T(v_j⁴)`` (``own``) and ``Σ_k T(v_j, v_j, v_k, v_k)`` (``rows``, k = j included).
-
-    The estimate of sample ``(x, ỹ)`` is ``f = sign(c_4) ỹ [A − (1 + μ) D]`` with
-    ``A = Σ_{j,k} ⟨He_4(x), v_j v_j v_k v_k⟩ = (P − N)² − 4 |g|² + 2 ‖Γ‖_F²`` and
-    ``D = Σ_j ⟨He_4(x), v_j⁴⟩ = Σ_j (p_j⁴ − 6 n_j p_j² + 3 n_j²)`` (``p = V x``, ``P = |p|²``,
-    ``n_j = |v_j|²``, ``N = Σ n_j``, ``g = Vᵀ p``, ``Γ = V Vᵀ``), so that ``A − D`` is the sum
-    over ``j ≠ k``. Its gradient in V, derived by hand::
-
-        ∂A = 4 (P − N)(p xᵀ − V) − 8 p pᵀ V − 8 Γ p xᵀ + 8 Γ V
-        ∂D (row j) = 4 (p_j³ − 3 n_j p_j) x + 12 (n_j − p_j²) v_j
-
-    and row j of A is ``p_j² P − n_j P − N p_j² − 4 p_j (Γ p)_j + n_j N + 2 (Γ²)_jj``. Two GEMMs
-    over the batch (``X Vᵀ`` and one ``(n, m)ᵀ (n, d)`` pair); the rest is O(n m) or independent of n.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
-    c = SIGN_C4 * np.asarray(y_resid, dtype=np.float64)
-    gram = v @ v.T
-    nrm = np.diag(gram).copy()
-    big_n = float(nrm.sum())
-    p = x @ v.T  # (n, m)
-    q = p * p
-    pn = q.sum(axis=1) - big_n  # P − N
-    q -= 3.0 * nrm[None, :]  # q = p² − 3 n: ⟨He_4, v_j⁴⟩ = q_j² − 6 n_j²
-    q2 = q * q
-    csum = float(c.sum())
-    cq = c @ q  # Σ_i c_i (p_ij² − 3 n_j) per row j
-    cbig_p = c * (pn + big_n)
-    cbig_p_q = cbig_p @ q
-    own = c @ q2 - 6.0 * csum * nrm * nrm
-    diag = float(own.sum())
-    cp = c[:, None] * p
-    lin_c = cp.T @ x  # Σ c p xᵀ (m, d)
-    pp = lin_c @ v.T  # Σ c p pᵀ = (Σ c p xᵀ) Vᵀ, as p = V x: no n·m² product
-    cpn = float(c @ pn)
-    fro2 = float(np.einsum("jk,jk->", gram, gram))
-    value = (
-        float(c @ (pn * pn)) + 2.0 * csum * fro2 - 4.0 * float(np.einsum("jk,jk->", gram, pp)) - (1.0 + mu) * diag
-    )  # Σ c |g|² = <Γ, Σ c p pᵀ>
-    rows = (
-        cbig_p_q
-        + 3.0 * nrm * float(cbig_p.sum())
-        - nrm * float(cbig_p.sum())
-        - big_n * (cq + 3.0 * nrm * csum)
-        - 4.0 * np.einsum("jk,jk->j", pp, gram)
-        + csum * (nrm * big_n + 2.0 * np.einsum("jk,jk->j", gram, gram))
-    )
-    # coefficient of xᵀ in ∂A − (1+μ) ∂D, over 4: c p (P − N − (1 + μ)(p² − 3 n)), built in place
-    q *= -(1.0 + mu)
-    q += pn[:, None]
-    q *= cp
-    lin_a = q.T @ x
-    cn = -2.0 * csum * nrm - cq  # Σ_i c_i (n_j − p_ij²) per row j
-    grad = (
-        4.0 * lin_a
-        - 8.0 * (gram @ lin_c)
-        - 8.0 * (pp @ v)
-        + 8.0 * csum * (gram @ v)
-        - 4.0 * cpn * v
-        - 12.0 * (1.0 + mu) * cn[:, None] * v
-    )
-    return BatchTerms(value, grad, own, rows)
-
-
-def batch_sums(x: np.ndarray, y_resid: np.ndarray, v: np.ndarray, mu: float) -> tuple[float, np.ndarray]:
-    """Sum over a batch of the per-sample unbiased estimate of
-    ``sign(c_4) ỹ [Σ_{j≠k} ⟨He_4(x), v_j v_j v_k v_k⟩ − μ Σ_j ⟨He_4(x), v_j⁴⟩]`` and of its gradient in V.
-
-    Parameters
-    ----------
-    x
-        ``(n, d)`` inputs.
-    y_resid
-        ``(n,)`` residual labels.
-    v
-        ``(m, d)`` rows ``v_j``.
-    mu
-        The weight μ of the diagonal terms.
-
-    Returns
-    -------
-    (float, np.ndarray)
-        The sum over the batch and the sum of its gradient in V, ``(m, d)``. See :func:`batch_terms`
-        for the formulas.
-    """
-    t = batch_terms(x, y_resid, v, mu)
-    return t.value, t.grad
-
-
-def part_sums(
-    draw: Any, t0: float, t1: np.ndarray, t2: np.ndarray, v: np.ndarray, mu: float, item: tuple[int, int]
-) -> BatchTerms:
-    """:func:`batch_terms` on the independent part ``p`` of ``n`` samples, ``item = (p, n)``, drawn
-    where this runs (a worker): only the part's id travels, and the result is O(m d)."""
-    p, n = item
-    x, y = draw.part(int(p), int(n))
-    total: BatchTerms | None = None
-    for a in range(0, x.shape[0], BLOCK_ROWS):  # blocks whose (rows, m) temporaries stay in cache
-        xs = x[a : a + BLOCK_ROWS]
-        t = batch_terms(xs, residual_labels(xs, y[a : a + BLOCK_ROWS], t0, t1, t2), v, mu)
-        total = (
-            t
-            if total is None
-            else BatchTerms(total.value + t.value, total.grad + t.grad, total.own + t.own, total.rows + t.rows)
-        )
-    if total is None:
-        raise ValueError(f"part {p} has no samples")
-    return total
 
 
 def prox_radial(z: np.ndarray, eta_lam: float, iters: int = 60) -> np.ndarray:
@@ -279,6 +147,182 @@ def _stream(
         for t in results:  # part order, whatever ran where: the sum is deterministic
             acc.add(t, np.asarray(t.grad) @ w.T, part_size)
     return acc
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """The step and batch rules of :func:`streamed_g`: its arguments, the step η, the curvature ``h = 4 β_min``
+    and the step's contraction ``|1 − η h|``."""
+
+    m: int
+    mu: float
+    lam: float
+    beta_max: float
+    beta_min: float
+    eta: float
+    h: float
+    contraction: float
+    target_angle: float
+    theta: float
+    growth: float
+    part_size: int
+    max_samples: int
+    min_align: float
+    drift_angle: float
+
+
+def _policy(
+    m: int,
+    mu: float,
+    lam: float,
+    beta_max: float | None,
+    beta_min: float | None,
+    step: float,
+    *,
+    target_angle: float,
+    theta: float,
+    growth: float,
+    part_size: int,
+    max_samples: int,
+    min_align: float,
+    drift_angle: float,
+) -> _Policy:
+    """The :class:`_Policy` of :func:`streamed_g`'s arguments (the β's by default from μ and λ)."""
+    beta_max = 0.1 * lam if beta_max is None else float(beta_max)
+    beta_min = mu * lam if beta_min is None else float(beta_min)
+    eta = step / (4.0 * beta_max)
+    h = 4.0 * beta_min
+    contraction = abs(1.0 - eta * h)
+    return _Policy(
+        m,
+        mu,
+        lam,
+        beta_max,
+        beta_min,
+        eta,
+        h,
+        contraction,
+        target_angle,
+        theta,
+        growth,
+        part_size,
+        max_samples,
+        min_align,
+        drift_angle,
+    )
+
+
+@dataclass(frozen=True)
+class _Assessment:
+    """What one step's sums say at the iterate: the mean gradient of the tensor terms (``g_t``) and with the λ
+    term (``g_full``), G and the standard errors, the debiased gradient norm (``signal``), the rows' shares
+    (``align``), the cosine to the previous gradient, the predicted error, whether the rows are found, and
+    ``T(b̂_j⁴)`` of the unit rows."""
+
+    g_t: np.ndarray
+    g_full: np.ndarray
+    value: float
+    se: float
+    val_se: float
+    signal: float
+    align: np.ndarray
+    corr: float | None
+    err: float
+    found: bool
+    betas: np.ndarray
+
+
+def _assess(acc: _Moments, b: np.ndarray, prev: tuple[np.ndarray, float] | None, policy: _Policy) -> _Assessment:
+    """The :class:`_Assessment` of the sums ``acc`` at ``b``; ``prev``: the previous step's full gradient and
+    its standard error."""
+    g_t = acc.grad / acc.n
+    se, val_se = acc.standard_errors()
+    norms = np.einsum("ij,ij->i", b, b) - 1.0
+    g_full = g_t + 4.0 * policy.lam * norms[:, None] * b
+    value = acc.value / acc.n + policy.lam * float(norms @ norms)
+    signal = math.sqrt(max(float(np.einsum("ij,ij->", g_full, g_full)) - se * se, 0.0))
+    # share of row j's weight T(b_j, b_j, b_k, b_k) summed over k that is its own T(b_j⁴): 1 when
+    # the rows are the components, ½ for a row midway between two (a saddle G may linger at)
+    align = acc.own / np.where(acc.rows != 0.0, acc.rows, 1.0)
+    # Pflug's diagnostic: successive gradients (independent samples) point alike while the
+    # iterate drifts and turn away from each other once the noise drives it (the noise floor)
+    corr = None if prev is None else float(np.einsum("ij,ij->", g_full, prev[0])) / (se * prev[1])
+    # the error after this step: the distance |g| / h to the minimum contracted by the step,
+    # and the noise the step puts in
+    err = math.hypot(policy.contraction * signal / policy.h, policy.eta * se)
+    found = float(align.min()) >= policy.min_align and distinct_rows(b) == policy.m
+    # T(b̂_j⁴) for the unit rows: β_j at the components (for μ and λ of a second round)
+    betas = acc.own / acc.n / np.maximum(np.einsum("ij,ij->i", b, b), 1e-300) ** 2
+    return _Assessment(g_t, g_full, value, se, val_se, signal, align, corr, err, found, betas)
+
+
+def _trace_row(k: int, used: int, batch: int, a: _Assessment, m: int) -> dict:
+    """Step ``k``'s entry of the report's trace."""
+    return {
+        "step": k,
+        "samples": used,
+        "batch": batch,
+        "G": a.value,
+        "G_se": a.val_se,
+        "grad_norm": a.signal,
+        "grad_se": a.se,
+        "successive_cos": a.corr,
+        "rms_angle": a.err / math.sqrt(m),
+        "align_min": float(a.align.min()),
+        "align_mean": float(a.align.mean()),
+    }
+
+
+def _grown_parts(parts: int, used: int, a: _Assessment, policy: _Policy) -> int:
+    """The parts of the next step's batch, from the standard errors: (i) the noise of a step moves a row by at
+    most ``drift_angle`` (RMS), or the iterate wanders off the components and, with rows bunched, the step
+    outgrows the curvature; (ii) norm test, noise at most θ times the gradient; (iii) at the noise floor near
+    the components (successive gradients turned apart, rows found) the error is proportional to the noise:
+    what brings it to 0.8 of the target. Never smaller: while drifting a fixed batch moves the iterate as far
+    per sample as any other; at most ``growth`` times larger, and within the budget of samples."""
+    m, se, signal = policy.m, a.se, a.signal
+    factor = (policy.eta * se / (policy.drift_angle * math.sqrt(m))) ** 2
+    if se > policy.theta * signal:
+        factor = max(factor, (se / (policy.theta * signal)) ** 2 if signal > 0 else policy.growth)
+    if a.corr is not None and a.corr < 0.0 and a.found:
+        factor = max(factor, (a.err / (0.8 * policy.target_angle * math.sqrt(m))) ** 2)
+    factor = min(policy.growth, max(1.0, factor))
+    return max(parts, min(int(math.ceil(parts * factor)), -(-(policy.max_samples - used) // policy.part_size)))
+
+
+def _report(
+    policy: _Policy,
+    k: int,
+    used: int,
+    seconds: float,
+    stop: str,
+    part_range: list[int],
+    averaged: int,
+    betas: np.ndarray,
+    trace: list[dict],
+) -> dict:
+    """The report of :func:`streamed_g` (its docstring lists the fields)."""
+    last = trace[-1] if trace else {}
+    return {
+        "steps": k,
+        "samples": used,
+        "seconds": seconds,
+        "converged": stop == "target",
+        "stop": stop,
+        "parts": part_range,
+        "eta": policy.eta,
+        "mu": policy.mu,
+        "lambda": policy.lam,
+        "beta_max": policy.beta_max,
+        "beta_min": policy.beta_min,
+        "averaged_iterates": averaged,
+        "final": {
+            k_: last.get(k_)
+            for k_ in ("batch", "G", "G_se", "grad_norm", "grad_se", "rms_angle", "align_min", "align_mean")
+        },
+        "row_betas": betas.tolist() if trace else None,
+        "trace": trace,
+    }
 
 
 @dataclass(frozen=True)
@@ -395,11 +439,22 @@ def streamed_g(
     w = np.asarray(w, dtype=np.float64)
     if w.shape[0] != m:
         raise ValueError(f"the whitening has {w.shape[0]} rows for m = {m}")
-    beta_max = 0.1 * lam if beta_max is None else float(beta_max)
-    beta_min = mu * lam if beta_min is None else float(beta_min)
-    eta = step / (4.0 * beta_max)
-    h = 4.0 * beta_min
-    contraction = abs(1.0 - eta * h)
+    policy = _policy(
+        m,
+        mu,
+        lam,
+        beta_max,
+        beta_min,
+        step,
+        target_angle=target_angle,
+        theta=theta,
+        growth=growth,
+        part_size=part_size,
+        max_samples=max_samples,
+        min_align=min_align,
+        drift_angle=drift_angle,
+    )
+    eta = policy.eta
     rng = np.random.default_rng([seed, 29])
     b = rng.standard_normal((m, m)) / math.sqrt(m)
     parts = max(min_parts, -(-int(batch) // part_size))
@@ -407,7 +462,6 @@ def streamed_g(
     used = 0
     trace: list[dict] = []
     stop = "steps"
-    converged = False
     k = held = 0
     betas = np.zeros(m)
     prev: tuple[np.ndarray, float] | None = None
@@ -419,86 +473,27 @@ def streamed_g(
         if not (math.isfinite(acc.value) and np.all(np.isfinite(acc.grad))):
             stop = "diverged"  # the step outgrew the curvature: report it, never return non-finite rows
             break
-        g_t = acc.grad / acc.n
-        se, val_se = acc.standard_errors()
-        norms = np.einsum("ij,ij->i", b, b) - 1.0
-        g_full = g_t + 4.0 * lam * norms[:, None] * b
-        value = acc.value / acc.n + lam * float(norms @ norms)
-        signal = math.sqrt(max(float(np.einsum("ij,ij->", g_full, g_full)) - se * se, 0.0))
-        # share of row j's weight T(b_j, b_j, b_k, b_k) summed over k that is its own T(b_j⁴): 1 when
-        # the rows are the components, ½ for a row midway between two (a saddle G may linger at)
-        align = acc.own / np.where(acc.rows != 0.0, acc.rows, 1.0)
-        # Pflug's diagnostic: successive gradients (independent samples) point alike while the
-        # iterate drifts and turn away from each other once the noise drives it (the noise floor)
-        corr = None if prev is None else float(np.einsum("ij,ij->", g_full, prev[0])) / (se * prev[1])
-        prev = (g_full, se)
-        # the error after this step: the distance |g| / h to the minimum contracted by the step,
-        # and the noise the step puts in
-        err = math.hypot(contraction * signal / h, eta * se)
-        found = float(align.min()) >= min_align and distinct_rows(b) == m
-        # T(b̂_j⁴) for the unit rows: β_j at the components (for μ and λ of a second round)
-        betas = acc.own / acc.n / np.maximum(np.einsum("ij,ij->i", b, b), 1e-300) ** 2
-        b = prox_radial(b - eta * g_t, eta * lam)
-        trace.append(
-            {
-                "step": k,
-                "samples": used,
-                "batch": acc.n,
-                "G": value,
-                "G_se": val_se,
-                "grad_norm": signal,
-                "grad_se": se,
-                "successive_cos": corr,
-                "rms_angle": err / math.sqrt(m),
-                "align_min": float(align.min()),
-                "align_mean": float(align.mean()),
-            }
-        )
+        a = _assess(acc, b, prev, policy)
+        prev, betas = (a.g_full, a.se), a.betas
+        b = prox_radial(b - eta * a.g_t, eta * lam)
+        trace.append(_trace_row(k, used, acc.n, a, m))
         if callback is not None:
             callback(k, b)
         # a small gradient alone may be a saddle's: the rows must be the components too, twice running
-        held = held + 1 if err <= target_angle * math.sqrt(m) and found else 0
+        held = held + 1 if a.err <= target_angle * math.sqrt(m) and a.found else 0
         tail = (tail + [b])[-confirm:] if held else []
         if held >= confirm:
-            stop, converged = "target", True
+            stop = "target"
             break
         if used >= max_samples:
             stop = "max_samples"
             break
-        # the batch, from the standard errors: (i) the noise of a step moves a row by at most
-        # `drift_angle` (RMS), or the iterate wanders off the components and, with rows bunched, the
-        # step outgrows the curvature; (ii) norm test, noise at most θ times the gradient; (iii) at
-        # the noise floor near the components (successive gradients turned apart, rows found) the
-        # error is proportional to the noise: what brings it to 0.8 of the target. Never smaller:
-        # while drifting a fixed batch moves the iterate as far per sample as any other.
-        factor = (eta * se / (drift_angle * math.sqrt(m))) ** 2
-        if se > theta * signal:
-            factor = max(factor, (se / (theta * signal)) ** 2 if signal > 0 else growth)
-        if corr is not None and corr < 0.0 and found:
-            factor = max(factor, (err / (0.8 * target_angle * math.sqrt(m))) ** 2)
-        factor = min(growth, max(1.0, factor))
-        parts = max(parts, min(int(math.ceil(parts * factor)), -(-(max_samples - used) // part_size)))
+        parts = _grown_parts(parts, used, a, policy)
+    converged = stop == "target"
     if converged:
         b = np.mean(tail, axis=0)  # the iterates that passed the test: their mean has less noise
-    last = trace[-1] if trace else {}
-    report = {
-        "steps": k,
-        "samples": used,
-        "seconds": time.perf_counter() - t_start,
-        "converged": converged,
-        "stop": stop,
-        "parts": [int(first_part), next_part],
-        "eta": eta,
-        "mu": mu,
-        "lambda": lam,
-        "beta_max": beta_max,
-        "beta_min": beta_min,
-        "averaged_iterates": len(tail) if converged else 0,
-        "final": {
-            k_: last.get(k_)
-            for k_ in ("batch", "G", "G_se", "grad_norm", "grad_se", "rms_angle", "align_min", "align_mean")
-        },
-        "row_betas": betas.tolist() if trace else None,
-        "trace": trace,
-    }
+    seconds = time.perf_counter() - t_start
+    report = _report(
+        policy, k, used, seconds, stop, [int(first_part), next_part], len(tail) if converged else 0, betas, trace
+    )
     return StreamedG(b, report)

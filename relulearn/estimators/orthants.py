@@ -114,6 +114,124 @@ def _refit(x: np.ndarray, b: np.ndarray, v: np.ndarray, power: int) -> tuple[np.
     return w, misfit, int(inactive.sum())
 
 
+def _check_samples(n: int, d: int, k: int) -> None:
+    """Refuse ``k < 1`` and fewer samples than every unit needs active and inactive."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if n < 2 * (d + MIN_SAMPLES_PER_UNIT):
+        raise ValueError(
+            f"too few samples: {n}; each unit must be active on at least d + {MIN_SAMPLES_PER_UNIT} = "
+            f"{d + MIN_SAMPLES_PER_UNIT} samples and inactive on some, so at least "
+            f"{2 * (d + MIN_SAMPLES_PER_UNIT)} samples are needed (a few hundred are typical)"
+        )
+
+
+def _row_basis(y: np.ndarray, k: int) -> np.ndarray:
+    """An orthonormal basis ``B`` (k×n) of the labels' row span, refusing ``rank(A) ≠ k``."""
+    p, sv, _ = np.linalg.svd(y, full_matrices=False)
+    rank = int(np.count_nonzero(sv > RANK_TOL * sv[0])) if sv.size and sv[0] > 0 else 0
+    if rank != k:
+        raise ValueError(
+            f"rank(A) = {rank} but k = {k}: the arbitrary-input algorithm needs the labels' row span to be "
+            f"exactly the span of the k hidden units' outputs (at least k outputs, U of rank k, noiseless labels; "
+            f"singular values {', '.join(f'{s:.3g}' for s in sv[: k + 2])})"
+        )
+    return p[:, :k].T
+
+
+def _enumerated_columns(b: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+    """The non-zero columns of ``B`` and how many of them (the first) the enumeration's budget allows,
+    refusing ``k`` when even the fewest useful columns exceed it."""
+    n = b.shape[1]
+    col_norm = np.linalg.norm(b, axis=0)
+    nonzero = np.flatnonzero(col_norm > ZERO_TOL * col_norm.max())
+    n_enum = len(nonzero)
+    while n_enum > ENUM_COLUMNS_PER_UNIT * k and enumeration_cost(n_enum, k) > ENUMERATION_BUDGET:
+        n_enum -= 1
+    if enumeration_cost(n_enum, k) > ENUMERATION_BUDGET:
+        raise ValueError(
+            f"k = {k} is too large for the arbitrary-input enumeration: even over {n_enum} columns it forms "
+            f"C({n_enum}, {k - 1}) = {math.comb(n_enum, k - 1):.3g} candidate rows of {n} samples "
+            f"({enumeration_cost(n_enum, k):.3g} entries; budget {ENUMERATION_BUDGET:.0e}); the cost grows like "
+            "n^(k−1): use Gaussian inputs and the tensor path (learn) for larger k"
+        )
+    return nonzero, n_enum
+
+
+def _block_patterns(cols: np.ndarray, bn: np.ndarray, k: int, patterns: dict[bytes, np.ndarray]) -> None:
+    """Add to ``patterns`` (zero pattern → signed row, first one kept) the candidate rows of a block of
+    ``(M, k, k−1)`` column subsets that vanish on more columns than forced and are of one sign elsewhere."""
+    c = _normals(cols)
+    cn = np.linalg.norm(c, axis=1)
+    scale = np.prod(np.linalg.norm(cols, axis=1), axis=1)
+    ok = cn > 1e-8 * scale  # dependent columns span no hyperplane
+    c = c[ok] / cn[ok, None]
+    rows = c @ bn  # (M, n_nonzero)
+    mag = np.abs(rows)
+    zero = mag <= ZERO_TOL * mag.max(axis=1, keepdims=True)
+    many = zero.sum(axis=1) > k - 1
+    if not many.any():
+        return
+    rows, zero = rows[many], zero[many]
+    pos = np.where(zero, True, rows > 0).all(axis=1)
+    neg = np.where(zero, True, rows < 0).all(axis=1)
+    one_sign = pos | neg
+    if not one_sign.any():
+        return
+    rows, zero, sign = rows[one_sign], zero[one_sign], np.where(pos, 1.0, -1.0)[one_sign]
+    keys, first = np.unique(np.packbits(zero, axis=1), axis=0, return_index=True)
+    for key, i in zip(keys, first):
+        patterns.setdefault(key.tobytes(), sign[i] * rows[i])
+
+
+def _zero_patterns(b: np.ndarray, nonzero: np.ndarray, n_enum: int, k: int) -> tuple[dict[bytes, np.ndarray], int]:
+    """The distinct zero patterns (and their rows on the non-zero columns) of the candidate rows from
+    every ``(k−1)``-subset of the first ``n_enum`` non-zero columns, and the number of subsets tried."""
+    enum_cols = nonzero[:n_enum]
+    bn = b[:, nonzero]
+    patterns: dict[bytes, np.ndarray] = {}
+    tried = 0
+    for block in _subsets(n_enum, k - 1, CHUNK):
+        tried += len(block)
+        _block_patterns(b[:, enum_cols[block]].transpose(1, 0, 2), bn, k, patterns)  # (M, k, k−1)
+    return patterns, tried
+
+
+def _distinct_candidates(
+    x: np.ndarray, patterns: dict[bytes, np.ndarray], nonzero: np.ndarray, power: int
+) -> list[tuple[float, np.ndarray]]:
+    """``(misfit, v)`` of the candidate rows that fit a unit, the best one per distinct direction."""
+    n = x.shape[0]
+    found: list[tuple[float, np.ndarray]] = []
+    for r_nz in patterns.values():
+        r = np.zeros(n)
+        r[nonzero] = r_nz
+        v, misfit = _fit_row(x, r, power)
+        if v is None or misfit > CANDIDATE_TOL:
+            continue
+        nu = v / np.linalg.norm(v)
+        same = [j for j, (_, w) in enumerate(found) if np.linalg.norm(nu - w / np.linalg.norm(w)) <= SAME_DIRECTION]
+        if not same:
+            found.append((misfit, v))
+        elif misfit < found[same[0]][0]:
+            found[same[0]] = (misfit, v)
+    return found
+
+
+def _exact_units(
+    x: np.ndarray, b: np.ndarray, found: list[tuple[float, np.ndarray]], power: int
+) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
+    """Each candidate once more from the null vector of its whole inactive set (:func:`_refit`): the
+    units that fit exactly, and per unit its inactive samples and misfit."""
+    units, info = [], []
+    for _, v in found:
+        w, misfit, inactive = _refit(x, b, v, power)
+        if w is not None and misfit <= FIT_TOL:
+            units.append(w)
+            info.append({"inactive_samples": inactive, "misfit": misfit})
+    return units, info
+
+
 def enumerate_units(x: np.ndarray, y: np.ndarray, k: int, power: int) -> tuple[np.ndarray, dict[str, Any]]:
     """The hidden weights ``V`` (k×d, up to positive scale) of ``A = U f(V X)`` for arbitrary ``X``.
 
@@ -141,82 +259,12 @@ def enumerate_units(x: np.ndarray, y: np.ndarray, k: int, power: int) -> tuple[n
     """
     y = y.reshape(len(y), -1)
     n, d = x.shape
-    if k < 1:
-        raise ValueError(f"k must be at least 1, got {k}")
-    if n < 2 * (d + MIN_SAMPLES_PER_UNIT):
-        raise ValueError(
-            f"too few samples: {n}; each unit must be active on at least d + {MIN_SAMPLES_PER_UNIT} = "
-            f"{d + MIN_SAMPLES_PER_UNIT} samples and inactive on some, so at least "
-            f"{2 * (d + MIN_SAMPLES_PER_UNIT)} samples are needed (a few hundred are typical)"
-        )
-    p, sv, _ = np.linalg.svd(y, full_matrices=False)
-    rank = int(np.count_nonzero(sv > RANK_TOL * sv[0])) if sv.size and sv[0] > 0 else 0
-    if rank != k:
-        raise ValueError(
-            f"rank(A) = {rank} but k = {k}: the arbitrary-input algorithm needs the labels' row span to be "
-            f"exactly the span of the k hidden units' outputs (at least k outputs, U of rank k, noiseless labels; "
-            f"singular values {', '.join(f'{s:.3g}' for s in sv[: k + 2])})"
-        )
-    b = p[:, :k].T
-    col_norm = np.linalg.norm(b, axis=0)
-    nonzero = np.flatnonzero(col_norm > ZERO_TOL * col_norm.max())
-    n_enum = len(nonzero)
-    while n_enum > ENUM_COLUMNS_PER_UNIT * k and enumeration_cost(n_enum, k) > ENUMERATION_BUDGET:
-        n_enum -= 1
-    if enumeration_cost(n_enum, k) > ENUMERATION_BUDGET:
-        raise ValueError(
-            f"k = {k} is too large for the arbitrary-input enumeration: even over {n_enum} columns it forms "
-            f"C({n_enum}, {k - 1}) = {math.comb(n_enum, k - 1):.3g} candidate rows of {n} samples "
-            f"({enumeration_cost(n_enum, k):.3g} entries; budget {ENUMERATION_BUDGET:.0e}); the cost grows like "
-            "n^(k−1): use Gaussian inputs and the tensor path (learn) for larger k"
-        )
-    enum_cols = nonzero[:n_enum]
-    bn = b[:, nonzero]
-    patterns: dict[bytes, np.ndarray] = {}
-    tried = 0
-    for block in _subsets(n_enum, k - 1, CHUNK):
-        tried += len(block)
-        cols = b[:, enum_cols[block]].transpose(1, 0, 2)  # (M, k, k−1)
-        c = _normals(cols)
-        cn = np.linalg.norm(c, axis=1)
-        scale = np.prod(np.linalg.norm(cols, axis=1), axis=1)
-        ok = cn > 1e-8 * scale  # dependent columns span no hyperplane
-        c = c[ok] / cn[ok, None]
-        rows = c @ bn  # (M, n_nonzero)
-        mag = np.abs(rows)
-        zero = mag <= ZERO_TOL * mag.max(axis=1, keepdims=True)
-        many = zero.sum(axis=1) > k - 1
-        if not many.any():
-            continue
-        rows, zero = rows[many], zero[many]
-        pos = np.where(zero, True, rows > 0).all(axis=1)
-        neg = np.where(zero, True, rows < 0).all(axis=1)
-        one_sign = pos | neg
-        if not one_sign.any():
-            continue
-        rows, zero, sign = rows[one_sign], zero[one_sign], np.where(pos, 1.0, -1.0)[one_sign]
-        keys, first = np.unique(np.packbits(zero, axis=1), axis=0, return_index=True)
-        for key, i in zip(keys, first):
-            patterns.setdefault(key.tobytes(), sign[i] * rows[i])
-    found: list[tuple[float, np.ndarray]] = []  # (misfit, v), one per distinct direction
-    for r_nz in patterns.values():
-        r = np.zeros(n)
-        r[nonzero] = r_nz
-        v, misfit = _fit_row(x, r, power)
-        if v is None or misfit > CANDIDATE_TOL:
-            continue
-        nu = v / np.linalg.norm(v)
-        same = [j for j, (_, w) in enumerate(found) if np.linalg.norm(nu - w / np.linalg.norm(w)) <= SAME_DIRECTION]
-        if not same:
-            found.append((misfit, v))
-        elif misfit < found[same[0]][0]:
-            found[same[0]] = (misfit, v)
-    units, info = [], []
-    for _, v in found:  # each unit once more from the null vector of its whole inactive set
-        w, misfit, inactive = _refit(x, b, v, power)
-        if w is not None and misfit <= FIT_TOL:
-            units.append(w)
-            info.append({"inactive_samples": inactive, "misfit": misfit})
+    _check_samples(n, d, k)
+    b = _row_basis(y, k)
+    nonzero, n_enum = _enumerated_columns(b, k)
+    patterns, tried = _zero_patterns(b, nonzero, n_enum, k)
+    found = _distinct_candidates(x, patterns, nonzero, power)  # one per distinct direction
+    units, info = _exact_units(x, b, found, power)
     report = {
         "samples": int(n),
         "columns_enumerated": int(n_enum),

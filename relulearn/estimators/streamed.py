@@ -25,7 +25,7 @@ the population one by ``O(√(kd/n))``, which is the contraction factor per pass
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ from ..network import Network
 from .base import part_batches, part_sum
 from .polish import refinement_verdict
 from .refine import PART_ROWS, parts
+from .streamed_gram import PopulationGram, SampleGram, pair_second_moment
 
 #: a validation relative loss below this is exact up to rounding: nothing left to refine
 EXACT_LOSS = 1e-20
@@ -177,71 +178,6 @@ def projected_sample(
     return np.concatenate([g[0] for g in got]), np.concatenate([g[1] for g in got]), first + len(items)
 
 
-def pair_second_moment(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``E[1{<a,z> > 0} 1{<b,z> > 0} z zᵀ]`` for ``z ~ N(0, I_q)`` and unit ``a``, ``b``.
-
-    In the plane of ``a`` and ``b`` (angle θ), with ``e1 = a`` and ``e2`` the unit part of ``b``
-    orthogonal to ``a``, the region is the arc ``(θ − π/2, π/2)`` and ``E[r²] = 2``, so the 2×2 block is
-    ``(1/π) ∫ e(φ) e(φ)ᵀ dφ``; orthogonally to the plane the factor is ``P = (π − θ)/2π``.
-    """
-    q = len(a)
-    a, b = a / np.linalg.norm(a), b / np.linalg.norm(b)
-    c = float(np.clip(a @ b, -1.0, 1.0))
-    perp = b - c * a
-    sin = float(np.linalg.norm(perp))
-    theta = float(np.arctan2(sin, c))  # arccos(c) loses half the digits near c = ±1
-    p = (np.pi - theta) / (2 * np.pi)
-    out = p * np.eye(q)
-    if sin < 1e-12:  # (anti)parallel: the plane block is p·I too (θ = 0: 1/2; θ = π: 0)
-        return out
-    e = np.stack([a, perp / sin], axis=1)  # q × 2
-    half = (np.pi - theta) / 2
-    block = (
-        np.array([[half + np.sin(2 * theta) / 4, sin * sin / 2], [sin * sin / 2, half - np.sin(2 * theta) / 4]]) / np.pi
-    )
-    return out + e @ (block - p * np.eye(2)) @ e.T
-
-
-def _orthant(a: np.ndarray, b: np.ndarray) -> float:
-    """``P(<a,z> > 0, <b,z> > 0) = (π − θ)/2π`` for unit ``a``, ``b`` (θ from atan2, as above)."""
-    c = float(a @ b)
-    return (np.pi - float(np.arctan2(np.linalg.norm(b - c * a), c))) / (2 * np.pi)
-
-
-class PopulationGram:
-    """The Gauss–Newton matrix ``E[J Jᵀ]`` of ``f = Σ s_i relu(<w_i, x>)`` under ``x ~ N(0, I)``,
-    inverted in closed form (module docstring): ``solve(G)`` returns ``Δ`` (k × d) with ``H Δ = G``."""
-
-    def __init__(self, w: np.ndarray, s: np.ndarray):
-        k, d = w.shape
-        norms = np.linalg.norm(w, axis=1)
-        if np.any(norms == 0):
-            raise ValueError("a hidden row is zero: its unit has no direction to refine; drop it first")
-        u, sv, _ = np.linalg.svd(w.T, full_matrices=False)
-        self.q = u[:, sv > sv[0] * 1e-12]  # d × q, orthonormal basis of span(W)
-        a = (w / norms[:, None]) @ self.q  # k × q unit rows in the basis
-        a /= np.linalg.norm(a, axis=1, keepdims=True)
-        qd = self.q.shape[1]
-        self.p = np.zeros((k, k))
-        kmat = np.zeros((k, qd, k, qd))
-        for i in range(k):  # k² blocks of q × q: tiny next to a pass
-            for j in range(i, k):
-                c = s[i] * s[j] * pair_second_moment(a[i], a[j])
-                kmat[i, :, j, :], kmat[j, :, i, :] = c, c.T
-                # the factor orthogonal to span(W): P_ij = c's eigenvalue off the pair's plane
-                self.p[i, j] = self.p[j, i] = s[i] * s[j] * _orthant(a[i], a[j])
-        self.k = kmat.reshape(k * qd, k * qd)
-
-    def solve(self, g: np.ndarray) -> np.ndarray:
-        k = g.shape[0]
-        inside = g @ self.q  # k × q
-        outside = g - inside @ self.q.T
-        # lstsq: two units along one direction make both blocks singular; the minimum-norm step is right
-        d_out = np.linalg.lstsq(self.p, outside, rcond=1e-12)[0]
-        d_in = np.linalg.lstsq(self.k, inside.ravel(), rcond=1e-12)[0].reshape(k, -1)
-        return d_out + d_in @ self.q.T
-
-
 def gradient_sums_biased(x: np.ndarray, y: np.ndarray, w: np.ndarray, s: np.ndarray) -> GradientSums:
     """The gradient statistics of ``Σ (y − Σ_i s_i relu(<w_i, [x, 1]>) − c)²`` on one batch: ``g`` is
     ``(k + 1) × (d + 1)``, its last row ``[0, …, 0, Σ r]`` (the output bias ``c = w[k, d]``)."""
@@ -255,34 +191,6 @@ def gradient_sums_biased(x: np.ndarray, y: np.ndarray, w: np.ndarray, s: np.ndar
     g[:k] = weight.T @ xt
     g[k, -1] = r.sum()
     return GradientSums(g, float(r @ r), float(y @ y), len(x))
-
-
-#: rows of the bounded sample the Gram of a biased network is formed on: this many per unknown (its error
-#: against the population Gram, O(√(1/ratio)), is the contraction per pass), at least 2,000
-GRAM_ROWS_PER_UNKNOWN = 8
-
-
-class SampleGram:
-    """The Gauss–Newton matrix of a biased network (:func:`_split_biased`) on a bounded sample ``x``: with
-    biases the patterns are halfspaces off the origin, with no closed form as in :class:`PopulationGram`,
-    so ``JᵀJ / m`` is formed on at most ``GRAM_ROWS_PER_UNKNOWN`` rows per unknown of the sample."""
-
-    def __init__(self, x: np.ndarray, w: np.ndarray, s: np.ndarray):
-        k, dt = len(s) - 1, w.shape[1]
-        unknowns = k * dt + 1
-        m = int(min(len(x), max(2_000, GRAM_ROWS_PER_UNKNOWN * unknowns)))
-        xt = np.column_stack([x[:m], np.ones(m)])
-        act = (xt @ w[:k].T > 0) * s[:k]  # m × k
-        jac = np.column_stack([(act[:, :, None] * xt[:, None, :]).reshape(m, k * dt), np.ones(m)])
-        self.h, self.k, self.dt = jac.T @ jac / m, k, dt
-
-    def solve(self, g: np.ndarray) -> np.ndarray:
-        rhs = np.r_[g[: self.k].ravel(), g[self.k, -1]]
-        sol = np.linalg.lstsq(self.h, rhs, rcond=1e-12)[0]
-        out = np.zeros_like(g)
-        out[: self.k] = sol[:-1].reshape(self.k, self.dt)
-        out[self.k, -1] = sol[-1]
-        return out
 
 
 def _split_biased(net: Network) -> tuple[np.ndarray, np.ndarray]:
@@ -339,6 +247,128 @@ def _accumulate(
     return mapped_sum(PartGradient(draw, w, s, biased), items, mapper)
 
 
+def _unknowns(
+    net: Network, gram_x: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, Callable[[np.ndarray], SampleGram | PopulationGram], Callable[..., Network]]:
+    """``(W, s)`` of ``net``, the Gauss–Newton matrix at a ``W`` (:class:`SampleGram` on ``gram_x`` for a
+    biased network, else :class:`PopulationGram`), and the map of ``(W, s)`` back to a network."""
+    if net.biases is not None:
+        if net.activation != "relu" or len(net.weights) != 2 or net.weights[1].shape[0] != 1:
+            raise ValueError("the streamed refinement takes a one-hidden-layer ReLU network with one output")
+        if gram_x is None:
+            raise ValueError(
+                "the streamed refinement of a biased network needs a bounded sample (gram_x) for its "
+                "Gauss–Newton matrix"
+            )
+        w, s = _split_biased(net)
+        return w, s, (lambda w_: SampleGram(gram_x, w_, s)), _join_biased
+    w, s = _split(net)
+    return w, s, (lambda w_: PopulationGram(w_, s)), _join
+
+
+@dataclass
+class _Run:
+    """The state of :func:`refine_streamed`'s iteration: the iterate ``w`` and its sums ``cur``, ``Σ y²``
+    (1 when zero), passes made, the step's scale after backtracking, mixed steps taken, the per-pass
+    history, and the iterates and steps the Anderson mixing remembers."""
+
+    w: np.ndarray
+    cur: GradientSums
+    y2: float
+    passes: int = 1
+    scale: float = 1.0
+    mixed: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    iterates: list[np.ndarray] = field(default_factory=list)
+    steps: list[np.ndarray] = field(default_factory=list)
+
+
+def _step_stop(run: _Run, step: np.ndarray) -> tuple[float, str | None]:
+    """The step's size relative to ``w``, and why to stop before taking it (None: take it)."""
+    cur, w = run.cur, run.w
+    predicted = float(np.sum(step * cur.g)) / cur.n  # first-order decrease of the mean loss (×½ of ∂)
+    rel_step = float(np.linalg.norm(step) / np.linalg.norm(w))
+    if rel_step * run.scale < RELATIVE_STEP:
+        return rel_step, "step at rounding level"
+    if predicted < PREDICTED_DECREASE * (w.size / cur.n) * cur.loss / cur.n:
+        return rel_step, "predicted decrease below a thousandth of the statistical excess error"
+    return rel_step, None
+
+
+def _mixed_pass(run: _Run, step: np.ndarray, accumulate: Callable[[np.ndarray], GradientSums]) -> bool:
+    """One pass at the Anderson mixing of the remembered steps (at full scale only); True when it decreased
+    the loss and was taken. A rejected mixing restarts from the plain step."""
+    run.iterates = (run.iterates + [run.w])[-ANDERSON_MEMORY - 1 :]
+    run.steps = (run.steps + [step])[-ANDERSON_MEMORY - 1 :]
+    mix = _anderson(run.iterates, run.steps) if run.scale == 1.0 else None
+    if mix is None:
+        return False
+    new = accumulate(mix)
+    run.passes += 1
+    run.history.append(
+        {
+            "relative_loss": new.loss / run.y2,
+            "relative_step": float(np.linalg.norm(mix - run.w) / np.linalg.norm(run.w)),
+            "accepted": bool(new.loss <= run.cur.loss),
+            "mixed": True,
+        }
+    )
+    if new.loss <= run.cur.loss:
+        run.w, run.cur, run.mixed = mix, new, run.mixed + 1
+        return True
+    run.iterates, run.steps = [run.w], [step]  # the mixing overshot: restart it from the plain step
+    return False
+
+
+def _line_search(
+    run: _Run, step: np.ndarray, rel_step: float, accumulate: Callable[[np.ndarray], GradientSums], max_passes: int
+) -> bool:
+    """Passes along ``step``, halving its scale (at most ``MAX_BACKTRACKS`` times) until the loss does not
+    increase; True when a point was taken (the scale then doubles back towards 1)."""
+    for _ in range(MAX_BACKTRACKS + 1):
+        w_new = run.w + run.scale * step
+        new = accumulate(w_new)
+        run.passes += 1
+        accepted = new.loss <= run.cur.loss
+        run.history.append(
+            {"relative_loss": new.loss / run.y2, "relative_step": rel_step * run.scale, "accepted": bool(accepted)}
+        )
+        if accepted or run.passes >= max_passes:
+            break
+        run.scale /= 2
+    if not accepted:
+        return False
+    run.w, run.cur, run.scale = w_new, new, min(1.0, 2 * run.scale)
+    return True
+
+
+def _iterate(
+    run: _Run,
+    gram: Callable[[np.ndarray], SampleGram | PopulationGram],
+    accumulate: Callable[[np.ndarray], GradientSums],
+    max_passes: int,
+) -> str:
+    """Gauss–Newton steps (mixed, else backtracked) from ``run`` until a stopping test holds or the passes
+    run out; why it stopped."""
+    while run.passes < max_passes:
+        progress.step(
+            "refinement: passes over the samples", run.passes, max_passes, f"relative loss {run.cur.loss / run.y2:.3g}"
+        )
+        if run.cur.loss / run.y2 < ROUNDING_LOSS * run.w.shape[1]:
+            return "loss at rounding level"
+        step = gram(run.w).solve(run.cur.g / run.cur.n)
+        rel_step, stop = _step_stop(run, step)
+        if stop is not None:
+            return stop
+        if _mixed_pass(run, step, accumulate):
+            continue
+        if run.passes >= max_passes:
+            break
+        if not _line_search(run, step, rel_step, accumulate, max_passes):
+            return "no decrease along the step (rounding level or a bad start)"
+    return "max_passes"
+
+
 def refine_streamed(
     net: Network,
     draw: Any,
@@ -378,21 +408,8 @@ def refine_streamed(
         The refined network and a report: ``samples``, ``parts``, ``passes``, ``stop`` (why it
         stopped), ``relative_loss`` and per pass ``relative_loss``, ``relative_step``, ``accepted``.
     """
+    w, s, gram, join = _unknowns(net, gram_x)
     biased = net.biases is not None
-    gram: Callable[[np.ndarray], SampleGram | PopulationGram]
-    if biased:
-        if net.activation != "relu" or len(net.weights) != 2 or net.weights[1].shape[0] != 1:
-            raise ValueError("the streamed refinement takes a one-hidden-layer ReLU network with one output")
-        if gram_x is None:
-            raise ValueError(
-                "the streamed refinement of a biased network needs a bounded sample (gram_x) for its "
-                "Gauss–Newton matrix"
-            )
-        w, s = _split_biased(net)
-        gram, join = (lambda w_: SampleGram(gram_x, w_, s)), _join_biased
-    else:
-        w, s = _split(net)
-        gram, join = (lambda w_: PopulationGram(w_, s)), _join
     items = parts(total, part_rows or part_rows_for(net.input_dim), first=first_part)
 
     def accumulate(w_: np.ndarray) -> GradientSums:
@@ -400,68 +417,18 @@ def refine_streamed(
 
     cur = accumulate(w)
     y2 = cur.y2 or 1.0
-    history: list[dict[str, Any]] = [{"relative_loss": cur.loss / y2}]
-    passes, stop, scale, mixed = 1, "max_passes", 1.0, 0
-    iterates: list[np.ndarray] = []
-    steps: list[np.ndarray] = []
-    while passes < max_passes:
-        progress.step("refinement: passes over the samples", passes, max_passes, f"relative loss {cur.loss / y2:.3g}")
-        if cur.loss / y2 < ROUNDING_LOSS * w.shape[1]:
-            stop = "loss at rounding level"
-            break
-        step = gram(w).solve(cur.g / cur.n)
-        predicted = float(np.sum(step * cur.g)) / cur.n  # first-order decrease of the mean loss (×½ of ∂)
-        rel_step = float(np.linalg.norm(step) / np.linalg.norm(w))
-        if rel_step * scale < RELATIVE_STEP:
-            stop = "step at rounding level"
-            break
-        if predicted < PREDICTED_DECREASE * (w.size / cur.n) * cur.loss / cur.n:
-            stop = "predicted decrease below a thousandth of the statistical excess error"
-            break
-        iterates, steps = (iterates + [w])[-ANDERSON_MEMORY - 1 :], (steps + [step])[-ANDERSON_MEMORY - 1 :]
-        mix = _anderson(iterates, steps) if scale == 1.0 else None
-        if mix is not None:
-            new = accumulate(mix)
-            passes += 1
-            history.append(
-                {
-                    "relative_loss": new.loss / y2,
-                    "relative_step": float(np.linalg.norm(mix - w) / np.linalg.norm(w)),
-                    "accepted": bool(new.loss <= cur.loss),
-                    "mixed": True,
-                }
-            )
-            if new.loss <= cur.loss:
-                w, cur, mixed = mix, new, mixed + 1
-                continue
-            iterates, steps = [w], [step]  # the mixing overshot: restart it from the plain step
-            if passes >= max_passes:
-                break
-        for _ in range(MAX_BACKTRACKS + 1):
-            w_new = w + scale * step
-            new = accumulate(w_new)
-            passes += 1
-            accepted = new.loss <= cur.loss
-            history.append(
-                {"relative_loss": new.loss / y2, "relative_step": rel_step * scale, "accepted": bool(accepted)}
-            )
-            if accepted or passes >= max_passes:
-                break
-            scale /= 2
-        if not accepted:
-            stop = "no decrease along the step (rounding level or a bad start)"
-            break
-        w, cur, scale = w_new, new, min(1.0, 2 * scale)
+    run = _Run(w, cur, y2, history=[{"relative_loss": cur.loss / y2}])
+    stop = _iterate(run, gram, accumulate, max_passes)
     report = {
-        "samples": int(cur.n),
+        "samples": int(run.cur.n),
         "parts": len(items),
-        "passes": passes,
+        "passes": run.passes,
         "stop": stop,
-        "relative_loss": cur.loss / y2,
-        "mixed_steps": mixed,
-        "iterations": history,
+        "relative_loss": run.cur.loss / y2,
+        "mixed_steps": run.mixed,
+        "iterations": run.history,
     }
-    return join(w, s), report
+    return join(run.w, s), report
 
 
 def _anderson(iterates: list[np.ndarray], steps: list[np.ndarray]) -> np.ndarray | None:
