@@ -15,14 +15,10 @@ from pathlib import Path
 
 from ..errors import MissingDependencyError
 from ..storage.errors import StoreError
+from .codes import EXIT_DAMAGED, EXIT_INTERRUPTED, EXIT_USER_ERROR
 from .parser import build_parser
 
-EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
-#: `relulearn verify` found damage (0: intact; 2: no store to verify, or an error)
-EXIT_DAMAGED = 1
-
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_DAMAGED", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "build_parser", "main"]
 
 #: the store each writing command writes (the argument naming it)
 _WRITES = {"estimate": "store", "fit": "store", "merge": "out"}
@@ -43,12 +39,6 @@ def _refuse_if_locked(args: argparse.Namespace) -> None:
     info = read_lease(str(url))
     if isinstance(info, LeaseInfo):
         raise StoreLockedError(str(url), info, info.stale_reason())
-
-
-EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
-#: `relulearn verify` found damage (0: intact; 2: no store to verify, or an error)
-EXIT_DAMAGED = 1
 
 
 #: what is safe after Ctrl-C, per command (others write nothing, or only the file they were asked for, whole)

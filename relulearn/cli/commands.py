@@ -14,6 +14,7 @@ from .. import api
 from ..atomic import write_text
 from ..config import ConfigError
 from ..methods import OPTIONS
+from .codes import EXIT_DAMAGED
 from .output import print_demo, print_result, print_shadow, print_status, print_verify
 
 
@@ -124,8 +125,6 @@ def _status(args: argparse.Namespace) -> dict[str, Any] | int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from . import EXIT_DAMAGED
-
     result = api.verify(args.store)
     if args.json:
         print(json.dumps(result, indent=2))
