@@ -34,26 +34,41 @@ class _Reporter:
     last: float = -1e9
     shown: set = field(default_factory=set)
 
+    #: the stage's latest line when it was not written (too soon after the last): written when the stage ends,
+    #: so that a log shows where each stage stopped (a polish converged in 3 of 30 steps), not only its start
+    pending: str | None = None
+
     def step(self, stage: str, done: int, total: int | None, detail: str) -> None:
         now = time.perf_counter()
         if stage != self.stage:
+            self._flush()
             self.stage, self.started = stage, now
             if self.tty and self.shown:
                 self.stream.write("\n")
-        first = stage not in self.shown
-        if not first and now - self.last < (TTY_INTERVAL if self.tty else INTERVAL) and done != total:
-            return
-        self.last = now
-        self.shown.add(stage)
         line = f"{stage}: {done:,}" + (f"/{total:,}" if total else "")
         if total and done:
             line += f"  ETA at most {_clock((now - self.started) / done * (total - done))}"
         if detail:
             line += f"  ({detail})"
+        first = stage not in self.shown
+        if not first and now - self.last < (TTY_INTERVAL if self.tty else INTERVAL) and done != total:
+            self.pending = line
+            return
+        self.last = now
+        self.shown.add(stage)
+        self._write(line)
+
+    def _write(self, line: str) -> None:
+        self.pending = None
         self.stream.write(("\r" + line.ljust(100)) if self.tty else line + "\n")
         self.stream.flush()
 
+    def _flush(self) -> None:
+        if self.pending is not None:
+            self._write(self.pending)
+
     def close(self) -> None:
+        self._flush()
         if self.tty and self.shown:
             self.stream.write("\n")
             self.stream.flush()

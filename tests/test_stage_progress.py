@@ -42,3 +42,22 @@ def test_a_stage_line_says_how_far_with_an_upper_bound_eta():
     assert lines[0].startswith("refinement: passes over the samples: 1/40  ETA at most ")
     assert lines[0].endswith("(relative loss 0.01)") and len(lines) == 2 and lines[1].startswith(
         "refinement: passes over the samples: 40/40")
+
+
+def test_a_stage_that_stops_early_shows_where_it_stopped():
+    """A polish that converges in 3 of 30 steps: a log shows its first line and, when the next stage starts (or
+    the learn ends), its last one; nothing in between."""
+    out = io.StringIO()
+    with progress.reporting(out):
+        for i in range(4):
+            progress.step("exact polish: Gauss–Newton steps", i, 30, f"step {i}")
+        progress.step("refinement: passes over the samples", 1, 5)
+        progress.step("refinement: passes over the samples", 2, 5)  # the learn ends here
+    lines = out.getvalue().splitlines()
+    assert [line.split("  ")[0] for line in lines] == [
+        "exact polish: Gauss–Newton steps: 0/30",
+        "exact polish: Gauss–Newton steps: 3/30",
+        "refinement: passes over the samples: 1/5",
+        "refinement: passes over the samples: 2/5",
+    ], lines
+    assert lines[1].endswith("(step 3)")
