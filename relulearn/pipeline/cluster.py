@@ -203,7 +203,10 @@ def connect(
             memory_limit=memory_limit,
             host=LOCAL_HOST,
             dashboard_address=dashboard,
-            silence_logs=40,
+            # the workers' own log records are dropped (CRITICAL only): a failing block reaches the driver as its
+            # exception, and a worker whose scheduler closes first when a run stops on an error logged a page of
+            # "Failed to communicate with scheduler during heartbeat" traceback (ERROR) under the run's message
+            silence_logs=50,
         )
     with dask.config.set(settings), cluster, Client(cluster) as client:
         prepare(client)
