@@ -25,11 +25,11 @@ estimator class in :mod:`relulearn.regressors`; see the contributing page of the
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
-__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module", "method_names"]
+__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class Method:
     fit_options: tuple[str, ...] = ()
     source_options: tuple[str, ...] = ()
     vector_labels: bool = False
-    figures: tuple[str, ...] = field(default=())
+    figures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.options) - set(OPTIONS))
@@ -272,11 +272,6 @@ METHODS: dict[str, Method] = {
         ),
     )
 }
-
-
-def method_names() -> list[str]:
-    """The methods' names, in order."""
-    return list(METHODS)
 
 
 def method_module(name: str) -> ModuleType:

@@ -23,6 +23,8 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .methods import METHODS
+
 __all__ = [
     "MomentsRegressor",
     "TensorRegressor",
@@ -85,8 +87,6 @@ class _Regressor(RegressorMixin, BaseEstimator):
 
     def _method_options(self) -> dict[str, Any]:
         """The parameters that are the method's options (:attr:`relulearn.methods.Method.options`)."""
-        from .methods import METHODS
-
         taken = {"width", *METHODS[self._method].options}
         return {k: getattr(self, k) for k in self._get_param_names() if k in taken}
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from relulearn import hermite
-from relulearn.estimators.landscape_stream import (SIGN_C4, batch_sums, batch_terms, part_sums, prox_radial,
-                                                   residual_labels, streamed_g)
+from relulearn.estimators.landscape_stream import prox_radial, streamed_g
+from relulearn.estimators.landscape_sums import SIGN_C4, batch_sums, batch_terms, part_sums, residual_labels
 from relulearn.estimators.objective_g import row_angles
 
 C = [hermite.relu_hermite_coefficient(l) for l in range(5)]

@@ -12,6 +12,7 @@ import pytest
 from conftest import PYTHON, cli_env
 
 from relulearn import api, regressors
+from relulearn.cli.parser import build_parser
 from relulearn.methods import METHODS, OPTIONS, Method, method_module
 from relulearn.report.methods import FIGURES, METHOD_FIGURES
 
@@ -78,13 +79,21 @@ def test_the_command_line_takes_every_option_with_each_methods_help():
     text = " ".join(out.split())
     for m in METHODS.values():
         assert f"{m.name} = {' '.join(m.summary.split())}" in text
+    learn = next(a for a in build_parser()._actions if a.dest == "command").choices["learn"]
+    flags = {s: a for a in learn._actions for s in a.option_strings}
     for o in OPTIONS.values():
-        assert o.flag in text
-        users = [m.name for m in METHODS.values() if o.name in m.options]
+        users = [m for m in METHODS.values() if o.name in m.options]
         assert users, f"{o.name} is declared by no method"
-        block = text.split(o.flag, 2)[-1]  # the option's own help, after its usage entry
-        for name in users:
-            assert re.search(rf"\b{re.escape(name)}\b", block[:2000]), (o.flag, name)
+        help_text = flags[o.flag].help
+
+        def group(name: str) -> str:  # a list of method names containing `name`, before a colon
+            return rf"(?:^|; )(?:[a-z-]+, )*{re.escape(name)}(?:, [a-z-]+)*: "
+
+        for m in users:  # each method's own words for the option, right after a list of names holding it
+            assert re.search(group(m.name) + re.escape(m.options[o.name]), help_text), (o.flag, m.name, help_text)
+        for m in METHODS.values():
+            if o.name not in m.options:
+                assert not re.search(group(m.name), help_text), (o.flag, m.name, help_text)
 
 
 def test_the_readme_table_is_the_declarations():

@@ -7,7 +7,8 @@ import pytest
 
 from relulearn.api.execution import mapper
 from relulearn.estimators import streamed
-from relulearn.estimators.streamed import PopulationGram, gradient_sums, pair_second_moment, refine_streamed
+from relulearn.estimators.streamed import gradient_sums, refine_streamed
+from relulearn.estimators.streamed_gram import PopulationGram, pair_second_moment
 from relulearn.network import Network, compare
 
 

@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 import numpy as np
 
 from ..network import Network
+from .fitting import fit
 
 if TYPE_CHECKING:
     from ..pipeline.sources import TeacherSource
-
-
-from .fitting import fit
 
 
 def demo(

@@ -6,16 +6,13 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..aligned import fresh, fresh_map, one_blas_thread
 from ..estimators.base import Samples
 from ..pipeline.cluster import ClusterLostError, connection_lost
-
-if TYPE_CHECKING:
-    pass
 
 
 def mapper(client: Any) -> Callable:

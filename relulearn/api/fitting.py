@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from ..config import RunConfig, load_config
+from ..methods import METHODS, method_module
 from ..pipeline.cluster import connect, prepare
 from ..pipeline.run import estimate as _estimate
 from ..storage import RunStore, StoreError, writing
-
-if TYPE_CHECKING:
-    pass
-
-
-from ..methods import METHODS, method_module
-from .learning import check_setting, checked_options, learn_with, setting_source
+from .learning import check_setting, checked_options, learn_with, method_arguments, setting_source
 from .runs import planned_workers
 
 
@@ -57,22 +52,7 @@ def fit(
     without any work. The other options are those of :func:`learn` and :func:`estimate`; the store's
     lease is taken before a cluster starts and held until the learn ends.
     """
-    options = checked_options(
-        method,
-        width=width,
-        depth=depth,
-        budget=budget,
-        activation=activation,
-        exact_samples=exact_samples,
-        refine_samples=refine_samples,
-        starts=starts,
-        route=route,
-        degree=degree,
-        shrink=shrink,
-        subspace=subspace,
-        residual=residual,
-        biases=biases,
-    )
+    options = checked_options(method, **method_arguments(locals()))
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     setting = setting_source(cfg)
     check_setting(method, setting, options)  # before anything is written

@@ -12,19 +12,17 @@ import numpy as np
 from ..aligned import one_blas_thread
 from ..config import RunConfig
 from ..estimators.base import PassRequest
+from ..methods import METHODS, OPTIONS, method_module
 from ..network import Network
 from ..pipeline.cluster import connect, prepare
 from ..pipeline.projection import format_seconds
 from ..pipeline.run import estimate as _estimate
 from ..pipeline.sources import data_of
 from ..storage import RunStore, StoreError, open_store
+from .execution import HeldOut, mapper
 
 if TYPE_CHECKING:
     from ..pipeline.data import DataSource
-
-
-from ..methods import METHODS, OPTIONS, method_module
-from .execution import HeldOut, mapper
 
 
 def check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +54,12 @@ def setting_source(cfg: RunConfig) -> Any:
     return SimpleNamespace(
         d=cfg.source.d, outputs=None, network=None, whitening=True if cfg.source.data.whiten else None
     )
+
+
+def method_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The method options among a call's arguments (its ``locals()``): ``learn`` and ``fit`` take every option of
+    :data:`relulearn.methods.OPTIONS` by keyword."""
+    return {name: arguments[name] for name in OPTIONS}
 
 
 def checked_options(method: str, **given: Any) -> dict[str, Any]:
@@ -258,22 +262,7 @@ def learn(
     dict
         ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
     """
-    options = checked_options(
-        method,
-        width=width,
-        depth=depth,
-        budget=budget,
-        activation=activation,
-        exact_samples=exact_samples,
-        refine_samples=refine_samples,
-        starts=starts,
-        route=route,
-        degree=degree,
-        shrink=shrink,
-        subspace=subspace,
-        residual=residual,
-        biases=biases,
-    )
+    options = checked_options(method, **method_arguments(locals()))
     open_store(store)  # no store, or a damaged root, is refused before a cluster starts
     if client == "local":
         return learn_with(None, store, method, options, out, progress, break_lock)

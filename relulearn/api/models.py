@@ -12,13 +12,11 @@ import numpy as np
 from ..config import ConfigError, load_config
 from ..network import Network
 from ..pipeline.sources import data_of
+from .learning import model_shape
 
 if TYPE_CHECKING:
     from ..pipeline.data import DataSource
     from ..pipeline.sources import RunSource
-
-
-from .learning import model_shape
 
 
 def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int = 200_000) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from ..config import RunConfig, load_config
 from ..pipeline.cluster import connect, prepare
@@ -13,9 +13,6 @@ from ..pipeline.merge import merge_stores
 from ..pipeline.run import RunSummary
 from ..pipeline.run import estimate as _estimate
 from ..storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
-
-if TYPE_CHECKING:
-    pass
 
 
 def estimate(

@@ -13,7 +13,7 @@ with statistics that cost O(d r + P²) per sample (P: the weights of ``g``) and 
   basis step is a Gauss–Newton step: perturbing B by Δ ⊥ B changes f by ``(Δᵀx⊥)·∇_z g``, and for
   Gaussian x the part ``x⊥ = (I − BBᵀ)x`` is independent of z with identity covariance on
   range(I − BBᵀ), so the Gauss–Newton matrix of Δ is ``E[∇g ∇gᵀ] ⊗ (I − BBᵀ)`` — a closed form,
-  like :class:`.streamed.PopulationGram` — and its coupling with θ (a function of z alone, times
+  like :class:`.streamed_gram.PopulationGram` — and its coupling with θ (a function of z alone, times
   a mean-zero x⊥ independent of it) vanishes. Rotations inside span(B) are the first layer's
   job (θ);
 - damped (Levenberg–Marquardt, :data:`DAMPING` relative to each block's mean diagonal): a basis of

@@ -440,7 +440,7 @@ def _pilot(
     (parts ``first, first + 1, …``)."""
     from functools import partial
 
-    from .landscape_stream import part_sums
+    from .landscape_sums import part_sums
 
     size = PILOT_PART
     items = [(first + i, size) for i in range(_pilot_parts(n))]

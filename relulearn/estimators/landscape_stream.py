@@ -36,18 +36,10 @@ from typing import Any
 
 import numpy as np
 
-# the estimates are re-exported: this module's docstring derives them, and callers find them here
-from .landscape_sums import BLOCK_ROWS, SIGN_C4, BatchTerms, batch_sums, batch_terms, part_sums, residual_labels
+from .landscape_sums import BatchTerms, part_sums
 from .objective_g import distinct_rows
 
 __all__ = [
-    "SIGN_C4",
-    "BLOCK_ROWS",
-    "BatchTerms",
-    "batch_terms",
-    "batch_sums",
-    "residual_labels",
-    "part_sums",
     "prox_radial",
     "streamed_g",
     "StreamedG",

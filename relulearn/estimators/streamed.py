@@ -13,7 +13,7 @@ closed form under Gaussian inputs: with ``Q`` an orthonormal basis of span(W),
     E[1{w_i·x>0} 1{w_j·x>0} x xᵀ] = P_ij (I − Q Qᵀ) + Q C_ij Qᵀ,    P_ij = (π − θ_ij) / 2π,
 
 where ``C_ij`` is the same expectation for the ``q``-dimensional Gaussian ``Qᵀ x`` (a closed form in
-the plane of the two rows, :func:`pair_second_moment`). So the ``kd × kd`` matrix is never formed:
+the plane of the two rows, :func:`.streamed_gram.pair_second_moment`). So the ``kd × kd`` matrix is never formed:
 its inverse is a ``k × k`` solve on the part of the gradient orthogonal to span(W) and a ``kq × kq``
 solve inside it.
 
@@ -35,7 +35,7 @@ from ..network import Network
 from .base import part_batches, part_sum
 from .polish import refinement_verdict
 from .refine import PART_ROWS, parts
-from .streamed_gram import PopulationGram, SampleGram, pair_second_moment
+from .streamed_gram import PopulationGram, SampleGram
 
 #: a validation relative loss below this is exact up to rounding: nothing left to refine
 EXACT_LOSS = 1e-20
@@ -48,9 +48,6 @@ __all__ = [
     "gradient_sums_biased",
     "PartGradient",
     "ProjectedPart",
-    "pair_second_moment",
-    "PopulationGram",
-    "SampleGram",
     "refine_streamed",
     "part_rows_for",
     "projected_sample",
