@@ -25,6 +25,10 @@ def _repulse(p: np.ndarray, iters: int) -> np.ndarray:
 
     Each of ``iters`` steps moves every point away from its ``2r+2`` nearest neighbours
     among ``±p`` (weights ``1/dist^{r+1}``) by a decaying fraction of the typical spacing.
+    The neighbours are found to within a factor 1.5 of their distances (``eps=0.5``): the k-d
+    tree query is most of the cost (r = 6, 32768 points: 9.5 s with exact neighbours, 5.7 s so
+    on one core), and the nets cover as well (covering radius within 1 % of the exact query's
+    nets', r = 3–6).
     """
     from scipy.spatial import cKDTree
 
@@ -32,7 +36,7 @@ def _repulse(p: np.ndarray, iters: int) -> np.ndarray:
     nb = min(2 * r + 2, 2 * half - 1)
     for it in range(iters):
         full = np.vstack([p, -p])
-        dist, idx = cKDTree(full).query(p, nb + 1)
+        dist, idx = cKDTree(full).query(p, nb + 1, eps=0.5, workers=-1)
         dist, idx = dist[:, 1:], idx[:, 1:]
         diff = p[:, None, :] - full[idx]
         spacing = float(np.median(dist[:, 0]))
