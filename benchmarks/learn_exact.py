@@ -45,7 +45,7 @@ from learn_one_hidden import machine_info  # noqa: E402
 
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators import tensor  # noqa: E402
+from relulearn.estimators import cp  # noqa: E402
 from relulearn.estimators.joint_range import joint_range  # noqa: E402
 from relulearn.network import Network, compare_two_layer  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
@@ -114,7 +114,7 @@ def tensor_step_vs_parafac(store: str, teacher: Network, seed: int) -> dict[str,
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     sub = joint_range(list(t2), list(t2_se), rank=k)
-    dec = tensor.decompose(t2, sub.basis, seed=seed)
+    dec = cp.decompose(t2, sub.basis, seed=seed)
     out["relulearn"] = {"seconds": time.perf_counter() - t0, "subspace_rank": int(sub.rank),
                         "angle": direction_angle(teacher.weights[0], dec.directions)}
     try:
@@ -123,9 +123,9 @@ def tensor_step_vs_parafac(store: str, teacher: Network, seed: int) -> dict[str,
 
         t0 = time.perf_counter()
         # TensorLy's default start (SVD of the unfoldings); a random start stalls far away (≈ π/2) here
-        cp = parafac(tl.tensor(t2), rank=k, init="svd", random_state=seed, n_iter_max=500, tol=1e-12)
-        b = np.asarray(cp.factors[1]).T
-        c = np.asarray(cp.factors[2]).T
+        fac = parafac(tl.tensor(t2), rank=k, init="svd", random_state=seed, n_iter_max=500, tol=1e-12)
+        b = np.asarray(fac.factors[1]).T
+        c = np.asarray(fac.factors[2]).T
         # modes 2 and 3 are the same vectors up to sign: average after aligning signs
         sgn = np.sign(np.sum(b * c, axis=1, keepdims=True))
         sgn[sgn == 0] = 1.0
