@@ -27,7 +27,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -122,7 +122,8 @@ def digits_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
         mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=500, random_state=0).fit(x, np.eye(10)[label])
     model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], width), torch.nn.ReLU(), torch.nn.Linear(width, 10))
     with torch.no_grad():
-        for layer, w, b in ((model[0], mlp.coefs_[0], mlp.intercepts_[0]), (model[2], mlp.coefs_[1], mlp.intercepts_[1])):
+        for layer, w, b in ((model[0], mlp.coefs_[0], mlp.intercepts_[0]),
+                            (model[2], mlp.coefs_[1], mlp.intercepts_[1])):
             layer.weight.copy_(torch.tensor(w.T))
             layer.bias.copy_(torch.tensor(b))
     path = folder / f"digits-{width}.onnx"
@@ -156,7 +157,7 @@ def queries(done: dict[str, Any], outputs: int = 1) -> int:
     return int(n)
 
 
-def errors(teacher: Network, model: Any, d: int) -> dict[str, Optional[float]]:
+def errors(teacher: Network, model: Any, d: int) -> dict[str, float | None]:
     x = generator(9, Stream.TEST, 0).standard_normal((TEST_ROWS, d))
     y = teacher.forward(x)
     out = {"relative_test_error": float(np.sum((y - model.forward(x)) ** 2) / np.sum(y**2))}
@@ -176,7 +177,8 @@ def run_relulearn(teacher: Network, onnx: Path, samples: int, client: Any, workd
     done = api.fit(config_from_dict(cfg), str(store), "tensor", out=str(out), client=client, progress=None)
     seconds = time.perf_counter() - t0
     rep = done["report"]
-    rec = {"samples_per_pass": samples, "queries": queries(done, teacher.output_dim), "seconds": seconds, "route": rep["route"],
+    rec = {"samples_per_pass": samples, "queries": queries(done, teacher.output_dim), "seconds": seconds,
+           "route": rep["route"],
            "width_found": rep["width_found"], "chosen": rep["chosen"],
            "validation_relative_loss": rep["validation_relative_loss"],
            "orientation": rep["network"].get("orientation", {}).get("method"),
@@ -268,13 +270,14 @@ def table(result: dict[str, Any]) -> str:
     for r in result["teachers"]:
         a, b = r["relulearn"], r["student"]
         lines.append(f"| {r['name']} | {r['d']} | {r['width']} | {f(a.get('queries'), '.2e')} | "
-                     f"{f(a.get('seconds'), '.0f')} | {f(a.get('parameter_error'))} | {f(a.get('relative_test_error'))} "
+                     f"{f(a.get('seconds'), '.0f')} | {f(a.get('parameter_error'))} | "
+                     f"{f(a.get('relative_test_error'))} "
                      f"| {f(b.get('queries'), '.2e')} | {f(b.get('seconds'), '.0f')} | {f(b.get('parameter_error'))} | "
                      f"{f(b.get('relative_test_error'))} |")
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", default="", help="comma-separated teacher names (default: all)")

@@ -34,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import yaml
@@ -138,7 +139,7 @@ def driver_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Gen
         before = committed(url)
         proc = popen(*cmd)
         # a moment while blocks run: after this run's first commit, then up to 1.5 s more (a block or two)
-        wait_for(lambda: committed(url) > before, proc)
+        wait_for(lambda before=before: committed(url) > before, proc)
         time.sleep(float(rng.uniform(0.0, 1.5)))
         if proc.poll() is not None:
             break
@@ -209,7 +210,8 @@ def worker_kills(work: Path, cfg: Path, ref: str, kills: int) -> dict:
         run = popen("estimate", cfg, "--store", url, "--scheduler", sched_file, "--quiet")
         killed = 0
         for _ in range(kills):
-            if not wait_for(lambda: committed(url) > (killed + 1) * CONFIG["samples"] // (kills + 2), run, 300):
+            if not wait_for(lambda killed=killed: committed(url) > (killed + 1) * CONFIG["samples"] // (kills + 2),
+                            run, 300):
                 break
             victim = workers.pop(0)
             os.killpg(victim.pid, signal.SIGKILL)
@@ -241,7 +243,8 @@ def two_writers(work: Path, cfg_data: dict, trials: int) -> dict:
         t = time.perf_counter()
         second = cli("estimate", long_cfg, "--store", url, "--in-process", "--quiet")
         times.append(time.perf_counter() - t)
-        named += int(second.returncode == 2 and "is locked" in second.stderr and f"process {first.pid}" in second.stderr)
+        named += int(second.returncode == 2 and "is locked" in second.stderr
+                     and f"process {first.pid}" in second.stderr)
     # the interpreter's start is most of a refusal's wall time: the refusal itself, measured in this process
     from relulearn.cli import main as cli_main
 

@@ -20,14 +20,15 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import zarr.api.asynchronous as zasync
+from _common import save_json, utc_now
 from zarr.core.sync import sync
 
-from _common import save_json, utc_now
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.storage import RunStore

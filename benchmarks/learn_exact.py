@@ -33,7 +33,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +61,7 @@ TEST_SAMPLES = 100_000
 
 
 def two_layer_config(d: int, k: int, m: int, activation: str, n: int, sigma: float = 0.0,
-                     teacher_seed: int = 1, file: Optional[str] = None, run_seed: int = RUN_SEED) -> dict[str, Any]:
+                     teacher_seed: int = 1, file: str | None = None, run_seed: int = RUN_SEED) -> dict[str, Any]:
     teacher = ({"file": file} if file else
                {"kind": "two_layer", "width": k, "outputs": m, "activation": activation,
                 "weights_seed": teacher_seed, "v_norms": [0.5, 2.0]})
@@ -201,7 +201,7 @@ def fastica_route(x: np.ndarray, a: np.ndarray, k: int, power: int, activation: 
     return rec
 
 
-def slope(xs: list[float], ys: list[float]) -> Optional[float]:
+def slope(xs: list[float], ys: list[float]) -> float | None:
     pts = [(np.log(a), np.log(b)) for a, b in zip(xs, ys) if a and b and b > 0]
     if len(pts) < 2:
         return None
@@ -308,7 +308,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         for r in rows:
             ax.loglog([r[xkey]] * len(r["parameter_errors"]), r["parameter_errors"], ".", color="C0", alpha=0.4)
         fitted = noise.get("slope_sigma" if xkey == "sigma" else "slope_n")
-        ax.loglog(xs, ys, "o-", label="exact, RMS over run seeds" + ("" if fitted is None else f" (slope {fitted:.2f})"))
+        ax.loglog(xs, ys, "o-",
+                  label="exact, RMS over run seeds" + ("" if fitted is None else f" (slope {fitted:.2f})"))
         ax.loglog(xs, ys[0] * (xs / xs[0]) ** target, "k--", lw=0.8, label=f"slope {target:g}")
         ax.set_xlabel(label)
         ax.set_ylabel("relative parameter error (up to symmetries)")
@@ -338,7 +339,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--quick", action="store_true", help="smoke run: small sizes")

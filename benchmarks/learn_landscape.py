@@ -31,7 +31,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -251,7 +251,8 @@ def table(result: dict[str, Any]) -> str:
                  f"{r.get('relative_test_error', float('nan')):.1e} (noiseless)")
         lines.append(f"| {r['setting']} | {r['d']} | {r['m']} | {r['samples']:.0e} | "
                      f"{s.get('starts_at_lowest_G', '–')}/{s.get('starts', '–')} | "
-                     f"{r.get('angle_before_polish', float('nan')):.3f} | {r.get('parameter_error', float('nan')):.1e} | "
+                     f"{r.get('angle_before_polish', float('nan')):.3f} | "
+                     f"{r.get('parameter_error', float('nan')):.1e} | "
                      f"{ratio} | {r.get('seconds', float('nan')):.0f} |")
     for part in ("side_by_side", "paper"):
         if part not in result:
@@ -298,7 +299,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--quick", action="store_true", help="smoke run: small sizes")

@@ -55,7 +55,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -189,7 +189,7 @@ def training_samples(source: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(xs)[:n], np.concatenate(ys)[:n]
 
 
-def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray, *, max_samples: Optional[int],
+def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray, *, max_samples: int | None,
             seconds: float, max_epochs: int = 200) -> dict[str, Any]:
     """MLPRegressor on the first min(n, max_samples) training samples, epochs until the time cap
     (at least one epoch)."""
@@ -247,7 +247,7 @@ def excess_error(predict: Any, source: Any, x: np.ndarray, y2: float) -> float:
 
 
 def _mlp_same_time(source: Any, width: int, n: int, seconds: float, x_test: np.ndarray, y2: float,
-                   max_samples: Optional[int]) -> dict[str, Any]:
+                   max_samples: int | None) -> dict[str, Any]:
     """MLPRegressor of ``width`` hidden units on the first n samples for ``seconds`` (at least one
     epoch): the excess test error and, at the true width, the parameter error."""
     from sklearn.exceptions import ConvergenceWarning
@@ -273,7 +273,7 @@ def _mlp_same_time(source: Any, width: int, n: int, seconds: float, x_test: np.n
     return rec
 
 
-def refinement_curve(client: Any, workdir: Path, log: Any, *, ladder: list[int], mlp_max_samples: Optional[int],
+def refinement_curve(client: Any, workdir: Path, log: Any, *, ladder: list[int], mlp_max_samples: int | None,
                      d: int = 50, k: int = 3, noise: float = 0.1, test_samples: int = 1_000_000) -> dict[str, Any]:
     """The noisy curve with and without the streamed refinement, and the MLP at the true width and at 8×
     the width, each trained for the wall time of relulearn's fit at that n (one nested store)."""
@@ -297,14 +297,15 @@ def refinement_curve(client: Any, workdir: Path, log: Any, *, ladder: list[int],
         pt["refined"] = {"fit_seconds": fit_seconds, "estimate_seconds": res["estimate"]["seconds"],
                          "passes": ref.get("passes"), "stop": ref.get("stop"), "kept": ref.get("kept"),
                          "refine_samples": ref.get("samples"),
-                         "excess_error": excess_error(lambda x: net.forward(x)[:, 0], source, x_test, y2),
+                         "excess_error": excess_error(lambda x, net=net: net.forward(x)[:, 0], source, x_test, y2),
                          "parameter_error": compare(source.network, net).relative_error}
         t0 = time.perf_counter()
         api.learn(store, "moments", width=k, refine_samples=0, out=str(workdir / "b.npz"), client=client,
                   progress=None)
         base = Network.load(workdir / "b.npz")
         pt["bounded_sample"] = {"learn_seconds": time.perf_counter() - t0,
-                                "excess_error": excess_error(lambda x: base.forward(x)[:, 0], source, x_test, y2),
+                                "excess_error": excess_error(lambda x, base=base: base.forward(x)[:, 0], source,
+                                                             x_test, y2),
                                 "parameter_error": compare(source.network, base).relative_error}
         pt["mlp"] = [_mlp_same_time(source, w, n, fit_seconds, x_test, y2, mlp_max_samples) for w in (k, 8 * k)]
         log(f"refinement d={d} k={k} σ={noise} n={n:.0e}: refined excess {pt['refined']['excess_error']:.2e} param "
@@ -318,9 +319,9 @@ def refinement_curve(client: Any, workdir: Path, log: Any, *, ladder: list[int],
     return {"d": d, "k": k, "noise_std": noise, "test_samples": test_samples, "points": points,
             "log_log_slopes": slopes,
             "excess_error": "E[(f̂ − F)²]/E[y²] on the test inputs against the noiseless teacher F",
-            "mlp": "MLPRegressor(activation='relu', solver='adam', batch_size=200, learning_rate_init=1e-3) at the true "
-                   "width and at 8× it, on the first n training samples (capped as noted), trained by epochs for the "
-                   "wall time of relulearn's fit (estimate + learn + refinement) at the same n"}
+            "mlp": "MLPRegressor(activation='relu', solver='adam', batch_size=200, learning_rate_init=1e-3) "
+                   "at the true width and at 8× it, on the first n training samples (capped as noted), trained by "
+                   "epochs for the wall time of relulearn's fit (estimate + learn + refinement) at the same n"}
 
 
 def plot_refinement(curve: dict[str, Any], path: Path) -> None:
@@ -398,7 +399,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("samples n")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("relulearn 'moments' vs scikit-learn MLPRegressor (ReLU, Adam, true width, same samples; time cap in the JSON) "
+    fig.suptitle("relulearn 'moments' vs scikit-learn MLPRegressor (ReLU, Adam, true width, same samples; "
+                 "time cap in the JSON) "
                  "on planted one-hidden-layer ReLU networks", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -438,7 +440,7 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a fast smoke run (d=20, small counts)")
@@ -538,7 +540,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     if d in rate:
                         pred = (n - done) / rate[d] + last_learn[d] + 5 + min(mlp_seconds + 5, 2 * mlp_seconds)
                     if pred is not None and elapsed + pred > budget:
-                        msg = f"skipped: predicted {pred:.0f} s would overrun the {budget:.0f} s budget at {elapsed:.0f} s"
+                        msg = (f"skipped: predicted {pred:.0f} s would overrun the {budget:.0f} s budget "
+                               f"at {elapsed:.0f} s")
                         series["points"].append({"samples": n, "relulearn": {"status": "skipped", "note": msg}})
                         log(f"d={d} k={k} σ={noise} n={n:.0e}: {msg}")
                         continue

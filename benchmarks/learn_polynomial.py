@@ -445,8 +445,8 @@ def _fit_baseline(method: str, spec: dict[str, Any], source: Any, x: np.ndarray 
     if method == "relulearn":
         with tempfile.TemporaryDirectory(dir=spec["tmp"]) as tmp:
             cfg = config_from_dict(run_cfg(d, spec["widths"], spec["activation"], spec["n"]))
-            res = api.fit(cfg, f"{tmp}/s.zarr", "polynomial", degree=L, residual=True, shrink="none", out=f"{tmp}/m.npz",
-                          client="local", progress=None)
+            res = api.fit(cfg, f"{tmp}/s.zarr", "polynomial", degree=L, residual=True, shrink="none",
+                          out=f"{tmp}/m.npz", client="local", progress=None)
             model = load_model(f"{tmp}/m.npz")
         extra = {"samples_per_second": res["estimate"]["samples_per_second"],
                  "residual_pass_seconds": res["passes"][0]["seconds"] if res["passes"] else None}
@@ -506,7 +506,8 @@ def sweep(method: str, L: int, grid: list[int], base: dict[str, Any], args: argp
         if need > args.memory_limit_gb * 2**30:
             rows.append({"method": method, "n": int(n), "L": L, "activation": base["activation"],
                          "status": "out of memory", "needs_gb": need / 2**30,
-                         "error": f"design matrix needs {need / 2**30:.1f} GiB (limit {args.memory_limit_gb} GiB): not run"})
+                         "error": f"design matrix needs {need / 2**30:.1f} GiB "
+                                  f"(limit {args.memory_limit_gb} GiB): not run"})
         elif predicted is not None and predicted > 1.5 * args.cap:
             rows.append({"method": method, "n": int(n), "L": L, "activation": base["activation"],
                          "status": "out of time", "predicted_seconds": predicted,
@@ -611,7 +612,8 @@ def side_table(result: dict[str, Any]) -> str:
     for r in nets:  # relulearn on the cluster: the nets part's run of the same teacher (same samples and test set)
         err = "; ".join(f"L{L}: {fmt(r['rows'][L]['test_error'])}" for L in side["degrees"] if L <= r["L_max"])
         lines.append(f"| relulearn (nets part, 2 workers, degree {r['L_max']} cut) | {r['activation']} | "
-                     f"{'/'.join(map(str, side['degrees']))} | {r['samples']:.0e} | {err} | {fmt(r['fit']['seconds'])} | "
+                     f"{'/'.join(map(str, side['degrees']))} | {r['samples']:.0e} | {err} | "
+                     f"{fmt(r['fit']['seconds'])} | "
                      "– | ok |")
     for rows in side["runs"].values():
         for r in rows:
@@ -645,7 +647,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.plot(L, np.maximum(tail, 1e-6), "k--", label="tail (truth)")
         ax.plot(L, tail + pv, "r:", label="tail + predicted variance")
         if "shrink_order" in r:
-            ax.plot(L, r["shrink_order"]["test_error"], "s-", ms=3, color="tab:purple", label="test error, shrink order")
+            ax.plot(L, r["shrink_order"]["test_error"], "s-", ms=3, color="tab:purple",
+                    label="test error, shrink order")
         ch = r["held_out_choice"]
         ax.plot([ch["degree"]], [ch["test_error"]], "g*", ms=12, label="held-out choice")
         ax.set_yscale("log")
@@ -698,7 +701,8 @@ def part_nets(args: argparse.Namespace, result: dict[str, Any], out: Path, workd
                         rec = run_net(d, depth, act, n, lmax, n_test, args.mc_samples, client, workdir)
                     except Exception as err:  # noqa: BLE001 - recorded, so that the other nets still run
                         rec = {"net": tag, "d": d, "depth": depth, "activation": act, "status": "error",
-                               "error": f"{type(err).__name__}: {err}"[:600], "traceback": traceback.format_exc(limit=6)}
+                               "error": f"{type(err).__name__}: {err}"[:600],
+                               "traceback": traceback.format_exc(limit=6)}
                         print(rec["traceback"], flush=True)
                     else:
                         print(summarise_net(rec), flush=True)
@@ -713,7 +717,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: small d, widths and sample counts")
     ap.add_argument("--parts", default="nets,side_by_side")
     ap.add_argument("--resume", action="store_true", help="keep the nets and side-by-side runs the result file holds")
-    ap.add_argument("--report", action="store_true", help="only redraw the figure and print the tables of the result file")
+    ap.add_argument("--report", action="store_true",
+                    help="only redraw the figure and print the tables of the result file")
     ap.add_argument("--baseline", help=argparse.SUPPRESS)  # internal: one side-by-side fit in a subprocess
     ap.add_argument("--cap", type=float, default=120.0, help="seconds per baseline fit")
     ap.add_argument("--memory-limit-gb", type=float, default=6.0, help="largest design matrix a sweep runs (GiB)")
@@ -729,7 +734,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.cap, args.mc_samples = min(args.cap, 20.0), 100_000
         DEPTHS.update({2: [64], 3: [32, 32]})
     else:
-        args.dims, args.samples, args.degrees, args.test_samples = [20, 50], [1_000_000, 1_000_000], [6, 4], [60_000, 30_000]
+        args.dims, args.samples, args.degrees, args.test_samples = (
+            [20, 50], [1_000_000, 1_000_000], [6, 4], [60_000, 30_000])
         args.depths = [2, 3]
         args.side_d, args.side_degrees = 20, [3, 4]
         args.relulearn_grid = [10_000, 100_000, 1_000_000, 10_000_000]

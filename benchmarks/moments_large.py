@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -48,7 +48,7 @@ def _peak_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _angle(teacher: Network, basis: Optional[list]) -> Optional[float]:
+def _angle(teacher: Network, basis: list | None) -> float | None:
     if basis is None:
         return None
     b = np.asarray(basis, dtype=np.float64)
@@ -58,7 +58,7 @@ def _angle(teacher: Network, basis: Optional[list]) -> Optional[float]:
     return float(np.arccos(np.clip(s.min(), -1.0, 1.0)))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--d", type=int, default=10_000, help="input dimension (default 10^4)")
     p.add_argument("--width", type=int, default=5, help="hidden units k of the teacher (default 5)")

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,7 +82,7 @@ def run_one(d: int, samples: int, client: Any, folder: Path) -> dict[str, Any]:
     teacher: Network = make_source(cfg).network
     learned = Network.load(out)
     try:
-        error: Optional[float] = float(compare(teacher, learned).relative_error)
+        error: float | None = float(compare(teacher, learned).relative_error)
     except ValueError:
         error = None
     return {"d": d, "samples": samples, "form": (plan["choice"] or {}).get("form"),
@@ -120,7 +120,7 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(",") if item)]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--grid", default=GRID, help="d:samples pairs, comma-separated")

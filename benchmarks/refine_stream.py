@@ -19,7 +19,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import save_json, utc_now  # noqa: E402
+
 from relulearn.api.execution import HeldOut, mapper  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators.streamed import refine_streamed  # noqa: E402
@@ -71,11 +72,12 @@ def one(d: int, k: int, n: int, client: Any) -> dict[str, Any]:
     return {"d": d, "k": k, "samples_per_pass": n, "start_angle": ANGLE,
             "start_parameter_error": compare(teacher, start).relative_error,
             "parameter_error": compare(teacher, net).relative_error, "passes": rep["passes"], "stop": rep["stop"],
-            "relative_loss": rep["relative_loss"], "per_pass_relative_loss": [h["relative_loss"] for h in rep["iterations"]],
+            "relative_loss": rep["relative_loss"],
+            "per_pass_relative_loss": [h["relative_loss"] for h in rep["iterations"]],
             "seconds": seconds, "seconds_per_pass": seconds / rep["passes"], "peak_rss_mib": peak_rss_mib(client)}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="d = 50 only")

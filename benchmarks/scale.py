@@ -69,7 +69,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a source tree without installing
@@ -182,7 +182,7 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def read_meta(store: Path) -> Optional[dict]:
+def read_meta(store: Path) -> dict | None:
     """The committed run metadata from the store's root ``zarr.json`` (what ``status`` reads);
     written atomically (temporary file + rename), so a read sees one commit or the next."""
     try:
@@ -252,20 +252,20 @@ class CliRun:
     """
 
     def __init__(self, argv: list[str], *, store: Path, label: str, t0: float, cwd: Path,
-                 on_tick=None, timeout: float = 6 * 3600, timings: Optional[Path] = None):
+                 on_tick=None, timeout: float = 6 * 3600, timings: Path | None = None):
         self.argv, self.store, self.label, self.t0, self.cwd = argv, store, label, t0, cwd
         self.on_tick, self.timeout, self.timings = on_tick, timeout, timings
         self.procs: dict[int, dict[str, Any]] = {}
         self.meta_series: list[tuple[float, int, int]] = []  # (t, committed samples, commits)
         self.progress: list[tuple[float, int, float]] = []  # (t, merged samples, rate since start)
         self.stderr_lines: list[tuple[float, str]] = []
-        self.start_line: Optional[tuple[float, str, int, int, int]] = None
+        self.start_line: tuple[float, str, int, int, int] | None = None
         self.events: list[dict[str, Any]] = []
-        self.meta: Optional[dict] = None
-        self.popen: Optional[subprocess.Popen] = None
+        self.meta: dict | None = None
+        self.popen: subprocess.Popen | None = None
 
     # ---------------------------------------------------------------- control
-    def rel(self, t: Optional[float] = None) -> float:
+    def rel(self, t: float | None = None) -> float:
         return (time.time() if t is None else t) - self.t0
 
     def term(self, **info: Any) -> None:
@@ -279,7 +279,7 @@ class CliRun:
             pass
         self.events.append(dict(info, kind="SIGKILL", t=self.rel(), target="process group"))
 
-    def last_progress(self) -> Optional[tuple[float, int, float]]:
+    def last_progress(self) -> tuple[float, int, float] | None:
         return self.progress[-1] if self.progress else None
 
     # ---------------------------------------------------------------- running
@@ -491,7 +491,8 @@ def short_runs(cfg_path: Path, work: Path, samples: int, reps: int, log) -> dict
                   "worker_cpu_seconds_median": median([r["worker_cpu_seconds"] for r in rs]),
                   "worker_cores_used_median": median([r["worker_cores_used"] for r in rs]),
                   "load_average_median": median([r["load_average_median"] for r in rs])}
-    res["speedup_2_vs_1"] = res["workers_2"]["samples_per_second_median"] / res["workers_1"]["samples_per_second_median"]
+    res["speedup_2_vs_1"] = (res["workers_2"]["samples_per_second_median"]
+                             / res["workers_1"]["samples_per_second_median"])
     # pairwise (adjacent in the A B C C B A order) speed-ups
     res["speedup_2_vs_1_per_rep"] = [b["samples_per_second"] / a["samples_per_second"]
                                      for a, b in zip(by["workers_1"], by["workers_2"])]
@@ -510,7 +511,8 @@ def short_runs(cfg_path: Path, work: Path, samples: int, reps: int, log) -> dict
         "groups_seconds_median": median([r["commit_groups_seconds_median"] for r in c0]),
         "write_seconds_median": median([r["commit_write_seconds_median"] for r in c0]),
         "share_of_run_time_with_commit_interval_0": median([r["commit_seconds_total"] / r["seconds"] for r in c0]),
-        "wall_seconds_per_extra_commit": ((res["workers_2_commit_0"]["seconds_median"] - res["workers_2"]["seconds_median"])
+        "wall_seconds_per_extra_commit": ((res["workers_2_commit_0"]["seconds_median"]
+                                           - res["workers_2"]["seconds_median"])
                                           / extra if extra > 0 else None),
         "method": ("driver-side: relulearn.cli.main run under a wrapper that times commit_groups (finalize estimates "
                    "and standard errors) + RunStore.commit (write the generation, flip head, delete the old one) "
@@ -589,7 +591,8 @@ def big_run(cfg_path: Path, store: Path, work: Path, *, target: int, term_at: fl
         segments.append(r)
         log(f"  exit {r['returncode']} after {r['wall_seconds']:.1f} s; committed {committed_end:,}; "
             f"rate {r['merged_rate_last_progress'] or float('nan'):,.0f} samples/s"
-            + (f" (json: {r['json']['samples_per_second']:,.0f})" if r["json"] and "samples_per_second" in r["json"] else ""))
+            + (f" (json: {r['json']['samples_per_second']:,.0f})"
+               if r["json"] and "samples_per_second" in r["json"] else ""))
         if r["returncode"] not in (expected_rc, 0):
             raise RuntimeError(f"{label}: exit code {r['returncode']}, expected {expected_rc}\n"
                                + "\n".join(r["stderr_tail"]))
@@ -597,7 +600,8 @@ def big_run(cfg_path: Path, store: Path, work: Path, *, target: int, term_at: fl
     for i, seg in enumerate(segments):
         for ev in seg["events"]:
             nxt = segments[i + 1] if i + 1 < len(segments) else None
-            restart = nxt["start_line"]["from_samples"] if nxt and nxt["start_line"] else seg["status_after"].get("samples")
+            restart = (nxt["start_line"]["from_samples"] if nxt and nxt["start_line"]
+                       else seg["status_after"].get("samples"))
             rec = dict(ev, segment=seg["label"], exit_code=seg["returncode"],
                        exit_seconds_after_signal=seg["t_end"] - ev["t"], samples_at_restart=restart,
                        status_after=({k: seg["status_after"].get(k) for k in ("samples", "commits", "last_commit")}))
@@ -746,17 +750,23 @@ def summary_table(result: dict[str, Any]) -> str:
     lines.append(f"| wall time, 3 segments incl. restarts | {big['wall_seconds'] / 60:.1f} min |")
     lines.append(f"| samples/s overall (target / wall time) | {big['overall_samples_per_second_wall']:,.0f} |")
     for s in segs:
-        rate = s["json"]["samples_per_second"] if s["json"] and "samples_per_second" in s["json"] else s["merged_rate_last_progress"]
+        rate = (s["json"]["samples_per_second"] if s["json"] and "samples_per_second" in s["json"]
+                else s["merged_rate_last_progress"])
         start = s["start_line"]["from_samples"] if s["start_line"] else float("nan")
         lines.append(f"| samples/s {s['label']} ({start / 1e6:,.0f} M → "
-                     f"{s['status_after']['samples'] / 1e6:,.0f} M committed, exit {s['returncode']}) | {rate or float('nan'):,.0f} |")
+                     f"{s['status_after']['samples'] / 1e6:,.0f} M committed, exit {s['returncode']}) | "
+                     f"{rate or float('nan'):,.0f} |")
     if sh:
-        lines.append(f"| samples/s 1 worker / 2 workers ({sh['samples']:.1e} samples, medians of {len(sh['runs']) // 3}) | "
-                     f"{sh['workers_1']['samples_per_second_median']:,.0f} / {sh['workers_2']['samples_per_second_median']:,.0f} |")
+        lines.append(f"| samples/s 1 worker / 2 workers ({sh['samples']:.1e} samples, "
+                     f"medians of {len(sh['runs']) // 3}) | "
+                     f"{sh['workers_1']['samples_per_second_median']:,.0f} / "
+                     f"{sh['workers_2']['samples_per_second_median']:,.0f} |")
         lines.append(f"| speed-up 2 vs 1 workers, wall clock (cores the workers got: "
-                     f"{sh['workers_1']['worker_cores_used_median']:.2f} / {sh['workers_2']['worker_cores_used_median']:.2f}) "
+                     f"{sh['workers_1']['worker_cores_used_median']:.2f} / "
+                     f"{sh['workers_2']['worker_cores_used_median']:.2f}) "
                      f"| {sh['speedup_2_vs_1']:.2f}× |")
-        lines.append(f"| speed-up 2 vs 1 workers, per worker CPU second × 2 | {sh['speedup_2_vs_1_cpu_normalized']:.2f}× |")
+        lines.append(f"| speed-up 2 vs 1 workers, per worker CPU second × 2 | "
+                     f"{sh['speedup_2_vs_1_cpu_normalized']:.2f}× |")
     fl = result["rss"]["per_role_whole_run"]
     for role in ("driver", "worker"):
         if role in fl:
@@ -767,7 +777,8 @@ def summary_table(result: dict[str, Any]) -> str:
                  f"({result['store_size']['files']} files) |")
     co = result.get("commit_overhead")
     if co:
-        lines.append(f"| one commit (driver, timed; wall cost per extra commit) | {1e3 * co['seconds_per_commit']:.0f} ms"
+        lines.append(f"| one commit (driver, timed; wall cost per extra commit) | "
+                     f"{1e3 * co['seconds_per_commit']:.0f} ms"
                      + (f" ({1e3 * co['wall_seconds_per_extra_commit']:.0f} ms)"
                         if (co['wall_seconds_per_extra_commit'] or 0) > 0 else " (wall cost: below the noise)")
                      + " |")
@@ -793,7 +804,7 @@ def summary_table(result: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------- main
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--timed-cli"]:
         return timed_cli(argv[1], argv[2:])
@@ -805,7 +816,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--commit-interval", type=float, help="seconds between commits (default 30; quick 2)")
     p.add_argument("--term-at", type=float, default=0.30, help="SIGTERM at this fraction committed (0.30)")
     p.add_argument("--kill-at", type=float, default=0.65, help="SIGKILL at this fraction committed (0.65)")
-    p.add_argument("--kill-delay", type=float, help="seconds from the trigger to the SIGKILL (half the commit interval)")
+    p.add_argument("--kill-delay", type=float,
+                   help="seconds from the trigger to the SIGKILL (half the commit interval)")
     p.add_argument("--short-samples", type=float, help="samples of each short run (default 4.8e7; quick 8e6)")
     p.add_argument("--short-reps", type=int, default=2, help="repetitions of the short-run triple (default 2)")
     p.add_argument("--skip-short", action="store_true", help="skip the 1-vs-2-worker and commit runs")
@@ -850,7 +862,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         shutil.rmtree(store)
     result: dict[str, Any] = {
         "benchmark": "scale", "started": utc_now(), "quick": q, "machine": machine_info(),
-        "parameters": {"target_samples": target, "d": D, "statistics": {"basic": {}, "filtered": {"quantiles": QUANTILES}},
+        "parameters": {"target_samples": target, "d": D,
+                       "statistics": {"basic": {}, "filtered": {"quantiles": QUANTILES}},
                        "teacher": TEACHER, "seed": SEED, "chunk_size": chunk_size, "chunks_per_block": per_block,
                        "samples_per_block": chunk_size * per_block, "commit_interval": interval,
                        "term_at": args.term_at, "kill_at": args.kill_at, "kill_delay": kill_delay,
@@ -864,8 +877,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                           "per-chunk fixed work (generator set-up, per-chunk squared terms, d = 32) is negligible",
             "chunks_per_block": "8 (4·10^6 samples per Dask task): ~3 s per block on an idle core at ~1.3 M "
                                 "samples/s per worker (~6 s when sharing the machine), so scheduling and transfer "
-                                "overhead (milliseconds per task) is negligible, 250 blocks (ledger rows) for 10^9, and "
-                                "a worker's death or a SIGKILL loses few seconds of in-flight work",
+                                "overhead (milliseconds per task) is negligible, 250 blocks (ledger rows) "
+                                "for 10^9, and a worker's death or a SIGKILL loses few seconds of in-flight work",
             "commit_interval": "30 s (default): a commit at d = 32 takes tens of milliseconds on the driver "
                                "(measured below), so the overhead is ~0.1 %, while a SIGKILL loses at most "
                                "30 s of merged blocks plus the blocks in flight",

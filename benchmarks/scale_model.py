@@ -46,8 +46,9 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -56,19 +57,25 @@ if str(ROOT) not in sys.path:  # run from a source tree without installing
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
-
 from _common import cpu_model, save_json, utc_now  # noqa: E402
+from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 from relulearn.config import FilteredConfig, RunConfig, config_from_dict  # noqa: E402
 from relulearn.estimators.streamed import gradient_sums, part_rows_for  # noqa: E402
 from relulearn.pipeline import plan  # noqa: E402
+from relulearn.pipeline.families import build_statistics  # noqa: E402
 from relulearn.pipeline.sources import (  # noqa: E402
-    BATCH_ROWS, Stream, TeacherSource, batch_rows, chunk_batches, generator, make_source)
+    BATCH_ROWS,
+    Stream,
+    TeacherSource,
+    batch_rows,
+    chunk_batches,
+    generator,
+    make_source,
+)
 from relulearn.pipeline.stats.base import Statistic  # noqa: E402
 from relulearn.pipeline.stats.filtered import threshold_grid  # noqa: E402
 from relulearn.pipeline.stats.partial import Partial, accumulate_chunks  # noqa: E402
-from relulearn.pipeline.families import build_statistics
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale_model.json"
 SEED = 11
@@ -110,7 +117,7 @@ QUICK = {"dims": [64, 125, 250], "dense_dims": [64, 125, 250], "ranks": [16, 32]
 
 
 def time_interleaved(fns: dict[str, Callable[[], Any]], *, min_reps: int, max_reps: int, budget: float,
-                     at_least: Optional[dict[str, int]] = None) -> dict[str, dict[str, Any]]:
+                     at_least: dict[str, int] | None = None) -> dict[str, dict[str, Any]]:
     """Median CPU and wall seconds of each callable, timed in interleaved rounds (A, B, C, A, B, ...).
 
     One untimed warm-up call each; then each callable gets as many repetitions as fit ``budget``
@@ -176,7 +183,7 @@ def family_section(family: str, tau: list[float]) -> dict[str, Any]:
     return {}
 
 
-def build_family(family: str, d: int, tau: list[float], rank: Optional[int] = None) -> Statistic:
+def build_family(family: str, d: int, tau: list[float], rank: int | None = None) -> Statistic:
     """The statistic of one family at ``d``: dense (``rank`` None) or its sketch of rank ``rank``,
     built from a configuration by ``build_statistics`` as a run builds it."""
     if rank is None:
@@ -333,12 +340,12 @@ def lstsq_fit(features: list[list[float]], t: list[float], names: list[str], for
             "max_abs_relative_residual": float(np.max(np.abs(rel)))}
 
 
-def loglog_slope(d: list[int], t: list[float]) -> Optional[float]:
+def loglog_slope(d: list[int], t: list[float]) -> float | None:
     """Exponent of d from a log-log line through the points (a check of the model's power)."""
     return float(np.polyfit(np.log(d), np.log(t), 1)[0]) if len(d) >= 2 else None
 
 
-def fit_power(meas: list[dict[str, Any]], key: Callable[[dict[str, Any]], Optional[dict[str, Any]]],
+def fit_power(meas: list[dict[str, Any]], key: Callable[[dict[str, Any]], dict[str, Any] | None],
               power: int, scale: float, form: str, name: str) -> dict[str, Any]:
     """Fit ``t = c · scale · d**power`` to the per-sample CPU costs ``key(m)`` of the measurements."""
     pts = [(m["d"], key(m)["cpu_s_per_sample"]) for m in meas if key(m) is not None]
@@ -377,7 +384,7 @@ def fit_all(meas: list[dict[str, Any]]) -> dict[str, Any]:
 # ------------------------------------------------------------------ projection
 
 
-def per_sample_model(fits: dict[str, Any], kind: str, family: str, d: int, rank: Optional[int]) -> dict[str, float]:
+def per_sample_model(fits: dict[str, Any], kind: str, family: str, d: int, rank: int | None) -> dict[str, float]:
     """Fitted seconds per sample at ``d`` of generation, teacher and the update of one family."""
     c = {k: v["coefficients"] for k, v in fits.items()}
     out = {"generation_x": c["generation_x"]["a_per_d"] * d, "teacher": c["teacher"]["c_per_k_d"] * WIDTH * d}
@@ -396,7 +403,7 @@ def finalize_seconds(sums_bytes: int, merge_bps: float, chunk_size: int) -> floa
     return CHUNK_FINALIZE_PASSES * sums_bytes / merge_bps / chunk_size
 
 
-def partial_layout(kind: str, family: str, d: int, rank: Optional[int], tau: list[float]) -> dict[str, Any]:
+def partial_layout(kind: str, family: str, d: int, rank: int | None, tau: list[float]) -> dict[str, Any]:
     """Bytes of one block partial (from the schemas), plan's matrix-only count, and a worker's
     working set: partial + the chunk accumulator + one temporary of its largest array (the
     update's product or the chunk's estimands) + two row batches of x (a source builds the next
@@ -423,7 +430,7 @@ def partial_layout(kind: str, family: str, d: int, rank: Optional[int], tau: lis
 
 
 def project_one(fits: dict[str, Any], merge_bps: float, net_bps: float, kind: str, family: str, d: int,
-                rank: Optional[int], tau: list[float]) -> list[dict[str, Any]]:
+                rank: int | None, tau: list[float]) -> list[dict[str, Any]]:
     """Projection rows (one per N) of one family and form at ``d``."""
     lay = partial_layout(kind, family, d, rank, tau)
     parts = per_sample_model(fits, kind, family, d, rank)
@@ -489,8 +496,8 @@ def assumptions(merge_bps: float, net_bps: float) -> dict[str, Any]:
         "partial_bytes": "sums + error terms (float64) from the statistics' sums_schema() / terms_schema() "
                          "at the projected d",
         "working_set": "partial + chunk accumulator (sums) + one temporary of the largest sums array + 2 "
-                       "batches of x (batch_rows(d) × d float64, at most 32 MB) + the finiteness mask; Python, Dask and "
-                       "serialization copies are not counted (a lower bound)",
+                       "batches of x (batch_rows(d) × d float64, at most 32 MB) + the finiteness mask; "
+                       "Python, Dask and serialization copies are not counted (a lower bound)",
         "refinement": "one pass of gradient_sums (k = 5) with generation and teacher; it ships one k × d "
                       "gradient sum per part of part_rows_for(d) rows ('blocks' counts parts)",
     }
@@ -542,7 +549,7 @@ def print_tables(fits: dict[str, Any], rows: list[dict[str, Any]], merge_bps: fl
               f"{partial:>11s} {working:>11s}")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="a smoke run at small d, few repetitions")

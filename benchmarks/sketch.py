@@ -35,8 +35,9 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -158,7 +159,7 @@ def update_throughput(d: int, r: int, rows: int, reps: int) -> dict[str, Any]:
     with threadpool_limits(limits=1, user_api="blas"):
         for _ in range(reps):
             for name, stat in stats.items():
-                times[name].append(_time(lambda: run(stat)))
+                times[name].append(_time(lambda stat=stat: run(stat)))
             times["bare_gemm"].append(_time(bare))
     rate = {k: rows / min(v) for k, v in times.items()}
     return {"d": d, "rank": r, "rows": rows, "reps": reps, "samples_per_second": rate,

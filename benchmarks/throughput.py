@@ -65,9 +65,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -225,7 +226,7 @@ def n_unique(d: int, m: int) -> int:
     return math.comb(d + m - 1, m)
 
 
-def build_family(name: str, d: int, source: Source, max_order: int = 4) -> tuple[Optional[Statistic], dict[str, Any]]:
+def build_family(name: str, d: int, source: Source, max_order: int = 4) -> tuple[Statistic | None, dict[str, Any]]:
     """The statistic of one family at dimension ``d``, and a description of its options.
 
     ``max_order`` is the Hermite family's highest order. Returns ``(None, info)`` with
@@ -451,8 +452,8 @@ def bench_generation(d: int, source: Source, *, min_reps: int, max_reps: int, bu
 
 
 def run_families(dims: list[int], families: list[str], *, min_reps: int, max_reps: int, budget: float,
-                 chunk_size: int, log: Callable[[str], None], hermite_dims: Optional[list[int]] = None,
-                 hermite_orders: Optional[list[int]] = None) -> tuple[list, list]:
+                 chunk_size: int, log: Callable[[str], None], hermite_dims: list[int] | None = None,
+                 hermite_orders: list[int] | None = None) -> tuple[list, list]:
     """All (family, d) records and the per-d generation records.
 
     The Hermite family runs at ``hermite_dims`` (default :data:`HERMITE_DIMS`), once per
@@ -462,7 +463,7 @@ def run_families(dims: list[int], families: list[str], *, min_reps: int, max_rep
     hdims = HERMITE_DIMS if hermite_dims is None else hermite_dims
     horders = HERMITE_ORDERS if hermite_orders is None else hermite_orders
     # d -> [(family, max_order or None)], in order of d
-    plan: dict[int, list[tuple[str, Optional[int]]]] = {}
+    plan: dict[int, list[tuple[str, int | None]]] = {}
     for d in dims:
         plan.setdefault(d, []).extend((f, None) for f in families if f != "hermite")
     if "hermite" in families:
@@ -518,11 +519,11 @@ def _read_sums(url: str, names: list[str]) -> dict[str, np.ndarray]:
     return out
 
 
-def _worker_env(client) -> dict[str, Optional[str]]:
+def _worker_env(client) -> dict[str, str | None]:
     """The allocator- and BLAS-related environment variables the workers see."""
     keys = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE")
 
-    def probe() -> dict[str, Optional[str]]:
+    def probe() -> dict[str, str | None]:
         return {k: os.environ.get(k) for k in keys}
 
     return next(iter(client.run(probe).values()))
@@ -549,13 +550,14 @@ def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, 
     :data:`DASK_VARIANTS`), started one at a time so that idle clusters do not compete.
     For each: cluster start-up and a warm-up run are timed separately, then ``reps`` pairs
     (in-process, Dask) are timed interleaved, each run into a fresh store; every Dask
-    result is checked bitwise against the in-process one. The nannies write their pre-spawn environment into this process's
-    ``os.environ``; it is restored before each cluster starts and at the end, so that
-    later subprocesses (the memory runs) are not affected.
+    result is checked bitwise against the in-process one. The nannies write their pre-spawn
+    environment into this process's ``os.environ``; it is restored before each cluster starts
+    and at the end, so that later subprocesses (the memory runs) are not affected.
     """
     import dask
     import distributed  # noqa: F401 - its defaults must be in dask.config before dask.config.set below
     import psutil
+
     from relulearn.pipeline.cluster import connect
     from relulearn.pipeline.run import estimate
 
@@ -593,7 +595,7 @@ def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, 
         return time.perf_counter() - t0, cpu(client) - c0, url
 
     names = ["basic", "filtered"]
-    ref_sums: Optional[dict[str, np.ndarray]] = None
+    ref_sums: dict[str, np.ndarray] | None = None
     variants: dict[str, dict[str, Any]] = {}
     try:
         for key, (w, conf) in DASK_VARIANTS.items():
@@ -657,7 +659,7 @@ def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, 
 # -------------------------------------------------------------------- memory
 
 
-def _vm_hwm() -> Optional[int]:
+def _vm_hwm() -> int | None:
     """Peak resident set of this process's address space (``VmHWM``), in bytes; None off Linux.
 
     Unlike ``getrusage(RUSAGE_SELF).ru_maxrss``, it is not inherited: on Linux a process
@@ -794,7 +796,8 @@ def summary_table(result: dict[str, Any]) -> str:
                 f"| {r['generation_update']['samples_per_s']:,.0f} |")
         lines.append("")
     if fam:
-        lines += ["| family | d | flops/sample | update samples/s | GFlop/s | yardstick samples/s | ratio | ratio vs dgemm "
+        lines += ["| family | d | flops/sample | update samples/s | GFlop/s | yardstick samples/s | ratio "
+                  "| ratio vs dgemm "
                   "| gen+update samples/s | accumulate_chunks samples/s |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in fam:
@@ -808,7 +811,8 @@ def summary_table(result: dict[str, Any]) -> str:
                 f"| {r['generation_update']['samples_per_s']:,.0f} | {r['accumulate_chunks']['samples_per_s']:,.0f} |")
         lines += ["", "| d | generation samples/s | bare standard_normal samples/s | ratio |", "|---:|---:|---:|---:|"]
         for d, g in gens.items():
-            lines.append(f"| {d} | {g['generation_samples_per_s']:,.0f} | {g['bare_standard_normal_samples_per_s']:,.0f} "
+            lines.append(f"| {d} | {g['generation_samples_per_s']:,.0f} | "
+                         f"{g['bare_standard_normal_samples_per_s']:,.0f} "
                          f"| {g['ratio']:.2f} |")
     dk = result.get("dask")
     if dk:
@@ -863,7 +867,7 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; see ``--help``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn import api
 from relulearn.config import ConfigError, config_from_dict
 from relulearn.network import Network, NetworkFileError, compare
 from relulearn.pipeline.cluster import ClusterError
-from relulearn.storage import StoreError
 from relulearn.pipeline.sources import LabelShapeError, SourceDataError, Stream, generator, make_source
-
-from conftest import PYTHON, cli_env
+from relulearn.storage import StoreError
 
 D, K = 10, 3
 MODULE = "user_teacher_{}"

@@ -6,7 +6,6 @@ import json
 import subprocess
 
 import yaml
-
 from conftest import PYTHON, cli_env
 
 CONFIG = {"seed": 1, "samples": 400_000, "chunk_size": 25_000,

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env
+from external import ExternalCluster
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, residual_section, store_arrays, write_config
 
 from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
 from relulearn.storage import RunStore
-
-from conftest import PYTHON, cli_env
-from external import ExternalCluster
-from test_resume import residual_section, assert_bitwise_equal, assert_each_chunk_once, store_arrays, write_config
 
 # the tests poll stores that another process is writing; zarr warns about its in-flight temp files
 pytestmark = pytest.mark.filterwarnings("ignore:Object at .* is not recognized as a component")
@@ -341,7 +340,8 @@ def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"worker {bad}" in done.stderr, done.stderr
     if case == "other-version":
-        assert "has relulearn 0.0.7" in done.stderr and f"this driver has relulearn {relulearn.__version__}" in done.stderr
+        assert "has relulearn 0.0.7" in done.stderr
+        assert f"this driver has relulearn {relulearn.__version__}" in done.stderr
     else:
         assert "cannot import relulearn" in done.stderr
     assert "no block was run" in done.stderr

@@ -89,7 +89,7 @@ def test_init_network_deterministic_and_in_ball():
     assert all(np.array_equal(u, v) for u, v in zip(a.weights, b.weights))
     assert not np.array_equal(a.weights[0], c.weights[0])
     small = init_network((8, 8), 3, seed=5, start=2, radius=0.5)
-    for w, fan_in, var in zip(small.weights, (3, 8, 8), (2 / 3, 2 / 8, 1 / 8)):
+    for w, _fan_in, var in zip(small.weights, (3, 8, 8), (2 / 3, 2 / 8, 1 / 8)):
         assert np.linalg.norm(w) <= 0.5 * np.sqrt(w.size * var) * (1 + 1e-12)
     assert a.biases is None and a.activation == "relu" and a.output_dim == 1
 

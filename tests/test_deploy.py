@@ -4,13 +4,15 @@ There is no Docker engine, Kubernetes or Slurm here, so each recipe is checked a
 specification its tool ships and then run with local processes standing in for the machinery:
 
 * ``docker-compose.yml``: validated against the Compose specification (the schema vendored by
-  ``check-jsonschema``, copied to ``tests/fixtures``); its variables interpolated the way Compose does; its services' commands
-  run as local processes (scheduler, then the workers once the scheduler's healthcheck passes,
-  then the driver), with the volumes mapped to temporary directories.
+  ``check-jsonschema``, copied to ``tests/fixtures``); its variables interpolated the way Compose
+  does; its services' commands run as local processes (scheduler, then the workers once the
+  scheduler's healthcheck passes, then the driver), with the volumes mapped to temporary
+  directories.
 * ``Dockerfile``: its ``COPY`` sources exist and are all that installing relulearn needs.
 * ``kubernetes/*.yaml``: validated against the CustomResourceDefinitions that ``dask-kubernetes``
-  ships (a copy in ``tests/fixtures``; unknown fields refused, like ``kubectl apply --validate=strict``), and the DaskJob's
-  containers run as local processes wired the way the operator wires them.
+  ships (a copy in ``tests/fixtures``; unknown fields refused, like
+  ``kubectl apply --validate=strict``), and the DaskJob's containers run as local processes wired
+  the way the operator wires them.
 * ``hpc/relulearn.sbatch``: run by bash with a stand-in ``srun`` (and ``scontrol``) on PATH.
 * ``hpc/jobqueue_cluster.py``: its generated job script checked, and the driver run with
   stand-ins for ``sbatch`` and ``scancel`` that start the job script on this machine.
@@ -33,17 +35,17 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import psutil
 import pytest
 import yaml
+from conftest import cli_env
 
 from relulearn.api import status
 from relulearn.config import config_from_dict
-
-from conftest import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -62,7 +64,7 @@ TINY = {
 # ------------------------------------------------------------------ processes
 
 
-def local_env(extra: Optional[dict] = None, shims: Optional[Path] = None) -> dict[str, str]:
+def local_env(extra: dict | None = None, shims: Path | None = None) -> dict[str, str]:
     """The environment of a recipe's process: this Python's bin first on PATH (its ``dask``,
     ``relulearn`` and ``python``), stand-ins before it."""
     env = cli_env()
@@ -121,7 +123,7 @@ class Processes:
         logdir.mkdir(parents=True, exist_ok=True)
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, args: list[str], env: dict, cwd: Optional[Path] = None) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], env: dict, cwd: Path | None = None) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "wb")
         p = subprocess.Popen(args, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)
@@ -130,7 +132,7 @@ class Processes:
         return p
 
     def run(self, name: str, args: list[str], env: dict, timeout: float = 120.0,
-            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
         """Run to completion in a session of its own; stdout captured, stderr to the log."""
         with open(self.logdir / f"{name}.log", "wb") as log:
             p = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=log,
@@ -171,8 +173,8 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
         assert not left, f"processes left running: {left}"
 
 
-def wait_until(what: str, check, timeout: float = 60.0, procs: Optional[Processes] = None,
-               alive: Optional[list[subprocess.Popen]] = None) -> None:
+def wait_until(what: str, check, timeout: float = 60.0, procs: Processes | None = None,
+               alive: list[subprocess.Popen] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         for p in alive or []:
@@ -403,7 +405,8 @@ def strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: strict(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
         out["additionalProperties"] = False
     return out
 
@@ -472,7 +475,8 @@ def test_kubernetes_manifests_match_the_operator_crds():
             # the job's volumes are the ConfigMap and the claim of the same file
             volumes = {v["name"]: v for v in doc["spec"]["job"]["spec"]["volumes"]}
             assert volumes["config"]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
-            assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == docs["PersistentVolumeClaim"]["metadata"]["name"]
+            claim = docs["PersistentVolumeClaim"]["metadata"]["name"]
+            assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == claim
             assert {m["name"] for m in job["volumeMounts"]} == set(volumes)
     assert len(images) == 1, "scheduler, workers and driver must run the same image"
     # The configuration in the ConfigMap is a valid relulearn configuration.
@@ -618,7 +622,8 @@ def test_sbatch_script_runs_stops_and_resumes(tmp_path: Path, procs: Processes):
     again, it resumes the store and learns."""
     shims = make_shims(tmp_path / "shims", srun=SRUN, scontrol=SCONTROL)
     # the statistics `fit --method moments` needs, written out, so that `estimate` and `fit` agree
-    config = write_tiny(tmp_path / "tiny.yaml", statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}})
+    config = write_tiny(tmp_path / "tiny.yaml",
+                        statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}})
     store = tmp_path / "runs" / "tiny.zarr"
     target = 600_000
     env = local_env({

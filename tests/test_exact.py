@@ -20,12 +20,12 @@ import pytest
 
 from relulearn.estimators import exact
 from relulearn.estimators.base import MissingStatisticError, Samples
+from relulearn.estimators.cp import decompose
 from relulearn.estimators.fixed_parameter import samples_needed
-from relulearn.methods import METHODS
 from relulearn.estimators.rectified import check_activation, kappas
 from relulearn.estimators.refine import normal_equations, parts, refine
 from relulearn.estimators.spectral import relevant_subspace
-from relulearn.estimators.cp import decompose
+from relulearn.methods import METHODS
 from relulearn.network import Network, compare_two_layer
 
 # ------------------------------------------------------------------ helpers
@@ -177,7 +177,7 @@ def test_normal_equations_match_the_jacobian():
     x, y = rng.standard_normal((n, d)), rng.standard_normal((n, m))
     v, u = rng.standard_normal((k, d)), rng.standard_normal((m, k))
     for power in (1, 2, 3):
-        def pred(theta):
+        def pred(theta, power=power):
             vv, uu = theta[:k * d].reshape(k, d), theta[k * d:].reshape(m, k)
             return (np.maximum(x @ vv.T, 0) ** power @ uu.T).ravel()
 

@@ -166,7 +166,8 @@ def test_residual_rounds_on_a_sketch_extend_the_subspace(client, tmp_path):
     matrices, then their subspace passes on the same chunks) until one adds nothing or the held-out
     loss is below the target; the answer meets the dense path's bounds (angle ≤ 0.05 rad, test
     error ≤ 1e-2)."""
-    data = dict(deep_config(60, [3, 6], seed=2, samples=200_000), run={"commit_interval": 1e9, "worker_memory": 300_000})
+    data = dict(deep_config(60, [3, 6], seed=2, samples=200_000),
+                run={"commit_interval": 1e9, "worker_memory": 300_000})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     out = str(tmp_path / "m.npz")
     # candidates of width up to 4, narrower than the teacher's second layer (as a user may pick): the rounds and
@@ -219,7 +220,8 @@ def test_store_without_filtered_matrices(tmp_path):
 
 def test_candidate_budget_is_checked_before_any_work(tmp_path):
     url = _store(tmp_path, {"basic": {}, "filtered": {"quantiles": QUANTILES}})
-    with pytest.raises(CandidateBudgetError, match=r"--depth 10 --width 64 gives \d+ candidates .* over the budget of 256"):
+    with pytest.raises(CandidateBudgetError,
+                       match=r"--depth 10 --width 64 gives \d+ candidates .* over the budget of 256"):
         api.learn(url, "filtered-pca", depth=10, width=64, out=str(tmp_path / "m.npz"), client="local",
                   progress=None)
     out = _cli("learn", url, "--method", "filtered-pca", "--depth", "3", "--width", "16", "--budget", "10",

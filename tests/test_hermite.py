@@ -210,7 +210,7 @@ def test_raw_moment_sums_row_batches(monkeypatch):
     np.testing.assert_allclose(raw_moment_sums(x, y, 4), ref, rtol=1e-12)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _direct_raw_moments(d, lmax, n, seed):
     """A sample (x, y) and its packed Σ y x^{⊗m}, m ≤ lmax, as y-weighted products of the
     gathered columns, entry by entry (no GEMM, no splitting of tuples)."""

@@ -9,6 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env
 from scipy.optimize import approx_fprime
 
 from relulearn import api, hermite
@@ -18,8 +19,6 @@ from relulearn.estimators.base import PassRequest, Samples
 from relulearn.estimators.objective_g import GParameters, g_value_grad, minimize_g, row_angles
 from relulearn.network import Network, compare
 from relulearn.storage import open_store
-
-from conftest import PYTHON, cli_env
 
 C = [hermite.relu_hermite_coefficient(l) for l in range(5)]
 
@@ -89,7 +88,8 @@ def projected_pass(b: np.ndarray, a: np.ndarray, basis: np.ndarray, *, n: int = 
     lam, u = a * np.linalg.norm(b, axis=1), b / np.linalg.norm(b, axis=1, keepdims=True)
     p = u @ basis.T
     t4 = C[4] * np.einsum("i,ia,ib,ic,id->abcd", lam, p, p, p, p)
-    return {"projected_hermite": {"basis": basis, "T4": hermite.pack(t4), "T4_se": hermite.pack(np.full(t4.shape, 1e-9)),
+    return {"projected_hermite": {"basis": basis, "T4": hermite.pack(t4),
+                                  "T4_se": hermite.pack(np.full(t4.shape, 1e-9)),
                                   "count": np.array([n])}}
 
 

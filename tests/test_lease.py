@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env, make_config
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, write_config
 
 from relulearn import api, cli, open_store
 from relulearn.config import load_config
 from relulearn.storage import RunStore, StoreError
 from relulearn.storage.lease import Lease, LeaseLostError, StoreLockedError, read_lease
-
-from conftest import PYTHON, cli_env, make_config
-from test_resume import assert_bitwise_equal, assert_each_chunk_once, write_config
 
 #: d = 20 (bitwise claims), one chunk per block and a commit after each: a run of many commits, whose
 #: statistics alone take a fraction of a second in process
@@ -225,7 +224,8 @@ def test_live_leases_are_never_broken_and_silent_or_unreadable_ones_are_stale(tm
     # no heartbeat for 11 minutes: stale (the 10-minute timeout), broken on request
     old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=11)).isoformat()
     _write_lease(url, host="node-7", pid=4242, heartbeat=old)
-    with pytest.raises(StoreLockedError, match=r"stale because no heartbeat for 66\d s \(a lease is stale after 600 s\)"):
+    with pytest.raises(StoreLockedError,
+                       match=r"stale because no heartbeat for 66\d s \(a lease is stale after 600 s\)"):
         api.estimate(make_config(), url, samples=50_000, client="local", progress=None)
     assert api.status(url)["lease"]["stale"].startswith("no heartbeat")
     assert api.estimate(make_config(), url, samples=50_000, client="local", progress=None, break_lock=True).samples \

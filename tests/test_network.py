@@ -123,7 +123,8 @@ def test_subspace_angle_sees_the_function_not_the_parametrization():
     t = 0.03
     tilted = u.copy()
     tilted[1] = np.cos(t) * u[1] + np.sin(t) * np.linalg.qr(np.vstack([u, rng.standard_normal(6)]).T)[0][:, 2]
-    assert subspace_angle(teacher, Network((tilted, teacher.weights[1], teacher.weights[2])), x) == pytest.approx(t, rel=1e-6)
+    tilted_net = Network((tilted, teacher.weights[1], teacher.weights[2]))
+    assert subspace_angle(teacher, tilted_net, x) == pytest.approx(t, rel=1e-6)
 
 
 def test_compare_counts_biases_up_to_permutation_and_rescaling():

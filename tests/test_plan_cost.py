@@ -10,10 +10,10 @@ import pytest
 from relulearn.cli import main
 from relulearn.config import config_from_dict
 from relulearn.pipeline.cost import Rates, Work, family_work, sums_entries
+from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.plan import MemoryBudgetError, partial_bytes
 from relulearn.pipeline.projection import project_pass
 from relulearn.pipeline.sources import make_source
-from relulearn.pipeline.families import build_statistics
 from relulearn.runplan import TooLongError, plan_run
 
 #: a machine like this one (one core: 40 Gflop/s on large products, 90 M normals/s)

@@ -8,11 +8,11 @@ import warnings
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn import regressors as R
 from relulearn.network import Network
 
-from conftest import PYTHON, cli_env
 
 @pytest.mark.parametrize("cls", [R.MomentsRegressor, R.TensorRegressor, R.FilteredPCARegressor, R.ExactRegressor,
                                  R.PolynomialRegressor, R.LandscapeRegressor], ids=lambda c: c.__name__)

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
 
-from conftest import PYTHON, cli_env
 
 def residual_section(d: int) -> dict:
     """A residual pass over a 2-dim basis with one depth-1 candidate (fixed numbers)."""
@@ -100,7 +100,7 @@ def test_sigkill_resume_is_bitwise_exact(reference, tmp_path):
            "--break-lock"]
     rng = np.random.default_rng(20261202)
     kills, progress = 0, []
-    for attempt in range(8):
+    for _attempt in range(8):
         proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 start_new_session=True)
         # wait until the run has started committing (or a short random time on the first try)

@@ -181,7 +181,7 @@ def test_shadow_is_the_papers_psi_n(act):
     coef = activation_hermite_coefficients(paper_sigma(act), 5, quad_points=200, breakpoints=(0.0,))
     for n in range(0, 6):
         he = coef[: n + 1] / np.array([float(math.factorial(l)) for l in range(n + 1)])  # a_l h_l = (c_l/l!) He_l
-        ref = paper_forward(weights, lambda z: hermeval(z, he), x)
+        ref = paper_forward(weights, lambda z, he=he: hermeval(z, he), x)
         got = S.shadow_network(net, n).forward(x)
         assert np.abs(got - ref).max() <= 1e-10 * max(np.abs(ref).max(), scale), (act, n)
         assert S.shadow_network(net, n).polynomial_degree == n**2

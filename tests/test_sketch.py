@@ -25,11 +25,11 @@ from relulearn import open_store
 from relulearn.config import ConfigError, config_from_dict
 from relulearn.estimators.subspace import rayleigh_ritz, sketch_basis, subspace_iteration
 from relulearn.estimators.subspace_geometry import principal_angles
+from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.plan import MemoryBudgetError, plan_families
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sketch import check_pass_store, refine_record
 from relulearn.pipeline.sources import make_source
-from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.stats.output_moments import OutputMoments
 from relulearn.pipeline.stats.partial import accumulate_chunks
 from relulearn.storage import StoreError
@@ -43,7 +43,8 @@ BASE = {
     "run": {"chunks_per_block": 2, "commit_interval": 1e9},
 }
 #: the residual family on the subspace of e_0, for the exact first unit's part and for the zero network
-RESIDUAL = {"basis": [[1.0] + [0.0] * (D - 1)], "candidates": [{"weights": [[[1.0]], [[1.0]]]}, {"weights": [[[0.0]], [[0.0]]]}],
+RESIDUAL = {"basis": [[1.0] + [0.0] * (D - 1)],
+            "candidates": [{"weights": [[[1.0]], [[1.0]]]}, {"weights": [[[0.0]], [[0.0]]]}],
             "quantiles": [0.3, 0.7], "pilot_samples": 2_000}
 FAMILIES = {"contracted": {"orders": [2, 4], "directions": 3},
             "filtered": {"quantiles": [0.3, 0.7], "pilot_samples": 2_000},

@@ -24,20 +24,18 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pytest
+from conftest import make_config
 from scipy import special, stats
 
 from relulearn import hermite, open_store
 from relulearn.network import Network
+from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source, pilot_batches
-from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.stats.partial import accumulate_chunks
-
-from conftest import make_config
 
 SQRT2PI = math.sqrt(2.0 * math.pi)
 Z_MAX = 4.0  # estimates must lie within Z_MAX reported standard errors of the truth ...
@@ -115,7 +113,7 @@ def contracted_truth(lam, U, directions, pair_order, pair_direction) -> dict[str
     return {"M": np.array(M), "v": np.array(v), "s": np.array(s)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _leggauss(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.polynomial.legendre.leggauss(n)
 
@@ -205,7 +203,7 @@ def run_in_process(cfg, path: Path):
     return open_store(str(path))
 
 
-def check_within(name: str, mean, se, truth, z_max: Optional[float] = None) -> float:
+def check_within(name: str, mean, se, truth, z_max: float | None = None) -> float:
     """Assert ``|mean − truth| ≤ z_max · se`` for every entry; return the largest |z|.
 
     ``z_max`` defaults to :func:`family_z_max` of the number of entries.
@@ -227,7 +225,8 @@ def check_within(name: str, mean, se, truth, z_max: Optional[float] = None) -> f
     worst = np.unravel_index(np.argmax(z), z.shape) if z.size else ()
     assert np.all(z <= z_max), (
         f"{name}: {int((z > z_max).sum())} of {z.size} entries are more than {z_max} SE from the closed form; "
-        f"worst at {worst}: estimate {mean[worst]:.6g}, truth {truth[worst]:.6g}, SE {se[worst]:.3g} (z = {z[worst]:.2f})"
+        f"worst at {worst}: estimate {mean[worst]:.6g}, truth {truth[worst]:.6g}, SE {se[worst]:.3g} "
+        f"(z = {z[worst]:.2f})"
     )
     return float(z.max(initial=0.0))
 
@@ -600,9 +599,9 @@ def test_filtered_quantile_grid(tmp_path):
 
     The two-neuron net ``y = relu(z1) − 0.8 relu(z2)`` has an atom ``P[y = 0] = 1/4``: the
     0.05- and 0.1-quantiles of |y| are both exactly 0 (a repeated τ), and there
-    ``P[|y| > 0] = 3/4``, not 0.95 or 0.9 — the strict inequality drops the atom. Above the atom, the recorded τ is the pilot's estimate of the
-    quantile, so ``P[|y| > τ]`` differs from ``1 − q`` by the pilot's sampling error
-    (sd ``sqrt(q(1−q)/pilot)``) on top of the run's own SE.
+    ``P[|y| > 0] = 3/4``, not 0.95 or 0.9 — the strict inequality drops the atom. Above the atom,
+    the recorded τ is the pilot's estimate of the quantile, so ``P[|y| > τ]`` differs from
+    ``1 − q`` by the pilot's sampling error (sd ``sqrt(q(1−q)/pilot)``) on top of the run's own SE.
     """
     cfg = run_config(seed=505, samples=200_000, chunk_size=2_000, d=6,
                      teacher={"kind": "one_hidden_relu", "width": 2, "weights": U_TWO.tolist(),

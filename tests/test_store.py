@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
+from conftest import PYTHON, cli_env, make_config
+from test_resume import write_config
 
 from relulearn import open_store
 from relulearn.pipeline.run import estimate
 from relulearn.storage import FORMAT_VERSION, RunStore
-
-from conftest import PYTHON, cli_env, make_config
-from test_resume import write_config
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +89,9 @@ def test_interrupted_commit_leaves_previous_generation_readable(run_url, tmp_pat
     expected = before.arrays("basic")
     # simulate step (1) of a commit that never reached step (2): a complete new generation
     store = RunStore(url)
-    import relulearn.storage.generation as st
     from zarr.core.sync import sync
+
+    import relulearn.storage.generation as st
 
     sync(st._write_generation(url, "g999999", {"basic": {"xx": (("i", "j"), np.zeros((6, 6)))}}))
     after = open_store(url)

@@ -29,7 +29,8 @@ def test_the_offset_profile_is_the_hermite_coefficient_of_a_shifted_relu():
     for beta in (-1.3, 0.0, 0.4, 2.0):
         for order in range(1, 8):
             he = np.eye(order + 1)[order]
-            want = quad(lambda z: (z + beta) * hermeval(z, he) * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi),
+            want = quad(lambda z, beta=beta, he=he: (z + beta) * hermeval(z, he) * np.exp(-0.5 * z * z)
+                        / np.sqrt(2 * np.pi),
                         -beta, np.inf, epsabs=1e-12, epsrel=1e-12, limit=200)[0]
             assert abs(profile(order, beta) - want) <= 1e-11, (beta, order)
 

@@ -20,17 +20,16 @@ import signal
 import numpy as np
 import pytest
 from scipy.special import gamma
+from test_resume import assert_bitwise_equal, residual_section, store_arrays
 
 from relulearn import open_store
 from relulearn.api import estimate, merge, status
 from relulearn.config import ConfigError, config_from_dict
 from relulearn.network import RELU_POWERS
-from relulearn.pipeline.sources import OutputColumn, SourceDataError, Stream, check_finite, draw, make_source
 from relulearn.pipeline.families import build_statistics
+from relulearn.pipeline.sources import OutputColumn, SourceDataError, Stream, check_finite, draw, make_source
 from relulearn.pipeline.stats.partial import accumulate_chunks
 from relulearn.pipeline.stats.per_output import PerOutput
-
-from test_resume import assert_bitwise_equal, residual_section, store_arrays
 
 
 def run_config(d: int, teacher: dict, statistics: dict, *, seed: int = 5, samples: int = 20_000,
@@ -229,7 +228,7 @@ def test_per_output_families_with_noise_equal_the_scalar_source_of_each_column()
             for k, e in s_j.finalize(part_j.sums[s.name], part_j.sumsq[s.name], 3, cfg.chunk_size).items():
                 assert np.array_equal(est[k].mean[j], e.mean) and np.array_equal(est[k].se[j], e.se), k
             coords = s.coords()
-            for k, (dims, c) in s_j.coords().items():
+            for k, (_dims, c) in s_j.coords().items():
                 stacked = coords[k][0][:1] == ("output",)
                 assert np.array_equal(coords[k][1][j] if stacked else coords[k][1], c), f"{s.name}/{k}"
 
@@ -253,9 +252,9 @@ def arrays_in(obj, seen=None) -> list[np.ndarray]:
 def test_tasks_compute_with_aligned_copies_of_per_output_statistics():
     """What a block task computes with (docs/design.md §4): every array of the per-output
     statistics (each output's τ grids, bases, candidates) and of the source, freshly aligned."""
-    from relulearn.aligned import fresh, is_aligned
-
     from test_aligned import unaligned
+
+    from relulearn.aligned import fresh, is_aligned
 
     cfg = run_config(20, TEACHER, dict(ALL_FAMILIES, residual=residual_section(20), output_moments={}))
     source = make_source(cfg)
