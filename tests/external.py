@@ -29,8 +29,14 @@ class ExternalCluster:
     others (or the pytest process).
     """
 
-    def __init__(self, directory: Path, workers: int = 2, env: dict | None = None,
-                 worker_env: list[dict] | None = None, preload: bool = True):
+    def __init__(
+        self,
+        directory: Path,
+        workers: int = 2,
+        env: dict | None = None,
+        worker_env: list[dict] | None = None,
+        preload: bool = True,
+    ):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = str(self.dir / "scheduler.json")
@@ -51,9 +57,21 @@ class ExternalCluster:
     def start_scheduler(self) -> None:
         if os.path.exists(self.file):
             os.remove(self.file)
-        self.scheduler = self._spawn(_dask("scheduler", "--scheduler-file", self.file, "--port", "0",
-                                           "--dashboard-address", ":0", "--host", "127.0.0.1"),
-                                     "scheduler", self.env)
+        self.scheduler = self._spawn(
+            _dask(
+                "scheduler",
+                "--scheduler-file",
+                self.file,
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+                "--host",
+                "127.0.0.1",
+            ),
+            "scheduler",
+            self.env,
+        )
         deadline = time.monotonic() + 60
         while not self._file_ready():
             if self.scheduler.poll() is not None or time.monotonic() > deadline:
@@ -73,10 +91,26 @@ class ExternalCluster:
     def start_workers(self) -> None:
         for i in range(self.n_workers):
             env = dict(self.env, **self.worker_env[i])
-            self.workers.append(self._spawn(
-                _dask("worker", "--scheduler-file", self.file, "--nthreads", "1", "--nworkers", "1",
-                      *self.preload, "--host", "127.0.0.1", "--name", f"w{i}"),
-                f"worker{i}", env))
+            self.workers.append(
+                self._spawn(
+                    _dask(
+                        "worker",
+                        "--scheduler-file",
+                        self.file,
+                        "--nthreads",
+                        "1",
+                        "--nworkers",
+                        "1",
+                        *self.preload,
+                        "--host",
+                        "127.0.0.1",
+                        "--name",
+                        f"w{i}",
+                    ),
+                    f"worker{i}",
+                    env,
+                )
+            )
 
     def wait_for_workers(self, n: int | None = None, timeout: float = 60) -> None:
         from distributed import Client

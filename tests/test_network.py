@@ -19,8 +19,11 @@ def planted(d: int, k: int, seed: int) -> Network:
 
 def test_npz_round_trip(tmp_path):
     rng = np.random.default_rng(0)
-    net = Network((rng.standard_normal((4, 3)), rng.standard_normal((2, 4)), rng.standard_normal((1, 2))),
-                  (rng.standard_normal(4), rng.standard_normal(2), rng.standard_normal(1)), "tanh")
+    net = Network(
+        (rng.standard_normal((4, 3)), rng.standard_normal((2, 4)), rng.standard_normal((1, 2))),
+        (rng.standard_normal(4), rng.standard_normal(2), rng.standard_normal(1)),
+        "tanh",
+    )
     net.save(tmp_path / "n.npz")
     back = Network.load(tmp_path / "n.npz")
     x = rng.standard_normal((10, 3))
@@ -91,8 +94,10 @@ def test_input_gradients_match_finite_differences():
     from relulearn.network import input_gradients
 
     rng = np.random.default_rng(3)
-    net = Network((rng.standard_normal((5, 4)), rng.standard_normal((3, 5)), rng.standard_normal((1, 3))),
-                  biases=(rng.standard_normal(5), rng.standard_normal(3), rng.standard_normal(1)))
+    net = Network(
+        (rng.standard_normal((5, 4)), rng.standard_normal((3, 5)), rng.standard_normal((1, 3))),
+        biases=(rng.standard_normal(5), rng.standard_normal(3), rng.standard_normal(1)),
+    )
     x = rng.standard_normal((50, 4))
     g = input_gradients(net, x)
     h = 1e-6
