@@ -27,7 +27,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -71,8 +71,9 @@ def trained_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]
     mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=3000, random_state=0).fit(x, y)
     path = folder / f"{data}-{width}.onnx"
     path.write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
-    net = Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
-                                                                       mlp.intercepts_[1].copy()))
+    net = Network(
+        (mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(), mlp.intercepts_[1].copy())
+    )
     return net, path
 
 
@@ -96,8 +97,15 @@ def torch_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
     path = folder / f"torch-{data}-{width}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (x[:2],), str(path), input_names=["input"], output_names=["y"],
-                          dynamic_axes={"input": {0: "n"}, "y": {0: "n"}}, dynamo=False)
+        torch.onnx.export(
+            model,
+            (x[:2],),
+            str(path),
+            input_names=["input"],
+            output_names=["y"],
+            dynamic_axes={"input": {0: "n"}, "y": {0: "n"}},
+            dynamo=False,
+        )
     w = [p.detach().double().numpy() for p in model.parameters()]
     return Network((w[0], w[2]), (w[1], w[3])), path
 
@@ -122,14 +130,24 @@ def digits_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
         mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=500, random_state=0).fit(x, np.eye(10)[label])
     model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], width), torch.nn.ReLU(), torch.nn.Linear(width, 10))
     with torch.no_grad():
-        for layer, w, b in ((model[0], mlp.coefs_[0], mlp.intercepts_[0]), (model[2], mlp.coefs_[1], mlp.intercepts_[1])):
+        for layer, w, b in (
+            (model[0], mlp.coefs_[0], mlp.intercepts_[0]),
+            (model[2], mlp.coefs_[1], mlp.intercepts_[1]),
+        ):
             layer.weight.copy_(torch.tensor(w.T))
             layer.bias.copy_(torch.tensor(b))
     path = folder / f"digits-{width}.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, (torch.zeros((2, x.shape[1])),), str(path), input_names=["input"],
-                          output_names=["y"], dynamic_axes={"input": {0: "n"}, "y": {0: "n"}}, dynamo=False)
+        torch.onnx.export(
+            model,
+            (torch.zeros((2, x.shape[1])),),
+            str(path),
+            input_names=["input"],
+            output_names=["y"],
+            dynamic_axes={"input": {0: "n"}, "y": {0: "n"}},
+            dynamo=False,
+        )
     w = [p.detach().double().numpy() for p in model.parameters()]
     return Network((w[0], w[2]), (w[1], w[3])), path
 
@@ -156,7 +174,7 @@ def queries(done: dict[str, Any], outputs: int = 1) -> int:
     return int(n)
 
 
-def errors(teacher: Network, model: Any, d: int) -> dict[str, Optional[float]]:
+def errors(teacher: Network, model: Any, d: int) -> dict[str, float | None]:
     x = generator(9, Stream.TEST, 0).standard_normal((TEST_ROWS, d))
     y = teacher.forward(x)
     out = {"relative_test_error": float(np.sum((y - model.forward(x)) ** 2) / np.sum(y**2))}
@@ -169,20 +187,31 @@ def errors(teacher: Network, model: Any, d: int) -> dict[str, Optional[float]]:
 
 def run_relulearn(teacher: Network, onnx: Path, samples: int, client: Any, workdir: Path) -> dict[str, Any]:
     d = teacher.input_dim
-    cfg = {"seed": 1, "samples": samples, "chunk_size": max(100_000, samples // 100),
-           "source": {"d": d, "teacher": {"onnx": str(onnx)}}, "run": {"commit_interval": 1e9}}
+    cfg = {
+        "seed": 1,
+        "samples": samples,
+        "chunk_size": max(100_000, samples // 100),
+        "source": {"d": d, "teacher": {"onnx": str(onnx)}},
+        "run": {"commit_interval": 1e9},
+    }
     store, out = workdir / f"{onnx.stem}.zarr", workdir / f"{onnx.stem}.npz"
     t0 = time.perf_counter()
     done = api.fit(config_from_dict(cfg), str(store), "tensor", out=str(out), client=client, progress=None)
     seconds = time.perf_counter() - t0
     rep = done["report"]
-    rec = {"samples_per_pass": samples, "queries": queries(done, teacher.output_dim), "seconds": seconds, "route": rep["route"],
-           "width_found": rep["width_found"], "chosen": rep["chosen"],
-           "validation_relative_loss": rep["validation_relative_loss"],
-           "orientation": rep["network"].get("orientation", {}).get("method"),
-           "residual_rounds": len(rep.get("residual_rounds", [])),
-           "control_rounds": [r["rank"] for r in rep.get("control_rounds", [])],
-           **errors(teacher, Network.load(out), d)}
+    rec = {
+        "samples_per_pass": samples,
+        "queries": queries(done, teacher.output_dim),
+        "seconds": seconds,
+        "route": rep["route"],
+        "width_found": rep["width_found"],
+        "chosen": rep["chosen"],
+        "validation_relative_loss": rep["validation_relative_loss"],
+        "orientation": rep["network"].get("orientation", {}).get("method"),
+        "residual_rounds": len(rep.get("residual_rounds", [])),
+        "control_rounds": [r["rank"] for r in rep.get("control_rounds", [])],
+        **errors(teacher, Network.load(out), d),
+    }
     shutil.rmtree(store, ignore_errors=True)
     return rec
 
@@ -210,8 +239,14 @@ def run_student(teacher: Network, onnx: Path, width: int, queries_cap: int, seco
 
     d = teacher.input_dim
     ask = _Teacher(onnx)
-    model = MLPRegressor(hidden_layer_sizes=(width,), activation="relu", solver="adam", batch_size=256,
-                         learning_rate_init=1e-3, random_state=0)
+    model = MLPRegressor(
+        hidden_layer_sizes=(width,),
+        activation="relu",
+        solver="adam",
+        batch_size=256,
+        learning_rate_init=1e-3,
+        random_state=0,
+    )
     rng = np.random.default_rng(5)
     used, t0 = 0, time.perf_counter()
     with warnings.catch_warnings():
@@ -221,8 +256,9 @@ def run_student(teacher: Network, onnx: Path, width: int, queries_cap: int, seco
             y = ask(x)
             model.partial_fit(x, y[:, 0] if y.shape[1] == 1 else y)
             used += len(x)
-    w = Network((model.coefs_[0].T.copy(), model.coefs_[1].T.copy()),
-                (model.intercepts_[0].copy(), model.intercepts_[1].copy()))
+    w = Network(
+        (model.coefs_[0].T.copy(), model.coefs_[1].T.copy()), (model.intercepts_[0].copy(), model.intercepts_[1].copy())
+    )
     return {"queries": used, "seconds": time.perf_counter() - t0, **errors(teacher, w, d)}
 
 
@@ -234,10 +270,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     rows = result["teachers"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
-    for ax, key, label in ((axes[0], "parameter_error", "relative parameter error"),
-                           (axes[1], "relative_test_error", "relative test error (Gaussian inputs)")):
-        for data, trainer, marker in (("wine", "sklearn", "o"), ("breast_cancer", "sklearn", "s"),
-                                      ("wine", "torch", "*"), ("digits", "digits", "D")):
+    for ax, key, label in (
+        (axes[0], "parameter_error", "relative parameter error"),
+        (axes[1], "relative_test_error", "relative test error (Gaussian inputs)"),
+    ):
+        for data, trainer, marker in (
+            ("wine", "sklearn", "o"),
+            ("breast_cancer", "sklearn", "s"),
+            ("wine", "torch", "*"),
+            ("digits", "digits", "D"),
+        ):
             sel = [r for r in rows if r["data"] == data and r.get("trainer", "sklearn") == trainer]
             if not sel:
                 continue
@@ -245,15 +287,23 @@ def plot(result: dict[str, Any], path: Path) -> None:
             for who, color in (("relulearn", "C0"), ("student", "C3")):
                 ys = [max(r[who].get(key) or np.nan, 1e-18) for r in sel]
                 export = "skl2onnx" if trainer == "sklearn" else "torch.onnx"
-                ax.semilogy(widths, ys, marker + "-", color=color, ms=9 if marker == "*" else 5,
-                            label=f"{who}, {data} (d = {sel[0]['d']}, {export})")
+                ax.semilogy(
+                    widths,
+                    ys,
+                    marker + "-",
+                    color=color,
+                    ms=9 if marker == "*" else 5,
+                    label=f"{who}, {data} (d = {sel[0]['d']}, {export})",
+                )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("hidden width")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("Extracting trained MLPs (float32 ONNX): relulearn --method tensor vs a distilled "
-                 "same-width MLPRegressor", fontsize=10)
+    fig.suptitle(
+        "Extracting trained MLPs (float32 ONNX): relulearn --method tensor vs a distilled same-width MLPRegressor",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -263,18 +313,24 @@ def table(result: dict[str, Any]) -> str:
     def f(v: Any, fmt: str = ".1e") -> str:
         return "" if v is None else format(v, fmt)
 
-    lines = ["| teacher | d | width | relulearn queries | s | param. error | test error | student queries | s "
-             "| param. error | test error |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| teacher | d | width | relulearn queries | s | param. error | test error | student queries | s "
+        "| param. error | test error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["teachers"]:
         a, b = r["relulearn"], r["student"]
-        lines.append(f"| {r['name']} | {r['d']} | {r['width']} | {f(a.get('queries'), '.2e')} | "
-                     f"{f(a.get('seconds'), '.0f')} | {f(a.get('parameter_error'))} | {f(a.get('relative_test_error'))} "
-                     f"| {f(b.get('queries'), '.2e')} | {f(b.get('seconds'), '.0f')} | {f(b.get('parameter_error'))} | "
-                     f"{f(b.get('relative_test_error'))} |")
+        lines.append(
+            f"| {r['name']} | {r['d']} | {r['width']} | {f(a.get('queries'), '.2e')} | "
+            f"{f(a.get('seconds'), '.0f')} | {f(a.get('parameter_error'))} | "
+            f"{f(a.get('relative_test_error'))} "
+            f"| {f(b.get('queries'), '.2e')} | {f(b.get('seconds'), '.0f')} | {f(b.get('parameter_error'))} | "
+            f"{f(b.get('relative_test_error'))} |"
+        )
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--only", default="", help="comma-separated teacher names (default: all)")
@@ -282,8 +338,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--student-seconds", type=float, default=180.0, help="time cap of the distilled student")
     args = ap.parse_args(argv)
     chosen = [t for t in TEACHERS if not args.only or t[0] in args.only.split(",")]
-    result: dict[str, Any] = {"started": utc_now(), "machine": {"cpu": cpu_model(), "workers": 2},
-                              "quick": args.quick, "teachers": []}
+    result: dict[str, Any] = {
+        "started": utc_now(),
+        "machine": {"cpu": cpu_model(), "workers": 2},
+        "quick": args.quick,
+        "teachers": [],
+    }
     if args.out.exists() and args.only:  # a partial rerun keeps the other teachers of the previous result
         previous = json.loads(args.out.read_text())
         result["teachers"] = [r for r in previous.get("teachers", []) if r["name"] not in {t[0] for t in chosen}]

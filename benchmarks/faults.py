@@ -34,8 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 import yaml
@@ -48,10 +49,16 @@ OUT = Path(__file__).parent / "results" / "faults.json"
 
 #: every statistic family, d = 16, a commit after each block of two chunks
 CONFIG = {
-    "seed": 5, "samples": 2_000_000, "chunk_size": 10_000,
+    "seed": 5,
+    "samples": 2_000_000,
+    "chunk_size": 10_000,
     "source": {"d": 16, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 1}, "noise_std": 0.05},
-    "statistics": {"basic": {}, "hermite": {"max_order": 3}, "contracted": {"orders": [2, 4], "directions": 2},
-                   "filtered": {"quantiles": [0.25, 0.5, 0.9]}},
+    "statistics": {
+        "basic": {},
+        "hermite": {"max_order": 3},
+        "contracted": {"orders": [2, 4], "directions": 2},
+        "filtered": {"quantiles": [0.25, 0.5, 0.9]},
+    },
     "run": {"chunks_per_block": 2, "commit_interval": 0},
 }
 
@@ -67,13 +74,20 @@ def env() -> dict[str, str]:
 
 
 def cli(*args: Any, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *map(str, args)], env=env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *map(str, args)], env=env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def popen(*args: Any) -> subprocess.Popen:
-    return subprocess.Popen([PYTHON, "-m", "relulearn.cli", *map(str, args)], env=env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [PYTHON, "-m", "relulearn.cli", *map(str, args)],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def write_config(path: Path, data: dict) -> Path:
@@ -138,32 +152,65 @@ def driver_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Gen
         before = committed(url)
         proc = popen(*cmd)
         # a moment while blocks run: after this run's first commit, then up to 1.5 s more (a block or two)
-        wait_for(lambda: committed(url) > before, proc)
+        wait_for(lambda before=before: committed(url) > before, proc)
         time.sleep(float(rng.uniform(0.0, 1.5)))
         if proc.poll() is not None:
             break
         sig = signal.SIGKILL if done % 2 == 0 else signal.SIGINT
         os.killpg(proc.pid, sig)
         _, err = proc.communicate(timeout=120)
-        signals.append({"signal": sig.name, "committed": committed(url), "returncode": proc.returncode,
-                        "one_line": sig == signal.SIGKILL or len(err.strip().splitlines()) == 1,
-                        "stderr": err.strip()[-300:]})
+        signals.append(
+            {
+                "signal": sig.name,
+                "committed": committed(url),
+                "returncode": proc.returncode,
+                "one_line": sig == signal.SIGKILL or len(err.strip().splitlines()) == 1,
+                "stderr": err.strip()[-300:],
+            }
+        )
         done += 1
     final = cli(*cmd)
     ok = final.returncode == 0 and bitwise_equal(url, ref) and all(s["one_line"] for s in signals)
-    return {"kills": len(signals), "survived": len(signals) if ok else 0, "trials": signals,
-            "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]}}
+    return {
+        "kills": len(signals),
+        "survived": len(signals) if ok else 0,
+        "trials": signals,
+        "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]},
+    }
 
 
 def fit_kills(work: Path, cfg: Path, kills: int, rng: np.random.Generator) -> dict:
     """`relulearn fit --method moments` killed at random moments and run again: the model file bitwise equal."""
     ref_model = work / "fit_ref.npz"
-    ref = cli("fit", cfg, "--store", work / "fit_ref.zarr", "--method", "moments", "--out", ref_model,
-              "--workers", "2", "--quiet")
+    ref = cli(
+        "fit",
+        cfg,
+        "--store",
+        work / "fit_ref.zarr",
+        "--method",
+        "moments",
+        "--out",
+        ref_model,
+        "--workers",
+        "2",
+        "--quiet",
+    )
     assert ref.returncode == 0, ref.stderr
     url, model = work / "fit.zarr", work / "fit.npz"
-    cmd = ["fit", cfg, "--store", url, "--method", "moments", "--out", model, "--workers", "2", "--quiet",
-           "--break-lock"]
+    cmd = [
+        "fit",
+        cfg,
+        "--store",
+        url,
+        "--method",
+        "moments",
+        "--out",
+        model,
+        "--workers",
+        "2",
+        "--quiet",
+        "--break-lock",
+    ]
     trials = []
     for i in range(kills):
         proc = popen(*cmd)
@@ -176,8 +223,12 @@ def fit_kills(work: Path, cfg: Path, kills: int, rng: np.random.Generator) -> di
         trials.append({"signal": "SIGKILL" if i % 2 == 0 else "SIGINT", "committed": committed(str(url))})
     final = cli(*cmd)
     ok = final.returncode == 0 and model.read_bytes() == ref_model.read_bytes()
-    return {"kills": len(trials), "survived": len(trials) if ok else 0, "trials": trials,
-            "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]}}
+    return {
+        "kills": len(trials),
+        "survived": len(trials) if ok else 0,
+        "trials": trials,
+        "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]},
+    }
 
 
 def _dask(*args: str) -> list[str]:
@@ -192,24 +243,49 @@ def worker_kills(work: Path, cfg: Path, ref: str, kills: int) -> dict:
     procs = []
 
     def spawn(cmd: list[str]) -> subprocess.Popen:
-        p = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+        p = subprocess.Popen(
+            cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         procs.append(p)
         return p
 
     def worker() -> subprocess.Popen:
-        return spawn(_dask("worker", "--scheduler-file", sched_file, "--nthreads", "1", "--host", "127.0.0.1",
-                           "--preload", "relulearn.pipeline.worker"))
+        return spawn(
+            _dask(
+                "worker",
+                "--scheduler-file",
+                sched_file,
+                "--nthreads",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--preload",
+                "relulearn.pipeline.worker",
+            )
+        )
 
     try:
-        spawn(_dask("scheduler", "--scheduler-file", sched_file, "--port", "0", "--dashboard-address",
-                    "127.0.0.1:0", "--host", "127.0.0.1"))
+        spawn(
+            _dask(
+                "scheduler",
+                "--scheduler-file",
+                sched_file,
+                "--port",
+                "0",
+                "--dashboard-address",
+                "127.0.0.1:0",
+                "--host",
+                "127.0.0.1",
+            )
+        )
         workers = [worker(), worker()]
         url = str(work / "external.zarr")
         run = popen("estimate", cfg, "--store", url, "--scheduler", sched_file, "--quiet")
         killed = 0
         for _ in range(kills):
-            if not wait_for(lambda: committed(url) > (killed + 1) * CONFIG["samples"] // (kills + 2), run, 300):
+            if not wait_for(
+                lambda killed=killed: committed(url) > (killed + 1) * CONFIG["samples"] // (kills + 2), run, 300
+            ):
                 break
             victim = workers.pop(0)
             os.killpg(victim.pid, signal.SIGKILL)
@@ -241,7 +317,9 @@ def two_writers(work: Path, cfg_data: dict, trials: int) -> dict:
         t = time.perf_counter()
         second = cli("estimate", long_cfg, "--store", url, "--in-process", "--quiet")
         times.append(time.perf_counter() - t)
-        named += int(second.returncode == 2 and "is locked" in second.stderr and f"process {first.pid}" in second.stderr)
+        named += int(
+            second.returncode == 2 and "is locked" in second.stderr and f"process {first.pid}" in second.stderr
+        )
     # the interpreter's start is most of a refusal's wall time: the refusal itself, measured in this process
     from relulearn.cli import main as cli_main
 
@@ -259,8 +337,13 @@ def two_writers(work: Path, cfg_data: dict, trials: int) -> dict:
     ref = str(work / "two_ref.zarr")
     estimate(config_from_dict(short), ref, client="local", progress=None)
     ok = bitwise_equal(url, ref)
-    return {"trials": trials, "refused_naming_holder": named, "max_seconds_cli": max(times),
-            "max_seconds_in_process": max(inner), "first_bitwise_equal": ok}
+    return {
+        "trials": trials,
+        "refused_naming_holder": named,
+        "max_seconds_cli": max(times),
+        "max_seconds_in_process": max(inner),
+        "first_bitwise_equal": ok,
+    }
 
 
 # ---------------------------------------------------------------------------------------- corruption
@@ -299,7 +382,7 @@ def corruption(work: Path, cfg: Path, ref: str) -> dict:
 
         def truncate(s: Path, rel=rel) -> None:
             data = (s / rel).read_bytes()
-            (s / rel).write_bytes(data[:len(data) // 2])
+            (s / rel).write_bytes(data[: len(data) // 2])
 
         def delete(s: Path, rel=rel) -> None:
             (s / rel).unlink()
@@ -321,8 +404,12 @@ def corruption(work: Path, cfg: Path, ref: str) -> dict:
     def bad_root(s: Path) -> None:
         (s / "zarr.json").write_text("{not json")
 
-    cases += [(some_array, "delete its metadata", no_array_meta), (some_array, "damage its metadata", bad_array_meta),
-              ("root metadata", "delete", no_root), ("root metadata", "damage", bad_root)]
+    cases += [
+        (some_array, "delete its metadata", no_array_meta),
+        (some_array, "damage its metadata", bad_array_meta),
+        ("root metadata", "delete", no_root),
+        ("root metadata", "damage", bad_root),
+    ]
     rows = []
     for name, kind, inject in cases:
         store = work / "corrupt.zarr"
@@ -331,20 +418,30 @@ def corruption(work: Path, cfg: Path, ref: str) -> dict:
         inject(store)
         before = snapshot(store)
         verify = cli("verify", store)
-        extend = cli("estimate", cfg, "--store", store, "--samples", CONFIG["samples"] + 100_000, "--in-process",
-                     "--quiet")
+        extend = cli(
+            "estimate", cfg, "--store", store, "--samples", CONFIG["samples"] + 100_000, "--in-process", "--quiet"
+        )
         learn = cli("learn", store, "--method", "moments", "--out", work / "m.npz", "--in-process", "--quiet")
         unchanged = snapshot(store) == before
         leaf = name.split("/")[-1]
-        rows.append({"array": name, "damage": kind,
-                     "verify_named": verify.returncode != 0 and (leaf in verify.stdout + verify.stderr
-                                                                 or name == "root metadata"),
-                     "estimate_refused": one_line_refusal(extend), "learn_refused": one_line_refusal(learn),
-                     "unchanged": unchanged})
-    detected = sum(r["verify_named"] and r["estimate_refused"] and r["learn_refused"] and r["unchanged"]
-                   for r in rows)
-    return {"injected": len(rows), "detected_and_refused": detected, "silent_uses": sum(
-        not (r["estimate_refused"] and r["learn_refused"]) for r in rows), "cases": rows}
+        rows.append(
+            {
+                "array": name,
+                "damage": kind,
+                "verify_named": verify.returncode != 0
+                and (leaf in verify.stdout + verify.stderr or name == "root metadata"),
+                "estimate_refused": one_line_refusal(extend),
+                "learn_refused": one_line_refusal(learn),
+                "unchanged": unchanged,
+            }
+        )
+    detected = sum(r["verify_named"] and r["estimate_refused"] and r["learn_refused"] and r["unchanged"] for r in rows)
+    return {
+        "injected": len(rows),
+        "detected_and_refused": detected,
+        "silent_uses": sum(not (r["estimate_refused"] and r["learn_refused"]) for r in rows),
+        "cases": rows,
+    }
 
 
 # ---------------------------------------------------------------------------------------- bad inputs
@@ -353,6 +450,7 @@ def corruption(work: Path, cfg: Path, ref: str) -> dict:
 def bad_inputs(work: Path, cfg_data: dict, store: Path) -> dict:
     """Mistakes a user makes, each refused in one line naming the cause (exit 2, no traceback), the store
     unchanged."""
+
     def conf(name: str, **changes: Any) -> Path:
         data = json.loads(json.dumps(cfg_data))
         for dotted, value in changes.items():
@@ -395,16 +493,22 @@ def bad_inputs(work: Path, cfg_data: dict, store: Path) -> dict:
         ("d not a number", ["estimate", conf("k6", source__d="x"), "--store", other]),
         ("statistics a scalar", ["estimate", conf("k7", statistics=5), "--store", other]),
         ("no source", ["estimate", conf("k8", source=None), "--store", other]),
-        ("quantiles and thresholds", ["estimate", conf("k9", statistics__filtered={"quantiles": [0.5],
-                                                                                  "thresholds": [1.0]}),
-                                      "--store", other]),
-        ("repeated contracted orders", ["estimate", conf("k10", statistics__contracted={"orders": [2, 2]}),
-                                        "--store", other]),
-        ("zero directions", ["estimate", conf("k11", statistics__contracted={"orders": [2], "directions": 0}),
-                             "--store", other]),
-        ("10^12 directions", ["estimate", conf("k12", statistics__contracted={"orders": [2],
-                                                                             "directions": 10**12}),
-                              "--store", other]),
+        (
+            "quantiles and thresholds",
+            ["estimate", conf("k9", statistics__filtered={"quantiles": [0.5], "thresholds": [1.0]}), "--store", other],
+        ),
+        (
+            "repeated contracted orders",
+            ["estimate", conf("k10", statistics__contracted={"orders": [2, 2]}), "--store", other],
+        ),
+        (
+            "zero directions",
+            ["estimate", conf("k11", statistics__contracted={"orders": [2], "directions": 0}), "--store", other],
+        ),
+        (
+            "10^12 directions",
+            ["estimate", conf("k12", statistics__contracted={"orders": [2], "directions": 10**12}), "--store", other],
+        ),
         ("huge d", ["estimate", conf("k13", source__d=10_000_000), "--store", other]),
         ("duplicate YAML key", ["estimate", work / "twice.yaml", "--store", other]),
         ("binary configuration", ["estimate", work / "binary.yaml", "--store", other]),
@@ -420,56 +524,126 @@ def bad_inputs(work: Path, cfg_data: dict, store: Path) -> dict:
         ("--workers 0", ["estimate", base, "--store", s, "--workers", "0"]),
         ("unreachable scheduler", ["estimate", base, "--store", s, "--scheduler", "tcp://127.0.0.1:1"]),
         ("dashboard address", ["estimate", base, "--store", s, "--dashboard", "nowhere"]),
-        ("data file missing", ["estimate", conf("k16", source={"d": 16, "data": {"x": str(work / "no.npy"),
-                                                                                 "y": str(work / "no.npy")}}),
-                               "--store", other]),
-        ("data file a CSV", ["estimate", conf("k17", source={"d": 16, "data": {"x": str(work / "x.csv"),
-                                                                               "y": str(work / "x.csv")}}),
-                             "--store", other]),
-        ("data of another width", ["estimate", conf("k18", source={"d": 16, "data": {"x": str(work / "wide.npy"),
-                                                                                      "y": str(work / "x.npy")}}),
-                                   "--store", other]),
-        ("data holding objects", ["estimate", conf("k19", source={"d": 16, "data": {
-            "x": str(work / "objects.npy"), "y": str(work / "x.npy")}}), "--store", other]),
-        ("a NaN label", ["estimate", conf("k20", samples=1000, chunk_size=500, source={"d": 16, "data": {
-            "x": str(work / "x.npy"), "y": str(work / "y_nan.npy")}}), "--store", other]),
-        ("teacher file missing", ["estimate", conf("k21", source__teacher={"file": str(work / "no.npz")}),
-                                  "--store", other]),
-        ("teacher file broken", ["estimate", conf("k22", source__teacher={"file": str(work / "broken.npz")}),
-                                 "--store", other]),
-        ("ONNX teacher missing", ["estimate", conf("k23", source__teacher={"onnx": str(work / "no.onnx")}),
-                                  "--store", other]),
+        (
+            "data file missing",
+            [
+                "estimate",
+                conf("k16", source={"d": 16, "data": {"x": str(work / "no.npy"), "y": str(work / "no.npy")}}),
+                "--store",
+                other,
+            ],
+        ),
+        (
+            "data file a CSV",
+            [
+                "estimate",
+                conf("k17", source={"d": 16, "data": {"x": str(work / "x.csv"), "y": str(work / "x.csv")}}),
+                "--store",
+                other,
+            ],
+        ),
+        (
+            "data of another width",
+            [
+                "estimate",
+                conf("k18", source={"d": 16, "data": {"x": str(work / "wide.npy"), "y": str(work / "x.npy")}}),
+                "--store",
+                other,
+            ],
+        ),
+        (
+            "data holding objects",
+            [
+                "estimate",
+                conf("k19", source={"d": 16, "data": {"x": str(work / "objects.npy"), "y": str(work / "x.npy")}}),
+                "--store",
+                other,
+            ],
+        ),
+        (
+            "a NaN label",
+            [
+                "estimate",
+                conf(
+                    "k20",
+                    samples=1000,
+                    chunk_size=500,
+                    source={"d": 16, "data": {"x": str(work / "x.npy"), "y": str(work / "y_nan.npy")}},
+                ),
+                "--store",
+                other,
+            ],
+        ),
+        (
+            "teacher file missing",
+            ["estimate", conf("k21", source__teacher={"file": str(work / "no.npz")}), "--store", other],
+        ),
+        (
+            "teacher file broken",
+            ["estimate", conf("k22", source__teacher={"file": str(work / "broken.npz")}), "--store", other],
+        ),
+        (
+            "ONNX teacher missing",
+            ["estimate", conf("k23", source__teacher={"onnx": str(work / "no.onnx")}), "--store", other],
+        ),
         ("status of a folder", ["status", work]),
         ("status of nothing", ["status", work / "nothere.zarr"]),
         ("report of nothing", ["report", work / "nothere.zarr", "--out", work / "r.html"]),
         ("learn: unknown method", ["learn", s, "--method", "magic", "--out", work / "m.npz"]),
         ("learn: width 0", ["learn", s, "--method", "moments", "--width", "0", "--out", work / "m.npz"]),
-        ("learn: report path a folder", ["learn", s, "--method", "moments", "--out", work / "m.npz",
-                                         "--report", work]),
+        ("learn: report path a folder", ["learn", s, "--method", "moments", "--out", work / "m.npz", "--report", work]),
         ("merge: a store with itself", ["merge", s, s, "--out", work / "merged.zarr"]),
         ("merge: a missing store", ["merge", s, work / "nothere.zarr", "--out", work / "merged.zarr"]),
         ("evaluate: a pickle teacher", ["evaluate", work / "model.npz", "--teacher", work / "t.pkl"]),
         ("evaluate: a missing model", ["evaluate", work / "nothere.npz", "--teacher", base]),
         ("evaluate: a broken model", ["evaluate", work / "broken.npz", "--teacher", base]),
-        ("predict: inputs of another width", ["predict", work / "model.npz", "--input", work / "wide.npy", "--out",
-                                              work / "p.npy"]),
-        ("predict: inputs not .npy", ["predict", work / "model.npz", "--input", work / "x.csv", "--out",
-                                      work / "p.npy"]),
-        ("fit: tensor on a deep teacher", ["fit", conf("k24", source__teacher={"kind": "deep_relu", "widths": [3, 3]}),
-                                           "--store", other, "--method", "tensor", "--out", work / "m.npz"]),
+        (
+            "predict: inputs of another width",
+            ["predict", work / "model.npz", "--input", work / "wide.npy", "--out", work / "p.npy"],
+        ),
+        (
+            "predict: inputs not .npy",
+            ["predict", work / "model.npz", "--input", work / "x.csv", "--out", work / "p.npy"],
+        ),
+        (
+            "fit: tensor on a deep teacher",
+            [
+                "fit",
+                conf("k24", source__teacher={"kind": "deep_relu", "widths": [3, 3]}),
+                "--store",
+                other,
+                "--method",
+                "tensor",
+                "--out",
+                work / "m.npz",
+            ],
+        ),
     ]
     (work / "t.pkl").write_bytes(b"\x80\x04K\x01.")
     before = snapshot(store)
     rows = []
     for label, argv in cases:
         shutil.rmtree(other, ignore_errors=True)
-        done = cli(*argv, "--in-process") if argv[0] in ("estimate", "fit", "learn") and "--scheduler" not in argv \
-            and "--workers" not in argv else cli(*argv)
-        rows.append({"input": label, "refused": one_line_refusal(done), "stderr": done.stderr.strip()[:300],
-                     "nothing_written": not Path(other).exists()})
+        done = (
+            cli(*argv, "--in-process")
+            if argv[0] in ("estimate", "fit", "learn") and "--scheduler" not in argv and "--workers" not in argv
+            else cli(*argv)
+        )
+        rows.append(
+            {
+                "input": label,
+                "refused": one_line_refusal(done),
+                "stderr": done.stderr.strip()[:300],
+                "nothing_written": not Path(other).exists(),
+            }
+        )
     unchanged = snapshot(store) == before
-    return {"inputs": len(rows), "refused": sum(r["refused"] and r["nothing_written"] for r in rows),
-            "store_unchanged": unchanged, "cases": rows}
+    return {
+        "inputs": len(rows),
+        "refused": sum(r["refused"] and r["nothing_written"] for r in rows),
+        "store_unchanged": unchanged,
+        "cases": rows,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -479,8 +653,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--quick", action="store_true", help="fewer kills and trials")
-    parser.add_argument("--only", nargs="*", help="sections to run (default all): driver fit workers writers "
-                        "corruption inputs; the other sections' results in --out are kept")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        help="sections to run (default all): driver fit workers writers "
+        "corruption inputs; the other sections' results in --out are kept",
+    )
     args = parser.parse_args()
     quick = args.quick
     sections = set(args.only or ["driver", "fit", "workers", "writers", "corruption", "inputs"])
@@ -510,8 +688,7 @@ def main() -> None:
             t = time.perf_counter()
             result[name] = step()
             result[name]["seconds"] = time.perf_counter() - t
-            print(name, json.dumps({k: v for k, v in result[name].items() if k not in ("cases", "trials")}),
-                  flush=True)
+            print(name, json.dumps({k: v for k, v in result[name].items() if k not in ("cases", "trials")}), flush=True)
             save_json(result, Path(args.out))
     table(result)
 
@@ -520,29 +697,41 @@ def table(r: dict) -> None:
     print("| fault | trials | outcome |")
     print("|---|---:|---|")
     if "driver" in r:
-        print(f"| driver killed during `estimate` (SIGKILL / Ctrl-C to the process group) | {r['driver']['kills']} | "
-              f"{r['driver']['survived']} resumed to a store bitwise equal to an uninterrupted run |")
+        print(
+            f"| driver killed during `estimate` (SIGKILL / Ctrl-C to the process group) | {r['driver']['kills']} | "
+            f"{r['driver']['survived']} resumed to a store bitwise equal to an uninterrupted run |"
+        )
     if "fit" in r:
-        print(f"| driver killed during `fit` | {r['fit']['kills']} | {r['fit']['survived']} rerun to a model file "
-              "bitwise equal |")
+        print(
+            f"| driver killed during `fit` | {r['fit']['kills']} | {r['fit']['survived']} rerun to a model file "
+            "bitwise equal |"
+        )
     if "workers" in r:
-        print(f"| worker killed on an external cluster | {r['workers']['kills']} | {r['workers']['survived']} "
-              "finished bitwise equal |")
+        print(
+            f"| worker killed on an external cluster | {r['workers']['kills']} | {r['workers']['survived']} "
+            "finished bitwise equal |"
+        )
     if "writers" in r:
         w = r["writers"]
-        print(f"| a second writer on a live store | {w['trials']} (+{w['trials']} in-process) | "
-              f"{w['refused_naming_holder']} refused naming the holder, at most {w['max_seconds_in_process']:.2f} s "
-              f"({w['max_seconds_cli']:.1f} s with the interpreter's start); first run bitwise equal: "
-              f"{w['first_bitwise_equal']} |")
+        print(
+            f"| a second writer on a live store | {w['trials']} (+{w['trials']} in-process) | "
+            f"{w['refused_naming_holder']} refused naming the holder, at most {w['max_seconds_in_process']:.2f} s "
+            f"({w['max_seconds_cli']:.1f} s with the interpreter's start); first run bitwise equal: "
+            f"{w['first_bitwise_equal']} |"
+        )
     if "corruption" in r:
         c = r["corruption"]
-        print(f"| flipped / truncated / deleted chunk of each array, damaged metadata | {c['injected']} | "
-              f"{c['detected_and_refused']} named by `verify` and refused by `estimate` and `learn`, store "
-              f"unchanged; {c['silent_uses']} silent uses |")
+        print(
+            f"| flipped / truncated / deleted chunk of each array, damaged metadata | {c['injected']} | "
+            f"{c['detected_and_refused']} named by `verify` and refused by `estimate` and `learn`, store "
+            f"unchanged; {c['silent_uses']} silent uses |"
+        )
     if "inputs" in r:
         b = r["inputs"]
-        print(f"| bad inputs (configurations, files, commands) | {b['inputs']} | {b['refused']} refused in one "
-              f"line naming the cause, nothing written; store unchanged: {b['store_unchanged']} |")
+        print(
+            f"| bad inputs (configurations, files, commands) | {b['inputs']} | {b['refused']} refused in one "
+            f"line naming the cause, nothing written; store unchanged: {b['store_unchanged']} |"
+        )
 
 
 if __name__ == "__main__":

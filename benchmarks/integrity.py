@@ -20,14 +20,15 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import zarr.api.asynchronous as zasync
+from _common import save_json, utc_now
 from zarr.core.sync import sync
 
-from _common import save_json, utc_now
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.storage import RunStore
@@ -60,14 +61,21 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "integrity.json")
     args = parser.parse_args()
-    cfg = config_from_dict({
-        "seed": 1, "samples": 2_000, "chunk_size": 1_000,
-        "source": {"d": args.d, "teacher": {"kind": "one_hidden_relu", "width": 4}},
-        "statistics": {"basic": {}, "hermite": {"max_order": 2},
-                       "contracted": {"orders": [2, 4], "directions": 8},
-                       "filtered": {"thresholds": [0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 1.6, 2.0]}},
-        "run": {"chunks_per_block": 1, "commit_interval": 1e9},
-    })
+    cfg = config_from_dict(
+        {
+            "seed": 1,
+            "samples": 2_000,
+            "chunk_size": 1_000,
+            "source": {"d": args.d, "teacher": {"kind": "one_hidden_relu", "width": 4}},
+            "statistics": {
+                "basic": {},
+                "hermite": {"max_order": 2},
+                "contracted": {"orders": [2, 4], "directions": 8},
+                "filtered": {"thresholds": [0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 1.6, 2.0]},
+            },
+            "run": {"chunks_per_block": 1, "commit_interval": 1e9},
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="relulearn-integrity-") as tmp:
         url = str(Path(tmp) / "run.zarr")
         api.estimate(cfg, url, client="local", progress=None)
@@ -85,10 +93,14 @@ def main() -> None:
                     digest(data)
 
         result = {
-            "benchmark": "integrity", "date": utc_now(), "d": args.d,
+            "benchmark": "integrity",
+            "date": utc_now(),
+            "d": args.d,
             "statistics": meta["statistics"],
-            "store_bytes": sum(p.stat().st_size for p in files), "store_files": len(files),
-            "arrays": len(arrays), "chunks": sum(len(v) for v in meta["integrity"]["chunks"].values()),
+            "store_bytes": sum(p.stat().st_size for p in files),
+            "store_files": len(files),
+            "arrays": len(arrays),
+            "chunks": sum(len(v) for v in meta["integrity"]["chunks"].values()),
             "seconds": {
                 "verify": median_seconds(lambda: api.verify(url)),
                 "read_checked": median_seconds(lambda: store.read_head(names)),
@@ -99,8 +111,10 @@ def main() -> None:
     s = result["seconds"]
     result["check_overhead_seconds"] = s["read_checked"] - s["read_plain"]
     save_json(result, args.out)
-    print(f"d = {args.d}: {result['store_bytes'] / 2**20:.1f} MiB in {result['arrays']} arrays; "
-          + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in s.items()))
+    print(
+        f"d = {args.d}: {result['store_bytes'] / 2**20:.1f} MiB in {result['arrays']} arrays; "
+        + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in s.items())
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -64,11 +64,18 @@ WIDTH = 8
 
 
 def make_config(d: int, widths: list[int], teacher_seed: int, samples: int) -> dict[str, Any]:
-    return {"seed": RUN_SEED, "samples": samples, "chunk_size": CHUNK,
-            "source": {"d": d, "teacher": {"kind": "deep_relu", "widths": widths, "seed": teacher_seed}},
-            "statistics": {"basic": {}, "contracted": {"orders": [2], "directions": 1},
-                           "filtered": {"quantiles": QUANTILES}},
-            "run": {"commit_interval": 60}}
+    return {
+        "seed": RUN_SEED,
+        "samples": samples,
+        "chunk_size": CHUNK,
+        "source": {"d": d, "teacher": {"kind": "deep_relu", "widths": widths, "seed": teacher_seed}},
+        "statistics": {
+            "basic": {},
+            "contracted": {"orders": [2], "directions": 1},
+            "filtered": {"quantiles": QUANTILES},
+        },
+        "run": {"commit_interval": 60},
+    }
 
 
 def baseline_angle(store: str, teacher: Network) -> dict[str, Any]:
@@ -97,8 +104,12 @@ def run_relulearn(cfg: dict, store: str, workdir: Path, client: Any, depth: int)
         res = api.learn(store, "filtered-pca", depth=depth, width=WIDTH, out=model, client=client, progress=None)
         rec["learn_seconds"] = time.perf_counter() - t1
     except Exception as err:  # recorded, not fatal
-        rec.update(status="error", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=4),
-                   seconds=time.perf_counter() - t0)
+        rec.update(
+            status="error",
+            error=f"{type(err).__name__}: {err}",
+            traceback=traceback.format_exc(limit=4),
+            seconds=time.perf_counter() - t0,
+        )
         return rec
     rep = res["report"]
     rec["passes"] = [{"name": p["name"], "seconds": p["seconds"]} for p in res["passes"]]
@@ -116,16 +127,23 @@ def run_relulearn(cfg: dict, store: str, workdir: Path, client: Any, depth: int)
     return rec
 
 
-def run_mlp(source: Any, widths: list[int], n: int, x_test: np.ndarray, y_test: np.ndarray,
-            seconds: float) -> dict[str, Any]:
+def run_mlp(
+    source: Any, widths: list[int], n: int, x_test: np.ndarray, y_test: np.ndarray, seconds: float
+) -> dict[str, Any]:
     """MLPRegressor streamed over the run's own chunks: ≥ 1 pass, more while under ``seconds``."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPRegressor
 
     rec: dict[str, Any] = {"samples": n, "seconds_cap": seconds}
     try:
-        m = MLPRegressor(hidden_layer_sizes=tuple(widths), activation="relu", solver="adam", batch_size=200,
-                         learning_rate_init=1e-3, random_state=MLP_SEED)
+        m = MLPRegressor(
+            hidden_layer_sizes=tuple(widths),
+            activation="relu",
+            solver="adam",
+            batch_size=200,
+            learning_rate_init=1e-3,
+            random_state=MLP_SEED,
+        )
         t0, passes, n_chunks = time.perf_counter(), 0, -(-n // CHUNK)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -162,40 +180,52 @@ def plot(result: dict[str, Any], path: Path) -> None:
         pts = [p for p in s["points"] if p["relulearn"].get("status") == "ok"]
         if pts:
             n = [p["samples"] for p in pts]
-            axes[0].loglog(n, [max(p["relulearn"]["angle"], 1e-6) for p in pts], "o-", color=c,
-                           label=lab + " filtered-pca")
-            axes[1].loglog(n, [max(p["relulearn"]["relative_test_error"], 1e-16) for p in pts], "o-", color=c,
-                           label=lab + " filtered-pca")
+            axes[0].loglog(
+                n, [max(p["relulearn"]["angle"], 1e-6) for p in pts], "o-", color=c, label=lab + " filtered-pca"
+            )
+            axes[1].loglog(
+                n,
+                [max(p["relulearn"]["relative_test_error"], 1e-16) for p in pts],
+                "o-",
+                color=c,
+                label=lab + " filtered-pca",
+            )
         bp = [p for p in s["points"] if "baseline" in p]
         if bp:
-            axes[0].loglog([p["samples"] for p in bp], [p["baseline"]["angle"] for p in bp], "s:", color=c,
-                           label=lab + " M_2 only")
+            axes[0].loglog(
+                [p["samples"] for p in bp], [p["baseline"]["angle"] for p in bp], "s:", color=c, label=lab + " M_2 only"
+            )
         mp = [p for p in s["points"] if p.get("mlp", {}).get("status") == "ok"]
         if mp:
             n = [p["samples"] for p in mp]
             axes[0].loglog(n, [p["mlp"]["angle"] for p in mp], "x--", color=c, label=lab + " MLPRegressor")
-            axes[1].loglog(n, [p["mlp"]["relative_test_error"] for p in mp], "x--", color=c,
-                           label=lab + " MLPRegressor")
+            axes[1].loglog(
+                n, [p["mlp"]["relative_test_error"] for p in mp], "x--", color=c, label=lab + " MLPRegressor"
+            )
     axes[0].axhline(0.05, color="k", lw=0.8, ls="--")
     axes[1].axhline(1e-2, color="k", lw=0.8, ls="--")
-    axes[0].set_title("largest principal angle to the teacher's first-layer row space (rad; π/2 = missing)",
-                      fontsize=9)
+    axes[0].set_title("largest principal angle to the teacher's first-layer row space (rad; π/2 = missing)", fontsize=9)
     axes[1].set_title("relative test error E[(y − f̂)²]/E[y²]", fontsize=9)
     for ax in axes:
         ax.set_xlabel("samples n")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6)
-    fig.suptitle("relulearn 'filtered-pca' vs the M_2-only spectral stage and MLPRegressor (same samples) on "
-                 "planted deep ReLU networks", fontsize=10)
+    fig.suptitle(
+        "relulearn 'filtered-pca' vs the M_2-only spectral stage and MLPRegressor (same samples) on "
+        "planted deep ReLU networks",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["| d | teacher widths | n | angle | test err | rank | M_2-only angle | MLP angle | MLP test err "
-             "| MLP passes | learn s | status |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| d | teacher widths | n | angle | test err | rank | M_2-only angle | MLP angle | MLP test err "
+        "| MLP passes | learn s | status |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
 
     def f(v: Any, fmt: str = ".2e") -> str:
         return "" if v is None else format(v, fmt)
@@ -206,16 +236,19 @@ def table(result: dict[str, Any]) -> str:
             status = r.get("status", "")
             if status == "error":
                 status += ": " + r["error"][:60]
-            lines.append(f"| {s['d']} | {s['widths']} | {p['samples']:.0e} | {f(r.get('angle'))} "
-                         f"| {f(r.get('relative_test_error'))} | {r.get('subspace_rank', '')} | {f(b.get('angle'))} "
-                         f"| {f(m.get('angle'))} | {f(m.get('relative_test_error'))} | {m.get('passes', '')} "
-                         f"| {f(r.get('learn_seconds'), '.0f')} | {status} |")
+            lines.append(
+                f"| {s['d']} | {s['widths']} | {p['samples']:.0e} | {f(r.get('angle'))} "
+                f"| {f(r.get('relative_test_error'))} | {r.get('subspace_rank', '')} | {f(b.get('angle'))} "
+                f"| {f(m.get('angle'))} | {f(m.get('relative_test_error'))} | {m.get('passes', '')} "
+                f"| {f(r.get('learn_seconds'), '.0f')} | {status} |"
+            )
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a fast smoke run (d=20, small counts)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT}); PNG beside it")
     p.add_argument("--mlp-seconds", type=float, default=None, help="MLP time cap beyond its first pass (default 60)")
@@ -225,10 +258,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         plan = [(20, [3, 6], 1, [200_000, 400_000])]
         mlp_seconds = args.mlp_seconds or 5.0
     else:
-        plan = [(50, [3, 6], 1, [500_000, 1_000_000, 2_000_000]),
-                (50, [4, 8, 8], 2, [500_000, 1_000_000, 2_000_000]),
-                (500, [3, 6], 1, [10_000_000]),
-                (500, [4, 8, 8], 2, [10_000_000])]
+        plan = [
+            (50, [3, 6], 1, [500_000, 1_000_000, 2_000_000]),
+            (50, [4, 8, 8], 2, [500_000, 1_000_000, 2_000_000]),
+            (500, [3, 6], 1, [10_000_000]),
+            (500, [4, 8, 8], 2, [10_000_000]),
+        ]
         mlp_seconds = args.mlp_seconds or 60.0
     if args.only_d is not None:
         plan = [x for x in plan if x[0] == args.only_d]
@@ -238,25 +273,35 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
 
     result: dict[str, Any] = {
-        "benchmark": "learn_deep", "started": utc_now(), "quick": args.quick, "machine": machine_info(),
+        "benchmark": "learn_deep",
+        "started": utc_now(),
+        "quick": args.quick,
+        "machine": machine_info(),
         "settings": {
             "teacher": "planted deep_relu: W0 unit rows (k = widths[0]), hidden layers N(0, 2/fan_in), output "
-                       "N(0, 1/fan_in), no biases", "run_seed": RUN_SEED, "chunk_size": CHUNK,
+            "N(0, 1/fan_in), no biases",
+            "run_seed": RUN_SEED,
+            "chunk_size": CHUNK,
             "statistics": make_config(0, [1], 0, 0)["statistics"],
             "method": f"relulearn.api.learn(store, 'filtered-pca', depth=teacher depth, width={WIDTH}) on one "
-                      "shared LocalCluster (2 workers)",
+            "shared LocalCluster (2 workers)",
             "angle": "largest principal angle between the teacher's first-layer row space (k dims) and the top-k "
-                     "eigenspace of the learned network's average gradient outer product E[grad f grad f^T] on "
-                     "2e4 test inputs (relulearn.network.subspace_angle); pi/2 when it depends on fewer than k "
-                     "directions",
+            "eigenspace of the learned network's average gradient outer product E[grad f grad f^T] on "
+            "2e4 test inputs (relulearn.network.subspace_angle); pi/2 when it depends on fewer than k "
+            "directions",
             "baseline": "M_2-only spectral stage: relevant_subspace([M_2], rank=k); pi/2 when the floor supports "
-                        "fewer than k directions",
-            "mlp": {"estimator": "MLPRegressor(hidden_layer_sizes=teacher widths, activation='relu', solver='adam', "
-                                 "batch_size=200, learning_rate_init=1e-3, random_state=0)",
-                    "training": "partial_fit over the run's own chunks (the same n samples), at least one pass, "
-                                "more passes while under the seconds cap", "seconds_cap": mlp_seconds},
-            "test_samples": TEST_SAMPLES},
-        "series": []}
+            "fewer than k directions",
+            "mlp": {
+                "estimator": "MLPRegressor(hidden_layer_sizes=teacher widths, activation='relu', solver='adam', "
+                "batch_size=200, learning_rate_init=1e-3, random_state=0)",
+                "training": "partial_fit over the run's own chunks (the same n samples), at least one pass, "
+                "more passes while under the seconds cap",
+                "seconds_cap": mlp_seconds,
+            },
+            "test_samples": TEST_SAMPLES,
+        },
+        "series": [],
+    }
     log(f"machine: {result['machine']['cores']} cores, load {result['machine']['load_average_at_start'][0]:.2f}")
     workdir = Path(tempfile.mkdtemp(prefix="relulearn-deepbench-"))
     try:
@@ -274,17 +319,21 @@ def main(argv: Optional[list[str]] = None) -> int:
                     point["relulearn"] = r
                     if r["status"] == "ok":
                         point["baseline"] = baseline_angle(store, source.network)
-                        log(f"d={d} widths={widths} n={n:.0e}: angle {r['angle']:.3g} test "
+                        log(
+                            f"d={d} widths={widths} n={n:.0e}: angle {r['angle']:.3g} test "
                             f"{r['relative_test_error']:.3g} rank {r['subspace_rank']} passes {len(r['passes'])} "
                             f"(est {r['estimate_seconds']:.0f} s, learn {r['learn_seconds']:.0f} s); M_2-only angle "
-                            f"{point['baseline']['angle']:.3g}")
+                            f"{point['baseline']['angle']:.3g}"
+                        )
                     else:
                         log(f"d={d} widths={widths} n={n:.0e}: {r['error'][:300]}")
                     m = run_mlp(source, widths, n, x_test, y_test, mlp_seconds)
                     point["mlp"] = m
                     if m["status"] == "ok":
-                        log(f"    MLP ({m['passes']} passes, {m['train_seconds']:.0f} s): angle {m['angle']:.3g} "
-                            f"test {m['relative_test_error']:.3g}")
+                        log(
+                            f"    MLP ({m['passes']} passes, {m['train_seconds']:.0f} s): angle {m['angle']:.3g} "
+                            f"test {m['relative_test_error']:.3g}"
+                        )
                     series["points"].append(point)
                     save_json(result, args.out)  # after every point: a cut-short run keeps what it measured
     finally:

@@ -33,7 +33,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -60,14 +60,37 @@ TEST_SAMPLES = 100_000
 # ------------------------------------------------------------------ helpers
 
 
-def two_layer_config(d: int, k: int, m: int, activation: str, n: int, sigma: float = 0.0,
-                     teacher_seed: int = 1, file: Optional[str] = None, run_seed: int = RUN_SEED) -> dict[str, Any]:
-    teacher = ({"file": file} if file else
-               {"kind": "two_layer", "width": k, "outputs": m, "activation": activation,
-                "weights_seed": teacher_seed, "v_norms": [0.5, 2.0]})
-    return {"seed": run_seed, "samples": n, "chunk_size": CHUNK,
-            "source": {"d": d, "teacher": teacher, "noise_std": sigma},
-            "statistics": {"basic": {}, "output_moments": {}}, "run": {"commit_interval": 60}}
+def two_layer_config(
+    d: int,
+    k: int,
+    m: int,
+    activation: str,
+    n: int,
+    sigma: float = 0.0,
+    teacher_seed: int = 1,
+    file: str | None = None,
+    run_seed: int = RUN_SEED,
+) -> dict[str, Any]:
+    teacher = (
+        {"file": file}
+        if file
+        else {
+            "kind": "two_layer",
+            "width": k,
+            "outputs": m,
+            "activation": activation,
+            "weights_seed": teacher_seed,
+            "v_norms": [0.5, 2.0],
+        }
+    )
+    return {
+        "seed": run_seed,
+        "samples": n,
+        "chunk_size": CHUNK,
+        "source": {"d": d, "teacher": teacher, "noise_std": sigma},
+        "statistics": {"basic": {}, "output_moments": {}},
+        "run": {"commit_interval": 60},
+    }
 
 
 def direction_angle(truth: np.ndarray, found: np.ndarray) -> float:
@@ -92,17 +115,32 @@ def run_fit(cfg: dict, workdir: Path, client: Any, tag: str, **options: Any) -> 
     try:
         res = api.fit(config_from_dict(cfg), store, "exact", out=model, client=client, progress=None, **options)
     except Exception as err:  # recorded, not fatal
-        rec.update(status="error", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=6),
-                   seconds=time.perf_counter() - t0)
+        rec.update(
+            status="error",
+            error=f"{type(err).__name__}: {err}",
+            traceback=traceback.format_exc(limit=6),
+            seconds=time.perf_counter() - t0,
+        )
         return rec
     rep = res["report"]
-    rec.update(estimate_seconds=res["estimate"]["seconds"], learn_seconds=res["seconds"],
-               path=rep.get("path"), chosen=rep.get("chosen"), check=rep.get("check"),
-               refinement={k: v for k, v in (rep.get("refinement") or {}).items() if not isinstance(v, list)})
+    rec.update(
+        estimate_seconds=res["estimate"]["seconds"],
+        learn_seconds=res["seconds"],
+        path=rep.get("path"),
+        chosen=rep.get("chosen"),
+        check=rep.get("check"),
+        refinement={k: v for k, v in (rep.get("refinement") or {}).items() if not isinstance(v, list)},
+    )
     ev = api.evaluate(model, cfg_path, samples=TEST_SAMPLES)
-    rec.update(parameter_error=ev["parameter_error"], relative_test_error=ev["relative_test_error"],
-               noise_floor=ev["noise_floor"], store=store, model=model, status="ok",
-               seconds=time.perf_counter() - t0)
+    rec.update(
+        parameter_error=ev["parameter_error"],
+        relative_test_error=ev["relative_test_error"],
+        noise_floor=ev["noise_floor"],
+        store=store,
+        model=model,
+        status="ok",
+        seconds=time.perf_counter() - t0,
+    )
     return rec
 
 
@@ -115,8 +153,11 @@ def tensor_step_vs_parafac(store: str, teacher: Network, seed: int) -> dict[str,
     t0 = time.perf_counter()
     sub = joint_range(list(t2), list(t2_se), rank=k)
     dec = cp.decompose(t2, sub.basis, seed=seed)
-    out["relulearn"] = {"seconds": time.perf_counter() - t0, "subspace_rank": int(sub.rank),
-                        "angle": direction_angle(teacher.weights[0], dec.directions)}
+    out["relulearn"] = {
+        "seconds": time.perf_counter() - t0,
+        "subspace_rank": int(sub.rank),
+        "angle": direction_angle(teacher.weights[0], dec.directions),
+    }
     try:
         import tensorly as tl
         from tensorly.decomposition import parafac
@@ -143,8 +184,14 @@ def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray,
 
     rec: dict[str, Any] = {"samples": n, "seconds_cap": seconds}
     try:
-        m = MLPRegressor(hidden_layer_sizes=(k,), activation="relu", solver="adam", batch_size=200,
-                         learning_rate_init=1e-3, random_state=0)
+        m = MLPRegressor(
+            hidden_layer_sizes=(k,),
+            activation="relu",
+            solver="adam",
+            batch_size=200,
+            learning_rate_init=1e-3,
+            random_state=0,
+        )
         t0, passes, n_chunks = time.perf_counter(), 0, -(-n // CHUNK)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -164,8 +211,9 @@ def run_mlp(source: Any, k: int, n: int, x_test: np.ndarray, y_test: np.ndarray,
     return rec
 
 
-def fastica_route(x: np.ndarray, a: np.ndarray, k: int, power: int, activation: str, teacher: Network,
-                  seed: int) -> dict[str, Any]:
+def fastica_route(
+    x: np.ndarray, a: np.ndarray, k: int, power: int, activation: str, teacher: Network, seed: int
+) -> dict[str, Any]:
     """The ICA route for orthonormal V: A = U S with independent sources S_i = f(v_i·x).
 
     FastICA gives the sources up to scale, sign, order and their means; f ≥ 0 is zero on about
@@ -201,7 +249,7 @@ def fastica_route(x: np.ndarray, a: np.ndarray, k: int, power: int, activation: 
     return rec
 
 
-def slope(xs: list[float], ys: list[float]) -> Optional[float]:
+def slope(xs: list[float], ys: list[float]) -> float | None:
     pts = [(np.log(a), np.log(b)) for a, b in zip(xs, ys) if a and b and b > 0]
     if len(pts) < 2:
         return None
@@ -254,12 +302,17 @@ def part_ica(client: Any, workdir: Path, quick: bool) -> dict[str, Any]:
     return rec
 
 
-def noise_point(d: int, k: int, m: int, n: int, sigma: float, seeds: int, client: Any, workdir: Path,
-                tag: str) -> dict[str, Any]:
+def noise_point(
+    d: int, k: int, m: int, n: int, sigma: float, seeds: int, client: Any, workdir: Path, tag: str
+) -> dict[str, Any]:
     """One (σ, n) point: ``seeds`` runs with independent samples (run seeds), their parameter errors
     and its root mean square (one draw fluctuates by ≈ 20 %; the slopes use the RMS)."""
-    runs = [run_fit(two_layer_config(d, k, m, "relu", n, sigma=sigma, run_seed=RUN_SEED + s), workdir, client,
-                    f"{tag}_s{s}") for s in range(seeds)]
+    runs = [
+        run_fit(
+            two_layer_config(d, k, m, "relu", n, sigma=sigma, run_seed=RUN_SEED + s), workdir, client, f"{tag}_s{s}"
+        )
+        for s in range(seeds)
+    ]
     ok = [r["parameter_error"] for r in runs if r.get("status") == "ok"]
     rms = float(np.sqrt(np.mean(np.square(ok)))) if ok else None
     return dict(sigma=sigma, n=n, parameter_errors=ok, rms_parameter_error=rms, relulearn=runs[0])
@@ -298,8 +351,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     noise = result.get("noise", {})
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
-    for ax, key, xkey, target, label in ((axes[0], "by_sigma", "sigma", 1.0, "label noise σ (n fixed)"),
-                                         (axes[1], "by_n", "n", -0.5, "samples n (σ = 0.1)")):
+    for ax, key, xkey, target, label in (
+        (axes[0], "by_sigma", "sigma", 1.0, "label noise σ (n fixed)"),
+        (axes[1], "by_n", "n", -0.5, "samples n (σ = 0.1)"),
+    ):
         rows = [r for r in noise.get(key, []) if r.get("rms_parameter_error") is not None]
         if not rows:
             continue
@@ -308,14 +363,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
         for r in rows:
             ax.loglog([r[xkey]] * len(r["parameter_errors"]), r["parameter_errors"], ".", color="C0", alpha=0.4)
         fitted = noise.get("slope_sigma" if xkey == "sigma" else "slope_n")
-        ax.loglog(xs, ys, "o-", label="exact, RMS over run seeds" + ("" if fitted is None else f" (slope {fitted:.2f})"))
+        ax.loglog(
+            xs, ys, "o-", label="exact, RMS over run seeds" + ("" if fitted is None else f" (slope {fitted:.2f})")
+        )
         ax.loglog(xs, ys[0] * (xs / xs[0]) ** target, "k--", lw=0.8, label=f"slope {target:g}")
         ax.set_xlabel(label)
         ax.set_ylabel("relative parameter error (up to symmetries)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"relulearn 'exact' with label noise: d = {noise.get('d')}, k = {noise.get('k')}, "
-                 f"m = {noise.get('m')}, ReLU", fontsize=10)
+    fig.suptitle(
+        f"relulearn 'exact' with label noise: d = {noise.get('d')}, k = {noise.get('k')}, m = {noise.get('m')}, ReLU",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -325,8 +384,11 @@ def table(result: dict[str, Any]) -> str:
     def f(v: Any, fmt: str = ".1e") -> str:
         return "" if v is None else format(v, fmt)
 
-    lines = ["| d | k | m | f | n | param. error | test error | learn s | tensor-step angle (s) | parafac angle (s) "
-             "| MLP test error (passes) |", "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| d | k | m | f | n | param. error | test error | learn s | tensor-step angle (s) | parafac angle (s) "
+        "| MLP test error (passes) |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in result.get("noiseless", []):
         r, t, mlp = p["relulearn"], p.get("tensor_step", {}), p.get("mlp", {})
         tr, pf = t.get("relulearn", {}), t.get("parafac", {})
@@ -334,11 +396,12 @@ def table(result: dict[str, Any]) -> str:
             f"| {p['d']} | {p['k']} | {p['m']} | {p['activation']} | {p['n']:.0e} | {f(r.get('parameter_error'))} "
             f"| {f(r.get('relative_test_error'))} | {f(r.get('learn_seconds'), '.0f')} "
             f"| {f(tr.get('angle'), '.3f')} ({f(tr.get('seconds'), '.2f')}) | {f(pf.get('angle'), '.3f')} "
-            f"({f(pf.get('seconds'), '.1f')}) | {f(mlp.get('relative_test_error'))} ({mlp.get('passes', '')}) |")
+            f"({f(pf.get('seconds'), '.1f')}) | {f(mlp.get('relative_test_error'))} ({mlp.get('passes', '')}) |"
+        )
     return "\n".join(lines)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--quick", action="store_true", help="smoke run: small sizes")

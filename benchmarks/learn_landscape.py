@@ -31,7 +31,7 @@ import time
 import traceback
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -67,11 +67,22 @@ def planted(d: int, m: int, cond: float, seed: int, *, unit_a: bool = False) -> 
 
 def config(b: np.ndarray, a: np.ndarray, n: int, sigma: float = 0.0) -> dict[str, Any]:
     norms = np.linalg.norm(b, axis=1)
-    return {"seed": RUN_SEED, "samples": n, "chunk_size": CHUNK,
-            "source": {"d": b.shape[1], "noise_std": sigma,
-                       "teacher": {"kind": "one_hidden_relu", "width": len(a), "weights": b.tolist(),
-                                   "output_weights": (a * norms).tolist()}},
-            "run": {"commit_interval": 60}}
+    return {
+        "seed": RUN_SEED,
+        "samples": n,
+        "chunk_size": CHUNK,
+        "source": {
+            "d": b.shape[1],
+            "noise_std": sigma,
+            "teacher": {
+                "kind": "one_hidden_relu",
+                "width": len(a),
+                "weights": b.tolist(),
+                "output_weights": (a * norms).tolist(),
+            },
+        },
+        "run": {"commit_interval": 60},
+    }
 
 
 def row_angle(truth: np.ndarray, found: np.ndarray) -> float:
@@ -80,8 +91,9 @@ def row_angle(truth: np.ndarray, found: np.ndarray) -> float:
     return float(row_angles(found, truth).max()) if len(found) >= len(truth) else float(np.pi / 2)
 
 
-def run_method(cfg: dict, workdir: Path, client: Any, tag: str, method: str, b: np.ndarray,
-               **options: Any) -> dict[str, Any]:
+def run_method(
+    cfg: dict, workdir: Path, client: Any, tag: str, method: str, b: np.ndarray, **options: Any
+) -> dict[str, Any]:
     store, model = str(workdir / f"{tag}.zarr"), str(workdir / f"{tag}.npz")
     cfg_path = workdir / f"{tag}.json"
     cfg_path.write_text(json.dumps(cfg))
@@ -91,24 +103,42 @@ def run_method(cfg: dict, workdir: Path, client: Any, tag: str, method: str, b: 
         res = api.fit(config_from_dict(cfg), store, method, out=model, client=client, progress=None, **options)
     except Exception as err:  # recorded, not fatal: a refusal is a result here
         # a ValueError is the method refusing with its reason (a result here); anything else is a failure
-        rec.update(status="refused" if isinstance(err, ValueError) else "error",
-                   error=f"{type(err).__name__}: {err}"[:600], traceback=traceback.format_exc(limit=4),
-                   seconds=time.perf_counter() - t0)
+        rec.update(
+            status="refused" if isinstance(err, ValueError) else "error",
+            error=f"{type(err).__name__}: {err}"[:600],
+            traceback=traceback.format_exc(limit=4),
+            seconds=time.perf_counter() - t0,
+        )
         return rec
     rep = res["report"]
-    rec.update(estimate_seconds=res["estimate"]["seconds"], learn_seconds=res["seconds"],
-               passes=[{k: p[k] for k in ("name", "seconds")} for p in res["passes"]])
+    rec.update(
+        estimate_seconds=res["estimate"]["seconds"],
+        learn_seconds=res["seconds"],
+        passes=[{k: p[k] for k in ("name", "seconds")} for p in res["passes"]],
+    )
     if method == "landscape":
-        rec.update(summary=rep["summary"], parameters=rep["parameters"], noise=rep.get("noise"),
-                   route=rep.get("route", "moments"),
-                   starts=[s for r in rep["rounds"][-1:] for s in r.get("starts", [])],
-                   stream=[{k: v for k, v in r["stream"].items()} | {"conditions": r["conditions"]}
-                           for r in rep["rounds"] if "stream" in r],
-                   angle_before_polish=row_angle(b, np.asarray(rep["before_polish"]["W0"])))
+        rec.update(
+            summary=rep["summary"],
+            parameters=rep["parameters"],
+            noise=rep.get("noise"),
+            route=rep.get("route", "moments"),
+            starts=[s for r in rep["rounds"][-1:] for s in r.get("starts", [])],
+            stream=[
+                {k: v for k, v in r["stream"].items()} | {"conditions": r["conditions"]}
+                for r in rep["rounds"]
+                if "stream" in r
+            ],
+            angle_before_polish=row_angle(b, np.asarray(rep["before_polish"]["W0"])),
+        )
     ev = api.evaluate(model, cfg_path, samples=TEST_SAMPLES)
-    rec.update(parameter_error=ev["parameter_error"], relative_test_error=ev["relative_test_error"],
-               noise_floor=ev["noise_floor"], angle=row_angle(b, Network.load(model).weights[0]), status="ok",
-               seconds=time.perf_counter() - t0)
+    rec.update(
+        parameter_error=ev["parameter_error"],
+        relative_test_error=ev["relative_test_error"],
+        noise_floor=ev["noise_floor"],
+        angle=row_angle(b, Network.load(model).weights[0]),
+        status="ok",
+        seconds=time.perf_counter() - t0,
+    )
     return rec
 
 
@@ -119,8 +149,18 @@ def run_samples(source: Any, n: int):
         yield np.concatenate(xs), np.concatenate(ys)
 
 
-def sgd_baseline(source: Any, k: int, n: int, teacher: Network, x_test: np.ndarray, y_test: np.ndarray,
-                 *, batch: int = 1000, lr: float = 3e-3, seed: int = 0) -> dict[str, Any]:
+def sgd_baseline(
+    source: Any,
+    k: int,
+    n: int,
+    teacher: Network,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    *,
+    batch: int = 1000,
+    lr: float = 3e-3,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Squared loss of ``Σ_j a_j relu(<w_j, x>)`` (true width k) by Adam on fresh mini-batches: each
     of the n samples used once (the paper's §6 protocol); step size decays as 1/√t after a tenth."""
     rng = np.random.default_rng([seed, 1])
@@ -134,7 +174,7 @@ def sgd_baseline(source: Any, k: int, n: int, teacher: Network, x_test: np.ndarr
     seen = 0
     for x_all, y_all in run_samples(source, n):
         for s in range(0, len(y_all), batch):
-            x, y = x_all[s:s + batch], y_all[s:s + batch]
+            x, y = x_all[s : s + batch], y_all[s : s + batch]
             h = x @ w.T
             act = np.maximum(h, 0.0)
             r = act @ a - y
@@ -153,30 +193,54 @@ def sgd_baseline(source: Any, k: int, n: int, teacher: Network, x_test: np.ndarr
         curve.append([seen, float(np.sum((y_test - pred) ** 2) / np.sum(y_test**2))])
     net = Network((w.copy(), a[None, :].copy()), activation="relu")
     pred = net.forward(x_test)[:, 0]
-    return {"method": "sgd-squared-loss", "samples": n, "batch": batch, "seconds": time.perf_counter() - t0,
-            "relative_test_error": float(np.sum((y_test - pred) ** 2) / np.sum(y_test**2)),
-            "parameter_error": compare(teacher, net).relative_error,
-            "angle": row_angle(teacher.weights[0], w), "curve": curve, "status": "ok"}
+    return {
+        "method": "sgd-squared-loss",
+        "samples": n,
+        "batch": batch,
+        "seconds": time.perf_counter() - t0,
+        "relative_test_error": float(np.sum((y_test - pred) ** 2) / np.sum(y_test**2)),
+        "parameter_error": compare(teacher, net).relative_error,
+        "angle": row_angle(teacher.weights[0], w),
+        "curve": curve,
+        "status": "ok",
+    }
 
 
-def mlp_baseline(source: Any, k: int, n: int, teacher: Network, x_test: np.ndarray, y_test: np.ndarray,
-                 ) -> dict[str, Any]:
+def mlp_baseline(
+    source: Any,
+    k: int,
+    n: int,
+    teacher: Network,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+) -> dict[str, Any]:
     """scikit-learn MLPRegressor (ReLU, the true width) by ``partial_fit`` over the run's chunks, one pass."""
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.neural_network import MLPRegressor
 
     t0 = time.perf_counter()
-    mlp = MLPRegressor(hidden_layer_sizes=(k,), activation="relu", solver="adam", batch_size=1000,
-                       learning_rate_init=1e-3, random_state=0)
+    mlp = MLPRegressor(
+        hidden_layer_sizes=(k,),
+        activation="relu",
+        solver="adam",
+        batch_size=1000,
+        learning_rate_init=1e-3,
+        random_state=0,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         for x, y in run_samples(source, n):
             mlp.partial_fit(x, y)
     pred = mlp.predict(x_test)
     # the MLP has biases and a free output layer: compare it by test error, and its first layer by angle
-    return {"method": "MLPRegressor", "samples": n, "seconds": time.perf_counter() - t0,
-            "relative_test_error": float(np.sum((y_test - pred) ** 2) / np.sum(y_test**2)),
-            "angle": row_angle(teacher.weights[0], np.asarray(mlp.coefs_[0]).T), "status": "ok"}
+    return {
+        "method": "MLPRegressor",
+        "samples": n,
+        "seconds": time.perf_counter() - t0,
+        "relative_test_error": float(np.sum((y_test - pred) ** 2) / np.sum(y_test**2)),
+        "angle": row_angle(teacher.weights[0], np.asarray(mlp.coefs_[0]).T),
+        "status": "ok",
+    }
 
 
 def test_set(cfg: dict) -> tuple[Any, Network, np.ndarray, np.ndarray]:
@@ -204,8 +268,11 @@ def part_settings(client: Any, workdir: Path, quick: bool) -> list[dict[str, Any
         b, a = planted(d, m, cond, seed=5)
         rec = run_method(config(b, a, n, sigma), workdir, client, tag, "landscape", b, width=m)
         rec.update(setting=tag, d=d, m=m, condition=cond, sigma=sigma)
-        print(f"settings {tag}: {rec.get('status')} angle {rec.get('angle_before_polish')} "
-              f"error {rec.get('parameter_error')}", flush=True)
+        print(
+            f"settings {tag}: {rec.get('status')} angle {rec.get('angle_before_polish')} "
+            f"error {rec.get('parameter_error')}",
+            flush=True,
+        )
         out.append(rec)
     return out
 
@@ -221,8 +288,11 @@ def part_side_by_side(client: Any, workdir: Path, quick: bool) -> dict[str, Any]
     rows.append(sgd_baseline(source, m, n, teacher, xt, yt))
     rows.append(mlp_baseline(source, m, n, teacher, xt, yt))
     for r in rows:
-        print(f"side by side {r['method']}: {r.get('status')} test {r.get('relative_test_error')} "
-              f"angle {r.get('angle')} {r.get('error', '')[:200]}", flush=True)
+        print(
+            f"side by side {r['method']}: {r.get('status')} test {r.get('relative_test_error')} "
+            f"angle {r.get('angle')} {r.get('error', '')[:200]}",
+            flush=True,
+        )
     return {"d": d, "m": m, "samples": n, "rows": rows}
 
 
@@ -234,8 +304,11 @@ def part_paper(client: Any, workdir: Path, quick: bool, samples: int, sgd_sample
     rows = [run_method(cfg, workdir, client, "paper-landscape", "landscape", b, width=m)]
     rows.append(sgd_baseline(source, m, sgd_samples, teacher, xt, yt))
     for r in rows:
-        print(f"paper {r['method']}: {r.get('status')} test {r.get('relative_test_error')} "
-              f"error {r.get('parameter_error')} {r.get('error', '')[:200]}", flush=True)
+        print(
+            f"paper {r['method']}: {r.get('status')} test {r.get('relative_test_error')} "
+            f"error {r.get('parameter_error')} {r.get('error', '')[:200]}",
+            flush=True,
+        )
     return {"d": d, "m": m, "samples": samples, "rows": rows}
 
 
@@ -243,29 +316,44 @@ def part_paper(client: Any, workdir: Path, quick: bool, samples: int, sgd_sample
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = ["| setting | d | m | samples | starts at lowest G | row angle before polish | parameter error | "
-             "test error / noise floor | seconds |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| setting | d | m | samples | starts at lowest G | row angle before polish | parameter error | "
+        "test error / noise floor | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result.get("settings", []):
         s = r.get("summary", {})
-        ratio = (f"{r['relative_test_error'] / r['noise_floor']:.3f}" if r.get("noise_floor") else
-                 f"{r.get('relative_test_error', float('nan')):.1e} (noiseless)")
-        lines.append(f"| {r['setting']} | {r['d']} | {r['m']} | {r['samples']:.0e} | "
-                     f"{s.get('starts_at_lowest_G', '–')}/{s.get('starts', '–')} | "
-                     f"{r.get('angle_before_polish', float('nan')):.3f} | {r.get('parameter_error', float('nan')):.1e} | "
-                     f"{ratio} | {r.get('seconds', float('nan')):.0f} |")
+        ratio = (
+            f"{r['relative_test_error'] / r['noise_floor']:.3f}"
+            if r.get("noise_floor")
+            else f"{r.get('relative_test_error', float('nan')):.1e} (noiseless)"
+        )
+        lines.append(
+            f"| {r['setting']} | {r['d']} | {r['m']} | {r['samples']:.0e} | "
+            f"{s.get('starts_at_lowest_G', '–')}/{s.get('starts', '–')} | "
+            f"{r.get('angle_before_polish', float('nan')):.3f} | "
+            f"{r.get('parameter_error', float('nan')):.1e} | "
+            f"{ratio} | {r.get('seconds', float('nan')):.0f} |"
+        )
     for part in ("side_by_side", "paper"):
         if part not in result:
             continue
         p = result[part]
-        lines += ["", f"**{part.replace('_', ' ')}** (d = {p['d']}, m = {p['m']}):", "",
-                  "| method | samples | status | relative test error | parameter error | largest row angle | seconds |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"**{part.replace('_', ' ')}** (d = {p['d']}, m = {p['m']}):",
+            "",
+            "| method | samples | status | relative test error | parameter error | largest row angle | seconds |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for r in p["rows"]:
             pe = r.get("parameter_error")
-            lines.append(f"| {r['method']} | {r['samples']:.0e} | {r.get('status')} | "
-                         f"{r.get('relative_test_error', float('nan')):.2e} | "
-                         f"{'–' if pe is None else f'{pe:.1e}'} | {r.get('angle', float('nan')):.3f} | "
-                         f"{r.get('seconds', float('nan')):.0f} |")
+            lines.append(
+                f"| {r['method']} | {r['samples']:.0e} | {r.get('status')} | "
+                f"{r.get('relative_test_error', float('nan')):.2e} | "
+                f"{'–' if pe is None else f'{pe:.1e}'} | {r.get('angle', float('nan')):.3f} | "
+                f"{r.get('seconds', float('nan')):.0f} |"
+            )
     return "\n".join(lines)
 
 
@@ -287,9 +375,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
             elif r.get("status") == "ok":
                 streamed = (r.get("summary") or {}).get("samples_streamed")
                 seen = f"{r['samples']:.0e} samples" + (f" + {streamed:.1e} streamed" if streamed else "")
-                ax.axhline(max(r["relative_test_error"], 1e-32), ls="--",
-                           label=f"{r['method']} ({seen})", color="C2" if
-                           r["method"] == "landscape" else "C3")
+                ax.axhline(
+                    max(r["relative_test_error"], 1e-32),
+                    ls="--",
+                    label=f"{r['method']} ({seen})",
+                    color="C2" if r["method"] == "landscape" else "C3",
+                )
         ax.set_xlabel("samples seen")
         ax.set_ylabel("relative test error")
         ax.set_title(f"{part.replace('_', ' ')}: d = m = {p['d']}")
@@ -298,7 +389,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--quick", action="store_true", help="smoke run: small sizes")

@@ -90,12 +90,19 @@ SERIES_TERMS = 150
 # ----------------------------------------------------------------------------- configs and samples
 
 
-def run_cfg(d: int, widths: list[int], act: str, n: int, seed: int = RUN_SEED,
-            statistics: dict | None = None) -> dict[str, Any]:
-    cfg = {"seed": seed, "samples": int(n), "chunk_size": int(min(CHUNK, n)),
-           "source": {"d": d, "noise_std": 0.0,
-                      "teacher": {"kind": "random_xavier", "widths": list(widths), "activation": act,
-                                  "seed": TEACHER_SEED}}}
+def run_cfg(
+    d: int, widths: list[int], act: str, n: int, seed: int = RUN_SEED, statistics: dict | None = None
+) -> dict[str, Any]:
+    cfg = {
+        "seed": seed,
+        "samples": int(n),
+        "chunk_size": int(min(CHUNK, n)),
+        "source": {
+            "d": d,
+            "noise_std": 0.0,
+            "teacher": {"kind": "random_xavier", "widths": list(widths), "activation": act, "seed": TEACHER_SEED},
+        },
+    }
     if statistics is not None:
         cfg["statistics"] = statistics
     return cfg
@@ -148,9 +155,16 @@ def depth2_truth(net: Network, lmax: int) -> dict[str, Any]:
     amp = np.abs(a) * np.sqrt(diag)
     cut = float(offdiag.max() ** (SERIES_TERMS + 1) * (amp.sum() ** 2 - (amp**2).sum()))
     norms = np.array(norms)
-    return {"ey2": ey2, "ey2_series_cut_bound": cut, "norms": norms.tolist(),
-            "tail": (1.0 - np.cumsum(norms) / ey2).tolist(), "tail_se": [0.0] * (lmax + 1),
-            "max_offdiagonal_cosine": float(offdiag.max()), "_b": b[:, : lmax + 1], "_s": s}
+    return {
+        "ey2": ey2,
+        "ey2_series_cut_bound": cut,
+        "norms": norms.tolist(),
+        "tail": (1.0 - np.cumsum(norms) / ey2).tolist(),
+        "tail_se": [0.0] * (lmax + 1),
+        "max_offdiagonal_cosine": float(offdiag.max()),
+        "_b": b[:, : lmax + 1],
+        "_s": s,
+    }
 
 
 def exact_excess(net: Network, truth: dict[str, Any], tensors: tuple[np.ndarray, ...], d: int) -> list[float]:
@@ -167,8 +181,8 @@ def exact_excess(net: Network, truth: dict[str, Any], tensors: tuple[np.ndarray,
         for i in range(0, len(a), step):
             p = np.ones((min(step, len(a) - i), len(t)))
             for j in range(l):
-                p *= u[i:i + step][:, idx[:, j]]
-            proj[i:i + step] = p @ mt
+                p *= u[i : i + step][:, idx[:, j]]
+            proj[i : i + step] = p @ mt
         cross = float((a * truth["_b"][:, l]) @ proj) / math.sqrt(math.factorial(l))
         out.append(float(mt @ t) / math.factorial(l) - 2 * cross + truth["norms"][l])
     return out
@@ -190,8 +204,10 @@ def monte_carlo_ey2(source: Any, n: int, batch: int = 500_000) -> tuple[float, f
 
 def _stored(store: str, orders: range) -> tuple[list[np.ndarray], list[np.ndarray]]:
     h = open_store(store).arrays("hermite")
-    return ([np.asarray(h[f"T{l}"], dtype=np.float64).reshape(-1) for l in orders],
-            [np.asarray(h[f"T{l}_se"], dtype=np.float64).reshape(-1) for l in orders])
+    return (
+        [np.asarray(h[f"T{l}"], dtype=np.float64).reshape(-1) for l in orders],
+        [np.asarray(h[f"T{l}_se"], dtype=np.float64).reshape(-1) for l in orders],
+    )
 
 
 def truth_run(d: int, widths: list[int], act: str, n: int, lmax: int, client: Any, workdir: Path) -> dict[str, Any]:
@@ -200,15 +216,20 @@ def truth_run(d: int, widths: list[int], act: str, n: int, lmax: int, client: An
     (the error of E[y²] included)."""
     t0 = time.perf_counter()
     first, second = str(workdir / f"truth-{d}-{act}-low.zarr"), str(workdir / f"truth-{d}-{act}-res.zarr")
-    api.estimate(config_from_dict(run_cfg(d, widths, act, n, TRUTH_SEED, {"basic": {}, "hermite": {"max_order": 2}})),
-                 first, client=client, progress=None)
+    api.estimate(
+        config_from_dict(run_cfg(d, widths, act, n, TRUTH_SEED, {"basic": {}, "hermite": {"max_order": 2}})),
+        first,
+        client=client,
+        progress=None,
+    )
     (c0, c1, c2), _ = _stored(first, range(3))
     basic = open_store(first).arrays("basic")
     ey2, ey2_se = (float(np.asarray(basic[k]).reshape(())) for k in ("yy", "yy_se"))
     expansion = {"t0": float(c0[0]), "t1": c1.tolist(), "t2": hermite.unpack(c2, d, 2).tolist()}
     stats = {"basic": {}, "hermite": {"max_order": lmax, "expansion": expansion}}
-    summary = api.estimate(config_from_dict(run_cfg(d, widths, act, n, TRUTH_SEED, stats)), second, client=client,
-                           progress=None)
+    summary = api.estimate(
+        config_from_dict(run_cfg(d, widths, act, n, TRUTH_SEED, stats)), second, client=client, progress=None
+    )
     low, low_se = _stored(first, range(3))
     high, high_se = _stored(second, range(3, lmax + 1))
     signal, var = [], []
@@ -219,9 +240,17 @@ def truth_run(d: int, widths: list[int], act: str, n: int, lmax: int, client: An
     cum, cum_var = np.cumsum(signal), np.cumsum(var)
     tail = 1.0 - cum / ey2
     tail_se = np.sqrt(cum_var / ey2**2 + (cum / ey2**2 * ey2_se) ** 2)
-    return {"samples": n, "seed": TRUTH_SEED, "seconds": time.perf_counter() - t0,
-            "samples_per_second_residual_pass": summary.samples / summary.seconds if summary.seconds else None,
-            "norms": list(signal), "tail": tail.tolist(), "tail_se": tail_se.tolist(), "ey2": ey2, "ey2_se": ey2_se}
+    return {
+        "samples": n,
+        "seed": TRUTH_SEED,
+        "seconds": time.perf_counter() - t0,
+        "samples_per_second_residual_pass": summary.samples / summary.seconds if summary.seconds else None,
+        "norms": list(signal),
+        "tail": tail.tolist(),
+        "tail_se": tail_se.tolist(),
+        "ey2": ey2,
+        "ey2_se": ey2_se,
+    }
 
 
 # ----------------------------------------------------------------------------- one net
@@ -236,9 +265,17 @@ def expansion_ses(res: dict[str, Any], store: str, lmax: int) -> list[np.ndarray
     return low + high
 
 
-def degree_rows(d: int, lmax: int, errors: list[tuple[float, float]], ses: list[np.ndarray], truth: dict[str, Any],
-                ey2: float, report: dict[str, Any], excess_exact: list[float] | None, chunks: int
-                ) -> list[dict[str, Any]]:
+def degree_rows(
+    d: int,
+    lmax: int,
+    errors: list[tuple[float, float]],
+    ses: list[np.ndarray],
+    truth: dict[str, Any],
+    ey2: float,
+    report: dict[str, Any],
+    excess_exact: list[float] | None,
+    chunks: int,
+) -> list[dict[str, Any]]:
     """Per degree: test error vs tail, predicted variance, measured excess and z-scores.
 
     ``fluct_se`` is the spread of ``Σ ‖T̂_l − T_l‖²`` about its mean (``2 Σ (mult se²)²``) and of the
@@ -254,11 +291,22 @@ def degree_rows(d: int, lmax: int, errors: list[tuple[float, float]], ses: list[
         tail, tail_se = truth["tail"][L], truth["tail_se"][L]
         excess = test - tail
         combined = math.sqrt(test_se**2 + tail_se**2 + fluct2)
-        row = {"L": L, "test_error": test, "test_se": test_se, "tail": tail, "tail_se": tail_se,
-               "predicted_variance": pv, "fluct_se": math.sqrt(fluct2), "excess": excess, "combined_se": combined,
-               "z": (excess - pv) / combined, "entries": math.comb(d + L, L),
-               "method_tail_same_run": report["tail"][L], "method_predicted_variance": report["predicted_variance"][L],
-               "method_held_out_error": report["held_out_error"][L]}
+        row = {
+            "L": L,
+            "test_error": test,
+            "test_se": test_se,
+            "tail": tail,
+            "tail_se": tail_se,
+            "predicted_variance": pv,
+            "fluct_se": math.sqrt(fluct2),
+            "excess": excess,
+            "combined_se": combined,
+            "z": (excess - pv) / combined,
+            "entries": math.comb(d + L, L),
+            "method_tail_same_run": report["tail"][L],
+            "method_predicted_variance": report["predicted_variance"][L],
+            "method_held_out_error": report["held_out_error"][L],
+        }
         row["within"] = abs(row["z"]) <= 3.0
         if excess_exact is not None:
             exact += excess_exact[L] / ey2
@@ -267,12 +315,21 @@ def degree_rows(d: int, lmax: int, errors: list[tuple[float, float]], ses: list[
     return rows
 
 
-def run_net(d: int, depth: int, act: str, n: int, lmax: int, n_test: int, mc_samples: int, client: Any,
-            workdir: Path) -> dict[str, Any]:
+def run_net(
+    d: int, depth: int, act: str, n: int, lmax: int, n_test: int, mc_samples: int, client: Any, workdir: Path
+) -> dict[str, Any]:
     widths = DEPTHS[depth]
     tag = f"d{d}-depth{depth}-{act}"
-    rec: dict[str, Any] = {"net": tag, "d": d, "depth": depth, "widths": widths, "activation": act,
-                           "samples": n, "L_max": lmax, "test_samples": n_test}
+    rec: dict[str, Any] = {
+        "net": tag,
+        "d": d,
+        "depth": depth,
+        "widths": widths,
+        "activation": act,
+        "samples": n,
+        "L_max": lmax,
+        "test_samples": n_test,
+    }
     t_start = time.perf_counter()
     source = source_of(d, widths, act)
     net = source.network
@@ -291,15 +348,28 @@ def run_net(d: int, depth: int, act: str, n: int, lmax: int, n_test: int, mc_sam
 
     store, model_path = str(workdir / f"{tag}.zarr"), str(workdir / f"{tag}.npz")
     t0 = time.perf_counter()
-    res = api.fit(config_from_dict(run_cfg(d, widths, act, n)), store, "polynomial", degree=lmax, shrink="none",
-                  residual=True, out=model_path, client=client, progress=None)
+    res = api.fit(
+        config_from_dict(run_cfg(d, widths, act, n)),
+        store,
+        "polynomial",
+        degree=lmax,
+        shrink="none",
+        residual=True,
+        out=model_path,
+        client=client,
+        progress=None,
+    )
     wall = time.perf_counter() - t0
     passes = res["passes"]
-    rec["fit"] = {"seconds": wall, "estimate_seconds": res["estimate"]["seconds"],
-                  "samples_per_second": res["estimate"]["samples_per_second"],
-                  "residual_pass_seconds": passes[0]["seconds"] if passes else None,
-                  "residual_pass_samples_per_second": n / passes[0]["seconds"] if passes else None,
-                  "learn_seconds": res["seconds"], "report_degree": res["report"]["degree"]}
+    rec["fit"] = {
+        "seconds": wall,
+        "estimate_seconds": res["estimate"]["seconds"],
+        "samples_per_second": res["estimate"]["samples_per_second"],
+        "residual_pass_seconds": passes[0]["seconds"] if passes else None,
+        "residual_pass_samples_per_second": n / passes[0]["seconds"] if passes else None,
+        "learn_seconds": res["seconds"],
+        "report_degree": res["report"]["degree"],
+    }
 
     model = load_model(model_path)
     x, y = test_samples(source, n_test)
@@ -313,31 +383,40 @@ def run_net(d: int, depth: int, act: str, n: int, lmax: int, n_test: int, mc_sam
 
     # the method's own choice of degree, from the same store (statistics and residual pass reused)
     t0 = time.perf_counter()
-    chosen = api.learn(store, "polynomial", shrink="none", out=str(workdir / f"{tag}-chosen.npz"), client=client,
-                       progress=None)
+    chosen = api.learn(
+        store, "polynomial", shrink="none", out=str(workdir / f"{tag}-chosen.npz"), client=client, progress=None
+    )
     deg = chosen["report"]["degree"]
-    rec["held_out_choice"] = {"degree": deg, "seconds": time.perf_counter() - t0,
-                              "passes_run": len(chosen["passes"]),
-                              "held_out_error": chosen["report"]["held_out_error"],
-                              "test_error": errors[deg][0], "test_se": errors[deg][1],
-                              "best_test_degree": int(np.argmin([e[0] for e in errors]))}
+    rec["held_out_choice"] = {
+        "degree": deg,
+        "seconds": time.perf_counter() - t0,
+        "passes_run": len(chosen["passes"]),
+        "held_out_error": chosen["report"]["held_out_error"],
+        "test_error": errors[deg][0],
+        "test_se": errors[deg][1],
+        "best_test_degree": int(np.argmin([e[0] for e in errors])),
+    }
     # the same tensors shrunk per order by their SEs (--shrink order): the curve no longer rises where an
     # order's noise exceeds its signal
     shrunk_path = str(workdir / f"{tag}-order.npz")
-    shrunk = api.learn(store, "polynomial", degree=lmax, shrink="order", out=shrunk_path, client=client,
-                       progress=None)
+    shrunk = api.learn(store, "polynomial", degree=lmax, shrink="order", out=shrunk_path, client=client, progress=None)
     cum = np.cumsum(load_model(shrunk_path).terms(x), axis=1)
     order_errors = [relative_error(y, cum[:, L], ey2) for L in range(lmax + 1)]
-    rec["shrink_order"] = {"test_error": [e[0] for e in order_errors], "test_se": [e[1] for e in order_errors],
-                           "factors": shrunk["report"]["shrink_factors"]}
+    rec["shrink_order"] = {
+        "test_error": [e[0] for e in order_errors],
+        "test_se": [e[1] for e in order_errors],
+        "factors": shrunk["report"]["shrink_factors"],
+    }
     rec["seconds"] = time.perf_counter() - t_start
     return rec
 
 
 def summarise_net(rec: dict[str, Any]) -> str:
     cells = " ".join(f"L{r['L']}:{r['test_error']:.4f}/{r['tail']:.4f}(z{r['z']:+.1f})" for r in rec["rows"])
-    return (f"{rec['net']}: n={rec['samples']:.0e} fit {rec['fit']['seconds']:.0f}s "
-            f"({rec['fit']['samples_per_second']:.0f}/s) chosen L={rec['held_out_choice']['degree']} | {cells}")
+    return (
+        f"{rec['net']}: n={rec['samples']:.0e} fit {rec['fit']['seconds']:.0f}s "
+        f"({rec['fit']['samples_per_second']:.0f}/s) chosen L={rec['held_out_choice']['degree']} | {cells}"
+    )
 
 
 # ----------------------------------------------------------------------------- side by side (subprocesses)
@@ -382,15 +461,26 @@ def baseline_worker(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     signal.alarm(int(spec["cap"]) if method != "relulearn" else 0)
     try:
-        predict, extra = _fit_baseline(method, spec, source, x if method != "relulearn" else None,
-                                       y if method != "relulearn" else None)
+        predict, extra = _fit_baseline(
+            method, spec, source, x if method != "relulearn" else None, y if method != "relulearn" else None
+        )
     except TimeoutError as err:
-        out.update(status="out of time", error=str(err), seconds=time.perf_counter() - t0, peak_rss_mib=hwm_mib(),
-                   ru_maxrss_mib=rss_mib())
+        out.update(
+            status="out of time",
+            error=str(err),
+            seconds=time.perf_counter() - t0,
+            peak_rss_mib=hwm_mib(),
+            ru_maxrss_mib=rss_mib(),
+        )
         return out
     except MemoryError as err:
-        out.update(status="out of memory", error=f"MemoryError {err}", seconds=time.perf_counter() - t0,
-                   peak_rss_mib=hwm_mib(), ru_maxrss_mib=rss_mib())
+        out.update(
+            status="out of memory",
+            error=f"MemoryError {err}",
+            seconds=time.perf_counter() - t0,
+            peak_rss_mib=hwm_mib(),
+            ru_maxrss_mib=rss_mib(),
+        )
         return out
     finally:
         signal.alarm(0)
@@ -402,11 +492,12 @@ def baseline_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _batched(fn: Any, x: np.ndarray, rows: int = 4000) -> np.ndarray:
-    return np.concatenate([np.asarray(fn(x[i:i + rows])).reshape(-1) for i in range(0, len(x), rows)])
+    return np.concatenate([np.asarray(fn(x[i : i + rows])).reshape(-1) for i in range(0, len(x), rows)])
 
 
-def _fit_baseline(method: str, spec: dict[str, Any], source: Any, x: np.ndarray | None, y: np.ndarray | None
-                  ) -> tuple[Any, dict[str, Any]]:
+def _fit_baseline(
+    method: str, spec: dict[str, Any], source: Any, x: np.ndarray | None, y: np.ndarray | None
+) -> tuple[Any, dict[str, Any]]:
     L, d = spec["L"], spec["d"]
     if method == "ridge":
         from sklearn.linear_model import Ridge
@@ -427,8 +518,15 @@ def _fit_baseline(method: str, spec: dict[str, Any], source: Any, x: np.ndarray 
         from sklearn.neural_network import MLPRegressor
 
         act = "relu" if spec["activation"] == "relu" else "tanh"
-        mlp = MLPRegressor(hidden_layer_sizes=tuple(spec["widths"]), activation=act, solver="adam",
-                           early_stopping=True, random_state=0, max_iter=1, warm_start=True)
+        mlp = MLPRegressor(
+            hidden_layer_sizes=tuple(spec["widths"]),
+            activation=act,
+            solver="adam",
+            early_stopping=True,
+            random_state=0,
+            max_iter=1,
+            warm_start=True,
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             t0 = time.perf_counter()
@@ -440,16 +538,30 @@ def _fit_baseline(method: str, spec: dict[str, Any], source: Any, x: np.ndarray 
                 mlp.fit(x, y)
         epochs = 1 + (mlp.n_iter_ if more else 0)
         return (lambda xt: {L: mlp.predict(xt)}), {
-            "epochs": epochs, "epoch_seconds": epoch, "mlp_activation": act,
-            "stopped_early": bool(more and mlp.n_iter_ < more)}
+            "epochs": epochs,
+            "epoch_seconds": epoch,
+            "mlp_activation": act,
+            "stopped_early": bool(more and mlp.n_iter_ < more),
+        }
     if method == "relulearn":
         with tempfile.TemporaryDirectory(dir=spec["tmp"]) as tmp:
             cfg = config_from_dict(run_cfg(d, spec["widths"], spec["activation"], spec["n"]))
-            res = api.fit(cfg, f"{tmp}/s.zarr", "polynomial", degree=L, residual=True, shrink="none", out=f"{tmp}/m.npz",
-                          client="local", progress=None)
+            res = api.fit(
+                cfg,
+                f"{tmp}/s.zarr",
+                "polynomial",
+                degree=L,
+                residual=True,
+                shrink="none",
+                out=f"{tmp}/m.npz",
+                client="local",
+                progress=None,
+            )
             model = load_model(f"{tmp}/m.npz")
-        extra = {"samples_per_second": res["estimate"]["samples_per_second"],
-                 "residual_pass_seconds": res["passes"][0]["seconds"] if res["passes"] else None}
+        extra = {
+            "samples_per_second": res["estimate"]["samples_per_second"],
+            "residual_pass_seconds": res["passes"][0]["seconds"] if res["passes"] else None,
+        }
         return (lambda xt: {k: v for k, v in enumerate(np.cumsum(model.terms(xt), axis=1).T)}), extra
     raise ValueError(method)
 
@@ -459,27 +571,49 @@ def run_baseline(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
 
     Started through ``sh``, which forks it: Linux carries a process's peak RSS across ``exec``, so a
     child exec'd straight from this (large) driver would report the driver's peak as its ``ru_maxrss``."""
-    cmd = ["/bin/sh", "-c", '"$@"; exit $?', "sh", sys.executable, str(Path(__file__).resolve()), "--baseline",
-           json.dumps(spec)]
+    cmd = [
+        "/bin/sh",
+        "-c",
+        '"$@"; exit $?',
+        "sh",
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--baseline",
+        json.dumps(spec),
+    ]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return {"method": spec["method"], "n": spec["n"], "L": spec["L"], "activation": spec["activation"],
-                "status": "out of time", "error": f"killed after {timeout:.0f} s (subprocess)",
-                "seconds": time.perf_counter() - t0}
+        return {
+            "method": spec["method"],
+            "n": spec["n"],
+            "L": spec["L"],
+            "activation": spec["activation"],
+            "status": "out of time",
+            "error": f"killed after {timeout:.0f} s (subprocess)",
+            "seconds": time.perf_counter() - t0,
+        }
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if not lines:
         err = proc.stderr.strip().splitlines()[-3:]
         status = "out of memory" if any("MemoryError" in e for e in err) or proc.returncode in (-9, 137) else "error"
-        return {"method": spec["method"], "n": spec["n"], "L": spec["L"], "activation": spec["activation"],
-                "status": status, "error": " | ".join(err)[:600], "returncode": proc.returncode,
-                "seconds": time.perf_counter() - t0}
-    return json.loads(lines[-1][len("RESULT "):])
+        return {
+            "method": spec["method"],
+            "n": spec["n"],
+            "L": spec["L"],
+            "activation": spec["activation"],
+            "status": status,
+            "error": " | ".join(err)[:600],
+            "returncode": proc.returncode,
+            "seconds": time.perf_counter() - t0,
+        }
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
-def _predicted_seconds(method: str, n: int, L: int, d: int, rows: list[dict[str, Any]],
-                       lower: list[dict[str, Any]]) -> tuple[float | None, str]:
+def _predicted_seconds(
+    method: str, n: int, L: int, d: int, rows: list[dict[str, Any]], lower: list[dict[str, Any]]
+) -> tuple[float | None, str]:
     """A fit's time predicted from the last one that finished: linear in n, and (for the in-memory
     regressions, whose cost is dominated by building and multiplying the design) at least linear in the
     number of features when only a lower degree was measured at this n."""
@@ -495,8 +629,15 @@ def _predicted_seconds(method: str, n: int, L: int, d: int, rows: list[dict[str,
     return None, ""
 
 
-def sweep(method: str, L: int, grid: list[int], base: dict[str, Any], args: argparse.Namespace,
-          save: Any, lower: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+def sweep(
+    method: str,
+    L: int,
+    grid: list[int],
+    base: dict[str, Any],
+    args: argparse.Namespace,
+    save: Any,
+    lower: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Fits at growing n until the design matrix would exceed the memory limit or a fit exceeds the cap."""
     rows: list[dict[str, Any]] = []
     for n in grid:
@@ -504,20 +645,38 @@ def sweep(method: str, L: int, grid: list[int], base: dict[str, Any], args: argp
         need = _design_bytes(method, n, base["d"], L)
         predicted, basis = _predicted_seconds(method, n, L, base["d"], rows, lower or [])
         if need > args.memory_limit_gb * 2**30:
-            rows.append({"method": method, "n": int(n), "L": L, "activation": base["activation"],
-                         "status": "out of memory", "needs_gb": need / 2**30,
-                         "error": f"design matrix needs {need / 2**30:.1f} GiB (limit {args.memory_limit_gb} GiB): not run"})
+            rows.append(
+                {
+                    "method": method,
+                    "n": int(n),
+                    "L": L,
+                    "activation": base["activation"],
+                    "status": "out of memory",
+                    "needs_gb": need / 2**30,
+                    "error": f"design matrix needs {need / 2**30:.1f} GiB (limit {args.memory_limit_gb} GiB): not run",
+                }
+            )
         elif predicted is not None and predicted > 1.5 * args.cap:
-            rows.append({"method": method, "n": int(n), "L": L, "activation": base["activation"],
-                         "status": "out of time", "predicted_seconds": predicted,
-                         "error": f"predicted {predicted:.0f} s from {basis} (cap {args.cap:.0f} s): not run"})
+            rows.append(
+                {
+                    "method": method,
+                    "n": int(n),
+                    "L": L,
+                    "activation": base["activation"],
+                    "status": "out of time",
+                    "predicted_seconds": predicted,
+                    "error": f"predicted {predicted:.0f} s from {basis} (cap {args.cap:.0f} s): not run",
+                }
+            )
         else:
             rows.append(run_baseline(spec, timeout=args.cap + 600 if method != "relulearn" else 3600))
             rows[-1]["design_gb"] = need / 2**30
         r = rows[-1]
-        print(f"  {method} L={L} n={n:.0e} {base['activation']}: {r['status']} {r.get('seconds', 0):.0f}s "
-              f"rss {r.get('peak_rss_mib', float('nan')):.0f} MiB test {r.get('test')} {r.get('error', '')[:120]}",
-              flush=True)
+        print(
+            f"  {method} L={L} n={n:.0e} {base['activation']}: {r['status']} {r.get('seconds', 0):.0f}s "
+            f"rss {r.get('peak_rss_mib', float('nan')):.0f} MiB test {r.get('test')} {r.get('error', '')[:120]}",
+            flush=True,
+        )
         save(rows)
         if r["status"] != "ok":
             break
@@ -526,20 +685,38 @@ def sweep(method: str, L: int, grid: list[int], base: dict[str, Any], args: argp
 
 def part_side_by_side(args: argparse.Namespace, result: dict[str, Any], out: Path, tmp: str) -> None:
     d, widths = args.side_d, DEPTHS[2]
-    side = result.setdefault("side_by_side", {"d": d, "widths": widths, "degrees": args.side_degrees,
-                                               "cap_seconds": args.cap, "memory_limit_gb": args.memory_limit_gb,
-                                               "test_samples": args.test_samples[0], "runs": {}})
+    side = result.setdefault(
+        "side_by_side",
+        {
+            "d": d,
+            "widths": widths,
+            "degrees": args.side_degrees,
+            "cap_seconds": args.cap,
+            "memory_limit_gb": args.memory_limit_gb,
+            "test_samples": args.test_samples[0],
+            "runs": {},
+        },
+    )
     runs = side["runs"]
     ey2 = {act: depth2_truth(source_of(d, widths, act).network, 0)["ey2"] for act in ("relu", "erf")}
 
     def base(act: str) -> dict[str, Any]:
-        return {"d": d, "widths": widths, "activation": act, "n_test": args.test_samples[0], "ey2": ey2[act],
-                "cap": args.cap, "address_space_gb": args.address_space_gb, "tmp": tmp}
+        return {
+            "d": d,
+            "widths": widths,
+            "activation": act,
+            "n_test": args.test_samples[0],
+            "ey2": ey2[act],
+            "cap": args.cap,
+            "address_space_gb": args.address_space_gb,
+            "tmp": tmp,
+        }
 
     def keeper(key: str) -> Any:
         def save(rows: list[dict[str, Any]]) -> None:
             runs[key] = rows
             save_json(result, out)
+
         return save
 
     top = max(args.side_degrees)
@@ -580,22 +757,37 @@ def nets_table(result: dict[str, Any]) -> str:
         nets = [r for r in result["nets"] if r["d"] == d]
         lmax = max(r["L_max"] for r in nets)
         head = " | ".join(f"L = {L}" for L in range(lmax + 1))
-        lines += ["", f"d = {d}: test error / tail (measured excess − predicted variance, in combined SEs)", "",
-                  f"| net | samples (samples/s) | {head} | within (abs z ≤ 3) | held-out choice |",
-                  "|---|---|" + "---|" * (lmax + 1) + "---|---|"]
+        lines += [
+            "",
+            f"d = {d}: test error / tail (measured excess − predicted variance, in combined SEs)",
+            "",
+            f"| net | samples (samples/s) | {head} | within (abs z ≤ 3) | held-out choice |",
+            "|---|---|" + "---|" * (lmax + 1) + "---|---|",
+        ]
         for r in nets:
             cells = " | ".join(f"{fmt(x['test_error'])} / {fmt(x['tail'])} ({x['z']:+.1f})" for x in r["rows"])
             within = sum(x["within"] for x in r["rows"])
             ch = r["held_out_choice"]
-            lines.append(f"| depth {r['depth']} {r['activation']} | {r['samples']:.0e} "
-                         f"({r['fit']['samples_per_second'] / 1e3:.0f} k/s) | {cells} | {within}/{len(r['rows'])} | "
-                         f"L = {ch['degree']}: {fmt(ch['test_error'])} |")
+            lines.append(
+                f"| depth {r['depth']} {r['activation']} | {r['samples']:.0e} "
+                f"({r['fit']['samples_per_second'] / 1e3:.0f} k/s) | {cells} | {within}/{len(r['rows'])} | "
+                f"L = {ch['degree']}: {fmt(ch['test_error'])} |"
+            )
         shrunk = [r for r in nets if "shrink_order" in r]
         if shrunk:
-            lines += ["", f"d = {d}: test error with --shrink order (same tensors, each order scaled by "
-                      "max(0, 1 − V_l/‖T̂_l‖²))", "", f"| net | {head} |", "|---|" + "---|" * (lmax + 1)]
-            lines += [f"| depth {r['depth']} {r['activation']} | "
-                      + " | ".join(fmt(e) for e in r["shrink_order"]["test_error"]) + " |" for r in shrunk]
+            lines += [
+                "",
+                f"d = {d}: test error with --shrink order (same tensors, each order scaled by max(0, 1 − V_l/‖T̂_l‖²))",
+                "",
+                f"| net | {head} |",
+                "|---|" + "---|" * (lmax + 1),
+            ]
+            lines += [
+                f"| depth {r['depth']} {r['activation']} | "
+                + " | ".join(fmt(e) for e in r["shrink_order"]["test_error"])
+                + " |"
+                for r in shrunk
+            ]
     return "\n".join(lines)
 
 
@@ -603,24 +795,39 @@ def side_table(result: dict[str, Any]) -> str:
     side = result.get("side_by_side")
     if not side:
         return ""
-    lines = ["", f"side by side, d = {side['d']}, depth 2 (widths {side['widths']}):", "",
-             "| method | teacher | L | n | test error | fit seconds | peak RSS (MiB) | status |",
-             "|---|---|---|---|---|---|---|---|"]
-    nets = [r for r in result.get("nets", []) if r.get("d") == side["d"] and r.get("depth") == 2 and "rows" in r
-            and r["activation"] in ("relu", "erf")]
+    lines = [
+        "",
+        f"side by side, d = {side['d']}, depth 2 (widths {side['widths']}):",
+        "",
+        "| method | teacher | L | n | test error | fit seconds | peak RSS (MiB) | status |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    nets = [
+        r
+        for r in result.get("nets", [])
+        if r.get("d") == side["d"] and r.get("depth") == 2 and "rows" in r and r["activation"] in ("relu", "erf")
+    ]
     for r in nets:  # relulearn on the cluster: the nets part's run of the same teacher (same samples and test set)
         err = "; ".join(f"L{L}: {fmt(r['rows'][L]['test_error'])}" for L in side["degrees"] if L <= r["L_max"])
-        lines.append(f"| relulearn (nets part, 2 workers, degree {r['L_max']} cut) | {r['activation']} | "
-                     f"{'/'.join(map(str, side['degrees']))} | {r['samples']:.0e} | {err} | {fmt(r['fit']['seconds'])} | "
-                     "– | ok |")
+        lines.append(
+            f"| relulearn (nets part, 2 workers, degree {r['L_max']} cut) | {r['activation']} | "
+            f"{'/'.join(map(str, side['degrees']))} | {r['samples']:.0e} | {err} | "
+            f"{fmt(r['fit']['seconds'])} | "
+            "– | ok |"
+        )
     for rows in side["runs"].values():
         for r in rows:
             tests = r.get("test") or {}
-            err = "; ".join(f"L{k}: {fmt(v[0])}" for k, v in tests.items()
-                            if r["method"] != "relulearn" or int(k) in side["degrees"])
-            lines.append(f"| {r['method']} | {r['activation']} | {r['L'] if r['method'] != 'mlp' else '–'} | "
-                         f"{r['n']:.0e} | {err or '–'} | {fmt(r.get('seconds'))} | {fmt(r.get('peak_rss_mib'))} | "
-                         f"{r['status']}{(': ' + r['error'][:80]) if r['status'] != 'ok' else ''} |")
+            err = "; ".join(
+                f"L{k}: {fmt(v[0])}"
+                for k, v in tests.items()
+                if r["method"] != "relulearn" or int(k) in side["degrees"]
+            )
+            lines.append(
+                f"| {r['method']} | {r['activation']} | {r['L'] if r['method'] != 'mlp' else '–'} | "
+                f"{r['n']:.0e} | {err or '–'} | {fmt(r.get('seconds'))} | {fmt(r.get('peak_rss_mib'))} | "
+                f"{r['status']}{(': ' + r['error'][:80]) if r['status'] != 'ok' else ''} |"
+            )
     return "\n".join(lines)
 
 
@@ -645,7 +852,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.plot(L, np.maximum(tail, 1e-6), "k--", label="tail (truth)")
         ax.plot(L, tail + pv, "r:", label="tail + predicted variance")
         if "shrink_order" in r:
-            ax.plot(L, r["shrink_order"]["test_error"], "s-", ms=3, color="tab:purple", label="test error, shrink order")
+            ax.plot(
+                L, r["shrink_order"]["test_error"], "s-", ms=3, color="tab:purple", label="test error, shrink order"
+            )
         ch = r["held_out_choice"]
         ax.plot([ch["degree"]], [ch["test_error"]], "g*", ms=12, label="held-out choice")
         ax.set_yscale("log")
@@ -655,13 +864,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
         axes.flat[0].legend(fontsize=6)
     side = result.get("side_by_side")
     if side:
-        for ax, L in zip(list(axes.flat)[len(nets):], side["degrees"]):
+        for ax, L in zip(list(axes.flat)[len(nets) :], side["degrees"]):
             for key, rws in side["runs"].items():
                 if not key.endswith("-relu"):
                     continue
                 degree = "0" if key.startswith("mlp") else str(L)  # the MLP has no degree: on both panels
-                pts = [(r["n"], r["test"][degree][0]) for r in rws
-                       if r.get("status") == "ok" and degree in (r.get("test") or {})]
+                pts = [
+                    (r["n"], r["test"][degree][0])
+                    for r in rws
+                    if r.get("status") == "ok" and degree in (r.get("test") or {})
+                ]
                 if pts:
                     n, e = zip(*pts)
                     name = key.split("-")[0]
@@ -697,8 +909,15 @@ def part_nets(args: argparse.Namespace, result: dict[str, Any], out: Path, workd
                     try:
                         rec = run_net(d, depth, act, n, lmax, n_test, args.mc_samples, client, workdir)
                     except Exception as err:  # noqa: BLE001 - recorded, so that the other nets still run
-                        rec = {"net": tag, "d": d, "depth": depth, "activation": act, "status": "error",
-                               "error": f"{type(err).__name__}: {err}"[:600], "traceback": traceback.format_exc(limit=6)}
+                        rec = {
+                            "net": tag,
+                            "d": d,
+                            "depth": depth,
+                            "activation": act,
+                            "status": "error",
+                            "error": f"{type(err).__name__}: {err}"[:600],
+                            "traceback": traceback.format_exc(limit=6),
+                        }
                         print(rec["traceback"], flush=True)
                     else:
                         print(summarise_net(rec), flush=True)
@@ -713,7 +932,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: small d, widths and sample counts")
     ap.add_argument("--parts", default="nets,side_by_side")
     ap.add_argument("--resume", action="store_true", help="keep the nets and side-by-side runs the result file holds")
-    ap.add_argument("--report", action="store_true", help="only redraw the figure and print the tables of the result file")
+    ap.add_argument(
+        "--report", action="store_true", help="only redraw the figure and print the tables of the result file"
+    )
     ap.add_argument("--baseline", help=argparse.SUPPRESS)  # internal: one side-by-side fit in a subprocess
     ap.add_argument("--cap", type=float, default=120.0, help="seconds per baseline fit")
     ap.add_argument("--memory-limit-gb", type=float, default=6.0, help="largest design matrix a sweep runs (GiB)")
@@ -729,7 +950,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.cap, args.mc_samples = min(args.cap, 20.0), 100_000
         DEPTHS.update({2: [64], 3: [32, 32]})
     else:
-        args.dims, args.samples, args.degrees, args.test_samples = [20, 50], [1_000_000, 1_000_000], [6, 4], [60_000, 30_000]
+        args.dims, args.samples, args.degrees, args.test_samples = (
+            [20, 50],
+            [1_000_000, 1_000_000],
+            [6, 4],
+            [60_000, 30_000],
+        )
         args.depths = [2, 3]
         args.side_d, args.side_degrees = 20, [3, 4]
         args.relulearn_grid = [10_000, 100_000, 1_000_000, 10_000_000]
@@ -755,11 +981,27 @@ def main(argv: list[str] | None = None) -> int:
         print(nets_table(result))
         print(side_table(result))
         return 0
-    result.update(benchmark="learn_polynomial", started=utc_now(), machine=machine_info(), quick=args.quick,
-                  settings={"dims": args.dims, "samples": args.samples, "degrees": args.degrees,
-                            "test_samples": args.test_samples, "depth_widths": DEPTHS, "activations": ACTS,
-                            "run_seed": RUN_SEED, "truth_seed": TRUTH_SEED, "teacher_seed": TEACHER_SEED,
-                            "chunk_size": CHUNK, "mc_samples": args.mc_samples, "shrink": "none", "residual": True})
+    result.update(
+        benchmark="learn_polynomial",
+        started=utc_now(),
+        machine=machine_info(),
+        quick=args.quick,
+        settings={
+            "dims": args.dims,
+            "samples": args.samples,
+            "degrees": args.degrees,
+            "test_samples": args.test_samples,
+            "depth_widths": DEPTHS,
+            "activations": ACTS,
+            "run_seed": RUN_SEED,
+            "truth_seed": TRUTH_SEED,
+            "teacher_seed": TEACHER_SEED,
+            "chunk_size": CHUNK,
+            "mc_samples": args.mc_samples,
+            "shrink": "none",
+            "residual": True,
+        },
+    )
     parts = set(args.parts.split(","))
     t_start = time.perf_counter()
     Path("/tmp/polybench").mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,8 +44,13 @@ WORKERS = 2
 
 
 def config_of(d: int, samples: int) -> Any:
-    return config_from_dict({"seed": 7, "samples": samples,
-                             "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 4, "seed": 3}}})
+    return config_from_dict(
+        {
+            "seed": 7,
+            "samples": samples,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 4, "seed": 3}},
+        }
+    )
 
 
 def reproject(path: Path) -> dict[str, Any]:
@@ -60,8 +65,11 @@ def reproject(path: Path) -> dict[str, Any]:
         for p in run["passes"]:
             p["projected"] = projected[p["name"]]
             p["ratio"] = p["measured"] / p["projected"]
-        run.update(form=(plan.choice or {}).get("form"), projected_seconds=plan.projected_seconds,
-                   projected_seconds_max=plan.projected_seconds_max)
+        run.update(
+            form=(plan.choice or {}).get("form"),
+            projected_seconds=plan.projected_seconds,
+            projected_seconds_max=plan.projected_seconds_max,
+        )
     result["reprojected"] = utc_now()
     return result
 
@@ -77,19 +85,34 @@ def run_one(d: int, samples: int, client: Any, folder: Path) -> dict[str, Any]:
     passes = []
     for p in plan["passes"]:
         if p["name"] in measured:
-            passes.append({"name": p["name"], "projected": p["projected_seconds"], "measured": measured[p["name"]],
-                           "ratio": measured[p["name"]] / p["projected_seconds"], "optional": p["optional"]})
+            passes.append(
+                {
+                    "name": p["name"],
+                    "projected": p["projected_seconds"],
+                    "measured": measured[p["name"]],
+                    "ratio": measured[p["name"]] / p["projected_seconds"],
+                    "optional": p["optional"],
+                }
+            )
     teacher: Network = make_source(cfg).network
     learned = Network.load(out)
     try:
-        error: Optional[float] = float(compare(teacher, learned).relative_error)
+        error: float | None = float(compare(teacher, learned).relative_error)
     except ValueError:
         error = None
-    return {"d": d, "samples": samples, "form": (plan["choice"] or {}).get("form"),
-            "choice": plan["choice"], "projected_seconds": plan["projected_seconds"],
-            "projected_seconds_max": plan["projected_seconds_max"], "passes": passes, "seconds": seconds,
-            "passes_seconds": sum(measured.values()), "learn_seconds": seconds - sum(measured.values()),
-            "parameter_error": error}
+    return {
+        "d": d,
+        "samples": samples,
+        "form": (plan["choice"] or {}).get("form"),
+        "choice": plan["choice"],
+        "projected_seconds": plan["projected_seconds"],
+        "projected_seconds_max": plan["projected_seconds_max"],
+        "passes": passes,
+        "seconds": seconds,
+        "passes_seconds": sum(measured.values()),
+        "learn_seconds": seconds - sum(measured.values()),
+        "parameter_error": error,
+    }
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -108,8 +131,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     grid = [lo / 1.5, hi * 1.5]
     ax.plot(grid, grid, "k-", lw=0.8)
     ax.fill_between(grid, [g * 0.7 for g in grid], [g * 1.3 for g in grid], color="0.9", label="±30 %")
-    ax.set(xscale="log", yscale="log", xlabel="projected seconds per pass", ylabel="measured seconds per pass",
-           title="relulearn plan: projected vs measured, per pass")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="projected seconds per pass",
+        ylabel="measured seconds per pass",
+        title="relulearn plan: projected vs measured, per pass",
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -120,15 +148,23 @@ def _pairs(text: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (item.split(":") for item in text.split(",") if item)]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--grid", default=GRID, help="d:samples pairs, comma-separated")
     ap.add_argument("--big", action="store_true", help=f"add {BIG}")
-    ap.add_argument("--merge", type=Path, nargs="*", default=[],
-                    help="result files whose runs are added to this one's (each run keeps the rates it was run with)")
-    ap.add_argument("--reproject", action="store_true",
-                    help="no runs: project the runs of --out again with today's cost model, and plot")
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="result files whose runs are added to this one's (each run keeps the rates it was run with)",
+    )
+    ap.add_argument(
+        "--reproject",
+        action="store_true",
+        help="no runs: project the runs of --out again with today's cost model, and plot",
+    )
     args = ap.parse_args(argv)
     if args.reproject:
         result = reproject(args.out)
@@ -137,15 +173,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     runs = _pairs(args.grid) + (_pairs(BIG) if args.big else [])
     rates = calibrate(refresh=True)  # measured now, on the machine of this run
-    result: dict[str, Any] = {"started": utc_now(), "machine": {"cpu": cpu_model(), "workers": WORKERS},
-                              "rates": rates.to_dict(), "runs": []}
+    result: dict[str, Any] = {
+        "started": utc_now(),
+        "machine": {"cpu": cpu_model(), "workers": WORKERS},
+        "rates": rates.to_dict(),
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory(prefix="relulearn-bench-plan-") as tmp, connect(workers=WORKERS) as client:
         for d, n in runs:
             rec = run_one(d, n, client, Path(tmp))
             result["runs"].append(rec)
-            print({k: rec[k] for k in ("d", "samples", "form", "projected_seconds", "seconds", "parameter_error")},
-                  [(p["name"], round(p["projected"], 1), round(p["measured"], 1)) for p in rec["passes"]],
-                  flush=True)
+            print(
+                {k: rec[k] for k in ("d", "samples", "form", "projected_seconds", "seconds", "parameter_error")},
+                [(p["name"], round(p["projected"], 1), round(p["measured"], 1)) for p in rec["passes"]],
+                flush=True,
+            )
             save_json(result, args.out)
     for other in args.merge:  # e.g. the long runs, measured on their own
         more = json.loads(other.read_text())

@@ -63,10 +63,15 @@ def run(polisher, start: Network, net: Network, x: np.ndarray, y: np.ndarray, x_
     out, rep = polisher(start, x, y)
     seconds = time.perf_counter() - t
     truth = net.forward(x_test)
-    return {"seconds": seconds, "steps": rep.iterations, "converged": rep.converged,
-            "cg_iterations": list(rep.cg_iterations), "relative_residual": rep.relative_residual,
-            "parameter_error": compare(net, out).relative_error,
-            "relative_test_error": float(np.linalg.norm(out.forward(x_test) - truth) / np.linalg.norm(truth))}
+    return {
+        "seconds": seconds,
+        "steps": rep.iterations,
+        "converged": rep.converged,
+        "cg_iterations": list(rep.cg_iterations),
+        "relative_residual": rep.relative_residual,
+        "parameter_error": compare(net, out).relative_error,
+        "relative_test_error": float(np.linalg.norm(out.forward(x_test) - truth) / np.linalg.norm(truth)),
+    }
 
 
 def main() -> None:
@@ -87,26 +92,38 @@ def main() -> None:
         hidden /= np.linalg.norm(hidden[:, :-1], axis=1, keepdims=True)
         x_add, y_add, cov = cover(draw, x, hidden[:, :-1], hidden[:, -1])
         x, y = np.vstack([x, x_add]), np.vstack([y, y_add.reshape(len(x_add), -1)])
-        row = {"d": d, "k": k, "m": m, "n": n, "angle": angle, "unknowns": k * (d + 1) + m * (k + 1),
-               "coverage": cov.to_dict(), "start_parameter_error": compare(net, start).relative_error,
-               "matrix_free": run(polish_outputs_cg, start, net, x, y, x_test)}
+        row = {
+            "d": d,
+            "k": k,
+            "m": m,
+            "n": n,
+            "angle": angle,
+            "unknowns": k * (d + 1) + m * (k + 1),
+            "coverage": cov.to_dict(),
+            "start_parameter_error": compare(net, start).relative_error,
+            "matrix_free": run(polish_outputs_cg, start, net, x, y, x_test),
+        }
         if dense:
             row["dense"] = run(lambda s, x_, y_: polish_outputs(s, x_, y_, max_iter=30), start, net, x, y, x_test)
         rows.append(row)
         print(json.dumps(row), flush=True)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"cases": rows}, indent=1))
-    print("| d | k | m | unknowns | n | rows added (queries) | start | steps | CG iterations | s | param. error | "
-          "test error | dense s |")
+    print(
+        "| d | k | m | unknowns | n | rows added (queries) | start | steps | CG iterations | s | param. error | "
+        "test error | dense s |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         f = r["matrix_free"]
         dense = f"{r['dense']['seconds']:.0f}" if "dense" in r else "–"
         cov = r["coverage"]
-        print(f"| {r['d']} | {r['k']} | {r['m']} | {r['unknowns']:,} | {r['n']:,} | {cov['rows_added']:,} "
-              f"({cov['queries']:,}) | {r['angle']} rad | {f['steps']} | "
-              f"{sum(f['cg_iterations'])} ({', '.join(map(str, f['cg_iterations']))}) | {f['seconds']:.0f} | "
-              f"{f['parameter_error']:.1e} | {f['relative_test_error']:.1e} | {dense} |")
+        print(
+            f"| {r['d']} | {r['k']} | {r['m']} | {r['unknowns']:,} | {r['n']:,} | {cov['rows_added']:,} "
+            f"({cov['queries']:,}) | {r['angle']} rad | {f['steps']} | "
+            f"{sum(f['cg_iterations'])} ({', '.join(map(str, f['cg_iterations']))}) | {f['seconds']:.0f} | "
+            f"{f['parameter_error']:.1e} | {f['relative_test_error']:.1e} | {dense} |"
+        )
 
 
 if __name__ == "__main__":

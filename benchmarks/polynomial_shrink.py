@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _common import save_json, utc_now
 
 OPTIONS = ("none", "order", "entry")
@@ -33,33 +32,50 @@ def run(samples: list[int], degree: int, d: int, width: int, test_samples: int) 
     from relulearn.pipeline.sources import Stream, draw, make_source
     from relulearn.polynomial import load_model
 
-    out: dict = {"benchmark": "polynomial_shrink", "started": utc_now(),
-                 "settings": {"d": d, "width": width, "degree": degree, "samples": samples,
-                              "test_samples": test_samples}, "runs": []}
+    out: dict = {
+        "benchmark": "polynomial_shrink",
+        "started": utc_now(),
+        "settings": {"d": d, "width": width, "degree": degree, "samples": samples, "test_samples": test_samples},
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory(prefix="polyshrink-") as tmp:
         for n in samples:
-            cfg = config_from_dict({"seed": 5, "samples": n, "chunk_size": 50_000,
-                                    "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": width,
-                                                                   "seed": 2}}})
+            cfg = config_from_dict(
+                {
+                    "seed": 5,
+                    "samples": n,
+                    "chunk_size": 50_000,
+                    "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": width, "seed": 2}},
+                }
+            )
             store = str(Path(tmp) / f"s{n}")
             x, y = draw(make_source(cfg), cfg.seed, Stream.TEST, test_samples)
             ey2 = float(np.mean(y**2))
             for how in OPTIONS:
                 t0 = time.perf_counter()
                 model_path = str(Path(tmp) / f"{how}{n}.npz")
-                res = api.fit(cfg, store, "polynomial", degree=degree, shrink=how, out=model_path, client="local",
-                              progress=None)
+                res = api.fit(
+                    cfg, store, "polynomial", degree=degree, shrink=how, out=model_path, client="local", progress=None
+                )
                 chosen = api.learn(store, "polynomial", shrink=how, out=None, client="local", progress=None)
                 sq = (y[:, None] - np.cumsum(load_model(model_path).terms(x), axis=1)) ** 2
-                rec = {"samples": n, "shrink": how, "test_error": (sq.mean(axis=0) / ey2).tolist(),
-                       "test_error_se": (sq.std(axis=0) / np.sqrt(len(y)) / ey2).tolist(),
-                       "shrink_factors": res["report"]["shrink_factors"],
-                       "predicted_variance": res["report"]["predicted_variance"],
-                       "held_out_degree": chosen["degree"], "seconds": time.perf_counter() - t0}
+                rec = {
+                    "samples": n,
+                    "shrink": how,
+                    "test_error": (sq.mean(axis=0) / ey2).tolist(),
+                    "test_error_se": (sq.std(axis=0) / np.sqrt(len(y)) / ey2).tolist(),
+                    "shrink_factors": res["report"]["shrink_factors"],
+                    "predicted_variance": res["report"]["predicted_variance"],
+                    "held_out_degree": chosen["degree"],
+                    "seconds": time.perf_counter() - t0,
+                }
                 out["runs"].append(rec)
-                print(f"n={n:>9,} {how:>5}: test error by degree "
-                      + " ".join(f"{e:.4f}" for e in rec["test_error"]) + f"; picks degree {rec['held_out_degree']}",
-                      flush=True)
+                print(
+                    f"n={n:>9,} {how:>5}: test error by degree "
+                    + " ".join(f"{e:.4f}" for e in rec["test_error"])
+                    + f"; picks degree {rec['held_out_degree']}",
+                    flush=True,
+                )
     return out
 
 

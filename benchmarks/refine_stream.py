@@ -19,7 +19,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import save_json, utc_now  # noqa: E402
+
 from relulearn.api.execution import HeldOut, mapper  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators.streamed import refine_streamed  # noqa: E402
@@ -49,33 +50,49 @@ def start_network(teacher: Network, angle: float, seed: int) -> Network:
 
 def peak_rss_mib(client: Any) -> dict[str, float]:
     """Peak resident memory (MiB) of this process and of every worker."""
+
     def peak() -> float:
         import resource as r
 
         return r.getrusage(r.RUSAGE_SELF).ru_maxrss / 1024
 
     workers = client.run(peak)
-    return {"driver": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "workers": sorted(workers.values())}
+    return {"driver": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "workers": sorted(workers.values())}
 
 
 def one(d: int, k: int, n: int, client: Any) -> dict[str, Any]:
-    cfg = config_from_dict({"seed": 3, "samples": n, "chunk_size": 50_000,
-                            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 17}}})
+    cfg = config_from_dict(
+        {
+            "seed": 3,
+            "samples": n,
+            "chunk_size": 50_000,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 17}},
+        }
+    )
     source = make_source(cfg)
     teacher = source.network
     start = start_network(teacher, ANGLE, seed=d)
     t0 = time.perf_counter()
     net, rep = refine_streamed(start, HeldOut(source, cfg.seed), n, mapper=mapper(client))
     seconds = time.perf_counter() - t0
-    return {"d": d, "k": k, "samples_per_pass": n, "start_angle": ANGLE,
-            "start_parameter_error": compare(teacher, start).relative_error,
-            "parameter_error": compare(teacher, net).relative_error, "passes": rep["passes"], "stop": rep["stop"],
-            "relative_loss": rep["relative_loss"], "per_pass_relative_loss": [h["relative_loss"] for h in rep["iterations"]],
-            "seconds": seconds, "seconds_per_pass": seconds / rep["passes"], "peak_rss_mib": peak_rss_mib(client)}
+    return {
+        "d": d,
+        "k": k,
+        "samples_per_pass": n,
+        "start_angle": ANGLE,
+        "start_parameter_error": compare(teacher, start).relative_error,
+        "parameter_error": compare(teacher, net).relative_error,
+        "passes": rep["passes"],
+        "stop": rep["stop"],
+        "relative_loss": rep["relative_loss"],
+        "per_pass_relative_loss": [h["relative_loss"] for h in rep["iterations"]],
+        "seconds": seconds,
+        "seconds_per_pass": seconds / rep["passes"],
+        "peak_rss_mib": peak_rss_mib(client),
+    }
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true", help="d = 50 only")
@@ -86,9 +103,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         for d, k, n in plan:
             r = one(d, k, n, client)
             result["runs"].append(r)
-            print(f"d={d} k={k} n={n:.0e}: {r['passes']} passes ({r['stop']}), parameter error "
-                  f"{r['start_parameter_error']:.2e} -> {r['parameter_error']:.2e}, {r['seconds']:.0f} s "
-                  f"({r['seconds_per_pass']:.1f} s/pass), peak RSS {r['peak_rss_mib']}", flush=True)
+            print(
+                f"d={d} k={k} n={n:.0e}: {r['passes']} passes ({r['stop']}), parameter error "
+                f"{r['start_parameter_error']:.2e} -> {r['parameter_error']:.2e}, {r['seconds']:.0f} s "
+                f"({r['seconds_per_pass']:.1f} s/pass), peak RSS {r['peak_rss_mib']}",
+                flush=True,
+            )
     save_json(result, args.out)
     print(f"results in {args.out}")
     return 0

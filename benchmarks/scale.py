@@ -69,7 +69,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from a source tree without installing
@@ -147,29 +147,37 @@ def machine_info() -> dict[str, Any]:
     import distributed
     import zarr
 
-    return {"cores": cores, "cpu": cpu, "memory_bytes": psutil.virtual_memory().total,
-            "python": platform.python_version(), "numpy": np.__version__, "dask": dask.__version__,
-            "distributed": distributed.__version__, "zarr": zarr.__version__,
-            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
-            "load_average_at_start": list(os.getloadavg())}
+    return {
+        "cores": cores,
+        "cpu": cpu,
+        "memory_bytes": psutil.virtual_memory().total,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "zarr": zarr.__version__,
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "load_average_at_start": list(os.getloadavg()),
+    }
 
 
-def write_config(path: Path, *, samples: int, chunk_size: int, chunks_per_block: int,
-                 commit_interval: float) -> str:
-    text = (f"# benchmarks/scale.py: d = {D}, basic + filtered, planted one_hidden_relu (width 3)\n"
-            f"seed: {SEED}\n"
-            f"samples: {samples}\n"
-            f"chunk_size: {chunk_size}\n"
-            "source:\n"
-            f"  d: {D}\n"
-            f"  teacher: {json.dumps(TEACHER)}\n"
-            "  noise_std: 0.0\n"
-            "statistics:\n"
-            "  basic: {}\n"
-            f"  filtered: {{quantiles: {json.dumps(QUANTILES)}}}\n"
-            "run:\n"
-            f"  chunks_per_block: {chunks_per_block}\n"
-            f"  commit_interval: {commit_interval:g}\n")
+def write_config(path: Path, *, samples: int, chunk_size: int, chunks_per_block: int, commit_interval: float) -> str:
+    text = (
+        f"# benchmarks/scale.py: d = {D}, basic + filtered, planted one_hidden_relu (width 3)\n"
+        f"seed: {SEED}\n"
+        f"samples: {samples}\n"
+        f"chunk_size: {chunk_size}\n"
+        "source:\n"
+        f"  d: {D}\n"
+        f"  teacher: {json.dumps(TEACHER)}\n"
+        "  noise_std: 0.0\n"
+        "statistics:\n"
+        "  basic: {}\n"
+        f"  filtered: {{quantiles: {json.dumps(QUANTILES)}}}\n"
+        "run:\n"
+        f"  chunks_per_block: {chunks_per_block}\n"
+        f"  commit_interval: {commit_interval:g}\n"
+    )
     path.write_text(text)
     return text
 
@@ -182,7 +190,7 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def read_meta(store: Path) -> Optional[dict]:
+def read_meta(store: Path) -> dict | None:
     """The committed run metadata from the store's root ``zarr.json`` (what ``status`` reads);
     written atomically (temporary file + rename), so a read sees one commit or the next."""
     try:
@@ -199,8 +207,13 @@ def iso_to_epoch(s: str) -> float:
 
 def cli_status(store: Path) -> dict[str, Any]:
     """``relulearn status STORE --json`` in a subprocess."""
-    out = subprocess.run([sys.executable, "-m", "relulearn.cli", "status", str(store), "--json"],
-                         capture_output=True, text=True, timeout=300, env=child_env())
+    out = subprocess.run(
+        [sys.executable, "-m", "relulearn.cli", "status", str(store), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=child_env(),
+    )
     if out.returncode != 0:
         return {"error": out.stderr.strip() or out.stdout.strip(), "returncode": out.returncode}
     return json.loads(out.stdout)
@@ -251,21 +264,31 @@ class CliRun:
     may send signals (:meth:`term`, :meth:`kill_group`).
     """
 
-    def __init__(self, argv: list[str], *, store: Path, label: str, t0: float, cwd: Path,
-                 on_tick=None, timeout: float = 6 * 3600, timings: Optional[Path] = None):
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        store: Path,
+        label: str,
+        t0: float,
+        cwd: Path,
+        on_tick=None,
+        timeout: float = 6 * 3600,
+        timings: Path | None = None,
+    ):
         self.argv, self.store, self.label, self.t0, self.cwd = argv, store, label, t0, cwd
         self.on_tick, self.timeout, self.timings = on_tick, timeout, timings
         self.procs: dict[int, dict[str, Any]] = {}
         self.meta_series: list[tuple[float, int, int]] = []  # (t, committed samples, commits)
         self.progress: list[tuple[float, int, float]] = []  # (t, merged samples, rate since start)
         self.stderr_lines: list[tuple[float, str]] = []
-        self.start_line: Optional[tuple[float, str, int, int, int]] = None
+        self.start_line: tuple[float, str, int, int, int] | None = None
         self.events: list[dict[str, Any]] = []
-        self.meta: Optional[dict] = None
-        self.popen: Optional[subprocess.Popen] = None
+        self.meta: dict | None = None
+        self.popen: subprocess.Popen | None = None
 
     # ---------------------------------------------------------------- control
-    def rel(self, t: Optional[float] = None) -> float:
+    def rel(self, t: float | None = None) -> float:
         return (time.time() if t is None else t) - self.t0
 
     def term(self, **info: Any) -> None:
@@ -279,7 +302,7 @@ class CliRun:
             pass
         self.events.append(dict(info, kind="SIGKILL", t=self.rel(), target="process group"))
 
-    def last_progress(self) -> Optional[tuple[float, int, float]]:
+    def last_progress(self) -> tuple[float, int, float] | None:
         return self.progress[-1] if self.progress else None
 
     # ---------------------------------------------------------------- running
@@ -307,14 +330,20 @@ class CliRun:
             return
         m = PROGRESS_RE.search(line)
         if m:
-            self.progress.append((round(self.rel(now), 2), int(m.group(1).replace(",", "")),
-                                  float(m.group(3).replace(",", ""))))
+            self.progress.append(
+                (round(self.rel(now), 2), int(m.group(1).replace(",", "")), float(m.group(3).replace(",", "")))
+            )
             return
         self.stderr_lines.append((self.rel(now), line))
         m = START_RE.search(line)
         if m:
-            self.start_line = (self.rel(now), m.group(1), int(m.group(2).replace(",", "")),
-                               int(m.group(3).replace(",", "")), int(m.group(4)))
+            self.start_line = (
+                self.rel(now),
+                m.group(1),
+                int(m.group(2).replace(",", "")),
+                int(m.group(3).replace(",", "")),
+                int(m.group(4)),
+            )
 
     def _sample_procs(self, now: float) -> None:
         import psutil
@@ -334,9 +363,15 @@ class CliRun:
                     cpu_s = cpu.user + cpu.system
                     if p.pid not in self.procs:
                         role = "driver" if p.pid == self.popen.pid else role_of(p.cmdline())
-                        self.procs[p.pid] = {"pid": p.pid, "role": role, "segment": self.label,
-                                             "cmdline": " ".join(p.cmdline())[:200], "t": [], "rss": [],
-                                             "cpu_seconds": 0.0}
+                        self.procs[p.pid] = {
+                            "pid": p.pid,
+                            "role": role,
+                            "segment": self.label,
+                            "cmdline": " ".join(p.cmdline())[:200],
+                            "t": [],
+                            "rss": [],
+                            "cpu_seconds": 0.0,
+                        }
             except psutil.Error:
                 continue
             rec = self.procs[p.pid]
@@ -355,8 +390,16 @@ class CliRun:
         # samples) is then redrawn every 0.2 s instead of printed every 5 s
         master, slave = os.openpty()
         try:
-            self.popen = subprocess.Popen(cmd, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=slave, text=True, start_new_session=True, env=child_env())
+            self.popen = subprocess.Popen(
+                cmd,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=slave,
+                text=True,
+                start_new_session=True,
+                env=child_env(),
+            )
         finally:
             os.close(slave)
         reader = threading.Thread(target=self._read_stderr, args=(master,), daemon=True)
@@ -395,8 +438,13 @@ class CliRun:
         leftovers = []
         deadline = time.time() + 15
         while time.time() < deadline:
-            alive = [pid for pid in self.procs if pid != self.popen.pid and psutil.pid_exists(pid)
-                     and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+            alive = [
+                pid
+                for pid in self.procs
+                if pid != self.popen.pid
+                and psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+            ]
             if not alive:
                 break
             time.sleep(0.5)
@@ -418,16 +466,29 @@ class CliRun:
             except ValueError:
                 summary = {"unparsed_stdout": stdout[-2000:]}
         res = {
-            "label": self.label, "command": " ".join(["relulearn", *self.argv]), "returncode": rc,
-            "t_start": round(self.rel(start), 2), "t_end": round(self.rel(end), 2),
-            "wall_seconds": end - start, "json": summary,
-            "start_line": None if self.start_line is None else {
-                "t": self.start_line[0], "verb": self.start_line[1], "from_samples": self.start_line[2],
-                "target_samples": self.start_line[3], "blocks": self.start_line[4]},
-            "events": self.events, "committed_series": self.meta_series,
-            "progress_series": thin(self.progress, 2.0), "progress_updates": len(self.progress),
+            "label": self.label,
+            "command": " ".join(["relulearn", *self.argv]),
+            "returncode": rc,
+            "t_start": round(self.rel(start), 2),
+            "t_end": round(self.rel(end), 2),
+            "wall_seconds": end - start,
+            "json": summary,
+            "start_line": None
+            if self.start_line is None
+            else {
+                "t": self.start_line[0],
+                "verb": self.start_line[1],
+                "from_samples": self.start_line[2],
+                "target_samples": self.start_line[3],
+                "blocks": self.start_line[4],
+            },
+            "events": self.events,
+            "committed_series": self.meta_series,
+            "progress_series": thin(self.progress, 2.0),
+            "progress_updates": len(self.progress),
             "stderr_tail": [ln for _, ln in self.stderr_lines][-12:],
-            "leftover_processes_killed": leftovers, "load_average_series": load,
+            "leftover_processes_killed": leftovers,
+            "load_average_series": load,
             "processes": list(self.procs.values()),
         }
         if self.timings is not None and self.timings.exists():
@@ -448,58 +509,86 @@ def short_runs(cfg_path: Path, work: Path, samples: int, reps: int, log) -> dict
     for i, kind in enumerate(order):
         workers, ci, timed = kinds[kind]
         store = work / f"short-{i}-{kind}.zarr"
-        argv = ["estimate", str(cfg_path), "--store", str(store), "--samples", str(samples),
-                "--workers", str(workers), "--json"]
+        argv = [
+            "estimate",
+            str(cfg_path),
+            "--store",
+            str(store),
+            "--samples",
+            str(samples),
+            "--workers",
+            str(workers),
+            "--json",
+        ]
         if ci is not None:
             argv += ["--commit-interval", f"{ci:g}"]
         timings = work / f"timings-{i}.json" if timed else None
-        r = CliRun(argv, store=store, label=f"short-{i}", t0=time.time(), cwd=work, timings=timings,
-                   timeout=3600).run()
+        r = CliRun(argv, store=store, label=f"short-{i}", t0=time.time(), cwd=work, timings=timings, timeout=3600).run()
         if r["returncode"] != 0 or not r["json"] or "samples_per_second" not in r["json"]:
             raise RuntimeError(f"short run {kind} failed: rc {r['returncode']}\n" + "\n".join(r["stderr_tail"]))
         meta = read_meta(store) or {}
         workers_cpu = sum(p["cpu_seconds"] for p in r["processes"] if p["role"] == "worker")
         driver_cpu = sum(p["cpu_seconds"] for p in r["processes"] if p["role"] == "driver")
-        one = {"kind": kind, "workers": workers, "commit_interval": ci, "order": i,
-               "samples": r["json"]["samples"], "seconds": r["json"]["seconds"],
-               "samples_per_second": r["json"]["samples_per_second"], "wall_seconds": r["wall_seconds"],
-               "commits": int(meta.get("commits", -1)) + 1, "blocks": meta.get("blocks"),
-               "worker_cpu_seconds": workers_cpu, "driver_cpu_seconds": driver_cpu,
-               "load_average_median": median([x for _, x in r["load_average_series"]])}
+        one = {
+            "kind": kind,
+            "workers": workers,
+            "commit_interval": ci,
+            "order": i,
+            "samples": r["json"]["samples"],
+            "seconds": r["json"]["seconds"],
+            "samples_per_second": r["json"]["samples_per_second"],
+            "wall_seconds": r["wall_seconds"],
+            "commits": int(meta.get("commits", -1)) + 1,
+            "blocks": meta.get("blocks"),
+            "worker_cpu_seconds": workers_cpu,
+            "driver_cpu_seconds": driver_cpu,
+            "load_average_median": median([x for _, x in r["load_average_series"]]),
+        }
         one["samples_per_worker_cpu_second"] = one["samples"] / workers_cpu if workers_cpu else None
         one["worker_cores_used"] = workers_cpu / one["seconds"]  # CPU the workers got: < workers on a busy machine
         if timed:
             recs = r.get("commit_timings", [])
-            per_commit = [g["seconds"] + w["seconds"] for g, w in
-                          zip([x for x in recs if x["what"] == "groups"], [x for x in recs if x["what"] == "write"])]
+            per_commit = [
+                g["seconds"] + w["seconds"]
+                for g, w in zip([x for x in recs if x["what"] == "groups"], [x for x in recs if x["what"] == "write"])
+            ]
             one["commit_seconds_each"] = per_commit
             one["commit_groups_seconds_median"] = median([x["seconds"] for x in recs if x["what"] == "groups"])
             one["commit_write_seconds_median"] = median([x["seconds"] for x in recs if x["what"] == "write"])
             one["commit_seconds_total"] = sum(per_commit)
             one["commit_seconds_median"] = median(per_commit)
         runs.append(one)
-        log(f"  {kind:<20} {one['samples_per_second']:>12,.0f} samples/s  {one['seconds']:6.1f} s  "
-            f"{one['commits']} commits  load {one['load_average_median']:.2f}")
+        log(
+            f"  {kind:<20} {one['samples_per_second']:>12,.0f} samples/s  {one['seconds']:6.1f} s  "
+            f"{one['commits']} commits  load {one['load_average_median']:.2f}"
+        )
         shutil.rmtree(store, ignore_errors=True)
     by = {k: [r for r in runs if r["kind"] == k] for k in kinds}
     res: dict[str, Any] = {"samples": samples, "order": order, "runs": runs}
     for k, rs in by.items():
-        res[k] = {"samples_per_second_median": median([r["samples_per_second"] for r in rs]),
-                  "seconds_median": median([r["seconds"] for r in rs]),
-                  "commits_median": median([r["commits"] for r in rs]),
-                  "samples_per_worker_cpu_second_median": median([r["samples_per_worker_cpu_second"] for r in rs]),
-                  "worker_cpu_seconds_median": median([r["worker_cpu_seconds"] for r in rs]),
-                  "worker_cores_used_median": median([r["worker_cores_used"] for r in rs]),
-                  "load_average_median": median([r["load_average_median"] for r in rs])}
-    res["speedup_2_vs_1"] = res["workers_2"]["samples_per_second_median"] / res["workers_1"]["samples_per_second_median"]
+        res[k] = {
+            "samples_per_second_median": median([r["samples_per_second"] for r in rs]),
+            "seconds_median": median([r["seconds"] for r in rs]),
+            "commits_median": median([r["commits"] for r in rs]),
+            "samples_per_worker_cpu_second_median": median([r["samples_per_worker_cpu_second"] for r in rs]),
+            "worker_cpu_seconds_median": median([r["worker_cpu_seconds"] for r in rs]),
+            "worker_cores_used_median": median([r["worker_cores_used"] for r in rs]),
+            "load_average_median": median([r["load_average_median"] for r in rs]),
+        }
+    res["speedup_2_vs_1"] = (
+        res["workers_2"]["samples_per_second_median"] / res["workers_1"]["samples_per_second_median"]
+    )
     # pairwise (adjacent in the A B C C B A order) speed-ups
-    res["speedup_2_vs_1_per_rep"] = [b["samples_per_second"] / a["samples_per_second"]
-                                     for a, b in zip(by["workers_1"], by["workers_2"])]
+    res["speedup_2_vs_1_per_rep"] = [
+        b["samples_per_second"] / a["samples_per_second"] for a, b in zip(by["workers_1"], by["workers_2"])
+    ]
     # What 2 workers would give with 2 free cores: 2 × (samples per worker-CPU-second with 2 workers) /
     # (the same with 1 worker). On a shared machine the wall-clock speed-up is bounded by the CPU share
     # the workers get (worker_cores_used); this ratio is not.
-    res["speedup_2_vs_1_cpu_normalized"] = 2 * (res["workers_2"]["samples_per_worker_cpu_second_median"]
-                                                / res["workers_1"]["samples_per_worker_cpu_second_median"])
+    res["speedup_2_vs_1_cpu_normalized"] = 2 * (
+        res["workers_2"]["samples_per_worker_cpu_second_median"]
+        / res["workers_1"]["samples_per_worker_cpu_second_median"]
+    )
     c0 = by["workers_2_commit_0"]
     commits_each = [x for r in c0 for x in r["commit_seconds_each"]]
     extra = res["workers_2_commit_0"]["commits_median"] - res["workers_2"]["commits_median"]
@@ -510,13 +599,18 @@ def short_runs(cfg_path: Path, work: Path, samples: int, reps: int, log) -> dict
         "groups_seconds_median": median([r["commit_groups_seconds_median"] for r in c0]),
         "write_seconds_median": median([r["commit_write_seconds_median"] for r in c0]),
         "share_of_run_time_with_commit_interval_0": median([r["commit_seconds_total"] / r["seconds"] for r in c0]),
-        "wall_seconds_per_extra_commit": ((res["workers_2_commit_0"]["seconds_median"] - res["workers_2"]["seconds_median"])
-                                          / extra if extra > 0 else None),
-        "method": ("driver-side: relulearn.cli.main run under a wrapper that times commit_groups (finalize estimates "
-                   "and standard errors) + RunStore.commit (write the generation, flip head, delete the old one) "
-                   "with perf_counter, --commit-interval 0 (a commit after every block); wall-time effect: "
-                   "(median seconds with --commit-interval 0 - median seconds with the default) / (difference "
-                   "in commits), same samples and 2 workers, interleaved A B C C B A"),
+        "wall_seconds_per_extra_commit": (
+            (res["workers_2_commit_0"]["seconds_median"] - res["workers_2"]["seconds_median"]) / extra
+            if extra > 0
+            else None
+        ),
+        "method": (
+            "driver-side: relulearn.cli.main run under a wrapper that times commit_groups (finalize estimates "
+            "and standard errors) + RunStore.commit (write the generation, flip head, delete the old one) "
+            "with perf_counter, --commit-interval 0 (a commit after every block); wall-time effect: "
+            "(median seconds with --commit-interval 0 - median seconds with the default) / (difference "
+            "in commits), same samples and 2 workers, interleaved A B C C B A"
+        ),
     }
     return res
 
@@ -524,8 +618,9 @@ def short_runs(cfg_path: Path, work: Path, samples: int, reps: int, log) -> dict
 # --------------------------------------------------------------------- big run
 
 
-def big_run(cfg_path: Path, store: Path, work: Path, *, target: int, term_at: float, kill_at: float,
-            kill_delay: float, log) -> dict[str, Any]:
+def big_run(
+    cfg_path: Path, store: Path, work: Path, *, target: int, term_at: float, kill_at: float, kill_delay: float, log
+) -> dict[str, Any]:
     argv = ["estimate", str(cfg_path), "--store", str(store), "--workers", "2", "--json"]
     t0 = time.time()
     segments: list[dict[str, Any]] = []
@@ -536,10 +631,14 @@ def big_run(cfg_path: Path, store: Path, work: Path, *, target: int, term_at: fl
         if run.events or m is None or m["samples"] < term_at * target:
             return
         lp = run.last_progress()
-        run.term(planned_fraction=term_at, committed_before=m["samples"], commits_before=m["commits"],
-                 last_commit_age_seconds=now - iso_to_epoch(m["updated"]),
-                 merged_last_progress=None if lp is None else lp[1],
-                 merged_last_progress_age_seconds=None if lp is None else run.rel(now) - lp[0])
+        run.term(
+            planned_fraction=term_at,
+            committed_before=m["samples"],
+            commits_before=m["commits"],
+            last_commit_age_seconds=now - iso_to_epoch(m["updated"]),
+            merged_last_progress=None if lp is None else lp[1],
+            merged_last_progress_age_seconds=None if lp is None else run.rel(now) - lp[0],
+        )
         log(f"  SIGTERM to the driver at {m['samples']:,} committed samples")
 
     kill_plan: dict[str, float] = {}
@@ -559,12 +658,17 @@ def big_run(cfg_path: Path, store: Path, work: Path, *, target: int, term_at: fl
         if now < kill_plan["at"]:
             return
         lp = run.last_progress()
-        run.kill_group(planned_fraction=kill_at, trigger_committed=kill_plan["trigger_committed"],
-                       delay_seconds=kill_delay, committed_before=m["samples"], commits_before=m["commits"],
-                       last_commit_age_seconds=now - iso_to_epoch(m["updated"]),
-                       merged_last_progress=None if lp is None else lp[1],
-                       merged_last_progress_age_seconds=None if lp is None else run.rel(now) - lp[0],
-                       segment_rate_last_progress=None if lp is None else lp[2])
+        run.kill_group(
+            planned_fraction=kill_at,
+            trigger_committed=kill_plan["trigger_committed"],
+            delay_seconds=kill_delay,
+            committed_before=m["samples"],
+            commits_before=m["commits"],
+            last_commit_age_seconds=now - iso_to_epoch(m["updated"]),
+            merged_last_progress=None if lp is None else lp[1],
+            merged_last_progress_age_seconds=None if lp is None else run.rel(now) - lp[0],
+            segment_rate_last_progress=None if lp is None else lp[2],
+        )
         log(f"  SIGKILL to the process group at {m['samples']:,} committed samples")
 
     plan = [("segment-1", term_tick, 130), ("segment-2", kill_tick, -signal.SIGKILL), ("segment-3", None, 0)]
@@ -587,20 +691,34 @@ def big_run(cfg_path: Path, store: Path, work: Path, *, target: int, term_at: fl
             r["net_committed_samples"] = committed_end - seg_from
             r["net_committed_samples_per_second_wall"] = (committed_end - seg_from) / r["wall_seconds"]
         segments.append(r)
-        log(f"  exit {r['returncode']} after {r['wall_seconds']:.1f} s; committed {committed_end:,}; "
+        log(
+            f"  exit {r['returncode']} after {r['wall_seconds']:.1f} s; committed {committed_end:,}; "
             f"rate {r['merged_rate_last_progress'] or float('nan'):,.0f} samples/s"
-            + (f" (json: {r['json']['samples_per_second']:,.0f})" if r["json"] and "samples_per_second" in r["json"] else ""))
+            + (
+                f" (json: {r['json']['samples_per_second']:,.0f})"
+                if r["json"] and "samples_per_second" in r["json"]
+                else ""
+            )
+        )
         if r["returncode"] not in (expected_rc, 0):
-            raise RuntimeError(f"{label}: exit code {r['returncode']}, expected {expected_rc}\n"
-                               + "\n".join(r["stderr_tail"]))
+            raise RuntimeError(
+                f"{label}: exit code {r['returncode']}, expected {expected_rc}\n" + "\n".join(r["stderr_tail"])
+            )
     # interruption details: what was committed before, what the next segment started from
     for i, seg in enumerate(segments):
         for ev in seg["events"]:
             nxt = segments[i + 1] if i + 1 < len(segments) else None
-            restart = nxt["start_line"]["from_samples"] if nxt and nxt["start_line"] else seg["status_after"].get("samples")
-            rec = dict(ev, segment=seg["label"], exit_code=seg["returncode"],
-                       exit_seconds_after_signal=seg["t_end"] - ev["t"], samples_at_restart=restart,
-                       status_after=({k: seg["status_after"].get(k) for k in ("samples", "commits", "last_commit")}))
+            restart = (
+                nxt["start_line"]["from_samples"] if nxt and nxt["start_line"] else seg["status_after"].get("samples")
+            )
+            rec = dict(
+                ev,
+                segment=seg["label"],
+                exit_code=seg["returncode"],
+                exit_seconds_after_signal=seg["t_end"] - ev["t"],
+                samples_at_restart=restart,
+                status_after=({k: seg["status_after"].get(k) for k in ("samples", "commits", "last_commit")}),
+            )
             merged = ev.get("merged_last_progress")
             rate = seg.get("merged_rate_last_progress") or 0.0
             # merged_last_progress: the driver's progress line (redrawn every 0.2 s) just before the signal
@@ -611,12 +729,13 @@ def big_run(cfg_path: Path, store: Path, work: Path, *, target: int, term_at: fl
             else:
                 rec["lost_merged_seconds"] = (rec["lost_merged_samples"] or 0) / rate if rate else None
                 rec["lost_seconds_since_last_commit"] = ev["last_commit_age_seconds"]
-                rec["note"] = ("lost = merged on the driver but not committed (recomputed after the restart); "
-                               "besides, the blocks in flight on the workers (at most max_blocks_in_flight = 5, "
-                               "partly computed) are lost on any interruption, graceful or not")
+                rec["note"] = (
+                    "lost = merged on the driver but not committed (recomputed after the restart); "
+                    "besides, the blocks in flight on the workers (at most max_blocks_in_flight = 5, "
+                    "partly computed) are lost on any interruption, graceful or not"
+                )
             interruptions.append(rec)
-    return {"t0_epoch": t0, "segments": segments, "interruptions": interruptions,
-            "wall_seconds": segments[-1]["t_end"]}
+    return {"t0_epoch": t0, "segments": segments, "interruptions": interruptions, "wall_seconds": segments[-1]["t_end"]}
 
 
 # ------------------------------------------------------------------- analysis
@@ -637,27 +756,45 @@ def flatness(big: dict[str, Any]) -> dict[str, Any]:
             k = max(1, round(0.1 * len(pts)))
             first = median([r for _, r in pts[:k]])
             last = median([r for _, r in pts[-k:]])
-            per_proc.append({"segment": seg["label"], "role": p["role"], "pid": p["pid"], "samples": len(pts),
-                             "window_seconds": pts[-1][0] - pts[0][0],
-                             "first10_median_mib": first / 2**20, "last10_median_mib": last / 2**20,
-                             "max_mib": max(r for _, r in pts) / 2**20, "last_over_first": last / first,
-                             "cpu_seconds": p["cpu_seconds"]})
+            per_proc.append(
+                {
+                    "segment": seg["label"],
+                    "role": p["role"],
+                    "pid": p["pid"],
+                    "samples": len(pts),
+                    "window_seconds": pts[-1][0] - pts[0][0],
+                    "first10_median_mib": first / 2**20,
+                    "last10_median_mib": last / 2**20,
+                    "max_mib": max(r for _, r in pts) / 2**20,
+                    "last_over_first": last / first,
+                    "cpu_seconds": p["cpu_seconds"],
+                }
+            )
             pooled.setdefault(p["role"], []).extend(pts)
     per_role = {}
     for role, pts in pooled.items():
         pts.sort()
         k = max(1, round(0.1 * len(pts)))
         first, last = [r for _, r in pts[:k]], [r for _, r in pts[-k:]]
-        per_role[role] = {"first10_median_mib": median(first) / 2**20, "last10_median_mib": median(last) / 2**20,
-                          "max_mib": max(r for _, r in pts) / 2**20, "min_mib": min(r for _, r in pts) / 2**20,
-                          "last_over_first": median(last) / median(first), "samples": len(pts),
-                          "first10_until_t": pts[k - 1][0], "last10_from_t": pts[-k][0]}
-    return {"per_process": per_proc, "per_role_whole_run": per_role,
-            "method": "RSS (psutil memory_info().rss) sampled every ~2 s; per process over its compute window (from "
-                      "the driver's 'starting/resuming run' line to the signal or the exit), medians of the first "
-                      "and last 10 % of those samples; per role over the whole run, all compute-window samples of "
-                      "that role in all segments (both workers pooled), sorted by time: medians of the first and last "
-                      "10 %"}
+        per_role[role] = {
+            "first10_median_mib": median(first) / 2**20,
+            "last10_median_mib": median(last) / 2**20,
+            "max_mib": max(r for _, r in pts) / 2**20,
+            "min_mib": min(r for _, r in pts) / 2**20,
+            "last_over_first": median(last) / median(first),
+            "samples": len(pts),
+            "first10_until_t": pts[k - 1][0],
+            "last10_from_t": pts[-k][0],
+        }
+    return {
+        "per_process": per_proc,
+        "per_role_whole_run": per_role,
+        "method": "RSS (psutil memory_info().rss) sampled every ~2 s; per process over its compute window (from "
+        "the driver's 'starting/resuming run' line to the signal or the exit), medians of the first "
+        "and last 10 % of those samples; per role over the whole run, all compute-window samples of "
+        "that role in all segments (both workers pooled), sorted by time: medians of the first and last "
+        "10 %",
+    }
 
 
 def verify(store: Path, target: int, chunk_size: int, seed: int) -> dict[str, Any]:
@@ -672,18 +809,42 @@ def verify(store: Path, target: int, chunk_size: int, seed: int) -> dict[str, An
     n_chunks = -(-target // chunk_size)
     counts = np.zeros(n_chunks + 1, dtype=np.int64)
     for _, a, b, _ in led:
-        counts[max(a, 0):min(b, n_chunks + 1)] += 1
+        counts[max(a, 0) : min(b, n_chunks + 1)] += 1
     contiguous = bool(len(led) and led[0, 1] == 0 and np.all(led[1:, 1] == led[:-1, 2]) and led[-1, 2] == n_chunks)
-    once = bool(np.all(counts[:n_chunks] == 1) and counts[n_chunks] == 0 and (led[:, 1] < led[:, 2]).all()
-                and led[:, 1].min() >= 0 and led[:, 2].max() <= n_chunks)
-    res = {"status": {k: status.get(k) for k in ("samples", "target_samples", "complete", "chunks", "chunk_size",
-                                                 "blocks", "commits", "created", "last_commit", "seeds",
-                                                 "statistics", "mixed_platforms")},
-           "ledger_rows": int(len(led)), "chunks_expected": n_chunks,
-           "ledger_chunks_covered_once": once, "ledger_contiguous": contiguous,
-           "ledger_seeds": sorted(set(led[:, 0].tolist())),
-           "ledger_distinct_commits": int(len(set(led[:, 3].tolist()))),
-           "samples_ok": status.get("samples") == n_chunks * chunk_size, "complete": bool(status.get("complete"))}
+    once = bool(
+        np.all(counts[:n_chunks] == 1)
+        and counts[n_chunks] == 0
+        and (led[:, 1] < led[:, 2]).all()
+        and led[:, 1].min() >= 0
+        and led[:, 2].max() <= n_chunks
+    )
+    res = {
+        "status": {
+            k: status.get(k)
+            for k in (
+                "samples",
+                "target_samples",
+                "complete",
+                "chunks",
+                "chunk_size",
+                "blocks",
+                "commits",
+                "created",
+                "last_commit",
+                "seeds",
+                "statistics",
+                "mixed_platforms",
+            )
+        },
+        "ledger_rows": int(len(led)),
+        "chunks_expected": n_chunks,
+        "ledger_chunks_covered_once": once,
+        "ledger_contiguous": contiguous,
+        "ledger_seeds": sorted(set(led[:, 0].tolist())),
+        "ledger_distinct_commits": int(len(set(led[:, 3].tolist()))),
+        "samples_ok": status.get("samples") == n_chunks * chunk_size,
+        "complete": bool(status.get("complete")),
+    }
     res["ok"] = bool(res["samples_ok"] and res["complete"] and once and contiguous and res["ledger_seeds"] == [seed])
     return res
 
@@ -704,15 +865,32 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 continue
             ls = "-" if p["role"] == "driver" else ("--" if workers == 0 else ":")
             workers += p["role"] == "worker"
-            ax1.plot(p["t"], [r / 2**20 for r in p["rss"]], ls, color=colors.get(seg["label"], "k"), lw=1.2,
-                     label=f"{seg['label']} {p['role']} (pid {p['pid']})")
+            ax1.plot(
+                p["t"],
+                [r / 2**20 for r in p["rss"]],
+                ls,
+                color=colors.get(seg["label"], "k"),
+                lw=1.2,
+                label=f"{seg['label']} {p['role']} (pid {p['pid']})",
+            )
         if seg["committed_series"]:
-            ax2.step([t for t, _, _ in seg["committed_series"]], [s / 1e6 for _, s, _ in seg["committed_series"]],
-                     where="post", color=colors.get(seg["label"], "k"), lw=1.5,
-                     label=f"{seg['label']} committed (store)")
+            ax2.step(
+                [t for t, _, _ in seg["committed_series"]],
+                [s / 1e6 for _, s, _ in seg["committed_series"]],
+                where="post",
+                color=colors.get(seg["label"], "k"),
+                lw=1.5,
+                label=f"{seg['label']} committed (store)",
+            )
         if seg["progress_series"]:
-            ax2.plot([t for t, _, _ in seg["progress_series"]], [s / 1e6 for _, s, _ in seg["progress_series"]], ".",
-                     color=colors.get(seg["label"], "k"), ms=3, label=f"{seg['label']} merged (progress line)")
+            ax2.plot(
+                [t for t, _, _ in seg["progress_series"]],
+                [s / 1e6 for _, s, _ in seg["progress_series"]],
+                ".",
+                color=colors.get(seg["label"], "k"),
+                ms=3,
+                label=f"{seg['label']} merged (progress line)",
+            )
     for ax in (ax1, ax2):
         for seg in big["segments"]:
             for ev in seg["events"]:
@@ -720,12 +898,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.axvline(seg["t_start"], color="gray", lw=0.8, ls="--", alpha=0.6)
     for seg in big["segments"]:
         for ev in seg["events"]:
-            ax2.annotate(ev["kind"], (ev["t"], 0), xytext=(3, 5), textcoords="offset points", fontsize=8,
-                         color="red" if ev["kind"] == "SIGKILL" else "purple")
+            ax2.annotate(
+                ev["kind"],
+                (ev["t"], 0),
+                xytext=(3, 5),
+                textcoords="offset points",
+                fontsize=8,
+                color="red" if ev["kind"] == "SIGKILL" else "purple",
+            )
     ax1.set_ylabel("RSS (MiB)")
     ax1.set_ylim(bottom=0)
-    ax1.set_title(f"relulearn estimate --workers 2: {big['target_samples']:.0e} samples, d = {D}, basic + filtered "
-                  "(dashed gray: (re)start, purple: SIGTERM, red: SIGKILL)", fontsize=10)
+    ax1.set_title(
+        f"relulearn estimate --workers 2: {big['target_samples']:.0e} samples, d = {D}, basic + filtered "
+        "(dashed gray: (re)start, purple: SIGTERM, red: SIGKILL)",
+        fontsize=10,
+    )
     ax1.legend(fontsize=7, ncol=3, loc="lower right")
     ax2.set_ylabel("samples (millions)")
     ax2.set_xlabel("wall time since the first start (s)")
@@ -741,59 +928,95 @@ def summary_table(result: dict[str, Any]) -> str:
     big, sh = result["big_run"], result.get("short_runs")
     lines = ["| quantity | value |", "|---|---:|"]
     segs = big["segments"]
-    lines.append(f"| samples (d = {D}, basic + filtered 3 τ, chunk {result['parameters']['chunk_size']:,}, "
-                 f"{result['parameters']['chunks_per_block']} chunks/block) | {big['target_samples']:.0e} |")
+    lines.append(
+        f"| samples (d = {D}, basic + filtered 3 τ, chunk {result['parameters']['chunk_size']:,}, "
+        f"{result['parameters']['chunks_per_block']} chunks/block) | {big['target_samples']:.0e} |"
+    )
     lines.append(f"| wall time, 3 segments incl. restarts | {big['wall_seconds'] / 60:.1f} min |")
     lines.append(f"| samples/s overall (target / wall time) | {big['overall_samples_per_second_wall']:,.0f} |")
     for s in segs:
-        rate = s["json"]["samples_per_second"] if s["json"] and "samples_per_second" in s["json"] else s["merged_rate_last_progress"]
+        rate = (
+            s["json"]["samples_per_second"]
+            if s["json"] and "samples_per_second" in s["json"]
+            else s["merged_rate_last_progress"]
+        )
         start = s["start_line"]["from_samples"] if s["start_line"] else float("nan")
-        lines.append(f"| samples/s {s['label']} ({start / 1e6:,.0f} M → "
-                     f"{s['status_after']['samples'] / 1e6:,.0f} M committed, exit {s['returncode']}) | {rate or float('nan'):,.0f} |")
+        lines.append(
+            f"| samples/s {s['label']} ({start / 1e6:,.0f} M → "
+            f"{s['status_after']['samples'] / 1e6:,.0f} M committed, exit {s['returncode']}) | "
+            f"{rate or float('nan'):,.0f} |"
+        )
     if sh:
-        lines.append(f"| samples/s 1 worker / 2 workers ({sh['samples']:.1e} samples, medians of {len(sh['runs']) // 3}) | "
-                     f"{sh['workers_1']['samples_per_second_median']:,.0f} / {sh['workers_2']['samples_per_second_median']:,.0f} |")
-        lines.append(f"| speed-up 2 vs 1 workers, wall clock (cores the workers got: "
-                     f"{sh['workers_1']['worker_cores_used_median']:.2f} / {sh['workers_2']['worker_cores_used_median']:.2f}) "
-                     f"| {sh['speedup_2_vs_1']:.2f}× |")
-        lines.append(f"| speed-up 2 vs 1 workers, per worker CPU second × 2 | {sh['speedup_2_vs_1_cpu_normalized']:.2f}× |")
+        lines.append(
+            f"| samples/s 1 worker / 2 workers ({sh['samples']:.1e} samples, "
+            f"medians of {len(sh['runs']) // 3}) | "
+            f"{sh['workers_1']['samples_per_second_median']:,.0f} / "
+            f"{sh['workers_2']['samples_per_second_median']:,.0f} |"
+        )
+        lines.append(
+            f"| speed-up 2 vs 1 workers, wall clock (cores the workers got: "
+            f"{sh['workers_1']['worker_cores_used_median']:.2f} / "
+            f"{sh['workers_2']['worker_cores_used_median']:.2f}) "
+            f"| {sh['speedup_2_vs_1']:.2f}× |"
+        )
+        lines.append(
+            f"| speed-up 2 vs 1 workers, per worker CPU second × 2 | {sh['speedup_2_vs_1_cpu_normalized']:.2f}× |"
+        )
     fl = result["rss"]["per_role_whole_run"]
     for role in ("driver", "worker"):
         if role in fl:
             v = fl[role]
-            lines.append(f"| RSS {role} first 10 % → last 10 % median (max) | {v['first10_median_mib']:.0f} → "
-                         f"{v['last10_median_mib']:.0f} MiB ({v['max_mib']:.0f}) |")
-    lines.append(f"| store on disk | {result['store_size']['disk_bytes'] / 2**10:,.0f} KiB "
-                 f"({result['store_size']['files']} files) |")
+            lines.append(
+                f"| RSS {role} first 10 % → last 10 % median (max) | {v['first10_median_mib']:.0f} → "
+                f"{v['last10_median_mib']:.0f} MiB ({v['max_mib']:.0f}) |"
+            )
+    lines.append(
+        f"| store on disk | {result['store_size']['disk_bytes'] / 2**10:,.0f} KiB "
+        f"({result['store_size']['files']} files) |"
+    )
     co = result.get("commit_overhead")
     if co:
-        lines.append(f"| one commit (driver, timed; wall cost per extra commit) | {1e3 * co['seconds_per_commit']:.0f} ms"
-                     + (f" ({1e3 * co['wall_seconds_per_extra_commit']:.0f} ms)"
-                        if (co['wall_seconds_per_extra_commit'] or 0) > 0 else " (wall cost: below the noise)")
-                     + " |")
-        lines.append(f"| commits in the big run / driver time in commits | {co['big_run_commits']} / "
-                     f"{100 * co['share_of_big_run']:.3f} % |")
+        lines.append(
+            f"| one commit (driver, timed; wall cost per extra commit) | "
+            f"{1e3 * co['seconds_per_commit']:.0f} ms"
+            + (
+                f" ({1e3 * co['wall_seconds_per_extra_commit']:.0f} ms)"
+                if (co["wall_seconds_per_extra_commit"] or 0) > 0
+                else " (wall cost: below the noise)"
+            )
+            + " |"
+        )
+        lines.append(
+            f"| commits in the big run / driver time in commits | {co['big_run_commits']} / "
+            f"{100 * co['share_of_big_run']:.3f} % |"
+        )
     for it in big["interruptions"]:
         if it["kind"] == "SIGTERM":
-            lines.append(f"| SIGTERM (driver) at {it['committed_before'] / 1e6:,.0f} M committed, "
-                         f"{it['merged_before'] / 1e6:,.0f} M merged: exit {it['exit_code']} after "
-                         f"{it['exit_seconds_after_signal']:.1f} s; restart from / lost | "
-                         f"{it['samples_at_restart'] / 1e6:,.0f} M / {it['lost_merged_samples'] / 1e6:,.0f} M |")
+            lines.append(
+                f"| SIGTERM (driver) at {it['committed_before'] / 1e6:,.0f} M committed, "
+                f"{it['merged_before'] / 1e6:,.0f} M merged: exit {it['exit_code']} after "
+                f"{it['exit_seconds_after_signal']:.1f} s; restart from / lost | "
+                f"{it['samples_at_restart'] / 1e6:,.0f} M / {it['lost_merged_samples'] / 1e6:,.0f} M |"
+            )
         else:
-            lines.append(f"| SIGKILL (group) at {it['committed_before'] / 1e6:,.0f} M committed, "
-                         f"{it['merged_before'] / 1e6:,.0f} M merged ({it['lost_seconds_since_last_commit']:.0f} s "
-                         f"after the last commit): restart from / lost | {it['samples_at_restart'] / 1e6:,.0f} M / "
-                         f"{it['lost_merged_samples'] / 1e6:,.0f} M ({it['lost_merged_seconds']:.0f} s of work) |")
+            lines.append(
+                f"| SIGKILL (group) at {it['committed_before'] / 1e6:,.0f} M committed, "
+                f"{it['merged_before'] / 1e6:,.0f} M merged ({it['lost_seconds_since_last_commit']:.0f} s "
+                f"after the last commit): restart from / lost | {it['samples_at_restart'] / 1e6:,.0f} M / "
+                f"{it['lost_merged_samples'] / 1e6:,.0f} M ({it['lost_merged_seconds']:.0f} s of work) |"
+            )
     v = result.get("verification", {})
-    lines.append(f"| final store: samples == target, complete, ledger covers 0..N−1 once | "
-                 f"{'yes' if v.get('ok') else 'NO'} ({v.get('ledger_rows')} blocks) |")
+    lines.append(
+        f"| final store: samples == target, complete, ledger covers 0..N−1 once | "
+        f"{'yes' if v.get('ok') else 'NO'} ({v.get('ledger_rows')} blocks) |"
+    )
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------- main
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--timed-cli"]:
         return timed_cli(argv[1], argv[2:])
@@ -805,15 +1028,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--commit-interval", type=float, help="seconds between commits (default 30; quick 2)")
     p.add_argument("--term-at", type=float, default=0.30, help="SIGTERM at this fraction committed (0.30)")
     p.add_argument("--kill-at", type=float, default=0.65, help="SIGKILL at this fraction committed (0.65)")
-    p.add_argument("--kill-delay", type=float, help="seconds from the trigger to the SIGKILL (half the commit interval)")
+    p.add_argument(
+        "--kill-delay", type=float, help="seconds from the trigger to the SIGKILL (half the commit interval)"
+    )
     p.add_argument("--short-samples", type=float, help="samples of each short run (default 4.8e7; quick 8e6)")
     p.add_argument("--short-reps", type=int, default=2, help="repetitions of the short-run triple (default 2)")
     p.add_argument("--skip-short", action="store_true", help="skip the 1-vs-2-worker and commit runs")
     p.add_argument("--skip-big", action="store_true", help="only the short runs (write them to --out and stop)")
-    p.add_argument("--dask-profile", choices=["on", "off"], default="on",
-                   help="distributed's statistical profiler in the workers (default on, as Dask ships it; its "
-                        "history of 1000 one-second profiles grows the worker RSS during the first ~1000 s of "
-                        "work); off sets DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False for the CLI")
+    p.add_argument(
+        "--dask-profile",
+        choices=["on", "off"],
+        default="on",
+        help="distributed's statistical profiler in the workers (default on, as Dask ships it; its "
+        "history of 1000 one-second profiles grows the worker RSS during the first ~1000 s of "
+        "work); off sets DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False for the CLI",
+    )
     p.add_argument("--workdir", type=Path, help="where the stores go (default: a new temporary directory)")
     p.add_argument("--keep-store", action="store_true", help="keep the big store")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"JSON output (default {DEFAULT_OUT})")
@@ -843,32 +1072,50 @@ def main(argv: Optional[list[str]] = None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="relulearn-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     cfg_path = work / "scale.yaml"
-    cfg_text = write_config(cfg_path, samples=target, chunk_size=chunk_size, chunks_per_block=per_block,
-                            commit_interval=interval)
+    cfg_text = write_config(
+        cfg_path, samples=target, chunk_size=chunk_size, chunks_per_block=per_block, commit_interval=interval
+    )
     store = work / "big.zarr"
     if store.exists():
         shutil.rmtree(store)
     result: dict[str, Any] = {
-        "benchmark": "scale", "started": utc_now(), "quick": q, "machine": machine_info(),
-        "parameters": {"target_samples": target, "d": D, "statistics": {"basic": {}, "filtered": {"quantiles": QUANTILES}},
-                       "teacher": TEACHER, "seed": SEED, "chunk_size": chunk_size, "chunks_per_block": per_block,
-                       "samples_per_block": chunk_size * per_block, "commit_interval": interval,
-                       "term_at": args.term_at, "kill_at": args.kill_at, "kill_delay": kill_delay,
-                       "short_samples": short_samples, "short_reps": args.short_reps, "workers": 2,
-                       "dask_worker_profile": args.dask_profile, "extra_env": dict(EXTRA_ENV),
-                       "rss_interval_seconds": RSS_INTERVAL, "meta_poll_seconds": META_INTERVAL},
+        "benchmark": "scale",
+        "started": utc_now(),
+        "quick": q,
+        "machine": machine_info(),
+        "parameters": {
+            "target_samples": target,
+            "d": D,
+            "statistics": {"basic": {}, "filtered": {"quantiles": QUANTILES}},
+            "teacher": TEACHER,
+            "seed": SEED,
+            "chunk_size": chunk_size,
+            "chunks_per_block": per_block,
+            "samples_per_block": chunk_size * per_block,
+            "commit_interval": interval,
+            "term_at": args.term_at,
+            "kill_at": args.kill_at,
+            "kill_delay": kill_delay,
+            "short_samples": short_samples,
+            "short_reps": args.short_reps,
+            "workers": 2,
+            "dask_worker_profile": args.dask_profile,
+            "extra_env": dict(EXTRA_ENV),
+            "rss_interval_seconds": RSS_INTERVAL,
+            "meta_poll_seconds": META_INTERVAL,
+        },
         "config_yaml": cfg_text,
         "choices": {
             "chunk_size": "500 000: generation runs in 4096-row batches, so memory does not depend on it; "
-                          "10^9 samples are then 2 000 chunks, plenty for the chunk-spread standard errors, while "
-                          "per-chunk fixed work (generator set-up, per-chunk squared terms, d = 32) is negligible",
+            "10^9 samples are then 2 000 chunks, plenty for the chunk-spread standard errors, while "
+            "per-chunk fixed work (generator set-up, per-chunk squared terms, d = 32) is negligible",
             "chunks_per_block": "8 (4·10^6 samples per Dask task): ~3 s per block on an idle core at ~1.3 M "
-                                "samples/s per worker (~6 s when sharing the machine), so scheduling and transfer "
-                                "overhead (milliseconds per task) is negligible, 250 blocks (ledger rows) for 10^9, and "
-                                "a worker's death or a SIGKILL loses few seconds of in-flight work",
+            "samples/s per worker (~6 s when sharing the machine), so scheduling and transfer "
+            "overhead (milliseconds per task) is negligible, 250 blocks (ledger rows) "
+            "for 10^9, and a worker's death or a SIGKILL loses few seconds of in-flight work",
             "commit_interval": "30 s (default): a commit at d = 32 takes tens of milliseconds on the driver "
-                               "(measured below), so the overhead is ~0.1 %, while a SIGKILL loses at most "
-                               "30 s of merged blocks plus the blocks in flight",
+            "(measured below), so the overhead is ~0.1 %, while a SIGKILL loses at most "
+            "30 s of merged blocks plus the blocks in flight",
         },
     }
 
@@ -878,21 +1125,35 @@ def main(argv: Optional[list[str]] = None) -> int:
         save_json(result, args.out)
 
     try:
-        log(f"work directory {work}; target {target:,} samples, chunk {chunk_size:,}, {per_block} chunks/block, "
-            f"commit interval {interval:g} s; load {os.getloadavg()[0]:.2f}")
+        log(
+            f"work directory {work}; target {target:,} samples, chunk {chunk_size:,}, {per_block} chunks/block, "
+            f"commit interval {interval:g} s; load {os.getloadavg()[0]:.2f}"
+        )
         if not args.skip_short:
             log(f"short runs: {short_samples:,} samples each, 1 vs 2 workers and commit-interval 0")
             result["short_runs"] = short_runs(cfg_path, work, short_samples, args.short_reps, log)
             sh = result["short_runs"]
-            log(f"  speed-up 2 vs 1 workers {sh['speedup_2_vs_1']:.2f}x; one commit "
-                f"{1e3 * sh['commit']['seconds_per_commit_median']:.1f} ms")
+            log(
+                f"  speed-up 2 vs 1 workers {sh['speedup_2_vs_1']:.2f}x; one commit "
+                f"{1e3 * sh['commit']['seconds_per_commit_median']:.1f} ms"
+            )
             save()
         if args.skip_big:
             return 0
-        log(f"big run: {target:,} samples; SIGTERM at {args.term_at:.0%}, SIGKILL at {args.kill_at:.0%} + "
-            f"{kill_delay:g} s")
-        big = big_run(cfg_path, store, work, target=target, term_at=args.term_at, kill_at=args.kill_at,
-                      kill_delay=kill_delay, log=log)
+        log(
+            f"big run: {target:,} samples; SIGTERM at {args.term_at:.0%}, SIGKILL at {args.kill_at:.0%} + "
+            f"{kill_delay:g} s"
+        )
+        big = big_run(
+            cfg_path,
+            store,
+            work,
+            target=target,
+            term_at=args.term_at,
+            kill_at=args.kill_at,
+            kill_delay=kill_delay,
+            log=log,
+        )
         big["target_samples"] = target
         big["overall_samples_per_second_wall"] = target / big["wall_seconds"]
         big["compute_seconds_total"] = sum(s["compute_seconds"] for s in big["segments"])
@@ -909,12 +1170,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         if sh:
             per = sh["commit"]["seconds_per_commit_median"]
             result["commit_overhead"] = {
-                "seconds_per_commit": per, "big_run_commits": commits_big,
+                "seconds_per_commit": per,
+                "big_run_commits": commits_big,
                 "share_of_big_run": commits_big * per / big["compute_seconds_total"],
                 "wall_seconds_per_extra_commit": sh["commit"]["wall_seconds_per_extra_commit"],
                 "method": "big-run commits (relulearn status: commits, over all segments) × the median driver "
-                          "time of one commit (timed in the short --commit-interval 0 runs, same configuration, "
-                          "so the same arrays) / the big run's compute seconds (sum over segments)",
+                "time of one commit (timed in the short --commit-interval 0 runs, same configuration, "
+                "so the same arrays) / the big run's compute seconds (sum over segments)",
             }
         save()
         plot(result, png)

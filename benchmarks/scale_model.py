@@ -46,8 +46,9 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -56,19 +57,25 @@ if str(ROOT) not in sys.path:  # run from a source tree without installing
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
-
 from _common import cpu_model, save_json, utc_now  # noqa: E402
+from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 from relulearn.config import FilteredConfig, RunConfig, config_from_dict  # noqa: E402
 from relulearn.estimators.streamed import gradient_sums, part_rows_for  # noqa: E402
 from relulearn.pipeline import plan  # noqa: E402
+from relulearn.pipeline.families import build_statistics  # noqa: E402
 from relulearn.pipeline.sources import (  # noqa: E402
-    BATCH_ROWS, Stream, TeacherSource, batch_rows, chunk_batches, generator, make_source)
+    BATCH_ROWS,
+    Stream,
+    TeacherSource,
+    batch_rows,
+    chunk_batches,
+    generator,
+    make_source,
+)
 from relulearn.pipeline.stats.base import Statistic  # noqa: E402
 from relulearn.pipeline.stats.filtered import threshold_grid  # noqa: E402
 from relulearn.pipeline.stats.partial import Partial, accumulate_chunks  # noqa: E402
-from relulearn.pipeline.families import build_statistics
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale_model.json"
 SEED = 11
@@ -79,8 +86,13 @@ DENSE = ["basic", "output_moments", "filtered", "contracted"]
 SKETCHED = ["second", "filtered", "contracted"]
 #: the dense family whose matrices each sketched family sketches
 DENSE_OF = {"second": "output_moments", "filtered": "filtered", "contracted": "contracted"}
-MATRICES = {"basic": 1, "output_moments": 1, "second": 1, "filtered": len(QUANTILES),
-            "contracted": len(CONTRACTED["orders"]) * CONTRACTED["directions"]}
+MATRICES = {
+    "basic": 1,
+    "output_moments": 1,
+    "second": 1,
+    "filtered": len(QUANTILES),
+    "contracted": len(CONTRACTED["orders"]) * CONTRACTED["directions"],
+}
 FLOAT = 8
 #: the per-sample costs linear in d (inputs, teacher, refinement): cheap, repeated more
 INPUT_CALLS = ("generation_x", "teacher", "source_batch", "refinement")
@@ -98,19 +110,45 @@ WORKER_BYTES = 4 * 10**9
 CHUNK_FINALIZE_PASSES = 4
 
 #: measured d: not powers of two (whose strides alias in the caches: ~10 % slower dense updates at 1024, 2048)
-FULL = {"dims": [125, 500, 1000, 2000, 4000, 8000, 16000], "dense_dims": [125, 500, 1000, 2000, 3000],
-        "ranks": [16, 32, 64], "min_reps": 3, "max_reps": 7, "budget": 3.0, "merge_mib": 256, "check_d": 1000,
-        "check_chunk": 50_000, "check_reps": 2, "input_reps": 9}
-QUICK = {"dims": [64, 125, 250], "dense_dims": [64, 125, 250], "ranks": [16, 32],
-         "min_reps": 1, "max_reps": 2, "budget": 0.5, "merge_mib": 32, "check_d": 125, "check_chunk": 8_192,
-         "check_reps": 1, "input_reps": 2}
+FULL = {
+    "dims": [125, 500, 1000, 2000, 4000, 8000, 16000],
+    "dense_dims": [125, 500, 1000, 2000, 3000],
+    "ranks": [16, 32, 64],
+    "min_reps": 3,
+    "max_reps": 7,
+    "budget": 3.0,
+    "merge_mib": 256,
+    "check_d": 1000,
+    "check_chunk": 50_000,
+    "check_reps": 2,
+    "input_reps": 9,
+}
+QUICK = {
+    "dims": [64, 125, 250],
+    "dense_dims": [64, 125, 250],
+    "ranks": [16, 32],
+    "min_reps": 1,
+    "max_reps": 2,
+    "budget": 0.5,
+    "merge_mib": 32,
+    "check_d": 125,
+    "check_chunk": 8_192,
+    "check_reps": 1,
+    "input_reps": 2,
+}
 
 
 # ------------------------------------------------------------------ timing
 
 
-def time_interleaved(fns: dict[str, Callable[[], Any]], *, min_reps: int, max_reps: int, budget: float,
-                     at_least: Optional[dict[str, int]] = None) -> dict[str, dict[str, Any]]:
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]],
+    *,
+    min_reps: int,
+    max_reps: int,
+    budget: float,
+    at_least: dict[str, int] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Median CPU and wall seconds of each callable, timed in interleaved rounds (A, B, C, A, B, ...).
 
     One untimed warm-up call each; then each callable gets as many repetitions as fit ``budget``
@@ -132,8 +170,15 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], *, min_reps: int, max_re
                 fn()
                 cpu[name].append(time.process_time() - c0)
                 wall[name].append(time.perf_counter() - w0)
-    return {k: {"cpu": float(np.median(cpu[k])), "wall": float(np.median(wall[k])), "reps": len(cpu[k]),
-                "cpu_spread": [float(min(cpu[k])), float(max(cpu[k]))]} for k in fns}
+    return {
+        k: {
+            "cpu": float(np.median(cpu[k])),
+            "wall": float(np.median(wall[k])),
+            "reps": len(cpu[k]),
+            "cpu_spread": [float(min(cpu[k])), float(max(cpu[k]))],
+        }
+        for k in fns
+    }
 
 
 def time_call(fn: Callable[[], Any], *, min_reps: int, max_reps: int, budget: float) -> dict[str, Any]:
@@ -143,8 +188,13 @@ def time_call(fn: Callable[[], Any], *, min_reps: int, max_reps: int, budget: fl
 
 def per_sample(t: dict[str, float], rows: int) -> dict[str, Any]:
     """A timing of a call on ``rows`` samples, per sample."""
-    return {"rows": rows, "cpu_s_per_sample": t["cpu"] / rows, "wall_s_per_sample": t["wall"] / rows,
-            "reps": t["reps"], "cpu_s_per_call_range": t["cpu_spread"]}
+    return {
+        "rows": rows,
+        "cpu_s_per_sample": t["cpu"] / rows,
+        "wall_s_per_sample": t["wall"] / rows,
+        "reps": t["reps"],
+        "cpu_s_per_call_range": t["cpu_spread"],
+    }
 
 
 # ------------------------------------------------------------------ set-up
@@ -152,11 +202,16 @@ def per_sample(t: dict[str, float], rows: int) -> dict[str, Any]:
 
 def run_config(d: int, statistics: dict[str, Any]) -> RunConfig:
     """A run of a planted width-5 one-hidden-layer ReLU teacher in dimension ``d``."""
-    return config_from_dict({
-        "seed": SEED, "samples": PROJECT_SAMPLES, "chunk_size": CHUNK_SIZE,
-        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": WIDTH}},
-        "statistics": statistics, "run": {"chunks_per_block": CHUNKS_PER_BLOCK},
-    })
+    return config_from_dict(
+        {
+            "seed": SEED,
+            "samples": PROJECT_SAMPLES,
+            "chunk_size": CHUNK_SIZE,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": WIDTH}},
+            "statistics": statistics,
+            "run": {"chunks_per_block": CHUNKS_PER_BLOCK},
+        }
+    )
 
 
 def tau_grid() -> list[float]:
@@ -176,7 +231,7 @@ def family_section(family: str, tau: list[float]) -> dict[str, Any]:
     return {}
 
 
-def build_family(family: str, d: int, tau: list[float], rank: Optional[int] = None) -> Statistic:
+def build_family(family: str, d: int, tau: list[float], rank: int | None = None) -> Statistic:
     """The statistic of one family at ``d``: dense (``rank`` None) or its sketch of rank ``rank``,
     built from a configuration by ``build_statistics`` as a run builds it."""
     if rank is None:
@@ -206,8 +261,11 @@ def input_calls(d: int, source: TeacherSource, x: np.ndarray) -> dict[str, Calla
     rows = len(x)
     gx = generator(SEED, Stream.INPUTS, 1_000)
     gsrc, gnoise = generator(SEED, Stream.INPUTS, 2_000), generator(SEED, Stream.NOISE, 2_000)
-    return {"generation_x": lambda: gx.standard_normal((rows, d)), "teacher": lambda: source.labels(x),
-            "source_batch": lambda: list(source.batches(gsrc, gnoise, rows))}
+    return {
+        "generation_x": lambda: gx.standard_normal((rows, d)),
+        "teacher": lambda: source.labels(x),
+        "source_batch": lambda: list(source.batches(gsrc, gnoise, rows)),
+    }
 
 
 def update_call(stat: Statistic, x: np.ndarray, y: np.ndarray) -> Callable[[], Any]:
@@ -232,13 +290,23 @@ def measure_at(d: int, tau: list[float], cfg: dict[str, Any], log: Callable[[str
     calls = {**input_calls(d, source, x), "refinement": refinement_call(x, y)}
     if d in cfg["dense_dims"]:
         calls.update({f"dense/{fam}": update_call(build_family(fam, d, tau), x, y) for fam in DENSE})
-    calls.update({f"sketch/{fam}/{r}": update_call(build_family(fam, d, tau, r), x, y)
-                  for fam in SKETCHED for r in cfg["ranks"]})
+    calls.update(
+        {f"sketch/{fam}/{r}": update_call(build_family(fam, d, tau, r), x, y) for fam in SKETCHED for r in cfg["ranks"]}
+    )
     # the inputs' costs dominate the sketches' projection and are cheap: repeat them more
-    t = time_interleaved(calls, min_reps=cfg["min_reps"], max_reps=cfg["max_reps"], budget=cfg["budget"],
-                         at_least={k: cfg["input_reps"] for k in INPUT_CALLS})
-    out: dict[str, Any] = {"d": d, "kept_fraction_filtered": float(np.mean(np.abs(y) > tau[0])), "dense": {},
-                           "sketch": {fam: {} for fam in SKETCHED}}
+    t = time_interleaved(
+        calls,
+        min_reps=cfg["min_reps"],
+        max_reps=cfg["max_reps"],
+        budget=cfg["budget"],
+        at_least={k: cfg["input_reps"] for k in INPUT_CALLS},
+    )
+    out: dict[str, Any] = {
+        "d": d,
+        "kept_fraction_filtered": float(np.mean(np.abs(y) > tau[0])),
+        "dense": {},
+        "sketch": {fam: {} for fam in SKETCHED},
+    }
     for name, tn in t.items():
         kind, _, rest = name.partition("/")
         if kind == "dense":
@@ -250,10 +318,13 @@ def measure_at(d: int, tau: list[float], cfg: dict[str, Any], log: Callable[[str
             out[name] = per_sample(tn, len(x))
     us = {k: v["cpu"] / len(x) * 1e6 for k, v in t.items()}
     r = cfg["ranks"][-1]
-    log(f"  d={d:5d} µs/sample: x {us['generation_x']:.3g}, teacher {us['teacher']:.3g}, batch "
+    log(
+        f"  d={d:5d} µs/sample: x {us['generation_x']:.3g}, teacher {us['teacher']:.3g}, batch "
         f"{us['source_batch']:.3g}, refine {us['refinement']:.3g}"
         + "".join(f", {f} {us[f'dense/{f}']:.3g}" for f in DENSE if f"dense/{f}" in us)
-        + f"; sketch r={r}: " + ", ".join(f"{f} {us[f'sketch/{f}/{r}']:.3g}" for f in SKETCHED))
+        + f"; sketch r={r}: "
+        + ", ".join(f"{f} {us[f'sketch/{f}/{r}']:.3g}" for f in SKETCHED)
+    )
     return out
 
 
@@ -282,10 +353,22 @@ def measure_merge(cfg: dict[str, Any], tau: list[float]) -> dict[str, Any]:
 
     tp = time_call(partial_add, min_reps=max(3, cfg["min_reps"]), max_reps=9, budget=cfg["budget"])
     return {
-        "numpy_add": {"bytes": n * FLOAT, "cpu_s": t["cpu"], "wall_s": t["wall"], "reps": t["reps"],
-                      "bytes_per_s": n * FLOAT / t["cpu"], "bytes_per_s_wall": n * FLOAT / t["wall"]},
-        "partial_add": {"family": "basic", "d": d, "bytes": q.nbytes(), "cpu_s": tp["cpu"], "reps": tp["reps"],
-                        "bytes_per_s": q.nbytes() / tp["cpu"]},
+        "numpy_add": {
+            "bytes": n * FLOAT,
+            "cpu_s": t["cpu"],
+            "wall_s": t["wall"],
+            "reps": t["reps"],
+            "bytes_per_s": n * FLOAT / t["cpu"],
+            "bytes_per_s_wall": n * FLOAT / t["wall"],
+        },
+        "partial_add": {
+            "family": "basic",
+            "d": d,
+            "bytes": q.nbytes(),
+            "cpu_s": tp["cpu"],
+            "reps": tp["reps"],
+            "bytes_per_s": q.nbytes() / tp["cpu"],
+        },
     }
 
 
@@ -310,40 +393,60 @@ def measure_chunks(cfg: dict[str, Any], tau: list[float]) -> list[dict[str, Any]
     out = []
     for fam, r in (("basic", None), ("filtered", None), ("second", rank), ("contracted", rank)):
         stat = build_family(fam, d, tau, r)
-        t = time_call(next_chunk(stat, source, chunk), min_reps=cfg["check_reps"], max_reps=cfg["check_reps"],
-                      budget=0.0)
-        out.append({"family": fam, "form": "dense" if r is None else "sketch", "rank": r, "d": d,
-                    "chunk_size": chunk, **per_sample(t, chunk)})
+        t = time_call(
+            next_chunk(stat, source, chunk), min_reps=cfg["check_reps"], max_reps=cfg["check_reps"], budget=0.0
+        )
+        out.append(
+            {
+                "family": fam,
+                "form": "dense" if r is None else "sketch",
+                "rank": r,
+                "d": d,
+                "chunk_size": chunk,
+                **per_sample(t, chunk),
+            }
+        )
     return out
 
 
 # ------------------------------------------------------------------ fits
 
 
-def lstsq_fit(features: list[list[float]], t: list[float], names: list[str], form: str,
-              labels: list[dict[str, Any]]) -> dict[str, Any]:
+def lstsq_fit(
+    features: list[list[float]], t: list[float], names: list[str], form: str, labels: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Least squares ``t ≈ features @ coef`` (no intercept) with relative residuals per point."""
     f, tt = np.asarray(features, dtype=float), np.asarray(t, dtype=float)
     coef, *_ = np.linalg.lstsq(f, tt, rcond=None)
     fitted = f @ coef
     rel = tt / fitted - 1.0
-    return {"form": form, "coefficients": dict(zip(names, coef.tolist())),
-            "points": [{**lab, "measured": float(m), "fitted": float(v), "relative_residual": float(e)}
-                       for lab, m, v, e in zip(labels, tt, fitted, rel)],
-            "max_abs_relative_residual": float(np.max(np.abs(rel)))}
+    return {
+        "form": form,
+        "coefficients": dict(zip(names, coef.tolist())),
+        "points": [
+            {**lab, "measured": float(m), "fitted": float(v), "relative_residual": float(e)}
+            for lab, m, v, e in zip(labels, tt, fitted, rel)
+        ],
+        "max_abs_relative_residual": float(np.max(np.abs(rel))),
+    }
 
 
-def loglog_slope(d: list[int], t: list[float]) -> Optional[float]:
+def loglog_slope(d: list[int], t: list[float]) -> float | None:
     """Exponent of d from a log-log line through the points (a check of the model's power)."""
     return float(np.polyfit(np.log(d), np.log(t), 1)[0]) if len(d) >= 2 else None
 
 
-def fit_power(meas: list[dict[str, Any]], key: Callable[[dict[str, Any]], Optional[dict[str, Any]]],
-              power: int, scale: float, form: str, name: str) -> dict[str, Any]:
+def fit_power(
+    meas: list[dict[str, Any]],
+    key: Callable[[dict[str, Any]], dict[str, Any] | None],
+    power: int,
+    scale: float,
+    form: str,
+    name: str,
+) -> dict[str, Any]:
     """Fit ``t = c · scale · d**power`` to the per-sample CPU costs ``key(m)`` of the measurements."""
     pts = [(m["d"], key(m)["cpu_s_per_sample"]) for m in meas if key(m) is not None]
-    fit = lstsq_fit([[scale * d**power] for d, _ in pts], [t for _, t in pts], [name], form,
-                    [{"d": d} for d, _ in pts])
+    fit = lstsq_fit([[scale * d**power] for d, _ in pts], [t for _, t in pts], [name], form, [{"d": d} for d, _ in pts])
     fit["loglog_slope"] = loglog_slope([d for d, _ in pts], [t for _, t in pts])
     return fit
 
@@ -377,7 +480,7 @@ def fit_all(meas: list[dict[str, Any]]) -> dict[str, Any]:
 # ------------------------------------------------------------------ projection
 
 
-def per_sample_model(fits: dict[str, Any], kind: str, family: str, d: int, rank: Optional[int]) -> dict[str, float]:
+def per_sample_model(fits: dict[str, Any], kind: str, family: str, d: int, rank: int | None) -> dict[str, float]:
     """Fitted seconds per sample at ``d`` of generation, teacher and the update of one family."""
     c = {k: v["coefficients"] for k, v in fits.items()}
     out = {"generation_x": c["generation_x"]["a_per_d"] * d, "teacher": c["teacher"]["c_per_k_d"] * WIDTH * d}
@@ -396,7 +499,7 @@ def finalize_seconds(sums_bytes: int, merge_bps: float, chunk_size: int) -> floa
     return CHUNK_FINALIZE_PASSES * sums_bytes / merge_bps / chunk_size
 
 
-def partial_layout(kind: str, family: str, d: int, rank: Optional[int], tau: list[float]) -> dict[str, Any]:
+def partial_layout(kind: str, family: str, d: int, rank: int | None, tau: list[float]) -> dict[str, Any]:
     """Bytes of one block partial (from the schemas), plan's matrix-only count, and a worker's
     working set: partial + the chunk accumulator + one temporary of its largest array (the
     update's product or the chunk's estimands) + two row batches of x (a source builds the next
@@ -408,22 +511,44 @@ def partial_layout(kind: str, family: str, d: int, rank: Optional[int], tau: lis
         rows = part_rows_for(d)
         b = (WIDTH * d + 3) * FLOAT
         batch = 2 * batch_rows(d) * d * FLOAT  # a part is summed batch by batch (store format 2)
-        return {"sums": b, "error_terms": 0, "partial": b, "samples_per_partial": rows, "plan_bytes": None,
-                "batch_bytes": batch, "working_set_bytes": b + batch, "partial_fits_worker": b <= WORKER_BYTES,
-                "working_set_fits_worker": b + batch <= WORKER_BYTES}
+        return {
+            "sums": b,
+            "error_terms": 0,
+            "partial": b,
+            "samples_per_partial": rows,
+            "plan_bytes": None,
+            "batch_bytes": batch,
+            "working_set_bytes": b + batch,
+            "partial_fits_worker": b <= WORKER_BYTES,
+            "working_set_fits_worker": b + batch <= WORKER_BYTES,
+        }
     by = schema_bytes(build_family(family, d, tau, rank))
     mats = MATRICES[family]
     planned = plan.dense_bytes(d, mats) if kind == "dense" else plan.sketch_bytes(d, mats, rank)
     rows = batch_rows(d)  # at most 32 MB of inputs per batch (store format 2)
     batch = 2 * rows * d * FLOAT + rows * d
     working = by["partial"] + by["sums"] + by["largest_sums_array"] + batch
-    return {**by, "samples_per_partial": CHUNK_SIZE * CHUNKS_PER_BLOCK, "plan_bytes": planned, "batch_bytes": batch,
-            "working_set_bytes": working, "partial_fits_worker": by["partial"] <= WORKER_BYTES,
-            "working_set_fits_worker": working <= WORKER_BYTES}
+    return {
+        **by,
+        "samples_per_partial": CHUNK_SIZE * CHUNKS_PER_BLOCK,
+        "plan_bytes": planned,
+        "batch_bytes": batch,
+        "working_set_bytes": working,
+        "partial_fits_worker": by["partial"] <= WORKER_BYTES,
+        "working_set_fits_worker": working <= WORKER_BYTES,
+    }
 
 
-def project_one(fits: dict[str, Any], merge_bps: float, net_bps: float, kind: str, family: str, d: int,
-                rank: Optional[int], tau: list[float]) -> list[dict[str, Any]]:
+def project_one(
+    fits: dict[str, Any],
+    merge_bps: float,
+    net_bps: float,
+    kind: str,
+    family: str,
+    d: int,
+    rank: int | None,
+    tau: list[float],
+) -> list[dict[str, Any]]:
     """Projection rows (one per N) of one family and form at ``d``."""
     lay = partial_layout(kind, family, d, rank, tau)
     parts = per_sample_model(fits, kind, family, d, rank)
@@ -438,19 +563,32 @@ def project_one(fits: dict[str, Any], merge_bps: float, net_bps: float, kind: st
     for n in PROJECT_WORKERS:
         wall = max(compute / n, merge)
         wall_net = max(compute / n, merge + receive)
-        rows.append({
-            "kind": kind, "family": family, "rank": rank, "d": d, "samples": PROJECT_SAMPLES, "workers": n,
-            "seconds_per_sample": s_per_sample, "seconds_per_sample_parts": parts,
-            "compute_core_hours": compute / 3600, "worker_hours": compute / n / 3600,
-            "blocks": blocks, "bytes_per_block_partial": lay["partial"], "bytes_shipped_total": shipped,
-            "driver_merge_hours": merge / 3600, "driver_receive_hours": receive / 3600,
-            "wall_hours": wall / 3600, "bound": "workers" if compute / n >= merge else "driver merge",
-            "speedup_over_1_worker": compute / wall,
-            "wall_hours_with_network": wall_net / 3600,
-            "driver_bound_from_workers": compute / merge if merge > 0 else None,
-            "driver_bound_from_workers_with_network": compute / (merge + receive) if merge > 0 else None,
-            "layout": lay,
-        })
+        rows.append(
+            {
+                "kind": kind,
+                "family": family,
+                "rank": rank,
+                "d": d,
+                "samples": PROJECT_SAMPLES,
+                "workers": n,
+                "seconds_per_sample": s_per_sample,
+                "seconds_per_sample_parts": parts,
+                "compute_core_hours": compute / 3600,
+                "worker_hours": compute / n / 3600,
+                "blocks": blocks,
+                "bytes_per_block_partial": lay["partial"],
+                "bytes_shipped_total": shipped,
+                "driver_merge_hours": merge / 3600,
+                "driver_receive_hours": receive / 3600,
+                "wall_hours": wall / 3600,
+                "bound": "workers" if compute / n >= merge else "driver merge",
+                "speedup_over_1_worker": compute / wall,
+                "wall_hours_with_network": wall_net / 3600,
+                "driver_bound_from_workers": compute / merge if merge > 0 else None,
+                "driver_bound_from_workers_with_network": compute / (merge + receive) if merge > 0 else None,
+                "layout": lay,
+            }
+        )
     return rows
 
 
@@ -470,29 +608,34 @@ def projection(fits: dict[str, Any], merge_bps: float, net_bps: float, tau: list
 def assumptions(merge_bps: float, net_bps: float) -> dict[str, Any]:
     """The projection's assumptions, stated."""
     return {
-        "samples": PROJECT_SAMPLES, "dims": PROJECT_DIMS, "workers": PROJECT_WORKERS, "ranks": PROJECT_RANKS,
-        "chunk_size": CHUNK_SIZE, "chunks_per_block": CHUNKS_PER_BLOCK, "batch_rows": BATCH_ROWS,
+        "samples": PROJECT_SAMPLES,
+        "dims": PROJECT_DIMS,
+        "workers": PROJECT_WORKERS,
+        "ranks": PROJECT_RANKS,
+        "chunk_size": CHUNK_SIZE,
+        "chunks_per_block": CHUNKS_PER_BLOCK,
+        "batch_rows": BATCH_ROWS,
         "worker_memory_bytes": WORKER_BYTES,
         "per_sample_cost": "fitted CPU seconds on one core of this machine (one BLAS thread), extrapolated "
-                           "from the measured d by the model forms; every worker is one such dedicated core",
+        "from the measured d by the model forms; every worker is one such dedicated core",
         "scaling": "perfect: the workers' compute time is (n × seconds per sample) / N; no scheduling, "
-                   "serialization or straggler cost",
+        "serialization or straggler cost",
         "driver": "one driver merges every block partial serially, in block order, overlapped with the "
-                  "workers' compute: wall = max(compute / N, merge); merge = bytes shipped / merge rate",
+        "workers' compute: wall = max(compute / N, merge); merge = bytes shipped / merge rate",
         "merge_bytes_per_s": merge_bps,
         "merge_rate": "measured numpy a += b (bytes of b per CPU second) on arrays larger than the caches",
         "chunk_finalize": f"{CHUNK_FINALIZE_PASSES} passes over the sums' bytes per chunk at the merge rate "
-                          "(zero the accumulator, add it into the block, square the estimands, add them)",
+        "(zero the accumulator, add it into the block, square the estimands, add them)",
         "network": "wall_hours_with_network also adds, to the driver's serial time, receiving every partial "
-                   "at the assumed bandwidth (no overlap of receive and merge on the driver)",
+        "at the assumed bandwidth (no overlap of receive and merge on the driver)",
         "network_bytes_per_s": net_bps,
         "partial_bytes": "sums + error terms (float64) from the statistics' sums_schema() / terms_schema() "
-                         "at the projected d",
+        "at the projected d",
         "working_set": "partial + chunk accumulator (sums) + one temporary of the largest sums array + 2 "
-                       "batches of x (batch_rows(d) × d float64, at most 32 MB) + the finiteness mask; Python, Dask and "
-                       "serialization copies are not counted (a lower bound)",
+        "batches of x (batch_rows(d) × d float64, at most 32 MB) + the finiteness mask; "
+        "Python, Dask and serialization copies are not counted (a lower bound)",
         "refinement": "one pass of gradient_sums (k = 5) with generation and teacher; it ships one k × d "
-                      "gradient sum per part of part_rows_for(d) rows ('blocks' counts parts)",
+        "gradient sum per part of part_rows_for(d) rows ('blocks' counts parts)",
     }
 
 
@@ -504,11 +647,16 @@ def machine() -> dict[str, Any]:
     cpu = cpu_model()
     with threadpool_limits(1, "blas"):
         blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
-    return {"hostname": platform.node(), "cpu_model": cpu, "cores": len(os.sched_getaffinity(0)),
-            "load_average_at_start": list(os.getloadavg()), "python": platform.python_version(),
-            "numpy": np.__version__, "blas": [{k: i.get(k) for k in ("internal_api", "version", "architecture",
-                                                                      "num_threads")} for i in blas],
-            "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS")}}
+    return {
+        "hostname": platform.node(),
+        "cpu_model": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_average_at_start": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": [{k: i.get(k) for k in ("internal_api", "version", "architecture", "num_threads")} for i in blas],
+        "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS")},
+    }
 
 
 def fmt_bytes(b: float) -> str:
@@ -525,12 +673,16 @@ def print_tables(fits: dict[str, Any], rows: list[dict[str, Any]], merge_bps: fl
     for name, f in fits.items():
         coef = ", ".join(f"{k} = {v:.3g}" for k, v in f["coefficients"].items())
         slope = f.get("loglog_slope")
-        print(f"  {name:24s} {f['form']:16s} {coef:40s} max |rel. residual| {f['max_abs_relative_residual']:.2f}"
-              + (f", log-log slope {slope:.2f}" if slope is not None else ""))
+        print(
+            f"  {name:24s} {f['form']:16s} {coef:40s} max |rel. residual| {f['max_abs_relative_residual']:.2f}"
+            + (f", log-log slope {slope:.2f}" if slope is not None else "")
+        )
     print(f"  merge (numpy add): {merge_bps / 1e9:.2f} GB/s")
     print("\nprojection, n = 1e9 (wall hours; driver merge hours; bytes per block partial; worker working set):")
-    print(f"  {'d':>6s} {'family':15s} {'form':9s} {'N=1':>9s} {'N=16':>9s} {'N=256':>9s} {'merge h':>8s} "
-          f"{'bytes/block':>11s} {'working set':>11s}")
+    print(
+        f"  {'d':>6s} {'family':15s} {'form':9s} {'N=1':>9s} {'N=16':>9s} {'N=256':>9s} {'merge h':>8s} "
+        f"{'bytes/block':>11s} {'working set':>11s}"
+    )
     keep = [r for r in rows if r["rank"] in (None, 32) and r["family"] != "basic"]
     for key in dict.fromkeys((r["d"], r["kind"], r["family"], r["rank"]) for r in keep):
         grp = [r for r in keep if (r["d"], r["kind"], r["family"], r["rank"]) == key]
@@ -538,41 +690,59 @@ def print_tables(fits: dict[str, Any], rows: list[dict[str, Any]], merge_bps: fl
         hours = " ".join(f"{r['wall_hours']:9.3g}" for r in grp)
         first = grp[0]
         partial, working = fmt_bytes(first["bytes_per_block_partial"]), fmt_bytes(first["layout"]["working_set_bytes"])
-        print(f"  {key[0]:6d} {key[2]:15s} {form:9s} {hours} {first['driver_merge_hours']:8.3g} "
-              f"{partial:>11s} {working:>11s}")
+        print(
+            f"  {key[0]:6d} {key[2]:15s} {form:9s} {hours} {first['driver_merge_hours']:8.3g} "
+            f"{partial:>11s} {working:>11s}"
+        )
 
 
-def main(argv: Optional[list[str]] = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a smoke run at small d, few repetitions")
     p.add_argument("--out", type=Path, help=f"JSON output (default {DEFAULT_OUT}; --quick: a temporary file)")
-    p.add_argument("--network-gbit", type=float, default=10.0,
-                   help="assumed network bandwidth into the driver, Gbit/s (default 10)")
+    p.add_argument(
+        "--network-gbit",
+        type=float,
+        default=10.0,
+        help="assumed network bandwidth into the driver, Gbit/s (default 10)",
+    )
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else FULL
     out = args.out or (Path(tempfile.gettempdir()) / "relulearn-scale-model-quick.json" if args.quick else DEFAULT_OUT)
     t_start = time.perf_counter()
-    result: dict[str, Any] = {"benchmark": "scale_model", "started": utc_now(), "quick": args.quick,
-                              "command": "python benchmarks/scale_model.py" + (" --quick" if args.quick else ""),
-                              "machine": machine(), "settings": dict(cfg)}
+    result: dict[str, Any] = {
+        "benchmark": "scale_model",
+        "started": utc_now(),
+        "quick": args.quick,
+        "command": "python benchmarks/scale_model.py" + (" --quick" if args.quick else ""),
+        "machine": machine(),
+        "settings": dict(cfg),
+    }
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:6.1f} s] {msg}", flush=True)
 
     with threadpool_limits(1, "blas"):
         tau = tau_grid()
-        result["settings"].update(batch_rows=BATCH_ROWS, dense_counterpart_of_sketch=DENSE_OF,
-                                  teacher={"kind": "one_hidden_relu", "width": WIDTH},
-                                  filtered={"quantiles": QUANTILES, "tau": tau}, contracted=CONTRACTED,
-                                  timing="CPU seconds of this process (time.process_time), median over repetitions "
-                                         "after one warm-up call; wall seconds recorded beside")
+        result["settings"].update(
+            batch_rows=BATCH_ROWS,
+            dense_counterpart_of_sketch=DENSE_OF,
+            teacher={"kind": "one_hidden_relu", "width": WIDTH},
+            filtered={"quantiles": QUANTILES, "tau": tau},
+            contracted=CONTRACTED,
+            timing="CPU seconds of this process (time.process_time), median over repetitions "
+            "after one warm-up call; wall seconds recorded beside",
+        )
         log(f"τ grid {np.round(tau, 3).tolist()}; measuring at d = {cfg['dims']}")
         meas = [measure_at(d, tau, cfg, log) for d in sorted(set(cfg["dims"]) | set(cfg["dense_dims"]))]
         result["measurements"] = meas
         result["merge"] = merge = measure_merge(cfg, tau)
-        log(f"merge: numpy add {merge['numpy_add']['bytes_per_s'] / 1e9:.2f} GB/s, Partial.add "
-            f"{merge['partial_add']['bytes_per_s'] / 1e9:.2f} GB/s")
+        log(
+            f"merge: numpy add {merge['numpy_add']['bytes_per_s'] / 1e9:.2f} GB/s, Partial.add "
+            f"{merge['partial_add']['bytes_per_s'] / 1e9:.2f} GB/s"
+        )
         fits = fit_all(meas)
         result["fits"] = fits
         merge_bps = merge["numpy_add"]["bytes_per_s"]
@@ -585,9 +755,11 @@ def main(argv: Optional[list[str]] = None) -> None:
             c["predicted_parts"] = parts
             c["predicted_cpu_s_per_sample"] = sum(parts.values())
             c["measured_over_predicted"] = c["cpu_s_per_sample"] / c["predicted_cpu_s_per_sample"]
-            log(f"check {c['family']} {c['form']} d={c['d']}: accumulate_chunks {c['cpu_s_per_sample'] * 1e6:.3g} "
+            log(
+                f"check {c['family']} {c['form']} d={c['d']}: accumulate_chunks {c['cpu_s_per_sample'] * 1e6:.3g} "
                 f"µs/sample, model {c['predicted_cpu_s_per_sample'] * 1e6:.3g} "
-                f"(ratio {c['measured_over_predicted']:.2f})")
+                f"(ratio {c['measured_over_predicted']:.2f})"
+            )
         result["chunk_check"] = checks
         result["assumptions"] = assumptions(merge_bps, net_bps)
         result["projection"] = rows = projection(fits, merge_bps, net_bps, tau)

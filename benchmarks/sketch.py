@@ -35,8 +35,9 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -65,10 +66,17 @@ CHUNK = 50_000
 
 
 def run_config(d: int, samples: int, statistics: dict) -> dict[str, Any]:
-    return {"seed": RUN_SEED, "samples": samples, "chunk_size": CHUNK,
-            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": len(LAMBDA), "output_weights": LAMBDA,
-                                           "seed": 0}},
-            "statistics": statistics, "run": {"chunks_per_block": 2, "commit_interval": 1e9}}
+    return {
+        "seed": RUN_SEED,
+        "samples": samples,
+        "chunk_size": CHUNK,
+        "source": {
+            "d": d,
+            "teacher": {"kind": "one_hidden_relu", "width": len(LAMBDA), "output_weights": LAMBDA, "seed": 0},
+        },
+        "statistics": statistics,
+        "run": {"chunks_per_block": 2, "commit_interval": 1e9},
+    }
 
 
 def truth(d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -108,15 +116,24 @@ def iteration_rows(it, lam_true: np.ndarray, v_true: np.ndarray, dense_v: np.nda
     rows = []
     for t, (step, change) in enumerate(zip(it.steps, it.changes)):
         k = step.k
-        row = {"pass": t + 1, "ritz_values": step.eigenvalues[:k].tolist(), "true_eigenvalues": lam_true.tolist(),
-               # sorted by value: the |θ| order of an unconverged pass may differ from the true one
-               "eigenvalue_error_max": float(np.abs(np.sort(step.eigenvalues[:k]) - np.sort(lam_true)).max()),
-               "eigenvalue_floor": step.eigenvalue_floor, "noise_floor": step.floor,
-               "subspace_noise": step.subspace_noise, "gap": step.gap, "angle_bound": step.angle_bound,
-               "angle_to_truth": angle(v_true, step.refined_vectors),
-               "ritz_angle_to_truth": angle(v_true, step.vectors[:, :k]), "next_pass_move": change,
-               "stop_rule_fires": bool(t + 1 >= 2 and change <= step.angle_bound), "significant": step.significant,
-               **log[t]}
+        row = {
+            "pass": t + 1,
+            "ritz_values": step.eigenvalues[:k].tolist(),
+            "true_eigenvalues": lam_true.tolist(),
+            # sorted by value: the |θ| order of an unconverged pass may differ from the true one
+            "eigenvalue_error_max": float(np.abs(np.sort(step.eigenvalues[:k]) - np.sort(lam_true)).max()),
+            "eigenvalue_floor": step.eigenvalue_floor,
+            "noise_floor": step.floor,
+            "subspace_noise": step.subspace_noise,
+            "gap": step.gap,
+            "angle_bound": step.angle_bound,
+            "angle_to_truth": angle(v_true, step.refined_vectors),
+            "ritz_angle_to_truth": angle(v_true, step.vectors[:, :k]),
+            "next_pass_move": change,
+            "stop_rule_fires": bool(t + 1 >= 2 and change <= step.angle_bound),
+            "significant": step.significant,
+            **log[t],
+        }
         if dense_v is not None:
             row["angle_to_dense"] = angle(dense_v, step.refined_vectors)
             row["ritz_angle_to_dense"] = angle(dense_v, step.vectors[:, :k])
@@ -141,8 +158,11 @@ def update_throughput(d: int, r: int, rows: int, reps: int) -> dict[str, Any]:
     cfg = config_from_dict(run_config(d, rows, {}))
     batches = list(chunk_batches(make_source(cfg), RUN_SEED, 0, rows))
     basis = np.linalg.qr(gaussian_test_matrix(d, r, 1))[0]
-    stats = {"dense_M2": OutputMoments(d), "sketch_r": SketchMoments(gaussian_test_matrix(d, r, 0), second=True),
-             "pass_r": SketchMoments(basis, is_basis=True, second=True)}
+    stats = {
+        "dense_M2": OutputMoments(d),
+        "sketch_r": SketchMoments(gaussian_test_matrix(d, r, 0), second=True),
+        "pass_r": SketchMoments(basis, is_basis=True, second=True),
+    }
     om = stats["sketch_r"].omega
 
     def run(stat) -> None:
@@ -158,15 +178,21 @@ def update_throughput(d: int, r: int, rows: int, reps: int) -> dict[str, Any]:
     with threadpool_limits(limits=1, user_api="blas"):
         for _ in range(reps):
             for name, stat in stats.items():
-                times[name].append(_time(lambda: run(stat)))
+                times[name].append(_time(lambda stat=stat: run(stat)))
             times["bare_gemm"].append(_time(bare))
     rate = {k: rows / min(v) for k, v in times.items()}
-    return {"d": d, "rank": r, "rows": rows, "reps": reps, "samples_per_second": rate,
-            "ratio_sketch_vs_dense": rate["sketch_r"] / rate["dense_M2"],
-            "ratio_pass_vs_dense": rate["pass_r"] / rate["dense_M2"],
-            "roofline_ratio_sketch": rate["sketch_r"] / rate["bare_gemm"],
-            "flops_per_sample": {"dense_M2": d * (d + 1), "sketch": 4 * d * r},
-            "flop_ratio": d * (d + 1) / (4 * d * r)}
+    return {
+        "d": d,
+        "rank": r,
+        "rows": rows,
+        "reps": reps,
+        "samples_per_second": rate,
+        "ratio_sketch_vs_dense": rate["sketch_r"] / rate["dense_M2"],
+        "ratio_pass_vs_dense": rate["pass_r"] / rate["dense_M2"],
+        "roofline_ratio_sketch": rate["sketch_r"] / rate["bare_gemm"],
+        "flops_per_sample": {"dense_M2": d * (d + 1), "sketch": 4 * d * r},
+        "flop_ratio": d * (d + 1) / (4 * d * r),
+    }
 
 
 # ----------------------------------------------------------------------------------- parts
@@ -177,12 +203,20 @@ def part_a(client: Any, workdir: Path, quick: bool) -> dict[str, Any]:
     lam_true, v_true = truth(d)
     dense_url, sketch_url = str(workdir / "dense.zarr"), str(workdir / "sketch.zarr")
     t = time.perf_counter()
-    dense_sum = estimate(config_from_dict(run_config(d, n, {"basic": None, "output_moments": {}})), dense_url,
-                         client=client, progress=None)
+    dense_sum = estimate(
+        config_from_dict(run_config(d, n, {"basic": None, "output_moments": {}})),
+        dense_url,
+        client=client,
+        progress=None,
+    )
     print(f"dense M_2: {time.perf_counter() - t:.0f} s", flush=True)
     t = time.perf_counter()
-    sketch_sum = estimate(config_from_dict(run_config(d, n, {"basic": None, "sketch": {"rank": r, "second": {}}})),
-                          sketch_url, client=client, progress=None)
+    sketch_sum = estimate(
+        config_from_dict(run_config(d, n, {"basic": None, "sketch": {"rank": r, "second": {}}})),
+        sketch_url,
+        client=client,
+        progress=None,
+    )
     print(f"sketch: {time.perf_counter() - t:.0f} s", flush=True)
     dense_run, sketch_run = open_store(dense_url), open_store(sketch_url)
     assert np.array_equal(dense_run.ledger(), sketch_run.ledger())  # the same chunks, the same blocks
@@ -195,29 +229,54 @@ def part_a(client: Any, workdir: Path, quick: bool) -> dict[str, Any]:
     initial = sketch_basis(sk["Y_second"], sk["Y_second_se"])
 
     log: list = []
-    it = subspace_iteration(pass_runner(sketch_run.meta["config"], workdir, client, log, "a"), sk,
-                            sketch_run.meta["config"]["statistics"]["sketch"], k=k,
-                            refines=refine_record(sketch_run.meta), max_passes=1 if quick else 3, rtol=0.0)
+    it = subspace_iteration(
+        pass_runner(sketch_run.meta["config"], workdir, client, log, "a"),
+        sk,
+        sketch_run.meta["config"]["statistics"]["sketch"],
+        k=k,
+        refines=refine_record(sketch_run.meta),
+        max_passes=1 if quick else 3,
+        rtol=0.0,
+    )
     one = it.steps[0]
     result = {
-        "d": d, "samples": n, "rank": r, "k": k, "lambda": LAMBDA, "true_eigenvalues": lam_true.tolist(),
-        "dense": {"seconds": dense_sum.seconds, "samples_per_second": dense_sum.samples_per_second,
-                  "top_eigenvalues": dense_w.tolist(), "noise_floor": dense_floor,
-                  "gap": float(w_all[k - 1] - w_all[k]), "angle_to_truth": angle(v_true, dense_v),
-                  "angle_bound_full_floor": spectral_bound(dense_floor, float(w_all[k - 1] - w_all[k]))},
-        "sketch": {"seconds": sketch_sum.seconds, "samples_per_second": sketch_sum.samples_per_second,
-                   "floor": initial.floor, "significant": initial.significant,
-                   "singular_values": initial.singular_values.tolist(),
-                   "top_k_angle_to_truth": angle(v_true, initial.basis[:, :k]),
-                   "top_k_angle_to_dense": angle(dense_v, initial.basis[:, :k])},
-        "one_pass": {"angle_to_dense": angle(dense_v, one.refined_vectors),
-                     "angle_bound": one.angle_bound,
-                     "within_bound": angle(dense_v, one.refined_vectors) <= one.angle_bound,
-                     "angle_to_truth": angle(v_true, one.refined_vectors),
-                     "ritz_angle_to_dense": angle(dense_v, one.vectors[:, :k]),
-                     "ritz_values": one.eigenvalues[:k].tolist(), "refined_values": one.refined_values.tolist(),
-                     "noise_floor": one.floor,
-                     "dense_noise_floor": dense_floor, "subspace_noise": one.subspace_noise, "gap": one.gap},
+        "d": d,
+        "samples": n,
+        "rank": r,
+        "k": k,
+        "lambda": LAMBDA,
+        "true_eigenvalues": lam_true.tolist(),
+        "dense": {
+            "seconds": dense_sum.seconds,
+            "samples_per_second": dense_sum.samples_per_second,
+            "top_eigenvalues": dense_w.tolist(),
+            "noise_floor": dense_floor,
+            "gap": float(w_all[k - 1] - w_all[k]),
+            "angle_to_truth": angle(v_true, dense_v),
+            "angle_bound_full_floor": spectral_bound(dense_floor, float(w_all[k - 1] - w_all[k])),
+        },
+        "sketch": {
+            "seconds": sketch_sum.seconds,
+            "samples_per_second": sketch_sum.samples_per_second,
+            "floor": initial.floor,
+            "significant": initial.significant,
+            "singular_values": initial.singular_values.tolist(),
+            "top_k_angle_to_truth": angle(v_true, initial.basis[:, :k]),
+            "top_k_angle_to_dense": angle(dense_v, initial.basis[:, :k]),
+        },
+        "one_pass": {
+            "angle_to_dense": angle(dense_v, one.refined_vectors),
+            "angle_bound": one.angle_bound,
+            "within_bound": angle(dense_v, one.refined_vectors) <= one.angle_bound,
+            "angle_to_truth": angle(v_true, one.refined_vectors),
+            "ritz_angle_to_dense": angle(dense_v, one.vectors[:, :k]),
+            "ritz_values": one.eigenvalues[:k].tolist(),
+            "refined_values": one.refined_values.tolist(),
+            "noise_floor": one.floor,
+            "dense_noise_floor": dense_floor,
+            "subspace_noise": one.subspace_noise,
+            "gap": one.gap,
+        },
         "passes": iteration_rows(it, lam_true, v_true, dense_v, log),
         "end_to_end_ratio_sketch_vs_dense": sketch_sum.samples_per_second / dense_sum.samples_per_second,
     }
@@ -237,23 +296,42 @@ def part_c(client: Any, workdir: Path, quick: bool, max_passes: int) -> dict[str
     lam_true, v_true = truth(d)
     url = str(workdir / "sketch_c.zarr")
     t = time.perf_counter()
-    summary = estimate(config_from_dict(run_config(d, n, {"basic": None, "sketch": {"rank": r, "second": {}}})), url,
-                       client=client, progress=None)
+    summary = estimate(
+        config_from_dict(run_config(d, n, {"basic": None, "sketch": {"rank": r, "second": {}}})),
+        url,
+        client=client,
+        progress=None,
+    )
     print(f"sketch d={d}: {time.perf_counter() - t:.0f} s", flush=True)
     run = open_store(url)
     sk = run.arrays("sketch")
     initial = sketch_basis(sk["Y_second"], sk["Y_second_se"])
     log: list = []
-    it = subspace_iteration(pass_runner(run.meta["config"], workdir, client, log, "c"), sk,
-                            run.meta["config"]["statistics"]["sketch"], k=k, refines=refine_record(run.meta),
-                            max_passes=max_passes, rtol=0.0)
+    it = subspace_iteration(
+        pass_runner(run.meta["config"], workdir, client, log, "c"),
+        sk,
+        run.meta["config"]["statistics"]["sketch"],
+        k=k,
+        refines=refine_record(run.meta),
+        max_passes=max_passes,
+        rtol=0.0,
+    )
     fired = [row["pass"] for row in iteration_rows(it, lam_true, v_true, None, log) if row["stop_rule_fires"]]
     return {
-        "d": d, "samples": n, "rank": r, "k": k, "lambda": LAMBDA, "true_eigenvalues": lam_true.tolist(),
-        "sketch": {"seconds": summary.seconds, "samples_per_second": summary.samples_per_second,
-                   "floor": initial.floor, "significant": initial.significant,
-                   "singular_values": initial.singular_values.tolist(),
-                   "top_k_angle_to_truth": angle(v_true, initial.basis[:, :k])},
+        "d": d,
+        "samples": n,
+        "rank": r,
+        "k": k,
+        "lambda": LAMBDA,
+        "true_eigenvalues": lam_true.tolist(),
+        "sketch": {
+            "seconds": summary.seconds,
+            "samples_per_second": summary.samples_per_second,
+            "floor": initial.floor,
+            "significant": initial.significant,
+            "singular_values": initial.singular_values.tolist(),
+            "top_k_angle_to_truth": angle(v_true, initial.basis[:, :k]),
+        },
         "passes": iteration_rows(it, lam_true, v_true, None, log),
         "stop_rule_would_stop_after_pass": fired[0] if fired else None,
     }
@@ -269,8 +347,15 @@ def main() -> None:
     if args.quick and args.out == DEFAULT_OUT:
         args.out = Path(tempfile.gettempdir()) / "relulearn-sketch-quick.json"  # never over the real results
     result: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() and not args.quick else {}
-    result.update({"benchmark": "sketch", "started": utc_now(), "quick": args.quick, "machine": machine_info(),
-                   "runner": "relulearn.pipeline.run.estimate on a shared two-worker LocalCluster"})
+    result.update(
+        {
+            "benchmark": "sketch",
+            "started": utc_now(),
+            "quick": args.quick,
+            "machine": machine_info(),
+            "runner": "relulearn.pipeline.run.estimate on a shared two-worker LocalCluster",
+        }
+    )
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="relulearn-bench-sketch-") as tmp, connect(workers=2) as client:
         if "a" in args.parts:

@@ -65,9 +65,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -110,8 +111,9 @@ HERMITE_OUT = ROOT / "benchmarks" / "results" / "throughput_hermite.json"
 # ------------------------------------------------------------------ helpers
 
 
-def interleaved(fns: dict[str, Callable[[int], Any]], *, min_reps: int, max_reps: int,
-                budget: float) -> dict[str, list[float]]:
+def interleaved(
+    fns: dict[str, Callable[[int], Any]], *, min_reps: int, max_reps: int, budget: float
+) -> dict[str, list[float]]:
     """Time several callables in rounds (A, B, C, A, B, C, ...).
 
     Parameters
@@ -193,10 +195,23 @@ def machine_info() -> dict[str, Any]:
         "cpu_count_logical": os.cpu_count(),
         "memory_total_bytes": psutil.virtual_memory().total,
         "load_average_at_start": list(os.getloadavg()),
-        "versions": {"numpy": np.__version__, "scipy": scipy.__version__, "dask": dask.__version__,
-                     "distributed": distributed.__version__, "zarr": zarr.__version__},
-        "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
-                                               "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+        "versions": {
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+            "dask": dask.__version__,
+            "distributed": distributed.__version__,
+            "zarr": zarr.__version__,
+        },
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "OPENBLAS_CORETYPE",
+                "OPENBLAS_L2_SIZE",
+                "OPENBLAS_NUM_THREADS",
+                "OMP_NUM_THREADS",
+                "MKL_NUM_THREADS",
+            )
+        },
         "blas_threadpool_info": blas_limited,
         "blas_kernel": [i.get("architecture") for i in blas_limited if i.get("user_api") == "blas"],
         "numpy_build_blas": build_blas,
@@ -206,18 +221,26 @@ def machine_info() -> dict[str, Any]:
 # ------------------------------------------------------------------ families
 
 
-def make_run_config(d: int, statistics: dict, *, samples: int = 1_000_000, chunk_size: int = 50_000,
-                    chunks_per_block: int = 4, seed: int = SEED) -> RunConfig:
+def make_run_config(
+    d: int,
+    statistics: dict,
+    *,
+    samples: int = 1_000_000,
+    chunk_size: int = 50_000,
+    chunks_per_block: int = 4,
+    seed: int = SEED,
+) -> RunConfig:
     """A run of a planted width-3 one-hidden-layer ReLU teacher in dimension ``d``."""
-    return config_from_dict({
-        "seed": seed,
-        "samples": samples,
-        "chunk_size": chunk_size,
-        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 3,
-                                       "output_weights": [1.0, -1.0, 0.7]}},
-        "statistics": statistics,
-        "run": {"chunks_per_block": chunks_per_block},
-    })
+    return config_from_dict(
+        {
+            "seed": seed,
+            "samples": samples,
+            "chunk_size": chunk_size,
+            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 3, "output_weights": [1.0, -1.0, 0.7]}},
+            "statistics": statistics,
+            "run": {"chunks_per_block": chunks_per_block},
+        }
+    )
 
 
 def n_unique(d: int, m: int) -> int:
@@ -225,7 +248,7 @@ def n_unique(d: int, m: int) -> int:
     return math.comb(d + m - 1, m)
 
 
-def build_family(name: str, d: int, source: Source, max_order: int = 4) -> tuple[Optional[Statistic], dict[str, Any]]:
+def build_family(name: str, d: int, source: Source, max_order: int = 4) -> tuple[Statistic | None, dict[str, Any]]:
     """The statistic of one family at dimension ``d``, and a description of its options.
 
     ``max_order`` is the Hermite family's highest order. Returns ``(None, info)`` with
@@ -240,7 +263,8 @@ def build_family(name: str, d: int, source: Source, max_order: int = 4) -> tuple
     if name == "contracted":
         g = direction_bank(ContractedConfig(orders=CONTRACTED_ORDERS, directions=CONTRACTED_DIRECTIONS), d, SEED)
         return ContractedMoments(g, CONTRACTED_ORDERS), {
-            "options": {"orders": CONTRACTED_ORDERS, "directions": CONTRACTED_DIRECTIONS}}
+            "options": {"orders": CONTRACTED_ORDERS, "directions": CONTRACTED_DIRECTIONS}
+        }
     if name == "hermite":
         opts = {"max_order": max_order}
         try:
@@ -271,8 +295,12 @@ def flop_model(stat: Statistic, batches: list[tuple[np.ndarray, np.ndarray]]) ->
         return {"model": p * sym, "implementation": impl, "matrices": p}
     if isinstance(stat, HermiteTensors):
         model = sum(2 * n_unique(d, m) for m in range(stat.max_order + 1))
-        return {"model": model, "implementation": hermite.raw_moment_flops(d, stat.max_order), "matrices": 0,
-                "before": hermite_flops_before(d, stat.max_order)}
+        return {
+            "model": model,
+            "implementation": hermite.raw_moment_flops(d, stat.max_order),
+            "matrices": 0,
+            "before": hermite_flops_before(d, stat.max_order),
+        }
     raise TypeError(type(stat))
 
 
@@ -282,8 +310,9 @@ def hermite_flops_before(d: int, max_order: int) -> int:
     return sum(2 * n_unique(d, m - m // 2) * n_unique(d, m // 2) for m in range(max_order + 1))
 
 
-def yardsticks(stat: Statistic, batches: list[tuple[np.ndarray, np.ndarray]], flops: dict[str, float],
-               rng: np.random.Generator) -> dict[str, tuple[Callable[[int], Any], list[float], str]]:
+def yardsticks(
+    stat: Statistic, batches: list[tuple[np.ndarray, np.ndarray]], flops: dict[str, float], rng: np.random.Generator
+) -> dict[str, tuple[Callable[[int], Any], list[float], str]]:
     """Bare numpy BLAS-3 calls doing the family's model flops on the same batches.
 
     Returns name -> (callable(round), flops per batch for each batch, description).
@@ -330,9 +359,18 @@ def yardsticks(stat: Statistic, batches: list[tuple[np.ndarray, np.ndarray]], fl
     return out
 
 
-def bench_family(name: str, d: int, source: Source, batches: list[tuple[np.ndarray, np.ndarray]], *,
-                 min_reps: int, max_reps: int, budget: float, chunk_size: int,
-                 max_order: int = 4) -> dict[str, Any]:
+def bench_family(
+    name: str,
+    d: int,
+    source: Source,
+    batches: list[tuple[np.ndarray, np.ndarray]],
+    *,
+    min_reps: int,
+    max_reps: int,
+    budget: float,
+    chunk_size: int,
+    max_order: int = 4,
+) -> dict[str, Any]:
     """Update vs. yardsticks (interleaved), generation + update, and ``accumulate_chunks``;
     for the Hermite family also the former update ("before") in the same rounds."""
     stat, info = build_family(name, d, source, max_order)
@@ -379,36 +417,45 @@ def bench_family(name: str, d: int, source: Source, batches: list[tuple[np.ndarr
     rec["matrices"] = flops["matrices"]
     if "kept_fraction" in flops:
         rec["kept_fraction"] = flops["kept_fraction"]
-    rec["update"] = {"seconds_per_batch": t_upd, "samples_per_s": n / t_upd, "reps": len(t["update"]),
-                     "gflops_model": f_model * n / t_upd / 1e9,
-                     "gflops_implementation": flops["implementation"] * n / t_upd / 1e9}
+    rec["update"] = {
+        "seconds_per_batch": t_upd,
+        "samples_per_s": n / t_upd,
+        "reps": len(t["update"]),
+        "gflops_model": f_model * n / t_upd / 1e9,
+        "gflops_implementation": flops["implementation"] * n / t_upd / 1e9,
+    }
     for key in ("blas", "gemm"):
         _, fl, desc = ys[key]
         tk = t["yard_gemm"] if key == "gemm" and "yard_gemm" in t else t["yard_blas"]
         flops_per_batch = float(np.mean(fl))
         rate = flops_per_batch / med(tk)
         rec[f"yardstick_{key}"] = {
-            "op": desc, "flops_per_batch": flops_per_batch, "seconds_per_batch": med(tk),
-            "gflops": rate / 1e9, "samples_per_s_equivalent": rate / f_model,
+            "op": desc,
+            "flops_per_batch": flops_per_batch,
+            "seconds_per_batch": med(tk),
+            "gflops": rate / 1e9,
+            "samples_per_s_equivalent": rate / f_model,
         }
         # the rate-based ratio; equal to t(yardstick)/t(update) when the flops match exactly
         rec[f"roofline_ratio{'' if key == 'blas' else '_gemm'}"] = (n / t_upd) / (rate / f_model)
         if key == "blas":
-            rec["roofline_ratio_paired"] = paired_ratio(
-                [ti * f_model * n / flops_per_batch for ti in tk], t["update"])
+            rec["roofline_ratio_paired"] = paired_ratio([ti * f_model * n / flops_per_batch for ti in tk], t["update"])
     if "update_before" in t:
         rec.update(hermite_record(rec, t, flops, n))
     t_gu = med(t["gen_update"])
     rec["generation_update"] = {"seconds_per_batch": t_gu, "samples_per_s": n / t_gu}
     # the whole accumulate_chunks path (generation, finiteness check, update, per-chunk error terms)
     t_ch = med(t["chunk"])
-    rec["accumulate_chunks"] = {"chunk_size": chunk_size, "seconds_per_chunk": t_ch,
-                                "samples_per_s": chunk_size / t_ch, "reps": len(t["chunk"])}
+    rec["accumulate_chunks"] = {
+        "chunk_size": chunk_size,
+        "seconds_per_chunk": t_ch,
+        "samples_per_s": chunk_size / t_ch,
+        "reps": len(t["chunk"]),
+    }
     return rec
 
 
-def hermite_record(rec: dict[str, Any], t: dict[str, list[float]], flops: dict[str, float],
-                   n: int) -> dict[str, Any]:
+def hermite_record(rec: dict[str, Any], t: dict[str, list[float]], flops: dict[str, float], n: int) -> dict[str, Any]:
     """The Hermite family's extra fields: executed/packed flops, and the former update's
     speed and roofline ratio, timed in the same rounds against the same yardstick."""
     t_before = med(t["update_before"])
@@ -416,11 +463,15 @@ def hermite_record(rec: dict[str, Any], t: dict[str, list[float]], flops: dict[s
     return {
         "max_order": rec["options"]["max_order"],
         "executed_over_packed": flops["implementation"] / flops["model"],
-        "before": {"implementation": "one GEMM of all (ceil(m/2)-tuple, floor(m/2)-tuple) pairs per order m",
-                   "flops_per_sample_implementation": flops["before"],
-                   "executed_over_packed": flops["before"] / flops["model"],
-                   "seconds_per_batch": t_before, "samples_per_s": n / t_before,
-                   "roofline_ratio": ratio_before, "reps": len(t["update_before"])},
+        "before": {
+            "implementation": "one GEMM of all (ceil(m/2)-tuple, floor(m/2)-tuple) pairs per order m",
+            "flops_per_sample_implementation": flops["before"],
+            "executed_over_packed": flops["before"] / flops["model"],
+            "seconds_per_batch": t_before,
+            "samples_per_s": n / t_before,
+            "roofline_ratio": ratio_before,
+            "reps": len(t["update_before"]),
+        },
         "speedup_vs_before": paired_ratio(t["update_before"], t["update"]),
     }
 
@@ -440,7 +491,8 @@ def bench_generation(d: int, source: Source, *, min_reps: int, max_reps: int, bu
 
     t = interleaved({"generate": gen, "normals": normals}, min_reps=min_reps, max_reps=max_reps, budget=budget)
     return {
-        "d": d, "batch_rows": n,
+        "d": d,
+        "batch_rows": n,
         "generation_samples_per_s": n / med(t["generate"]),
         "bare_standard_normal_samples_per_s": n / med(t["normals"]),
         "ratio": med(t["normals"]) / med(t["generate"]),
@@ -450,9 +502,18 @@ def bench_generation(d: int, source: Source, *, min_reps: int, max_reps: int, bu
     }
 
 
-def run_families(dims: list[int], families: list[str], *, min_reps: int, max_reps: int, budget: float,
-                 chunk_size: int, log: Callable[[str], None], hermite_dims: Optional[list[int]] = None,
-                 hermite_orders: Optional[list[int]] = None) -> tuple[list, list]:
+def run_families(
+    dims: list[int],
+    families: list[str],
+    *,
+    min_reps: int,
+    max_reps: int,
+    budget: float,
+    chunk_size: int,
+    log: Callable[[str], None],
+    hermite_dims: list[int] | None = None,
+    hermite_orders: list[int] | None = None,
+) -> tuple[list, list]:
     """All (family, d) records and the per-d generation records.
 
     The Hermite family runs at ``hermite_dims`` (default :data:`HERMITE_DIMS`), once per
@@ -462,7 +523,7 @@ def run_families(dims: list[int], families: list[str], *, min_reps: int, max_rep
     hdims = HERMITE_DIMS if hermite_dims is None else hermite_dims
     horders = HERMITE_ORDERS if hermite_orders is None else hermite_orders
     # d -> [(family, max_order or None)], in order of d
-    plan: dict[int, list[tuple[str, Optional[int]]]] = {}
+    plan: dict[int, list[tuple[str, int | None]]] = {}
     for d in dims:
         plan.setdefault(d, []).extend((f, None) for f in families if f != "hermite")
     if "hermite" in families:
@@ -476,13 +537,24 @@ def run_families(dims: list[int], families: list[str], *, min_reps: int, max_rep
             batches = list(source.batches(gx, gn, 4 * BATCH_ROWS))
             t0 = time.perf_counter()
             gens.append(bench_generation(d, source, min_reps=min_reps, max_reps=max_reps, budget=budget / 2))
-            log(f"  d={d:4d} generation: {gens[-1]['generation_samples_per_s']:,.0f} samples/s "
-                f"({time.perf_counter() - t0:.1f} s)")
+            log(
+                f"  d={d:4d} generation: {gens[-1]['generation_samples_per_s']:,.0f} samples/s "
+                f"({time.perf_counter() - t0:.1f} s)"
+            )
             for name, order in runs:
                 t0 = time.perf_counter()
                 kw = {} if order is None else {"max_order": order}
-                rec = bench_family(name, d, source, batches, min_reps=min_reps, max_reps=max_reps,
-                                   budget=budget, chunk_size=chunk_size, **kw)
+                rec = bench_family(
+                    name,
+                    d,
+                    source,
+                    batches,
+                    min_reps=min_reps,
+                    max_reps=max_reps,
+                    budget=budget,
+                    chunk_size=chunk_size,
+                    **kw,
+                )
                 rec["wall_seconds"] = time.perf_counter() - t0
                 records.append(rec)
                 label = f"{name} L={order}" if name == "hermite" else name
@@ -490,14 +562,18 @@ def run_families(dims: list[int], families: list[str], *, min_reps: int, max_rep
                     extra = ""
                     if "before" in rec:
                         b = rec["before"]
-                        extra = (f", executed/packed {rec['executed_over_packed']:.2f}; before: "
-                                 f"{b['samples_per_s']:,.0f} samples/s, ratio {b['roofline_ratio']:.2f}, "
-                                 f"executed/packed {b['executed_over_packed']:.2f}; "
-                                 f"speed-up {rec['speedup_vs_before']:.1f}×")
-                    log(f"  d={d:4d} {label:10s}: update {rec['update']['samples_per_s']:,.0f} samples/s, "
+                        extra = (
+                            f", executed/packed {rec['executed_over_packed']:.2f}; before: "
+                            f"{b['samples_per_s']:,.0f} samples/s, ratio {b['roofline_ratio']:.2f}, "
+                            f"executed/packed {b['executed_over_packed']:.2f}; "
+                            f"speed-up {rec['speedup_vs_before']:.1f}×"
+                        )
+                    log(
+                        f"  d={d:4d} {label:10s}: update {rec['update']['samples_per_s']:,.0f} samples/s, "
                         f"ratio {rec['roofline_ratio']:.2f} (gemm {rec['roofline_ratio_gemm']:.2f}), "
                         f"gen+update {rec['generation_update']['samples_per_s']:,.0f}, "
-                        f"chunks {rec['accumulate_chunks']['samples_per_s']:,.0f}{extra} ({rec['wall_seconds']:.1f} s)")
+                        f"chunks {rec['accumulate_chunks']['samples_per_s']:,.0f}{extra} ({rec['wall_seconds']:.1f} s)"
+                    )
                 else:
                     log(f"  d={d:4d} {label:10s}: {rec['status']}")
     return records, gens
@@ -518,11 +594,11 @@ def _read_sums(url: str, names: list[str]) -> dict[str, np.ndarray]:
     return out
 
 
-def _worker_env(client) -> dict[str, Optional[str]]:
+def _worker_env(client) -> dict[str, str | None]:
     """The allocator- and BLAS-related environment variables the workers see."""
     keys = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE")
 
-    def probe() -> dict[str, Optional[str]]:
+    def probe() -> dict[str, str | None]:
         return {k: os.environ.get(k) for k in keys}
 
     return next(iter(client.run(probe).values()))
@@ -541,21 +617,23 @@ DASK_VARIANTS: dict[str, tuple[int, dict[str, Any]]] = {
 }
 
 
-def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, reps: int,
-               log: Callable[[str], None]) -> dict[str, Any]:
+def bench_dask(
+    *, d: int, samples: int, chunk_size: int, chunks_per_block: int, reps: int, log: Callable[[str], None]
+) -> dict[str, Any]:
     """In-process loop vs. LocalClusters of single-threaded workers on the same chunks.
 
     Clusters are those of :func:`relulearn.pipeline.cluster.connect` (see
     :data:`DASK_VARIANTS`), started one at a time so that idle clusters do not compete.
     For each: cluster start-up and a warm-up run are timed separately, then ``reps`` pairs
     (in-process, Dask) are timed interleaved, each run into a fresh store; every Dask
-    result is checked bitwise against the in-process one. The nannies write their pre-spawn environment into this process's
-    ``os.environ``; it is restored before each cluster starts and at the end, so that
-    later subprocesses (the memory runs) are not affected.
+    result is checked bitwise against the in-process one. The nannies write their pre-spawn
+    environment into this process's ``os.environ``; it is restored before each cluster starts
+    and at the end, so that later subprocesses (the memory runs) are not affected.
     """
     import dask
     import distributed  # noqa: F401 - its defaults must be in dask.config before dask.config.set below
     import psutil
+
     from relulearn.pipeline.cluster import connect
     from relulearn.pipeline.run import estimate
 
@@ -570,12 +648,22 @@ def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, 
     tau, _ = threshold_grid(FilteredConfig(quantiles=QUANTILES), make_source(probe), SEED)
     stats_cfg = {"basic": {}, "filtered": {"thresholds": [float(t) for t in tau]}}
     cfg = make_run_config(d, stats_cfg, samples=samples, chunk_size=chunk_size, chunks_per_block=chunks_per_block)
-    warm = make_run_config(d, stats_cfg, samples=2 * chunks_per_block * chunk_size, chunk_size=chunk_size,
-                           chunks_per_block=chunks_per_block)
+    warm = make_run_config(
+        d,
+        stats_cfg,
+        samples=2 * chunks_per_block * chunk_size,
+        chunk_size=chunk_size,
+        chunks_per_block=chunks_per_block,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="relulearn-bench-"))
     res: dict[str, Any] = {
-        "d": d, "samples": samples, "chunk_size": chunk_size, "chunks_per_block": chunks_per_block,
-        "statistics": stats_cfg, "blocks": -(-samples // chunk_size) // chunks_per_block, "reps": reps,
+        "d": d,
+        "samples": samples,
+        "chunk_size": chunk_size,
+        "chunks_per_block": chunks_per_block,
+        "statistics": stats_cfg,
+        "blocks": -(-samples // chunk_size) // chunks_per_block,
+        "reps": reps,
     }
     counter = [0]
     worker_procs: dict[Any, list] = {None: []}
@@ -593,14 +681,21 @@ def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, 
         return time.perf_counter() - t0, cpu(client) - c0, url
 
     names = ["basic", "filtered"]
-    ref_sums: Optional[dict[str, np.ndarray]] = None
+    ref_sums: dict[str, np.ndarray] | None = None
     variants: dict[str, dict[str, Any]] = {}
     try:
         for key, (w, conf) in DASK_VARIANTS.items():
             restore_env()
-            v: dict[str, Any] = {"workers": w, "dask_config": conf, "seconds": [], "local_seconds": [],
-                                 "cpu_seconds": [], "local_cpu_seconds": [], "cpu_seconds_driver": [],
-                                 "cpu_seconds_workers": []}
+            v: dict[str, Any] = {
+                "workers": w,
+                "dask_config": conf,
+                "seconds": [],
+                "local_seconds": [],
+                "cpu_seconds": [],
+                "local_cpu_seconds": [],
+                "cpu_seconds_driver": [],
+                "cpu_seconds_workers": [],
+            }
             with ExitStack() as stack:
                 t0 = time.perf_counter()
                 with dask.config.set(conf):
@@ -625,8 +720,10 @@ def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, 
                             same = all(np.array_equal(ref_sums[k], a) for k, a in _read_sums(url, names).items())
                             v["bitwise_identical_to_local"] = v.get("bitwise_identical_to_local", True) and same
                         shutil.rmtree(url, ignore_errors=True)
-                    log(f"  {key} rep {r + 1}/{reps}: local {v['local_seconds'][-1]:.2f} s, "
-                        f"dask {v['seconds'][-1]:.2f} s")
+                    log(
+                        f"  {key} rep {r + 1}/{reps}: local {v['local_seconds'][-1]:.2f} s, "
+                        f"dask {v['seconds'][-1]:.2f} s"
+                    )
             v["seconds_median"], v["local_seconds_median"] = med(v["seconds"]), med(v["local_seconds"])
             v["overhead_vs_local"] = v["seconds_median"] / v["local_seconds_median"] - 1
             v["overhead_vs_local_paired"] = paired_ratio(v["seconds"], v["local_seconds"]) - 1
@@ -657,7 +754,7 @@ def bench_dask(*, d: int, samples: int, chunk_size: int, chunks_per_block: int, 
 # -------------------------------------------------------------------- memory
 
 
-def _vm_hwm() -> Optional[int]:
+def _vm_hwm() -> int | None:
     """Peak resident set of this process's address space (``VmHWM``), in bytes; None off Linux.
 
     Unlike ``getrusage(RUSAGE_SELF).ru_maxrss``, it is not inherited: on Linux a process
@@ -678,8 +775,9 @@ def memory_child(samples: int, d: int, chunk_size: int) -> None:
     """Body of the memory subprocess: one in-process run, then its peak RSS as JSON on stdout."""
     from relulearn.pipeline.run import estimate
 
-    cfg = make_run_config(d, {"basic": {}, "filtered": {"quantiles": QUANTILES}}, samples=samples,
-                          chunk_size=chunk_size)
+    cfg = make_run_config(
+        d, {"basic": {}, "filtered": {"quantiles": QUANTILES}}, samples=samples, chunk_size=chunk_size
+    )
     before = _vm_hwm()
     tmp = tempfile.mkdtemp(prefix="relulearn-mem-")
     try:
@@ -692,17 +790,34 @@ def memory_child(samples: int, d: int, chunk_size: int) -> None:
     if peak is None:  # not Linux: ru_maxrss (KiB on Linux, bytes on macOS)
         scale = 1 if sys.platform == "darwin" else 1024
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
-    print(json.dumps({"samples": summary.samples, "seconds": seconds, "samples_per_s": summary.samples / seconds,
-                      "peak_rss_before_run_bytes": before, "peak_rss_bytes": peak,
-                      "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+    print(
+        json.dumps(
+            {
+                "samples": summary.samples,
+                "seconds": seconds,
+                "samples_per_s": summary.samples / seconds,
+                "peak_rss_before_run_bytes": before,
+                "peak_rss_bytes": peak,
+                "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            }
+        )
+    )
 
 
 def run_memory_child(samples: int, d: int, chunk_size: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Run :func:`memory_child` in a fresh interpreter, sampling its RSS with psutil meanwhile."""
     import psutil
 
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-child", str(samples), "--memory-d", str(d),
-           "--memory-chunk-size", str(chunk_size)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--memory-child",
+        str(samples),
+        "--memory-d",
+        str(d),
+        "--memory-chunk-size",
+        str(chunk_size),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ps = psutil.Process(proc.pid)
@@ -724,13 +839,16 @@ def run_memory_child(samples: int, d: int, chunk_size: int, log: Callable[[str],
         idx = np.linspace(0, len(rss) - 1, 11).round().astype(int)
         res["rss_sampled_max_bytes"] = int(rss.max())
         res["rss_trace_deciles_bytes"] = [int(rss[i]) for i in idx]
-    log(f"  {samples:.0e} samples: peak RSS {res['peak_rss_bytes'] / 2**20:.1f} MiB, "
-        f"{res['seconds']:.1f} s ({res['samples_per_s']:,.0f} samples/s)")
+    log(
+        f"  {samples:.0e} samples: peak RSS {res['peak_rss_bytes'] / 2**20:.1f} MiB, "
+        f"{res['seconds']:.1f} s ({res['samples_per_s']:,.0f} samples/s)"
+    )
     return res
 
 
-def bench_memory(sizes: list[int], *, d: int, chunk_size: int, budget: float,
-                 log: Callable[[str], None]) -> dict[str, Any]:
+def bench_memory(
+    sizes: list[int], *, d: int, chunk_size: int, budget: float, log: Callable[[str], None]
+) -> dict[str, Any]:
     """Peak RSS of in-process runs at each size, smallest first.
 
     The time of each larger run is predicted from the previous one; a size whose
@@ -753,12 +871,17 @@ def bench_memory(sizes: list[int], *, d: int, chunk_size: int, budget: float,
             else:
                 log(f"  {n:.0e} samples: predicted {predicted:.0f} s from the {prev['samples']:.0e} run")
         runs.append(run_memory_child(n, d, chunk_size, log))
-    res: dict[str, Any] = {"d": d, "chunk_size": chunk_size, "statistics": ["basic", "filtered"],
-                           "mode": "in-process (client=None), fresh subprocess per size",
-                           "measure": "VmHWM of the child (peak RSS of its own address space); ru_maxrss of a "
-                                      "fork+exec child includes the parent's RSS at the fork and is recorded "
-                                      "only for reference",
-                           "runs": runs, "notes": notes}
+    res: dict[str, Any] = {
+        "d": d,
+        "chunk_size": chunk_size,
+        "statistics": ["basic", "filtered"],
+        "mode": "in-process (client=None), fresh subprocess per size",
+        "measure": "VmHWM of the child (peak RSS of its own address space); ru_maxrss of a "
+        "fork+exec child includes the parent's RSS at the fork and is recorded "
+        "only for reference",
+        "runs": runs,
+        "notes": notes,
+    }
     if len(runs) >= 2:
         res["peak_ratio_largest_vs_smallest"] = runs[-1]["peak_rss_bytes"] / runs[0]["peak_rss_bytes"]
         if all(r["peak_rss_before_run_bytes"] for r in runs):
@@ -777,10 +900,12 @@ def summary_table(result: dict[str, Any]) -> str:
     herm = [r for r in fam if r["family"] == "hermite"]
     fam = [r for r in fam if r["family"] != "hermite"]
     if herm:
-        lines += ["| d | L | packed flops/sample | executed/packed (before → after) "
-                  "| update samples/s (before → after) | speed-up | roofline ratio (before → after) "
-                  "| gen+update samples/s |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| d | L | packed flops/sample | executed/packed (before → after) "
+            "| update samples/s (before → after) | speed-up | roofline ratio (before → after) "
+            "| gen+update samples/s |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in herm:
             if r["status"] != "ok":
                 lines.append(f"| {r['d']} | {r['options']['max_order']} | | {r['status']} | | | | |")
@@ -791,12 +916,16 @@ def summary_table(result: dict[str, Any]) -> str:
                 f"| {b['executed_over_packed']:.2f} → {r['executed_over_packed']:.2f} "
                 f"| {b['samples_per_s']:,.0f} → {r['update']['samples_per_s']:,.0f} | {r['speedup_vs_before']:.1f}× "
                 f"| {b['roofline_ratio']:.2f} → {r['roofline_ratio']:.2f} "
-                f"| {r['generation_update']['samples_per_s']:,.0f} |")
+                f"| {r['generation_update']['samples_per_s']:,.0f} |"
+            )
         lines.append("")
     if fam:
-        lines += ["| family | d | flops/sample | update samples/s | GFlop/s | yardstick samples/s | ratio | ratio vs dgemm "
-                  "| gen+update samples/s | accumulate_chunks samples/s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| family | d | flops/sample | update samples/s | GFlop/s | yardstick samples/s | ratio "
+            "| ratio vs dgemm "
+            "| gen+update samples/s | accumulate_chunks samples/s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in fam:
             if r["status"] != "ok":
                 lines.append(f"| {r['family']} | {r['d']} | | {r['status']} | | | | | | |")
@@ -805,33 +934,48 @@ def summary_table(result: dict[str, Any]) -> str:
                 f"| {r['family']} | {r['d']} | {r['flops_per_sample']:,.0f} | {r['update']['samples_per_s']:,.0f} "
                 f"| {r['update']['gflops_model']:.1f} | {r['yardstick_blas']['samples_per_s_equivalent']:,.0f} "
                 f"| {r['roofline_ratio']:.2f} | {r['roofline_ratio_gemm']:.2f} "
-                f"| {r['generation_update']['samples_per_s']:,.0f} | {r['accumulate_chunks']['samples_per_s']:,.0f} |")
+                f"| {r['generation_update']['samples_per_s']:,.0f} | {r['accumulate_chunks']['samples_per_s']:,.0f} |"
+            )
         lines += ["", "| d | generation samples/s | bare standard_normal samples/s | ratio |", "|---:|---:|---:|---:|"]
         for d, g in gens.items():
-            lines.append(f"| {d} | {g['generation_samples_per_s']:,.0f} | {g['bare_standard_normal_samples_per_s']:,.0f} "
-                         f"| {g['ratio']:.2f} |")
+            lines.append(
+                f"| {d} | {g['generation_samples_per_s']:,.0f} | "
+                f"{g['bare_standard_normal_samples_per_s']:,.0f} "
+                f"| {g['ratio']:.2f} |"
+            )
     dk = result.get("dask")
     if dk:
-        lines += ["", f"Dask vs. in-process (d={dk['d']}, basic+filtered, {dk['samples']:,} samples, chunk "
-                      f"{dk['chunk_size']:,}, {dk['chunks_per_block']} chunks/block; medians of {dk['reps']} "
-                      "interleaved pairs per cluster):", "",
-                  "| cluster | in-process s | Dask s | wall overhead | CPU overhead (all) | CPU overhead (workers) "
-                  "| speed-up | start-up s |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"Dask vs. in-process (d={dk['d']}, basic+filtered, {dk['samples']:,} samples, chunk "
+            f"{dk['chunk_size']:,}, {dk['chunks_per_block']} chunks/block; medians of {dk['reps']} "
+            "interleaved pairs per cluster):",
+            "",
+            "| cluster | in-process s | Dask s | wall overhead | CPU overhead (all) | CPU overhead (workers) "
+            "| speed-up | start-up s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for k, v in dk["variants"].items():
-            lines.append(f"| {k} | {v['local_seconds_median']:.2f} | {v['seconds_median']:.2f} "
-                         f"| {100 * v['overhead_vs_local']:+.1f}% | {100 * v['cpu_overhead_vs_local']:+.1f}% "
-                         f"| {100 * v['worker_cpu_overhead_vs_local']:+.1f}% "
-                         f"| {v['speedup_vs_local']:.2f}× | {v['startup_seconds']:.1f} |")
+            lines.append(
+                f"| {k} | {v['local_seconds_median']:.2f} | {v['seconds_median']:.2f} "
+                f"| {100 * v['overhead_vs_local']:+.1f}% | {100 * v['cpu_overhead_vs_local']:+.1f}% "
+                f"| {100 * v['worker_cpu_overhead_vs_local']:+.1f}% "
+                f"| {v['speedup_vs_local']:.2f}× | {v['startup_seconds']:.1f} |"
+            )
     mem = result.get("memory")
     if mem and mem.get("runs"):
-        lines += ["", "| samples | peak RSS (MiB) | of which after imports (MiB) | run time (s) | samples/s |",
-                  "|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "| samples | peak RSS (MiB) | of which after imports (MiB) | run time (s) | samples/s |",
+            "|---:|---:|---:|---:|---:|",
+        ]
         for r in mem["runs"]:
             before = r["peak_rss_before_run_bytes"]
-            lines.append(f"| {r['samples']:.0e} | {r['peak_rss_bytes'] / 2**20:.1f} "
-                         f"| {'' if before is None else f'{before / 2**20:.1f}'} | {r['seconds']:.1f} "
-                         f"| {r['samples_per_s']:,.0f} |")
+            lines.append(
+                f"| {r['samples']:.0e} | {r['peak_rss_bytes'] / 2**20:.1f} "
+                f"| {'' if before is None else f'{before / 2**20:.1f}'} | {r['seconds']:.1f} "
+                f"| {r['samples_per_s']:,.0f} |"
+            )
         if "peak_ratio_largest_vs_smallest" in mem:
             lines.append(f"\npeak RSS ratio largest/smallest: {mem['peak_ratio_largest_vs_smallest']:.3f}")
     return "\n".join(lines)
@@ -842,14 +986,20 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for r in result["families"]:
         if r["status"] == "ok" and r["family"] in ("basic", "filtered", "contracted") and r["d"] == 512:
-            out[f"roofline_ratio_{r['family']}_d512"] = {"value": r["roofline_ratio"], "target": ">= 0.7",
-                                                         "met": r["roofline_ratio"] >= 0.7,
-                                                         "value_vs_dgemm": r["roofline_ratio_gemm"]}
+            out[f"roofline_ratio_{r['family']}_d512"] = {
+                "value": r["roofline_ratio"],
+                "target": ">= 0.7",
+                "met": r["roofline_ratio"] >= 0.7,
+                "value_vs_dgemm": r["roofline_ratio_gemm"],
+            }
     for r in result["families"]:
         if r["status"] == "ok" and r["family"] == "hermite":
             v = r["executed_over_packed"]
-            out[f"hermite_executed_over_packed_d{r['d']}_L{r['max_order']}"] = {"value": v, "target": "<= 1.5",
-                                                                                "met": v <= 1.5}
+            out[f"hermite_executed_over_packed_d{r['d']}_L{r['max_order']}"] = {
+                "value": v,
+                "target": "<= 1.5",
+                "met": v <= 1.5,
+            }
     dk = result.get("dask")
     if dk:
         for suffix in ("", "_no_trim"):
@@ -858,32 +1008,54 @@ def targets(result: dict[str, Any]) -> dict[str, Any]:
     mem = result.get("memory")
     if mem and "peak_ratio_largest_vs_smallest" in mem:
         v = mem["peak_ratio_largest_vs_smallest"]
-        out["memory_flat"] = {"value": v, "target": "within 10%", "met": abs(v - 1) <= 0.10,
-                              "sizes": [r["samples"] for r in mem["runs"]]}
+        out["memory_flat"] = {
+            "value": v,
+            "target": "within 10%",
+            "met": abs(v - 1) <= 0.10,
+            "sizes": [r["samples"] for r in mem["runs"]],
+        }
     return out
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; see ``--help``."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a fast smoke run (small sizes, few repetitions)")
-    p.add_argument("--out", type=Path, help=f"JSON output (default {DEFAULT_OUT}; {HERMITE_OUT} when "
-                                           "--families is hermite alone)")
+    p.add_argument(
+        "--out", type=Path, help=f"JSON output (default {DEFAULT_OUT}; {HERMITE_OUT} when --families is hermite alone)"
+    )
     p.add_argument("--dims", type=int, nargs="+", help="input dimensions (default 32 128 512)")
-    p.add_argument("--families", nargs="+", default=["basic", "filtered", "contracted", "hermite"],
-                   help="statistic families (default: basic filtered contracted hermite)")
-    p.add_argument("--hermite-dims", type=int, nargs="+",
-                   help=f"input dimensions of the hermite family (default {' '.join(map(str, HERMITE_DIMS))})")
-    p.add_argument("--hermite-orders", type=int, nargs="+",
-                   help=f"max orders L of the hermite family (default {' '.join(map(str, HERMITE_ORDERS))})")
+    p.add_argument(
+        "--families",
+        nargs="+",
+        default=["basic", "filtered", "contracted", "hermite"],
+        help="statistic families (default: basic filtered contracted hermite)",
+    )
+    p.add_argument(
+        "--hermite-dims",
+        type=int,
+        nargs="+",
+        help=f"input dimensions of the hermite family (default {' '.join(map(str, HERMITE_DIMS))})",
+    )
+    p.add_argument(
+        "--hermite-orders",
+        type=int,
+        nargs="+",
+        help=f"max orders L of the hermite family (default {' '.join(map(str, HERMITE_ORDERS))})",
+    )
     p.add_argument("--skip-families", action="store_true", help="skip the per-family throughput part")
     p.add_argument("--skip-dask", action="store_true", help="skip the Dask overhead part")
     p.add_argument("--skip-memory", action="store_true", help="skip the peak-memory part")
     p.add_argument("--dask-reps", type=int, help="interleaved repetitions of the Dask comparison (default 5)")
     p.add_argument("--memory-sizes", type=float, nargs="+", help="sample counts of the memory runs (default 1e6 1e8)")
-    p.add_argument("--memory-budget", type=float, default=600.0,
-                   help="seconds allowed for the largest memory run (predicted from the smaller one)")
+    p.add_argument(
+        "--memory-budget",
+        type=float,
+        default=600.0,
+        help="seconds allowed for the largest memory run (predicted from the smaller one)",
+    )
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--memory-d", type=int, default=32, help=argparse.SUPPRESS)
     p.add_argument("--memory-chunk-size", type=int, default=100_000, help=argparse.SUPPRESS)
@@ -902,30 +1074,53 @@ def main(argv: Optional[list[str]] = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
 
-    result: dict[str, Any] = {"benchmark": "throughput", "started": utc_now(), "quick": q,
-                              "machine": machine_info(), "batch_rows": BATCH_ROWS,
-                              "flop_convention": (
-                                  "1 flop = one float64 multiply or add (multiply-add = 2). Model counts exploit "
-                                  "symmetry: a d×d second moment = d(d+1) flops/sample (syrk of n×d: n·d(d+1); "
-                                  "general GEMM XᵀX: 2·n·d²); a packed order-l Hermite tensor = 2·C(d+l-1,l), "
-                                  "orders 0..L together 2·C(d+L,L). Other lower-order (BLAS-1/2) terms not "
-                                  "counted. Yardsticks count the same way."),
-                              "families": [], "generation": []}
-    log(f"machine: {result['machine']['cores']} cores, BLAS kernel {result['machine']['blas_kernel']}, "
-        f"load {result['machine']['load_average_at_start'][0]:.2f}")
+    result: dict[str, Any] = {
+        "benchmark": "throughput",
+        "started": utc_now(),
+        "quick": q,
+        "machine": machine_info(),
+        "batch_rows": BATCH_ROWS,
+        "flop_convention": (
+            "1 flop = one float64 multiply or add (multiply-add = 2). Model counts exploit "
+            "symmetry: a d×d second moment = d(d+1) flops/sample (syrk of n×d: n·d(d+1); "
+            "general GEMM XᵀX: 2·n·d²); a packed order-l Hermite tensor = 2·C(d+l-1,l), "
+            "orders 0..L together 2·C(d+L,L). Other lower-order (BLAS-1/2) terms not "
+            "counted. Yardsticks count the same way."
+        ),
+        "families": [],
+        "generation": [],
+    }
+    log(
+        f"machine: {result['machine']['cores']} cores, BLAS kernel {result['machine']['blas_kernel']}, "
+        f"load {result['machine']['load_average_at_start'][0]:.2f}"
+    )
     sections = {}
     if not args.skip_families:
         t0 = time.perf_counter()
         log("per-family throughput")
         result["families"], result["generation"] = run_families(
-            dims, args.families, min_reps=3 if q else 7, max_reps=10 if q else 41, budget=0.5 if q else 6.0,
-            chunk_size=50_000, log=log, hermite_dims=args.hermite_dims, hermite_orders=args.hermite_orders)
+            dims,
+            args.families,
+            min_reps=3 if q else 7,
+            max_reps=10 if q else 41,
+            budget=0.5 if q else 6.0,
+            chunk_size=50_000,
+            log=log,
+            hermite_dims=args.hermite_dims,
+            hermite_orders=args.hermite_orders,
+        )
         sections["families"] = time.perf_counter() - t0
     if not args.skip_dask:
         t0 = time.perf_counter()
         log("dask overhead")
-        result["dask"] = bench_dask(d=128, samples=400_000 if q else 2_000_000, chunk_size=50_000, chunks_per_block=4,
-                                    reps=args.dask_reps or (1 if q else 5), log=log)
+        result["dask"] = bench_dask(
+            d=128,
+            samples=400_000 if q else 2_000_000,
+            chunk_size=50_000,
+            chunks_per_block=4,
+            reps=args.dask_reps or (1 if q else 5),
+            log=log,
+        )
         sections["dask"] = time.perf_counter() - t0
     if not args.skip_memory:
         t0 = time.perf_counter()

@@ -16,8 +16,12 @@ def client():
     """A real ``distributed`` LocalCluster with two single-threaded worker processes."""
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      silence_logs=40) as cluster, Client(cluster) as c:
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40
+        ) as cluster,
+        Client(cluster) as c,
+    ):
         yield c
 
 

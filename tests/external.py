@@ -10,10 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import psutil
-
 from conftest import cli_env
 
 BIN = Path(sys.executable).parent
@@ -31,8 +29,14 @@ class ExternalCluster:
     others (or the pytest process).
     """
 
-    def __init__(self, directory: Path, workers: int = 2, env: Optional[dict] = None,
-                 worker_env: Optional[list[dict]] = None, preload: bool = True):
+    def __init__(
+        self,
+        directory: Path,
+        workers: int = 2,
+        env: dict | None = None,
+        worker_env: list[dict] | None = None,
+        preload: bool = True,
+    ):
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.file = str(self.dir / "scheduler.json")
@@ -40,7 +44,7 @@ class ExternalCluster:
         self.n_workers = workers
         self.worker_env = worker_env or [{}] * workers
         self.preload = ["--preload", "relulearn.pipeline.worker"] if preload else []
-        self.scheduler: Optional[subprocess.Popen] = None
+        self.scheduler: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
         self.logs: list = []
 
@@ -53,9 +57,21 @@ class ExternalCluster:
     def start_scheduler(self) -> None:
         if os.path.exists(self.file):
             os.remove(self.file)
-        self.scheduler = self._spawn(_dask("scheduler", "--scheduler-file", self.file, "--port", "0",
-                                           "--dashboard-address", ":0", "--host", "127.0.0.1"),
-                                     "scheduler", self.env)
+        self.scheduler = self._spawn(
+            _dask(
+                "scheduler",
+                "--scheduler-file",
+                self.file,
+                "--port",
+                "0",
+                "--dashboard-address",
+                ":0",
+                "--host",
+                "127.0.0.1",
+            ),
+            "scheduler",
+            self.env,
+        )
         deadline = time.monotonic() + 60
         while not self._file_ready():
             if self.scheduler.poll() is not None or time.monotonic() > deadline:
@@ -75,18 +91,34 @@ class ExternalCluster:
     def start_workers(self) -> None:
         for i in range(self.n_workers):
             env = dict(self.env, **self.worker_env[i])
-            self.workers.append(self._spawn(
-                _dask("worker", "--scheduler-file", self.file, "--nthreads", "1", "--nworkers", "1",
-                      *self.preload, "--host", "127.0.0.1", "--name", f"w{i}"),
-                f"worker{i}", env))
+            self.workers.append(
+                self._spawn(
+                    _dask(
+                        "worker",
+                        "--scheduler-file",
+                        self.file,
+                        "--nthreads",
+                        "1",
+                        "--nworkers",
+                        "1",
+                        *self.preload,
+                        "--host",
+                        "127.0.0.1",
+                        "--name",
+                        f"w{i}",
+                    ),
+                    f"worker{i}",
+                    env,
+                )
+            )
 
-    def wait_for_workers(self, n: Optional[int] = None, timeout: float = 60) -> None:
+    def wait_for_workers(self, n: int | None = None, timeout: float = 60) -> None:
         from distributed import Client
 
         with Client(scheduler_file=self.file, timeout="20s") as c:
             c.wait_for_workers(n or self.n_workers, timeout=timeout)
 
-    def start(self) -> "ExternalCluster":
+    def start(self) -> ExternalCluster:
         self.start_scheduler()
         self.start_workers()
         self.wait_for_workers()
@@ -120,7 +152,7 @@ class ExternalCluster:
             log.close()
         self.logs = []
 
-    def __enter__(self) -> "ExternalCluster":
+    def __enter__(self) -> ExternalCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from conftest import make_config
 
 from relulearn.aligned import ALIGNMENT, fresh, fresh_map, is_aligned
-from relulearn.pipeline.sources import make_source
 from relulearn.pipeline.families import build_statistics
-
-from conftest import make_config
+from relulearn.pipeline.sources import make_source
 
 
 def unaligned(a: np.ndarray, offset: int = 11) -> np.ndarray:
@@ -53,8 +52,7 @@ def test_fresh_walks_sources_and_statistics_without_touching_them():
 
 def test_fresh_map_hands_the_function_aligned_items():
     items = [(unaligned(np.arange(40.0).reshape(8, 5)), 2.0)]
-    seen = list(map(fresh_map(lambda args: (args[0].ctypes.data % ALIGNMENT, float(args[0].sum() * args[1]))),
-                    items))
+    seen = list(map(fresh_map(lambda args: (args[0].ctypes.data % ALIGNMENT, float(args[0].sum() * args[1]))), items))
     assert seen == [(0, 2.0 * np.arange(40.0).sum())]
 
 

@@ -38,7 +38,7 @@ def test_a_model_file_killed_mid_write_is_the_old_or_the_new_file_never_a_broken
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         got = Network.load(path)
-        assert (np.array_equal(got.weights[0], old.weights[0]) or np.array_equal(got.weights[0], new)), trial
+        assert np.array_equal(got.weights[0], old.weights[0]) or np.array_equal(got.weights[0], new), trial
         leftovers = [p.name for p in tmp_path.iterdir() if p.name != "model.npz"]
         assert len(leftovers) <= 1 and all(p.startswith(".model.npz.") for p in leftovers), leftovers
         for name in leftovers:

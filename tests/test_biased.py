@@ -57,8 +57,12 @@ def test_a_biased_network_file_is_learned_exactly(seed, d, k, tmp_path):
     every parameter (units, hidden and output biases) comes out to machine precision."""
     teacher = planted(seed, d, k)
     teacher.save(tmp_path / "t.npz")
-    cfg = {"seed": seed, "samples": 400_000, "chunk_size": 50_000,
-           "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}}}
+    cfg = {
+        "seed": seed,
+        "samples": 400_000,
+        "chunk_size": 50_000,
+        "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}},
+    }
     out = str(tmp_path / "m.npz")
     got = api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "moments", out=out, client="local", progress=None)
     assert got["width"] == k
@@ -66,8 +70,12 @@ def test_a_biased_network_file_is_learned_exactly(seed, d, k, tmp_path):
 
 
 def test_a_bias_free_planted_teacher_is_learned_without_biases(tmp_path):
-    cfg = {"seed": 3, "samples": 200_000, "chunk_size": 50_000,
-           "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}}}
+    cfg = {
+        "seed": 3,
+        "samples": 200_000,
+        "chunk_size": 50_000,
+        "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}},
+    }
     out = str(tmp_path / "m.npz")
     api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "moments", out=out, client="local", progress=None)
     assert Network.load(out).biases is None
@@ -143,9 +151,13 @@ def test_the_linear_control_variate_keeps_m2_and_cuts_its_standard_error():
     want = np.einsum("k,ki,kj->ij", lam * s * norm.pdf(b / s), u / s[:, None], u / s[:, None])
     got = {}
     for control in (None, True):
-        cfg = {"seed": 4, "samples": 200_000, "chunk_size": 5_000,  # 40 chunks: the SEs hold to z ~ normal
-               "source": {"d": 10, "teacher": {"file": "t.npz"}},
-               "statistics": {"contracted": {"orders": [2], "directions": 1, "control": control}}}
+        cfg = {
+            "seed": 4,
+            "samples": 200_000,
+            "chunk_size": 5_000,  # 40 chunks: the SEs hold to z ~ normal
+            "source": {"d": 10, "teacher": {"file": "t.npz"}},
+            "statistics": {"contracted": {"orders": [2], "directions": 1, "control": control}},
+        }
         import tempfile
         from pathlib import Path
 

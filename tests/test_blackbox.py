@@ -4,30 +4,29 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn import api
 from relulearn.config import ConfigError, config_from_dict
 from relulearn.network import Network, NetworkFileError, compare
 from relulearn.pipeline.cluster import ClusterError
-from relulearn.storage import StoreError
 from relulearn.pipeline.sources import LabelShapeError, SourceDataError, Stream, generator, make_source
-
-from conftest import PYTHON, cli_env
+from relulearn.storage import StoreError
 
 D, K = 10, 3
 MODULE = "user_teacher_{}"
 
 # A user's module: a one-hidden-layer ReLU network y = Σ λ_i relu(u_i·x) behind a function of a batch,
 # and functions that misbehave the ways the pipeline must name.
-SOURCE = '''
+SOURCE = """
 import numpy as np
 
 _rng = np.random.default_rng(5)
@@ -63,7 +62,7 @@ def nan_above(x):
 
 
 NOT_A_FUNCTION = 3
-'''
+"""
 
 
 @pytest.fixture
@@ -78,9 +77,13 @@ def module(tmp_path, monkeypatch):
 
 
 def config(name: str, function: str = "teacher", samples: int = 400_000, **source) -> dict:
-    return {"seed": 3, "samples": samples, "chunk_size": 25_000,
-            "source": {"d": D, "teacher": {"callable": f"{name}:{function}"}, **source},
-            "run": {"commit_interval": 1e9}}
+    return {
+        "seed": 3,
+        "samples": samples,
+        "chunk_size": 25_000,
+        "source": {"d": D, "teacher": {"callable": f"{name}:{function}"}, **source},
+        "run": {"commit_interval": 1e9},
+    }
 
 
 def teacher_network(name: str) -> Network:
@@ -99,9 +102,29 @@ def test_a_callable_teacher_is_extracted_exactly_through_the_cli_on_two_workers(
     env = cli_env()
     env["PYTHONPATH"] = str(folder) + os.pathsep + env["PYTHONPATH"]
     out = tmp_path / "m.npz"
-    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "fit", str(cfg_path), "--store", str(tmp_path / "s.zarr"),
-                           "--method", "moments", "--workers", "2", "--out", str(out), "--quiet", "--json"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "fit",
+            str(cfg_path),
+            "--store",
+            str(tmp_path / "s.zarr"),
+            "--method",
+            "moments",
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+            "--quiet",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["width"] == K
     cmp = compare(teacher_network(name), Network.load(out))
@@ -119,8 +142,14 @@ def test_a_callable_with_biases_is_extracted_exactly(module, tmp_path):
     name, _ = module
     mod = importlib.import_module(name)
     out = str(tmp_path / "m.npz")
-    got = api.fit(config_from_dict(config(name, "biased")), str(tmp_path / "s.zarr"), "moments", out=out,
-                  client="local", progress=None)
+    got = api.fit(
+        config_from_dict(config(name, "biased")),
+        str(tmp_path / "s.zarr"),
+        "moments",
+        out=out,
+        client="local",
+        progress=None,
+    )
     assert got["width"] == K
     learned = Network.load(out)
     assert learned.biases is not None
@@ -181,8 +210,11 @@ def test_workers_that_cannot_import_the_function_are_refused_before_any_block(mo
 def test_a_wrong_shape_names_the_chunk_and_the_row(module, tmp_path):
     name, _ = module
     cfg = config_from_dict(config(name, "short", samples=50_000))
-    with pytest.raises(LabelShapeError, match=r"chunk 0, the batch from row 0: .*returned shape \(4095,\) for a "
-                                              r"batch of 4096 rows; it must return \(rows,\)"):
+    with pytest.raises(
+        LabelShapeError,
+        match=r"chunk 0, the batch from row 0: .*returned shape \(4095,\) for a "
+        r"batch of 4096 rows; it must return \(rows,\)",
+    ):
         api.estimate(cfg, str(tmp_path / "s.zarr"), client="local", progress=None)
 
 
@@ -199,12 +231,15 @@ def test_nan_answers_name_the_chunk_and_the_row(module, tmp_path):
         api.estimate(cfg, str(tmp_path / "s.zarr"), client="local", progress=None)
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("no_colon", r"not 'package.module:function'"),
-    ("not_a_module_xyz:f", r"module 'not_a_module_xyz' cannot be imported \(ModuleNotFoundError"),
-    ("{name}:missing", r"has no attribute 'missing'"),
-    ("{name}:NOT_A_FUNCTION", r"is not callable \(an object of type int\)"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no_colon", r"not 'package.module:function'"),
+        ("not_a_module_xyz:f", r"module 'not_a_module_xyz' cannot be imported \(ModuleNotFoundError"),
+        ("{name}:missing", r"has no attribute 'missing'"),
+        ("{name}:NOT_A_FUNCTION", r"is not callable \(an object of type int\)"),
+    ],
+)
 def test_bad_callables_name_the_key(module, spec, message):
     name, _ = module
     data = config(name)
@@ -219,8 +254,11 @@ def test_pickle_files_are_refused_with_the_routes_that_work(tmp_path):
     for suffix in (".pkl", ".joblib", ".npz"):
         path = tmp_path / f"model{suffix}"
         path.write_bytes(pickle.dumps({"W0": np.eye(2)}))
-        with pytest.raises(NetworkFileError, match=r"pickle.*run code when loaded.*source.teacher.onnx.*skl2onnx"
-                                                   r".*torch.onnx.export.*\.npz network file.*callable"):
+        with pytest.raises(
+            NetworkFileError,
+            match=r"pickle.*run code when loaded.*source.teacher.onnx.*skl2onnx"
+            r".*torch.onnx.export.*\.npz network file.*callable",
+        ):
             Network.load(path)
 
 
@@ -230,8 +268,21 @@ def test_a_pickle_teacher_file_is_refused_by_the_cli_before_any_store_is_written
     (tmp_path / "model.pkl").write_bytes(pickle.dumps({"W0": np.eye(2)}))
     data = dict(config("unused"), source={"d": 2, "teacher": {"file": "model.pkl"}})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(tmp_path / "c.yaml"), "--store",
-                           str(tmp_path / "s.zarr"), "--in-process"], env=cli_env(), capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(tmp_path / "c.yaml"),
+            "--store",
+            str(tmp_path / "s.zarr"),
+            "--in-process",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"{tmp_path / 'model.pkl'} is a pickle" in done.stderr and "never loads pickles" in done.stderr
     assert not (tmp_path / "s.zarr").exists()
@@ -252,12 +303,20 @@ def mlp_onnx(folder) -> Network:
     x = (x - x.mean(axis=0)) / x.std(axis=0)
     mlp = MLPRegressor(hidden_layer_sizes=(4,), max_iter=2000, random_state=0).fit(x, y / y.std())
     (folder / "mlp.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
-    return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
-                                                                       mlp.intercepts_[1].copy()))
+    return Network(
+        (mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(), mlp.intercepts_[1].copy())
+    )
 
 
-def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx", rows: int | None = None,
-               float_output: bool = False, biases: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+def onnx_graph(
+    folder,
+    w0: np.ndarray,
+    w1: np.ndarray,
+    name: str = "g.onnx",
+    rows: int | None = None,
+    float_output: bool = False,
+    biases: tuple[np.ndarray, np.ndarray] | None = None,
+) -> None:
     """``W1 relu(W0 x)`` as a float64 ONNX graph (MatMul, Relu, MatMul: what torch.onnx writes for a bias-free
     nn.Sequential of Linear and ReLU layers); with ``biases`` ``(b0, b1)``, ``W1 relu(W0 x + b0) + b1`` as Gemm
     nodes (what torch.onnx writes for nn.Linear layers with biases)."""
@@ -267,30 +326,48 @@ def onnx_graph(folder, w0: np.ndarray, w1: np.ndarray, name: str = "g.onnx", row
     d = w0.shape[1]
     last = "y64" if float_output else "y"
     if biases is None:
-        nodes = [helper.make_node("MatMul", ["x", "w0t"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-                 helper.make_node("MatMul", ["r", "w1t"], [last])]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w0t"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "w1t"], [last]),
+        ]
         weights = [numpy_helper.from_array(w0.T.copy(), "w0t"), numpy_helper.from_array(w1.T.copy(), "w1t")]
     else:
-        nodes = [helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["r"]),
-                 helper.make_node("Gemm", ["r", "w1", "b1"], [last], transB=1)]
-        weights = [numpy_helper.from_array(np.asarray(a, dtype=np.float64), n)
-                   for a, n in ((w0, "w0"), (biases[0], "b0"), (w1, "w1"), (biases[1], "b1"))]
+        nodes = [
+            helper.make_node("Gemm", ["x", "w0", "b0"], ["h"], transB=1),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("Gemm", ["r", "w1", "b1"], [last], transB=1),
+        ]
+        weights = [
+            numpy_helper.from_array(np.asarray(a, dtype=np.float64), n)
+            for a, n in ((w0, "w0"), (biases[0], "b0"), (w1, "w1"), (biases[1], "b1"))
+        ]
     if float_output:  # a double graph that answers in float32
         nodes.append(helper.make_node("Cast", ["y64"], ["y"], to=TensorProto.FLOAT))
     graph = helper.make_graph(
-        nodes, "net",
+        nodes,
+        "net",
         [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [rows, d])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT if float_output else TensorProto.DOUBLE,
-                                       [rows, w1.shape[0]])],
-        weights)
+        [
+            helper.make_tensor_value_info(
+                "y", TensorProto.FLOAT if float_output else TensorProto.DOUBLE, [rows, w1.shape[0]]
+            )
+        ],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     (folder / name).write_bytes(model.SerializeToString())
 
 
 def onnx_config(path, d: int = 10, **source) -> dict:
-    return {"seed": 1, "samples": 400_000, "chunk_size": 25_000,
-            "source": {"d": d, "teacher": {"onnx": str(path)}, **source}, "run": {"commit_interval": 1e9}}
+    return {
+        "seed": 1,
+        "samples": 400_000,
+        "chunk_size": 25_000,
+        "source": {"d": d, "teacher": {"onnx": str(path)}, **source},
+        "run": {"commit_interval": 1e9},
+    }
 
 
 def test_a_scikit_learn_mlp_exported_to_onnx_is_extracted_to_its_float32_rounding(client, tmp_path):
@@ -299,8 +376,7 @@ def test_a_scikit_learn_mlp_exported_to_onnx_is_extracted_to_its_float32_roundin
     net = mlp_onnx(tmp_path)
     cfg = onnx_config(tmp_path / "mlp.onnx")
     out = str(tmp_path / "m.npz")
-    api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "moments", width=4, out=out, client=client,
-            progress=None)
+    api.fit(config_from_dict(cfg), str(tmp_path / "s.zarr"), "moments", width=4, out=out, client=client, progress=None)
     learned = Network.load(out)
     assert compare(net, learned).relative_error <= 1e-6
     x = generator(9, Stream.TEST, 0).standard_normal((100_000, 10))
@@ -319,8 +395,15 @@ def test_a_float64_onnx_graph_is_extracted_to_machine_precision(tmp_path):
     w1 = np.array([[1.2, -0.9, 0.7]])
     onnx_graph(tmp_path, w0, w1)
     out = str(tmp_path / "m.npz")
-    api.fit(config_from_dict(onnx_config(tmp_path / "g.onnx")), str(tmp_path / "s.zarr"), "moments", width=3,
-            out=out, client="local", progress=None)
+    api.fit(
+        config_from_dict(onnx_config(tmp_path / "g.onnx")),
+        str(tmp_path / "s.zarr"),
+        "moments",
+        width=3,
+        out=out,
+        client="local",
+        progress=None,
+    )
     assert compare(Network((w0, w1)), Network.load(out)).relative_error <= 1e-10
 
 
@@ -331,8 +414,15 @@ def test_a_float64_onnx_graph_with_biases_is_extracted_to_machine_precision(tmp_
     b0, b1 = 0.6 * rng.standard_normal(4), np.array([0.25])
     onnx_graph(tmp_path, w0, w1, biases=(b0, b1))
     out = str(tmp_path / "m.npz")
-    api.fit(config_from_dict(onnx_config(tmp_path / "g.onnx")), str(tmp_path / "s.zarr"), "moments", width=4,
-            out=out, client="local", progress=None)
+    api.fit(
+        config_from_dict(onnx_config(tmp_path / "g.onnx")),
+        str(tmp_path / "s.zarr"),
+        "moments",
+        width=4,
+        out=out,
+        client="local",
+        progress=None,
+    )
     assert compare(Network((w0, w1), (b0, b1)), Network.load(out)).relative_error <= 1e-10
 
 
@@ -344,8 +434,10 @@ def torch_onnx(folder) -> Network:
     fixtures = Path(__file__).parent / "fixtures"
     shutil.copyfile(fixtures / "torch_diabetes.onnx", folder / "torch.onnx")
     with np.load(fixtures / "torch_diabetes.npz") as w:
-        return Network((w["w0"].astype(np.float64), w["w1"].astype(np.float64)),
-                       (w["b0"].astype(np.float64), w["b1"].astype(np.float64)))
+        return Network(
+            (w["w0"].astype(np.float64), w["w1"].astype(np.float64)),
+            (w["b0"].astype(np.float64), w["b1"].astype(np.float64)),
+        )
 
 
 def test_a_pytorch_network_exported_to_onnx_is_extracted_to_its_float32_rounding(tmp_path):
@@ -355,8 +447,15 @@ def test_a_pytorch_network_exported_to_onnx_is_extracted_to_its_float32_rounding
     out = str(tmp_path / "m.npz")
     # its weakest unit (λ‖u‖ = −0.12, offset −0.69‖u‖: a seventh of the largest weight in M_2) clears the noise
     # floor at 4·10⁵ samples thanks to fit's control variate (without it: parameter error 0.1 there)
-    api.fit(config_from_dict(onnx_config(tmp_path / "torch.onnx")), str(tmp_path / "s.zarr"), "moments", width=4,
-            out=out, client="local", progress=None)
+    api.fit(
+        config_from_dict(onnx_config(tmp_path / "torch.onnx")),
+        str(tmp_path / "s.zarr"),
+        "moments",
+        width=4,
+        out=out,
+        client="local",
+        progress=None,
+    )
     learned = Network.load(out)
     assert learned.biases is not None and compare(net, learned).relative_error <= 1e-6
     x = generator(9, Stream.TEST, 0).standard_normal((100_000, 10))
@@ -375,13 +474,16 @@ def test_a_double_input_float_output_model_gets_double_inputs_and_float32_precis
     assert np.array_equal(source.labels(x), y.astype(np.float32).astype(np.float64))  # only the answers rounded
 
 
-@pytest.mark.parametrize("case, message", [
-    ("width", r"takes inputs of shape \[None, 10\] but source.d is 8; .*make source.d and the model agree"),
-    ("output", r"source.output is 1 but source.teacher.onnx .* has only 1 output\(s\)"),
-    ("garbage", r"is not a model onnxruntime can load"),
-    ("missing", r"does not exist; set source.teacher.onnx"),
-    ("fixed-batch", r"takes batches of exactly 1 rows .*dynamic_axes=\{'x': \{0: 'rows'\}\}"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("width", r"takes inputs of shape \[None, 10\] but source.d is 8; .*make source.d and the model agree"),
+        ("output", r"source.output is 1 but source.teacher.onnx .* has only 1 output\(s\)"),
+        ("garbage", r"is not a model onnxruntime can load"),
+        ("missing", r"does not exist; set source.teacher.onnx"),
+        ("fixed-batch", r"takes batches of exactly 1 rows .*dynamic_axes=\{'x': \{0: 'rows'\}\}"),
+    ],
+)
 def test_bad_onnx_teachers_name_the_file_and_the_mismatch(tmp_path, case, message):
     onnx_graph(tmp_path, np.ones((2, 10)), np.ones((1, 2)), rows=1 if case == "fixed-batch" else None)
     path = tmp_path / "g.onnx"
@@ -394,8 +496,21 @@ def test_bad_onnx_teachers_name_the_file_and_the_mismatch(tmp_path, case, messag
         make_source(config_from_dict(data))
     # the command line says the same, without a traceback, and writes no store
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(tmp_path / "c.yaml"), "--store",
-                           str(tmp_path / "s.zarr"), "--in-process"], env=cli_env(), capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(tmp_path / "c.yaml"),
+            "--store",
+            str(tmp_path / "s.zarr"),
+            "--in-process",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr and str(path) in done.stderr, done.stderr
     assert not (tmp_path / "s.zarr").exists()
 
@@ -413,6 +528,9 @@ def test_a_multi_output_mlp_that_skl2onnx_flattened_is_refused_with_the_fix(tmp_
         mlp = MLPRegressor(hidden_layer_sizes=(4,), max_iter=20, random_state=0).fit(x, rng.standard_normal((100, 3)))
     path = tmp_path / "mlp3.onnx"
     path.write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
-    with pytest.raises(ValueError, match=r"returned shape \(6, 1\) .*its 3 outputs per row come flattened into one "
-                                         r"column .*Reshape to \[-1, 3\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"returned shape \(6, 1\) .*its 3 outputs per row come flattened into one "
+        r"column .*Reshape to \[-1, 3\]",
+    ):
         make_source(config_from_dict(onnx_config(path, d=6)))

@@ -6,44 +6,90 @@ import json
 import subprocess
 
 import yaml
-
 from conftest import PYTHON, cli_env
 
-CONFIG = {"seed": 1, "samples": 400_000, "chunk_size": 25_000,
-          "source": {"d": 10, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 2}}}
+CONFIG = {
+    "seed": 1,
+    "samples": 400_000,
+    "chunk_size": 25_000,
+    "source": {"d": 10, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 2}},
+}
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_fit_prints_a_short_summary_and_writes_the_full_report(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(CONFIG))
     store, model, report = str(tmp_path / "s.zarr"), str(tmp_path / "m.npz"), tmp_path / "r.json"
-    done = cli("fit", str(tmp_path / "c.yaml"), "--store", store, "--method", "moments", "--out", model,
-               "--in-process", "--quiet", "--report", str(report))
+    done = cli(
+        "fit",
+        str(tmp_path / "c.yaml"),
+        "--store",
+        store,
+        "--method",
+        "moments",
+        "--out",
+        model,
+        "--in-process",
+        "--quiet",
+        "--report",
+        str(report),
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.strip().splitlines()
     assert len(lines) < 25, done.stdout
     assert lines[0] == f"moments: a one-hidden-layer network of width 3 written to {model}"
     text = done.stdout
-    for needle in ("samples", "400,000", "subspace", "rank 3 of d = 10", "strengths", "held-out loss",
-                   "(chosen: polish)", "polish", "time", "--report PATH"):
+    for needle in (
+        "samples",
+        "400,000",
+        "subspace",
+        "rank 3 of d = 10",
+        "strengths",
+        "held-out loss",
+        "(chosen: polish)",
+        "polish",
+        "time",
+        "--report PATH",
+    ):
         assert needle in text, (needle, text)
     full = json.loads(report.read_text())
     assert full["method"] == "moments" and full["out"] == model and full["report"]["subspace"]["rank"] == 3
     # the report is the --json output of the same command
-    again = cli("learn", store, "--method", "moments", "--out", str(tmp_path / "m2.npz"), "--in-process", "--quiet",
-                "--json", "--report", str(tmp_path / "r2.json"))
+    again = cli(
+        "learn",
+        store,
+        "--method",
+        "moments",
+        "--out",
+        str(tmp_path / "m2.npz"),
+        "--in-process",
+        "--quiet",
+        "--json",
+        "--report",
+        str(tmp_path / "r2.json"),
+    )
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == json.loads((tmp_path / "r2.json").read_text())
 
 
 def test_a_report_path_in_a_missing_folder_is_refused_before_any_work(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(CONFIG))
-    done = cli("fit", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--out", str(tmp_path / "m.npz"),
-               "--in-process", "--report", str(tmp_path / "nope" / "r.json"))
+    done = cli(
+        "fit",
+        str(tmp_path / "c.yaml"),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+        "--report",
+        str(tmp_path / "nope" / "r.json"),
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"the folder {tmp_path / 'nope'} does not exist" in done.stderr
     assert not (tmp_path / "s.zarr").exists()
@@ -53,15 +99,25 @@ def test_an_out_path_in_a_missing_folder_or_naming_a_folder_is_refused_before_an
     """`--out` of fit, learn, predict, report and exact-arbitrary is written when the work is done: a missing folder
     (or a folder given as the file) is refused first, exit code 2, nothing written."""
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(CONFIG))
-    done = cli("fit", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--out",
-               str(tmp_path / "nope" / "m.npz"), "--in-process")
+    done = cli(
+        "fit",
+        str(tmp_path / "c.yaml"),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--out",
+        str(tmp_path / "nope" / "m.npz"),
+        "--in-process",
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"--out {tmp_path / 'nope' / 'm.npz'}: the folder {tmp_path / 'nope'} does not exist" in done.stderr
     assert not (tmp_path / "s.zarr").exists()
     done = cli("learn", str(tmp_path / "s.zarr"), "--method", "tensor", "--out", str(tmp_path))
     assert done.returncode == 2 and f"--out {tmp_path} is a folder; give a file path" in done.stderr, done.stderr
-    for command in (["predict", "m.npz", "--input", "x.npy"], ["report", str(tmp_path / "s.zarr")],
-                    ["exact-arbitrary", "x.npy", "a.npy", "--width", "2"]):
+    for command in (
+        ["predict", "m.npz", "--input", "x.npy"],
+        ["report", str(tmp_path / "s.zarr")],
+        ["exact-arbitrary", "x.npy", "a.npy", "--width", "2"],
+    ):
         done = cli(*command, "--out", str(tmp_path / "nope" / "f"))
         assert done.returncode == 2 and "does not exist; create it" in done.stderr, (command, done.stderr)
 
@@ -89,9 +145,18 @@ def test_the_demo_mentions_merged_units_only_when_a_teacher_unit_is_missing(caps
     from relulearn.cli.output import print_demo
 
     unit = {"unit": 0, "teacher_lambda": 1.0, "learned_lambda": 1.0, "angle": 1e-15, "relative_error": 1e-15}
-    result = {"d": 20, "width": 2, "samples": 10**6, "units": [unit, dict(unit, unit=1)], "parameter_error": 1e-15,
-              "relative_test_error": 1e-30, "merged_units": [{"into": 1, "reason": "same direction"}],
-              "estimate_seconds": 1.0, "learn_seconds": 1.0, "seconds": 2.0}
+    result = {
+        "d": 20,
+        "width": 2,
+        "samples": 10**6,
+        "units": [unit, dict(unit, unit=1)],
+        "parameter_error": 1e-15,
+        "relative_test_error": 1e-30,
+        "merged_units": [{"into": 1, "reason": "same direction"}],
+        "estimate_seconds": 1.0,
+        "learn_seconds": 1.0,
+        "seconds": 2.0,
+    }
     print_demo(result)
     assert "merged" not in capsys.readouterr().out  # every unit came out: the search's merges did not matter
     result["units"][1] = dict(unit, unit=1, learned_lambda=None, angle=None)
@@ -108,8 +173,21 @@ def test_report_without_matplotlib_is_the_documented_error(tmp_path):
     env = cli_env()
     env["PYTHONPATH"] = str(tmp_path / "blocked") + ":" + env["PYTHONPATH"]
     for extra in ([], ["--json"]):
-        done = subprocess.run([PYTHON, "-m", "relulearn.cli", "report", str(tmp_path / "s.zarr"), "--out",
-                               str(tmp_path / "r.html"), *extra], capture_output=True, text=True, env=env)
+        done = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "relulearn.cli",
+                "report",
+                str(tmp_path / "s.zarr"),
+                "--out",
+                str(tmp_path / "r.html"),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
         assert "relulearn: error: relulearn report draws with matplotlib" in done.stderr
         assert "pip install 'relulearn[report]'" in done.stderr

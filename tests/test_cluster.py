@@ -13,15 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env
+from external import ExternalCluster
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, residual_section, store_arrays, write_config
 
 from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
 from relulearn.storage import RunStore
-
-from conftest import PYTHON, cli_env
-from external import ExternalCluster
-from test_resume import residual_section, assert_bitwise_equal, assert_each_chunk_once, store_arrays, write_config
 
 # the tests poll stores that another process is writing; zarr warns about its in-flight temp files
 pytestmark = pytest.mark.filterwarnings("ignore:Object at .* is not recognized as a component")
@@ -48,9 +47,16 @@ def all_families(d: int = 20, **over) -> dict:
 
 
 #: a longer run (no order-4 tensors) that lasts long enough to kill processes inside it
-LONG = all_families(samples=960_000, chunk_size=20_000, statistics={
-    "basic": {}, "contracted": {"orders": [2, 4], "directions": 4},
-    "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000}, "residual": residual_section(20)})
+LONG = all_families(
+    samples=960_000,
+    chunk_size=20_000,
+    statistics={
+        "basic": {},
+        "contracted": {"orders": [2, 4], "directions": 4},
+        "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 20_000},
+        "residual": residual_section(20),
+    },
+)
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +91,9 @@ def committed(url: str) -> int:
 
 
 def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True,
-                          timeout=timeout, **kw)
+    return subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True, timeout=timeout, **kw
+    )
 
 
 def test_reference_uses_blas_sized_arrays(families):
@@ -126,14 +133,30 @@ def test_external_cluster_equals_in_process(families, external, tmp_path):
 def test_fit_on_external_cluster_equals_in_process(external, tmp_path):
     """`fit --scheduler`: estimation, the learning stage's candidate maps and its extra passes
     run on the external cluster and give the network the in-process run gives, bit for bit."""
-    data = {"seed": 4, "samples": 400_000, "chunk_size": 50_000, "run": {"commit_interval": 0},
-            "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 2}, "noise_std": 0.05}}
+    data = {
+        "seed": 4,
+        "samples": 400_000,
+        "chunk_size": 50_000,
+        "run": {"commit_interval": 0},
+        "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 2}, "noise_std": 0.05},
+    }
     cfg_path = write_config(tmp_path / "fit.yaml", data)
     outs = {}
     for where, flags in (("local", ["--in-process"]), ("external", ["--scheduler", external.file])):
         model = str(tmp_path / f"{where}.npz")
-        done = cli("fit", str(cfg_path), "--store", str(tmp_path / f"{where}.zarr"), "--method", "moments",
-                   "--out", model, "--quiet", "--json", *flags)
+        done = cli(
+            "fit",
+            str(cfg_path),
+            "--store",
+            str(tmp_path / f"{where}.zarr"),
+            "--method",
+            "moments",
+            "--out",
+            model,
+            "--quiet",
+            "--json",
+            *flags,
+        )
         assert done.returncode == 0, done.stderr
         outs[where] = np.load(model)
     assert outs["local"]["W0"].shape == (3, 20)
@@ -148,9 +171,25 @@ def test_driver_started_before_the_scheduler_and_env_address(families, tmp_path)
     cfg_path, ref = families
     cluster = ExternalCluster(tmp_path / "cluster", workers=2)
     url = str(tmp_path / "early.zarr")
-    early = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
-                              "--scheduler", cluster.file, "--quiet", "--json"], env=cli_env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    early = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(cfg_path),
+            "--store",
+            url,
+            "--scheduler",
+            cluster.file,
+            "--quiet",
+            "--json",
+        ],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(2.0)
         assert early.poll() is None, early.communicate()
@@ -163,9 +202,13 @@ def test_driver_started_before_the_scheduler_and_env_address(families, tmp_path)
         with Client(scheduler_file=cluster.file) as c:
             dashboard = c.dashboard_link
         url2 = str(tmp_path / "env.zarr")
-        done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url2, "--quiet",
-                               "--json"], env=dict(cli_env(), DASK_SCHEDULER_ADDRESS=cluster.address),
-                              capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url2, "--quiet", "--json"],
+            env=dict(cli_env(), DASK_SCHEDULER_ADDRESS=cluster.address),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["dashboard"] == dashboard  # the external cluster's, not a new one
         assert_bitwise_equal(url2, ref)
@@ -179,8 +222,9 @@ def _kill_driver_until(cmd: list[str], url: str, kills: int, rng: np.random.Gene
     time the store has advanced by at least one commit since the last kill."""
     progress = [0]
     for _ in range(kills):
-        proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if committed(url) > progress[-1]:
@@ -201,8 +245,21 @@ def test_driver_sigkill_with_external_cluster_resumes_bitwise(long_run, external
     cfg_path, ref = long_run
     url = str(tmp_path / "killed.zarr")
     # a killed driver leaves its lease behind: each new driver breaks it (the previous one is dead)
-    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler", external.file,
-           "--quiet", "--commit-interval", "0", "--break-lock"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "relulearn.cli",
+        "estimate",
+        str(cfg_path),
+        "--store",
+        url,
+        "--scheduler",
+        external.file,
+        "--quiet",
+        "--commit-interval",
+        "0",
+        "--break-lock",
+    ]
     progress = _kill_driver_until(cmd, url, 3, np.random.default_rng(8))
     assert len(progress) == 3 and 0 < progress[0] < progress[1] < progress[2] < LONG["samples"], progress
     done = subprocess.run(cmd + ["--json"], env=cli_env(), capture_output=True, text=True, timeout=300)
@@ -218,9 +275,27 @@ def test_worker_sigkill_twice_run_completes(long_run, tmp_path):
     cfg_path, ref = long_run
     url = str(tmp_path / "wk.zarr")
     with ExternalCluster(tmp_path / "cluster", workers=2) as cluster:
-        proc = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
-                                 "--scheduler", cluster.file, "--quiet", "--json", "--commit-interval", "0"],
-                                env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                PYTHON,
+                "-m",
+                "relulearn.cli",
+                "estimate",
+                str(cfg_path),
+                "--store",
+                url,
+                "--scheduler",
+                cluster.file,
+                "--quiet",
+                "--json",
+                "--commit-interval",
+                "0",
+            ],
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         killed, seen = [], 0
         deadline = time.monotonic() + 240
         while len(killed) < 2 and proc.poll() is None and time.monotonic() < deadline:
@@ -248,8 +323,20 @@ def test_scheduler_death_commits_and_resumes_on_a_new_scheduler(long_run, tmp_pa
     url = str(tmp_path / "sk.zarr")
     cluster = ExternalCluster(tmp_path / "cluster", workers=2).start()
     try:
-        cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler",
-               cluster.file, "--quiet", "--commit-interval", "0"]
+        cmd = [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(cfg_path),
+            "--store",
+            url,
+            "--scheduler",
+            cluster.file,
+            "--quiet",
+            "--commit-interval",
+            "0",
+        ]
         proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and committed(url) < 200_000:
@@ -303,15 +390,43 @@ def test_unreachable_scheduler(small_store):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(cli_env(), RELULEARN_CONNECT_TIMEOUT="3")
-    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
-                           "--scheduler", f"tcp://127.0.0.1:{port}"], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(cfg_path),
+            "--store",
+            url,
+            "--scheduler",
+            f"tcp://127.0.0.1:{port}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in done.stderr
     _intact(url, before)
-    missing = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--scheduler",
-                              str(Path(url).parent / "nope.json")], env=env, capture_output=True, text=True,
-                             timeout=120)
+    missing = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(cfg_path),
+            "--store",
+            url,
+            "--scheduler",
+            str(Path(url).parent / "nope.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 2 and "no such scheduler file" in missing.stderr, missing.stderr
     _intact(url, before)
 
@@ -329,8 +444,11 @@ def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small
     import relulearn
 
     cfg_path, url, before = small_store
-    body = ('__version__ = "0.0.7"\n' if case == "other-version"
-            else 'raise ModuleNotFoundError("No module named \'relulearn\'", name="relulearn")\n')
+    body = (
+        '__version__ = "0.0.7"\n'
+        if case == "other-version"
+        else 'raise ModuleNotFoundError("No module named \'relulearn\'", name="relulearn")\n'
+    )
     worker_env = [{}, _shadow(tmp_path, body)]
     with ExternalCluster(tmp_path / "cluster", workers=2, worker_env=worker_env, preload=False) as cluster:
         from distributed import Client
@@ -341,7 +459,8 @@ def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"worker {bad}" in done.stderr, done.stderr
     if case == "other-version":
-        assert "has relulearn 0.0.7" in done.stderr and f"this driver has relulearn {relulearn.__version__}" in done.stderr
+        assert "has relulearn 0.0.7" in done.stderr
+        assert f"this driver has relulearn {relulearn.__version__}" in done.stderr
     else:
         assert "cannot import relulearn" in done.stderr
     assert "no block was run" in done.stderr
@@ -376,10 +495,14 @@ def test_symmetric_dense_and_blocked_sketch_updates_are_bitwise_equal_in_process
     works in row blocks of at least 512 rows: both paths at sizes where they run, with signed labels."""
     from relulearn.config import config_from_dict
 
-    data = {"seed": 5, "samples": 100_000, "chunk_size": 25_000,
-            "source": {"d": 80, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 1}, "noise_std": 0.1},
-            "statistics": {"output_moments": {}, "sketch": {"rank": 16, "second": {}}},
-            "run": {"commit_interval": 1e9}}
+    data = {
+        "seed": 5,
+        "samples": 100_000,
+        "chunk_size": 25_000,
+        "source": {"d": 80, "teacher": {"kind": "one_hidden_relu", "width": 3, "seed": 1}, "noise_std": 0.1},
+        "statistics": {"output_moments": {}, "sketch": {"rank": 16, "second": {}}},
+        "run": {"commit_interval": 1e9},
+    }
     ref, url = str(tmp_path / "ref.zarr"), str(tmp_path / "w2.zarr")
     estimate(config_from_dict(data), ref, client="local", progress=None)
     estimate(config_from_dict(data), url, client=client, progress=None)
@@ -412,9 +535,24 @@ def _listeners_of_a_running_estimate(tmp_path: Path, *extra: str) -> tuple[dict[
     once the cluster is up (the dashboard line is printed), then stop it with Ctrl-C."""
     tmp_path.mkdir()
     cfg = write_config(tmp_path / "run.yaml", all_families(samples=100_000_000, statistics={"basic": {}}))
-    proc = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", str(tmp_path / "s.zarr"),
-                             "--workers", "2", *extra], env=cli_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(cfg),
+            "--store",
+            str(tmp_path / "s.zarr"),
+            "--workers",
+            "2",
+            *extra,
+        ],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = ""
         while not line.startswith("dashboard: "):
@@ -459,6 +597,11 @@ def test_a_dashboard_address_is_checked():
     for bad in ("8787", "localhost:http", "host:99999"):
         with pytest.raises(ValueError, match="expected HOST:PORT"):
             check_dashboard(bad)
-    proc = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", "x.yaml", "--store", "s.zarr", "--dashboard",
-                           "8787"], env=cli_env(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", "estimate", "x.yaml", "--store", "s.zarr", "--dashboard", "8787"],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "expected HOST:PORT" in proc.stderr, proc.stderr

@@ -18,11 +18,19 @@ from relulearn.pipeline.sources import make_source
 
 def _teacher(tmp_path, d: int = 24, k: int = 8, m: int = 3) -> tuple[Network, api.execution.HeldOut]:
     rng = np.random.default_rng(4)
-    net = Network((rng.standard_normal((k, d)) / np.sqrt(d), rng.choice([-1.0, 1.0], (m, k)) * rng.uniform(0.5, 1.5, (m, k))),
-                  (0.6 * rng.standard_normal(k), rng.standard_normal(m)))
+    net = Network(
+        (rng.standard_normal((k, d)) / np.sqrt(d), rng.choice([-1.0, 1.0], (m, k)) * rng.uniform(0.5, 1.5, (m, k))),
+        (0.6 * rng.standard_normal(k), rng.standard_normal(m)),
+    )
     net.save(tmp_path / "t.npz")
-    cfg = config_from_dict({"seed": 5, "samples": 1000, "chunk_size": 1000,
-                            "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}}})
+    cfg = config_from_dict(
+        {
+            "seed": 5,
+            "samples": 1000,
+            "chunk_size": 1000,
+            "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}},
+        }
+    )
     return net, api.execution.HeldOut(make_source(cfg), cfg.seed)
 
 

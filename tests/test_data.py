@@ -8,6 +8,7 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
@@ -16,8 +17,6 @@ from relulearn.pipeline.arrays import ArrayFileError
 from relulearn.pipeline.data import DataSizeError
 from relulearn.pipeline.sources import make_source
 
-from conftest import PYTHON, cli_env
-
 D, K, ROWS = 10, 3, 400_000
 
 
@@ -25,8 +24,10 @@ def planted_data(seed: int = 1, rows: int = ROWS, d: int = D):
     """A biased one-hidden-layer teacher and correlated inputs (covariance of condition number 10, a nonzero
     mean): ``teacher, mean, L`` with ``x = mean + L g``, and the samples ``x, y`` (noiseless)."""
     rng = np.random.default_rng(seed)
-    teacher = Network((rng.standard_normal((K, d)) / np.sqrt(d), np.array([[1.2, -0.8, 1.0]])),
-                      (0.5 * rng.standard_normal(K), np.array([0.3])))
+    teacher = Network(
+        (rng.standard_normal((K, d)) / np.sqrt(d), np.array([[1.2, -0.8, 1.0]])),
+        (0.5 * rng.standard_normal(K), np.array([0.3])),
+    )
     q = np.linalg.qr(rng.standard_normal((d, d)))[0]
     chol = np.linalg.cholesky(q @ np.diag(np.geomspace(1.0, 10.0, d)) @ q.T)
     mean = rng.standard_normal(d)
@@ -73,8 +74,15 @@ def test_correlated_data_is_learned_exactly_in_raw_coordinates(fmt, client, tmp_
     teacher, mean, chol, x, y = planted_data()
     data = write(fmt, tmp_path, x, y)
     out = str(tmp_path / "m.npz")
-    got = api.fit(config_from_dict(data_config(data)), str(tmp_path / "s.zarr"), "moments", width=K, out=out,
-                  client=client, progress=None)
+    got = api.fit(
+        config_from_dict(data_config(data)),
+        str(tmp_path / "s.zarr"),
+        "moments",
+        width=K,
+        out=out,
+        client=client,
+        progress=None,
+    )
     assert got["estimate"]["data"] == {"rows": ROWS, "skipped_rows": 0, "whitened": True}
     learned = Network.load(out)
     assert raw_test_error(teacher, learned, mean, chol) <= 1e-8
@@ -91,8 +99,15 @@ def test_a_dataset_at_an_fsspec_memory_url(tmp_path):
             np.save(f, arr)
     data = {"x": f"memory://relulearn-test-{id(tmp_path)}/x.npy", "y": f"memory://relulearn-test-{id(tmp_path)}/y.npy"}
     out = str(tmp_path / "m.npz")
-    api.fit(config_from_dict(data_config(data)), str(tmp_path / "s.zarr"), "moments", width=K, out=out,
-            client="local", progress=None)  # a memory filesystem lives in one process
+    api.fit(
+        config_from_dict(data_config(data)),
+        str(tmp_path / "s.zarr"),
+        "moments",
+        width=K,
+        out=out,
+        client="local",
+        progress=None,
+    )  # a memory filesystem lives in one process
     assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8
 
 
@@ -104,9 +119,16 @@ def test_chunks_read_on_workers_are_the_bytes_read_in_process(client, tmp_path):
     x = 0.5 + rng.standard_normal((60_000, 24)) @ np.diag(np.linspace(1, 3, 24))
     y = np.maximum(x[:, :3].sum(axis=1), 0)
     data = write("npy", tmp_path, x, y)
-    cfg = config_from_dict({"seed": 0, "samples": 60_000, "chunk_size": 10_000, "source": {"d": 24, "data": data},
-                            "statistics": {"basic": {}, "contracted": {"orders": [2], "directions": 2}},
-                            "run": {"chunks_per_block": 1}})
+    cfg = config_from_dict(
+        {
+            "seed": 0,
+            "samples": 60_000,
+            "chunk_size": 10_000,
+            "source": {"d": 24, "data": data},
+            "statistics": {"basic": {}, "contracted": {"orders": [2], "directions": 2}},
+            "run": {"chunks_per_block": 1},
+        }
+    )
     from relulearn.pipeline import data as data_module
     from relulearn.pipeline.sources import prime_data_scan
 
@@ -114,7 +136,7 @@ def test_chunks_read_on_workers_are_the_bytes_read_in_process(client, tmp_path):
     here = dict(data_module._SCANS)
     data_module._SCANS.clear()
     prime_data_scan(cfg, client)  # the workers read the blocks
-    (key, on_workers), = data_module._SCANS.items()
+    ((key, on_workers),) = data_module._SCANS.items()
     for field in ("bad_rows", "mean", "cov"):
         assert np.array_equal(getattr(here[key], field), getattr(on_workers, field))
     assert here[key].digest == on_workers.digest
@@ -133,14 +155,28 @@ def test_nan_rows_are_refused_by_number_or_skipped_and_counted(tmp_path):
     x = np.vstack([x, mean + np.random.default_rng(5).standard_normal((2, D)) @ chol.T])  # 200,000 usable rows
     y = np.r_[y, teacher.forward(x[-2:])[:, 0]]
     data = write("npy", tmp_path, x, y)
-    with pytest.raises(ValueError, match=r"row 7000 \(counting from 0\) of the data has NaN or inf \(2 such row"
-                                         r".*source.data.nan_rows: skip"):
-        api.estimate(config_from_dict(data_config(data, samples=200_000)), str(tmp_path / "s.zarr"),
-                     client="local", progress=None)
+    with pytest.raises(
+        ValueError,
+        match=r"row 7000 \(counting from 0\) of the data has NaN or inf \(2 such row"
+        r".*source.data.nan_rows: skip",
+    ):
+        api.estimate(
+            config_from_dict(data_config(data, samples=200_000)),
+            str(tmp_path / "s.zarr"),
+            client="local",
+            progress=None,
+        )
     assert not (tmp_path / "s.zarr").exists()
     out = str(tmp_path / "m.npz")
-    got = api.fit(config_from_dict(data_config(dict(data, nan_rows="skip"), samples=200_000)),
-                  str(tmp_path / "s.zarr"), "moments", width=K, out=out, client="local", progress=None)
+    got = api.fit(
+        config_from_dict(data_config(dict(data, nan_rows="skip"), samples=200_000)),
+        str(tmp_path / "s.zarr"),
+        "moments",
+        width=K,
+        out=out,
+        client="local",
+        progress=None,
+    )
     assert got["estimate"]["data"]["skipped_rows"] == 2 and got["samples"] == 200_000
     assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8
 
@@ -150,29 +186,53 @@ def test_fewer_rows_than_samples_is_refused_before_any_work(tmp_path):
     data = write("npy", tmp_path, x, y)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data_config(data, samples=200_000)))
-    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", str(tmp_path / "s.zarr"),
-                           "--in-process", "--quiet"], env=cli_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(cfg),
+            "--store",
+            str(tmp_path / "s.zarr"),
+            "--in-process",
+            "--quiet",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode != 0
     assert "samples is 200,000" in done.stderr and "holds 120,000 usable rows" in done.stderr
     assert "set samples to at most 100,000" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "s.zarr").exists()
     # extending a store past the data is refused the same way
-    api.estimate(config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "t.zarr"), client="local",
-                 progress=None)
+    api.estimate(
+        config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "t.zarr"), client="local", progress=None
+    )
     with pytest.raises(DataSizeError, match=r"samples is 150,000.*holds 120,000 usable rows"):
-        api.estimate(config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "t.zarr"),
-                     samples=150_000, client="local", progress=None)
+        api.estimate(
+            config_from_dict(data_config(data, samples=100_000)),
+            str(tmp_path / "t.zarr"),
+            samples=150_000,
+            client="local",
+            progress=None,
+        )
 
 
-@pytest.mark.parametrize("case, message", [
-    ("width", r"source.data.x: .*x.npy has 10 column\(s\) per row but source.d is 8; make them agree"),
-    ("rows", r"source.data: .*x.npy has 120,000 rows but .*y.npy has 119,999; give one label per row"),
-    ("missing", r"source.data.y: .*nothere.npy does not exist"),
-    ("csv", r"source.data.x: .*x.csv is a file but not a .npy file, a Parquet file or a zarr array.*np.save"),
-    ("objects", r"source.data.x: .*holds Python objects .*never loads pickles"),
-    ("column", r"source.data.x: .*d.parquet has no column\(s\) \['g0'\]; its columns are"),
-    ("teacher", r"source.data gives the samples; source.teacher applies to teachers only"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("width", r"source.data.x: .*x.npy has 10 column\(s\) per row but source.d is 8; make them agree"),
+        ("rows", r"source.data: .*x.npy has 120,000 rows but .*y.npy has 119,999; give one label per row"),
+        ("missing", r"source.data.y: .*nothere.npy does not exist"),
+        ("csv", r"source.data.x: .*x.csv is a file but not a .npy file, a Parquet file or a zarr array.*np.save"),
+        ("objects", r"source.data.x: .*holds Python objects .*never loads pickles"),
+        ("column", r"source.data.x: .*d.parquet has no column\(s\) \['g0'\]; its columns are"),
+        ("teacher", r"source.data gives the samples; source.teacher applies to teachers only"),
+    ],
+)
 def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
     _, _, _, x, y = planted_data(seed=7, rows=120_000)
     data = write("npy", tmp_path, x, y)
@@ -202,9 +262,31 @@ def test_fit_on_data_through_the_cli_reads_relative_paths_and_writes_raw_coordin
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data_config({"x": "x.npy", "y": "y.npy"}, samples=200_000)))  # relative paths
     out = tmp_path / "m.npz"
-    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "fit", str(cfg), "--store", str(tmp_path / "s.zarr"),
-                           "--method", "moments", "--width", "3", "--out", str(out), "--in-process", "--quiet",
-                           "--json"], env=cli_env(), capture_output=True, text=True, timeout=300, cwd="/")
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "fit",
+            str(cfg),
+            "--store",
+            str(tmp_path / "s.zarr"),
+            "--method",
+            "moments",
+            "--width",
+            "3",
+            "--out",
+            str(out),
+            "--in-process",
+            "--quiet",
+            "--json",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["estimate"]["data"]["whitened"] is True
     assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8
@@ -218,10 +300,15 @@ def test_a_rewritten_dataset_cannot_resume_its_store(tmp_path):
 
     _, _, _, x, y = planted_data(seed=9, rows=150_000)
     data = write("npy", tmp_path, x, y)
-    api.estimate(config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "s.zarr"), client="local",
-                 progress=None)
+    api.estimate(
+        config_from_dict(data_config(data, samples=100_000)), str(tmp_path / "s.zarr"), client="local", progress=None
+    )
     y[5] += 1e-9
     np.save(tmp_path / "y.npy", y)
     with pytest.raises(StoreError, match=r"different fingerprint; differing fields: source.teacher_sha256"):
-        api.estimate(config_from_dict(data_config(data, samples=150_000)), str(tmp_path / "s.zarr"), client="local",
-                     progress=None)
+        api.estimate(
+            config_from_dict(data_config(data, samples=150_000)),
+            str(tmp_path / "s.zarr"),
+            client="local",
+            progress=None,
+        )

@@ -12,15 +12,24 @@ import relulearn
 from relulearn import api
 from relulearn.config import config_from_dict
 
-STATISTICS = {"basic": {}, "hermite": {"max_order": 3}, "contracted": {"orders": [2, 4], "directions": 3,
-                                                                        "control": True, "control_samples": 10_000},
-              "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 10_000}}
+STATISTICS = {
+    "basic": {},
+    "hermite": {"max_order": 3},
+    "contracted": {"orders": [2, 4], "directions": 3, "control": True, "control_samples": 10_000},
+    "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 10_000},
+}
 
 
 def _cfg(statistics: dict, samples: int, **source) -> object:
-    return config_from_dict({"seed": 5, "samples": samples, "chunk_size": 10_000,
-                             "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2}, **source},
-                             "statistics": statistics})
+    return config_from_dict(
+        {
+            "seed": 5,
+            "samples": samples,
+            "chunk_size": 10_000,
+            "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2}, **source},
+            "statistics": statistics,
+        }
+    )
 
 
 def _assert_described(tree) -> None:
@@ -34,9 +43,21 @@ def _assert_described(tree) -> None:
             assert dim in ds.coords, (node.path, dim)
 
 
-@pytest.mark.parametrize("statistics", [STATISTICS,
-                                        {"basic": None, "sketch": {"rank": 3, "second": {}, "contracted": {
-                                            "orders": [2], "directions": 2}, "filtered": {"thresholds": [0.1]}}}])
+@pytest.mark.parametrize(
+    "statistics",
+    [
+        STATISTICS,
+        {
+            "basic": None,
+            "sketch": {
+                "rank": 3,
+                "second": {},
+                "contracted": {"orders": [2], "directions": 2},
+                "filtered": {"thresholds": [0.1]},
+            },
+        },
+    ],
+)
 def test_the_tree_has_every_statistic_at_a_stable_path_and_every_array_described(tmp_path, statistics):
     store = str(tmp_path / "s.zarr")
     api.estimate(_cfg(statistics, 40_000), store, client="local", progress=None)
@@ -53,8 +74,9 @@ def test_the_tree_has_every_statistic_at_a_stable_path_and_every_array_described
     assert relulearn.open_store(store).head != head
     again = relulearn.open_datatree(store)
     assert sorted(again.children) == families and again.attrs["samples"] == 80_000
-    assert {n.path: sorted(n.dataset.variables) for n in again.subtree} == \
-        {n.path: sorted(n.dataset.variables) for n in tree.subtree}
+    assert {n.path: sorted(n.dataset.variables) for n in again.subtree} == {
+        n.path: sorted(n.dataset.variables) for n in tree.subtree
+    }
     fam = families[0]
     est = [k for k in again[fam].dataset.data_vars if k + "_se" in again[fam].dataset][0]
     np.testing.assert_array_equal(again[fam].dataset[est].values, relulearn.open_store(store).arrays(fam)[est])
@@ -63,10 +85,19 @@ def test_the_tree_has_every_statistic_at_a_stable_path_and_every_array_described
 def test_a_vector_label_store_is_described_too(tmp_path):
     """Per-output families (a leading `output` dimension; per-output τ grids) and the output moments."""
     store = str(tmp_path / "s.zarr")
-    cfg = config_from_dict({"seed": 1, "samples": 40_000, "chunk_size": 10_000,
-                            "source": {"d": 6, "teacher": {"kind": "two_layer", "width": 2, "outputs": 3}},
-                            "statistics": {"basic": {}, "output_moments": {},
-                                           "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 10_000}}})
+    cfg = config_from_dict(
+        {
+            "seed": 1,
+            "samples": 40_000,
+            "chunk_size": 10_000,
+            "source": {"d": 6, "teacher": {"kind": "two_layer", "width": 2, "outputs": 3}},
+            "statistics": {
+                "basic": {},
+                "output_moments": {},
+                "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 10_000},
+            },
+        }
+    )
     api.estimate(cfg, store, client="local", progress=None)
     tree = relulearn.open_datatree(store)
     assert sorted(tree.children) == ["basic", "filtered", "output_moments"]

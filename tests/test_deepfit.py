@@ -89,7 +89,7 @@ def test_init_network_deterministic_and_in_ball():
     assert all(np.array_equal(u, v) for u, v in zip(a.weights, b.weights))
     assert not np.array_equal(a.weights[0], c.weights[0])
     small = init_network((8, 8), 3, seed=5, start=2, radius=0.5)
-    for w, fan_in, var in zip(small.weights, (3, 8, 8), (2 / 3, 2 / 8, 1 / 8)):
+    for w, _fan_in, var in zip(small.weights, (3, 8, 8), (2 / 3, 2 / 8, 1 / 8)):
         assert np.linalg.norm(w) <= 0.5 * np.sqrt(w.size * var) * (1 + 1e-12)
     assert a.biases is None and a.activation == "relu" and a.output_dim == 1
 
@@ -175,8 +175,20 @@ def test_planted_depth_two_teacher_is_fitted():
     z, y = samples(t, 12_000, seed=1)
     z_val, y_val = samples(t, 4_000, seed=101)
     y, y_val = 3.0 * y, 3.0 * y_val  # any scale
-    cands = fit_candidates(z, y, z_val, y_val, depth=2, width=8, starts=2, screen_samples=6_000,
-                           screen_iter=200, refine=2, refine_iter=1500, seed=0)
+    cands = fit_candidates(
+        z,
+        y,
+        z_val,
+        y_val,
+        depth=2,
+        width=8,
+        starts=2,
+        screen_samples=6_000,
+        screen_iter=200,
+        refine=2,
+        refine_iter=1500,
+        seed=0,
+    )
     assert len(cands) == candidate_count(2, 8, 2)
     assert [c.val_loss for c in cands] == sorted(c.val_loss for c in cands)
     best = cands[0]
@@ -205,7 +217,8 @@ def test_deterministic_whatever_the_mapper():
     c = fit_candidates(z, y, z_val, y_val, mapper=lambda f, xs: _list_map(f, xs), **kw)
     assert all(isinstance(x, Candidate) for x in a)
     for other in (b, c):
-        assert [(x.widths, x.start, x.val_loss, x.train_loss, x.iterations) for x in a] == \
-               [(x.widths, x.start, x.val_loss, x.train_loss, x.iterations) for x in other]
+        assert [(x.widths, x.start, x.val_loss, x.train_loss, x.iterations) for x in a] == [
+            (x.widths, x.start, x.val_loss, x.train_loss, x.iterations) for x in other
+        ]
         for x, y_ in zip(a, other):
             assert all(np.array_equal(u, v) for u, v in zip(x.network.weights, y_.network.weights))

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_streamed import Draw
 
 from relulearn.api.execution import mapper
 from relulearn.estimators.deepstream import _jacobians, deep_sums, refine_deep
 from relulearn.estimators.subspace_geometry import principal_angles
 from relulearn.network import Network
-
-from test_streamed import Draw
 
 
 def _teacher(d: int, widths: tuple[int, ...], seed: int) -> tuple[Network, np.ndarray, list[np.ndarray]]:
@@ -36,15 +35,16 @@ def test_jacobians_match_finite_differences():
     def g(t: np.ndarray, zz: np.ndarray = z) -> np.ndarray:
         parts, i = [], 0
         for s in shapes:
-            parts.append(t[i:i + s[0] * s[1]].reshape(s))
+            parts.append(t[i : i + s[0] * s[1]].reshape(s))
             i += s[0] * s[1]
         return _jacobians(parts, zz)[0]
 
     h = 1e-6
     eye = np.eye(len(theta))
     num = np.stack([(g(theta + h * eye[i]) - g(theta - h * eye[i])) / (2 * h) for i in range(len(theta))], axis=1)
-    num_z = np.stack([(g(theta, z + h * np.eye(3)[c]) - g(theta, z - h * np.eye(3)[c])) / (2 * h) for c in range(3)],
-                     axis=1)
+    num_z = np.stack(
+        [(g(theta, z + h * np.eye(3)[c]) - g(theta, z - h * np.eye(3)[c])) / (2 * h) for c in range(3)], axis=1
+    )
     assert np.allclose(f, Network(tuple(ws), activation="relu").forward(z)[:, 0], rtol=0, atol=1e-12)
     assert np.abs(num - jac).max() < 1e-7 and np.abs(num_z - dz).max() < 1e-7
 
@@ -77,8 +77,9 @@ def test_noiseless_refinement_reaches_machine_precision_from_a_basis_off_the_tea
     e -= basis @ (basis.T @ e)
     start_basis = np.cos(angle) * basis + np.sin(angle) * np.linalg.qr(e)[0]
     start = Network(tuple(w * (1 + 0.05 * rng.standard_normal(w.shape)) for w in g), activation="relu")
-    net, found, report = refine_deep(start, start_basis, Draw(teacher, d), 100_000, mapper=mapper(None),
-                                     part_rows=25_000)
+    net, found, report = refine_deep(
+        start, start_basis, Draw(teacher, d), 100_000, mapper=mapper(None), part_rows=25_000
+    )
     assert report["stop"] == "loss at rounding level" and report["passes"] <= 25, report["stop"]
     assert report["relative_loss"] < 1e-25
     assert principal_angles(basis, found).max() < 1e-10

@@ -4,13 +4,15 @@ There is no Docker engine, Kubernetes or Slurm here, so each recipe is checked a
 specification its tool ships and then run with local processes standing in for the machinery:
 
 * ``docker-compose.yml``: validated against the Compose specification (the schema vendored by
-  ``check-jsonschema``, copied to ``tests/fixtures``); its variables interpolated the way Compose does; its services' commands
-  run as local processes (scheduler, then the workers once the scheduler's healthcheck passes,
-  then the driver), with the volumes mapped to temporary directories.
+  ``check-jsonschema``, copied to ``tests/fixtures``); its variables interpolated the way Compose
+  does; its services' commands run as local processes (scheduler, then the workers once the
+  scheduler's healthcheck passes, then the driver), with the volumes mapped to temporary
+  directories.
 * ``Dockerfile``: its ``COPY`` sources exist and are all that installing relulearn needs.
 * ``kubernetes/*.yaml``: validated against the CustomResourceDefinitions that ``dask-kubernetes``
-  ships (a copy in ``tests/fixtures``; unknown fields refused, like ``kubectl apply --validate=strict``), and the DaskJob's
-  containers run as local processes wired the way the operator wires them.
+  ships (a copy in ``tests/fixtures``; unknown fields refused, like
+  ``kubectl apply --validate=strict``), and the DaskJob's containers run as local processes wired
+  the way the operator wires them.
 * ``hpc/relulearn.sbatch``: run by bash with a stand-in ``srun`` (and ``scontrol``) on PATH.
 * ``hpc/jobqueue_cluster.py``: its generated job script checked, and the driver run with
   stand-ins for ``sbatch`` and ``scancel`` that start the job script on this machine.
@@ -33,17 +35,17 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import psutil
 import pytest
 import yaml
+from conftest import cli_env
 
 from relulearn.api import status
 from relulearn.config import config_from_dict
-
-from conftest import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -62,7 +64,7 @@ TINY = {
 # ------------------------------------------------------------------ processes
 
 
-def local_env(extra: Optional[dict] = None, shims: Optional[Path] = None) -> dict[str, str]:
+def local_env(extra: dict | None = None, shims: Path | None = None) -> dict[str, str]:
     """The environment of a recipe's process: this Python's bin first on PATH (its ``dask``,
     ``relulearn`` and ``python``), stand-ins before it."""
     env = cli_env()
@@ -121,20 +123,35 @@ class Processes:
         logdir.mkdir(parents=True, exist_ok=True)
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
-    def start(self, name: str, args: list[str], env: dict, cwd: Optional[Path] = None) -> subprocess.Popen:
+    def start(self, name: str, args: list[str], env: dict, cwd: Path | None = None) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "wb")
-        p = subprocess.Popen(args, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+        p = subprocess.Popen(
+            args,
+            env=env,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         self.procs.append((name, p))
         return p
 
-    def run(self, name: str, args: list[str], env: dict, timeout: float = 120.0,
-            cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
+    def run(
+        self, name: str, args: list[str], env: dict, timeout: float = 120.0, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess:
         """Run to completion in a session of its own; stdout captured, stderr to the log."""
         with open(self.logdir / f"{name}.log", "wb") as log:
-            p = subprocess.Popen(args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=log,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            p = subprocess.Popen(
+                args,
+                env=env,
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self.procs.append((name, p))
             try:
                 out, _ = p.communicate(timeout=timeout)
@@ -171,8 +188,9 @@ def procs(tmp_path: Path) -> Iterator[Processes]:
         assert not left, f"processes left running: {left}"
 
 
-def wait_until(what: str, check, timeout: float = 60.0, procs: Optional[Processes] = None,
-               alive: Optional[list[subprocess.Popen]] = None) -> None:
+def wait_until(
+    what: str, check, timeout: float = 60.0, procs: Processes | None = None, alive: list[subprocess.Popen] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         for p in alive or []:
@@ -234,8 +252,10 @@ def compose_schema() -> dict:
         return json.load(f)["schema"]
 
 
-_VAR = re.compile(r"\$(?:\$|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
-                  r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+_VAR = re.compile(
+    r"\$(?:\$|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+    r"|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))"
+)
 
 
 def compose_interpolate(obj: Any, env: dict[str, str]) -> Any:
@@ -293,8 +313,13 @@ def test_compose_file_follows_the_compose_specification():
 def test_compose_commands(tmp_path: Path, procs: Processes):
     """Each service's exact command, run as local processes the way Compose starts them."""
     doc = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
-    settings = {"RELULEARN_WORKERS": "2", "RELULEARN_CONFIG": "tiny.yaml", "RELULEARN_RUN": "tiny",
-                "DASK_SCHEDULER_PORT": str(free_port()), "DASK_DASHBOARD_PORT": str(free_port())}
+    settings = {
+        "RELULEARN_WORKERS": "2",
+        "RELULEARN_CONFIG": "tiny.yaml",
+        "RELULEARN_RUN": "tiny",
+        "DASK_SCHEDULER_PORT": str(free_port()),
+        "DASK_DASHBOARD_PORT": str(free_port()),
+    }
     doc = compose_interpolate(doc, settings)
 
     # Volumes: the named volume becomes a temporary directory; the configuration bind mount
@@ -317,13 +342,16 @@ def test_compose_commands(tmp_path: Path, procs: Processes):
             for target, local in mounts.items():
                 s = replace_path(s, target, str(local))
             return s
+
         return walk_strings(obj, fn)
 
     services = localize(doc["services"])
     # The start order below is the one the file declares.
     assert services["worker"]["depends_on"] == {"scheduler": {"condition": "service_healthy"}}
-    assert services["driver"]["depends_on"] == {"scheduler": {"condition": "service_healthy"},
-                                                "worker": {"condition": "service_started"}}
+    assert services["driver"]["depends_on"] == {
+        "scheduler": {"condition": "service_healthy"},
+        "worker": {"condition": "service_started"},
+    }
     env = local_env()
     scheduler = procs.start("scheduler", services["scheduler"]["command"], env)
     # condition: service_healthy — the scheduler's own healthcheck decides.
@@ -337,8 +365,10 @@ def test_compose_commands(tmp_path: Path, procs: Processes):
             return False
 
     wait_until("scheduler healthcheck", healthy, procs=procs, alive=[scheduler])
-    workers = [procs.start(f"worker-{i}", services["worker"]["command"], env)
-               for i in range(int(services["worker"]["deploy"]["replicas"]))]
+    workers = [
+        procs.start(f"worker-{i}", services["worker"]["command"], env)
+        for i in range(int(services["worker"]["deploy"]["replicas"]))
+    ]
     assert len(workers) == 2
     driver = procs.run("driver", services["driver"]["command"], env)
     assert driver.returncode == 0, procs.logs()
@@ -346,16 +376,20 @@ def test_compose_commands(tmp_path: Path, procs: Processes):
     store = mounts["/shared"] / "tiny.zarr"
     assert result["estimate"]["samples"] == 200_000 and result["width"] == 2
     assert (mounts["/shared"] / "tiny.npz").is_file()
-    out = subprocess.run([str(BIN / "relulearn"), "status", str(store), "--json"], env=env,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(BIN / "relulearn"), "status", str(store), "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["samples"] == 200_000 and json.loads(out.stdout)["complete"]
     assert all(p.poll() is None for p in [scheduler, *workers]), "the cluster must outlive the driver"
 
 
 def test_dockerfile_installs_relulearn_from_the_repository(tmp_path: Path):
-    lines = [ln.strip() for ln in (DEPLOY / "Dockerfile").read_text().splitlines()
-             if ln.strip() and not ln.lstrip().startswith("#")]
+    lines = [
+        ln.strip()
+        for ln in (DEPLOY / "Dockerfile").read_text().splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#")
+    ]
     assert lines[0] == "FROM python:3.11-slim"
     copies = [ln.split()[1:-1] for ln in lines if ln.startswith("COPY ")]
     sources = [s for c in copies for s in c]
@@ -376,9 +410,19 @@ def test_dockerfile_installs_relulearn_from_the_repository(tmp_path: Path):
     for s in sources:
         (shutil.copytree if (ROOT / s).is_dir() else shutil.copy2)(ROOT / s, copy_root / s)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", "import relulearn, relulearn.cli, relulearn.pipeline.worker as w; "
-                          "print(relulearn.__file__); assert callable(w.dask_setup)"],
-                         cwd=copy_root, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import relulearn, relulearn.cli, relulearn.pipeline.worker as w; "
+            "print(relulearn.__file__); assert callable(w.dask_setup)",
+        ],
+        cwd=copy_root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).is_relative_to(copy_root)
 
@@ -403,7 +447,11 @@ def strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: strict(v) for k, v in schema.items()}
-    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 
@@ -472,7 +520,8 @@ def test_kubernetes_manifests_match_the_operator_crds():
             # the job's volumes are the ConfigMap and the claim of the same file
             volumes = {v["name"]: v for v in doc["spec"]["job"]["spec"]["volumes"]}
             assert volumes["config"]["configMap"]["name"] == docs["ConfigMap"]["metadata"]["name"]
-            assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == docs["PersistentVolumeClaim"]["metadata"]["name"]
+            claim = docs["PersistentVolumeClaim"]["metadata"]["name"]
+            assert volumes["runs"]["persistentVolumeClaim"]["claimName"] == claim
             assert {m["name"] for m in job["volumeMounts"]} == set(volumes)
     assert len(images) == 1, "scheduler, workers and driver must run the same image"
     # The configuration in the ConfigMap is a valid relulearn configuration.
@@ -481,8 +530,11 @@ def test_kubernetes_manifests_match_the_operator_crds():
 
 def k8s_expand(text: str, env: dict[str, str]) -> str:
     """Kubernetes' expansion of ``$(VAR)`` in a container's command and args (``$$`` escapes)."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
 
 
 def test_daskjob_containers_run(tmp_path: Path, procs: Processes):
@@ -600,8 +652,9 @@ def test_sbatch_script_is_clean_bash():
     directives = sbatch_directives(script.read_text())
     assert {"nodes", "cpus-per-task", "time", "requeue", "signal"} <= set(directives)
     # Slurm reads #SBATCH lines only before the first command.
-    first_command = next(i for i, ln in enumerate(script.read_text().splitlines())
-                         if ln.strip() and not ln.startswith("#"))
+    first_command = next(
+        i for i, ln in enumerate(script.read_text().splitlines()) if ln.strip() and not ln.startswith("#")
+    )
     last_directive = max(i for i, ln in enumerate(script.read_text().splitlines()) if ln.startswith("#SBATCH"))
     assert last_directive < first_command
     shellcheck = shutil.which("shellcheck", path=os.pathsep.join([str(BIN), os.environ.get("PATH", "")]))
@@ -618,15 +671,27 @@ def test_sbatch_script_runs_stops_and_resumes(tmp_path: Path, procs: Processes):
     again, it resumes the store and learns."""
     shims = make_shims(tmp_path / "shims", srun=SRUN, scontrol=SCONTROL)
     # the statistics `fit --method moments` needs, written out, so that `estimate` and `fit` agree
-    config = write_tiny(tmp_path / "tiny.yaml", statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}})
+    config = write_tiny(
+        tmp_path / "tiny.yaml", statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}
+    )
     store = tmp_path / "runs" / "tiny.zarr"
     target = 600_000
-    env = local_env({
-        "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "1",
-        "SLURM_SUBMIT_DIR": str(tmp_path), "TMPDIR": str(tmp_path),
-        "RELULEARN_CONFIG": str(config), "RELULEARN_STORE": str(store), "RELULEARN_SAMPLES": str(target),
-        "RELULEARN_DASHBOARD": ":0", "RELULEARN_REQUEUE": "1", "SHIM_LOG": str(tmp_path / "shims.log"),
-    }, shims=shims)
+    env = local_env(
+        {
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_CPUS_PER_TASK": "1",
+            "SLURM_SUBMIT_DIR": str(tmp_path),
+            "TMPDIR": str(tmp_path),
+            "RELULEARN_CONFIG": str(config),
+            "RELULEARN_STORE": str(store),
+            "RELULEARN_SAMPLES": str(target),
+            "RELULEARN_DASHBOARD": ":0",
+            "RELULEARN_REQUEUE": "1",
+            "SHIM_LOG": str(tmp_path / "shims.log"),
+        },
+        shims=shims,
+    )
     script = str(DEPLOY / "hpc" / "relulearn.sbatch")
 
     # 1. an estimate run, stopped by SIGTERM once its first blocks are committed
@@ -687,9 +752,15 @@ def load_jobqueue_module():
 
 def test_jobqueue_job_script():
     jq = load_jobqueue_module()
-    cluster = jq.make_cluster(cores=8, memory="32GB", walltime="02:30:00", queue="compute", account="proj",
-                              prologue=["source /opt/venv/bin/activate"],
-                              scheduler_options={"dashboard_address": ":0"})
+    cluster = jq.make_cluster(
+        cores=8,
+        memory="32GB",
+        walltime="02:30:00",
+        queue="compute",
+        account="proj",
+        prologue=["source /opt/venv/bin/activate"],
+        scheduler_options={"dashboard_address": ":0"},
+    )
     try:
         script = cluster.job_script()
     finally:
@@ -704,7 +775,7 @@ def test_jobqueue_job_script():
     assert any(re.fullmatch(r"#SBATCH --mem=\d+G", ln) for ln in lines)
     assert "#SBATCH -t 02:30:00" in lines and "#SBATCH -p compute" in lines and "#SBATCH -A proj" in lines
     # the prologue runs before the workers start: one BLAS thread from the start, the environment
-    before = lines[:lines.index(worker_line)]
+    before = lines[: lines.index(worker_line)]
     assert "export OPENBLAS_NUM_THREADS=1" in before and "source /opt/venv/bin/activate" in before
 
 
@@ -735,10 +806,32 @@ def test_jobqueue_driver_runs(tmp_path: Path, procs: Processes):
     config = write_tiny(tmp_path / "tiny.yaml")
     env = local_env({"SHIM_JOBS": str(jobs), "SHIM_LOG": str(tmp_path / "shims.log")}, shims=shims)
     try:
-        out = procs.run("driver", [sys.executable, str(DEPLOY / "hpc" / "jobqueue_cluster.py"), "fit", str(config),
-                                   "--store", str(tmp_path / "tiny.zarr"), "--out", str(tmp_path / "tiny.npz"),
-                                   "--jobs", "1", "--cores", "2", "--memory", "2GB", "--walltime", "00:10:00",
-                                   "--dashboard-address", ":0", "--wait-timeout", "120"], env)
+        out = procs.run(
+            "driver",
+            [
+                sys.executable,
+                str(DEPLOY / "hpc" / "jobqueue_cluster.py"),
+                "fit",
+                str(config),
+                "--store",
+                str(tmp_path / "tiny.zarr"),
+                "--out",
+                str(tmp_path / "tiny.npz"),
+                "--jobs",
+                "1",
+                "--cores",
+                "2",
+                "--memory",
+                "2GB",
+                "--walltime",
+                "00:10:00",
+                "--dashboard-address",
+                ":0",
+                "--wait-timeout",
+                "120",
+            ],
+            env,
+        )
         assert out.returncode == 0, procs.logs() + "".join(p.read_text() for p in jobs.glob("*.log"))
         result = last_json(out.stdout)
         assert result["estimate"]["samples"] == 200_000 and (tmp_path / "tiny.npz").is_file()

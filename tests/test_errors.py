@@ -19,14 +19,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn.api import estimate, status
 from relulearn.config import load_config
 from relulearn.network import Network
 from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
 from relulearn.storage import FORMAT_VERSION
-
-from conftest import PYTHON, cli_env
 
 # A small run with all four statistic families (explicit direction seed and thresholds, so
 # stores of different seeds can be merged).
@@ -69,8 +68,14 @@ def write_yaml(path: Path, data) -> Path:
 
 
 def cli(*args, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *map(str, args)], env=cli_env(), cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *map(str, args)],
+        env=cli_env(),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def cli_parallel(*argvs) -> list[subprocess.CompletedProcess]:
@@ -153,8 +158,11 @@ UNKNOWN_KEYS = [  # (changes, the key as named, the suggestion)
     ({"statistics.filtered": {"quantile": [0.5]}}, "'statistics.filtered.quantile'", "did you mean 'quantiles'?"),
     ({"run.chunks_per_blok": 2}, "'run.chunks_per_blok'", "did you mean 'chunks_per_block'?"),
     # a file teacher given a planted teacher's key: the valid keys named are the file teacher's
-    ({"source.teacher": {"file": "t.npz", "kind": "one_hidden_relu"}}, "'source.teacher.kind'",
-     "(valid keys here: file)"),
+    (
+        {"source.teacher": {"file": "t.npz", "kind": "one_hidden_relu"}},
+        "'source.teacher.kind'",
+        "(valid keys here: file)",
+    ),
 ]
 
 
@@ -177,11 +185,18 @@ WRONG_VALUES = [  # (changes, needles)
     ({"statistics.hermite": 4}, ["'statistics.hermite' must be a mapping of keys (got 4)"]),
     ({"source.teacher": 5}, ["'source.teacher' must be a mapping of keys (got 5)"]),
     ({"source": None}, ["missing required key 'source'"]),
-    ({"statistics.filtered": {"quantiles": [0.5], "thresholds": [1.0]}},
-     ["'statistics.filtered'", "exactly one of `quantiles`"]),
-    ({"source.teacher": {"kind": "mlp", "width": 3}},
-     ["'source.teacher.kind': unknown teacher kind 'mlp'", "kinds: one_hidden_relu, deep_relu, two_layer, "
-      "random_xavier", "file, onnx or callable"]),
+    (
+        {"statistics.filtered": {"quantiles": [0.5], "thresholds": [1.0]}},
+        ["'statistics.filtered'", "exactly one of `quantiles`"],
+    ),
+    (
+        {"source.teacher": {"kind": "mlp", "width": 3}},
+        [
+            "'source.teacher.kind': unknown teacher kind 'mlp'",
+            "kinds: one_hidden_relu, deep_relu, two_layer, random_xavier",
+            "file, onnx or callable",
+        ],
+    ),
     ({"source.teacher": {"kind": "deep_rel"}}, ["unknown teacher kind 'deep_rel' — did you mean 'deep_relu'?"]),
 ]
 
@@ -204,8 +219,13 @@ def test_a_count_of_directions_past_the_memory_budget_is_refused_before_the_bank
     cfg = write_yaml(tmp_path / "run.yaml", config(**{"statistics.contracted.directions": 10**12}))
     target = tmp_path / "new.zarr"
     proc = cli("estimate", cfg, "--store", target, "--in-process")
-    assert_user_error(proc, "statistics.contracted.directions = 1,000,000,000,000", "run.worker_memory",
-                      "at most 16,777,216 fit", "Nothing was written")
+    assert_user_error(
+        proc,
+        "statistics.contracted.directions = 1,000,000,000,000",
+        "run.worker_memory",
+        "at most 16,777,216 fit",
+        "Nothing was written",
+    )
     assert not target.exists()
 
 
@@ -231,9 +251,10 @@ def test_unreadable_configuration_files(store, tmp_path):
     Network((np.eye(4), np.ones((1, 4))), activation="relu").save(model)
     binary = tmp_path / "model.yaml"
     binary.write_bytes(b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xb7\xac")
-    procs = cli_parallel(*(("estimate", c, "--store", path, "--in-process")
-                           for c in (missing, broken, scalar, twice, binary)),
-                         ("evaluate", model, "--teacher", tmp_path / "teacher.pkl"))
+    procs = cli_parallel(
+        *(("estimate", c, "--store", path, "--in-process") for c in (missing, broken, scalar, twice, binary)),
+        ("evaluate", model, "--teacher", tmp_path / "teacher.pkl"),
+    )
     assert_user_error(procs[0], "cannot read configuration file", str(missing))
     assert_user_error(procs[1], str(broken), "not valid YAML")
     assert_user_error(procs[2], str(scalar), "expected a mapping of keys, got list")
@@ -251,8 +272,15 @@ def test_store_with_another_fingerprint_names_the_differing_fields(store, tmp_pa
     cfg = write_yaml(tmp_path / "changed.yaml", config(**{"source.noise_std": 0.1, "chunk_size": 2_500}))
     proc = cli("estimate", cfg, "--store", path, "--in-process", "--json")
     # exactly the two fields (the list ends after them)
-    assert_user_error(proc, str(path), "different fingerprint", "differing fields: chunk_size, source.noise_std. ",
-                      "relulearn status", "new --store path", "not modified")
+    assert_user_error(
+        proc,
+        str(path),
+        "different fingerprint",
+        "differing fields: chunk_size, source.noise_std. ",
+        "relulearn status",
+        "new --store path",
+        "not modified",
+    )
     # --json also reports the error on stdout
     assert json.loads(proc.stdout)["kind"] == "StoreError"
     assert "source.noise_std" in json.loads(proc.stdout)["error"]
@@ -274,10 +302,12 @@ def test_store_of_a_newer_format_version_is_refused(store, tmp_path, stores):
     before = snapshot(path)  # after our edit
 
     cfg = write_yaml(tmp_path / "run.yaml", config())
-    procs = cli_parallel(("estimate", cfg, "--store", path, "--in-process", "--samples", 40_000),
-                         ("status", path),
-                         ("merge", path, stores["seed4"], "--out", tmp_path / "merged.zarr"),
-                         ("status", path, "--json"))
+    procs = cli_parallel(
+        ("estimate", cfg, "--store", path, "--in-process", "--samples", 40_000),
+        ("status", path),
+        ("merge", path, stores["seed4"], "--out", tmp_path / "merged.zarr"),
+        ("status", path, "--json"),
+    )
     for proc in procs:
         assert_user_error(proc, str(path), "newer relulearn", "store format 99", "upgrade relulearn")
     # status --json: the error also as JSON on stdout
@@ -301,15 +331,22 @@ def test_store_of_an_older_format_version_is_refused(store):
     doc["attributes"]["relulearn"]["format_version"] = FORMAT_VERSION - 1
     (path / "zarr.json").write_text(json.dumps(doc))
     before = snapshot(path)
-    assert_user_error(cli("status", path), str(path), f"store format {FORMAT_VERSION - 1}", "older",
-                      "re-run the estimation into a new store")
+    assert_user_error(
+        cli("status", path),
+        str(path),
+        f"store format {FORMAT_VERSION - 1}",
+        "older",
+        "re-run the estimation into a new store",
+    )
     assert snapshot(path) == before
 
 
 def _huge_run(tmp_path: Path) -> Path:
     """A configuration that would compute for hours: an error must come before any computation."""
-    return write_yaml(tmp_path / "huge.yaml", config(samples=2_000_000_000, **{
-        "statistics.filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 5_000_000}}))
+    return write_yaml(
+        tmp_path / "huge.yaml",
+        config(samples=2_000_000_000, **{"statistics.filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 5_000_000}}),
+    )
 
 
 def test_store_path_under_a_regular_file(tmp_path, stores):
@@ -319,8 +356,7 @@ def test_store_path_under_a_regular_file(tmp_path, stores):
     t0 = time.perf_counter()
     proc = cli("estimate", _huge_run(tmp_path), "--store", target, "--in-process")
     elapsed = time.perf_counter() - t0
-    assert_user_error(proc, f"cannot write the store at {target}", f"{blocker} is a file, not a directory",
-                      "--store")
+    assert_user_error(proc, f"cannot write the store at {target}", f"{blocker} is a file, not a directory", "--store")
     assert elapsed < 20, f"the error came after {elapsed:.1f} s: computation ran before the path was checked"
     assert blocker.read_text() == "not a directory\n"
     # merge checks its output path the same way
@@ -329,8 +365,9 @@ def test_store_path_under_a_regular_file(tmp_path, stores):
     assert blocker.read_text() == "not a directory\n"
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
-                    reason="permission bits do not stop root from writing")
+@pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0, reason="permission bits do not stop root from writing"
+)
 def test_store_path_in_a_read_only_directory(tmp_path, stores):
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -400,9 +437,13 @@ def test_merge_errors(stores, tmp_path):
 
     copy = tmp_path / "copy.zarr"
     shutil.copytree(base, copy)
-    procs = cli_parallel(("merge", base, other, "--out", out), ("merge", base, base, "--out", out),
-                         ("merge", base, copy, "--out", out), ("merge", base, tmp_path / "nothere.zarr", "--out", out),
-                         ("merge", base, seed4, "--out", other))
+    procs = cli_parallel(
+        ("merge", base, other, "--out", out),
+        ("merge", base, base, "--out", out),
+        ("merge", base, copy, "--out", out),
+        ("merge", base, tmp_path / "nothere.zarr", "--out", out),
+        ("merge", base, seed4, "--out", other),
+    )
     assert_user_error(procs[0], "different setups", "differing fields: source.noise_std, statistics.hermite.max_order")
     assert_user_error(procs[1], "both contain seed(s) [3]", "count twice")
     assert_user_error(procs[2], "both contain seed(s) [3]", "count twice")
@@ -462,8 +503,11 @@ _B = 1.7976931348623157e308 / (1e154 * _T)
 
 def overflow_teacher(path: Path, nan: bool = False) -> Path:
     if nan:  # two overflowing units subtracted: inf - inf = nan
-        arrays = {"W0": np.array([[1e154, 0.0, 0.0, 0.0]]), "W1": np.array([[_B], [_B]]),
-                  "W2": np.array([[1e-300, -1e-300]])}
+        arrays = {
+            "W0": np.array([[1e154, 0.0, 0.0, 0.0]]),
+            "W1": np.array([[_B], [_B]]),
+            "W2": np.array([[1e-300, -1e-300]]),
+        }
     else:
         arrays = {"W0": np.array([[1e154, 0.0, 0.0, 0.0]]), "W1": np.array([[_B]]), "W2": np.array([[1e-300]])}
     np.savez(path, **arrays)
@@ -472,8 +516,15 @@ def overflow_teacher(path: Path, nan: bool = False) -> Path:
 
 def overflow_config(tmp_path: Path, nan: bool = False, **changes) -> Path:
     overflow_teacher(tmp_path / "deep.npz", nan=nan)
-    data = config(**{"seed": 12, "source.teacher": {"file": "deep.npz"}, "run.chunks_per_block": 1,
-                     "run.commit_interval": 3600, **changes})
+    data = config(
+        **{
+            "seed": 12,
+            "source.teacher": {"file": "deep.npz"},
+            "run.chunks_per_block": 1,
+            "run.commit_interval": 3600,
+            **changes,
+        }
+    )
     return write_yaml(tmp_path / "deep.yaml", data)
 
 
@@ -512,8 +563,11 @@ def test_non_finite_labels_name_chunk_and_row_and_merged_blocks_are_kept(tmp_pat
     assert (chunk, value) == (2, "nan" if nan else "inf") and row >= BATCH_ROWS  # the case is what it claims
 
     failed = tmp_path / "failed.zarr"
-    err = assert_user_error(cli("estimate", cfg, "--store", failed, "--in-process"),
-                            f"{value} in label y at chunk {chunk}, row {row}", "teacher's weights")
+    err = assert_user_error(
+        cli("estimate", cfg, "--store", failed, "--in-process"),
+        f"{value} in label y at chunk {chunk}, row {row}",
+        "teacher's weights",
+    )
     assert "RuntimeWarning" not in err, err
     # blocks merged before the failing one were committed: the store holds exactly chunks 0..1,
     # bitwise what a clean run of those chunks gives
@@ -556,8 +610,10 @@ def test_non_finite_on_a_cluster_is_reported_like_in_process(tmp_path):
     chunk, row, value = first_bad_row(cfg)
     local, dist = tmp_path / "local.zarr", tmp_path / "dist.zarr"
     err_local = assert_user_error(cli("estimate", cfg, "--store", local, "--in-process", "--quiet"))
-    err = assert_user_error(cli("estimate", cfg, "--store", dist, "--workers", 2, "--quiet"),
-                            f"{value} in label y at chunk {chunk}, row {row}")
+    err = assert_user_error(
+        cli("estimate", cfg, "--store", dist, "--workers", 2, "--quiet"),
+        f"{value} in label y at chunk {chunk}, row {row}",
+    )
     assert "Compute Failed" not in err and "RuntimeWarning" not in err, err
     assert err.strip().splitlines()[-1] == err_local.strip().splitlines()[-1]
     assert _files_without_root_meta(dist) == _files_without_root_meta(local)
@@ -567,11 +623,13 @@ def test_non_finite_on_a_cluster_is_reported_like_in_process(tmp_path):
 def test_every_chunk_bad_on_a_cluster_reports_the_first(tmp_path):
     """Blocks fail concurrently on two workers; the error is always the first bad row of chunk 0."""
     np.savez(tmp_path / "huge.npz", W0=np.full((3, 4), 1e200), W1=np.full((3, 3), 1e200), W2=np.full((1, 3), 1e200))
-    cfg = write_yaml(tmp_path / "huge.yaml", config(**{"source.teacher": {"file": "huge.npz"},
-                                                       "run.chunks_per_block": 1}))
+    cfg = write_yaml(
+        tmp_path / "huge.yaml", config(**{"source.teacher": {"file": "huge.npz"}, "run.chunks_per_block": 1})
+    )
     chunk, row, value = first_bad_row(cfg)
     assert chunk == 0
     path = tmp_path / "run.zarr"
-    assert_user_error(cli("estimate", cfg, "--store", path, "--workers", 2, "--quiet"),
-                      f"{value} in label y at chunk 0, row {row}")
+    assert_user_error(
+        cli("estimate", cfg, "--store", path, "--workers", 2, "--quiet"), f"{value} in label y at chunk 0, row {row}"
+    )
     assert not path.exists()

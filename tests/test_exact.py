@@ -20,12 +20,12 @@ import pytest
 
 from relulearn.estimators import exact
 from relulearn.estimators.base import MissingStatisticError, Samples
+from relulearn.estimators.cp import decompose
 from relulearn.estimators.fixed_parameter import samples_needed
-from relulearn.methods import METHODS
 from relulearn.estimators.rectified import check_activation, kappas
 from relulearn.estimators.refine import normal_equations, parts, refine
 from relulearn.estimators.spectral import relevant_subspace
-from relulearn.estimators.cp import decompose
+from relulearn.methods import METHODS
 from relulearn.network import Network, compare_two_layer
 
 # ------------------------------------------------------------------ helpers
@@ -65,7 +65,7 @@ def output_moments(draw: Draw, n: int, chunks: int = 20) -> dict[str, np.ndarray
         means["A"].append(mean)
         means["AA"].append(y.T @ y / size)
         means["T1"].append(y.T @ x / size)
-        t2 = np.stack([(x * y[:, j:j + 1]).T @ x / size for j in range(y.shape[1])])
+        t2 = np.stack([(x * y[:, j : j + 1]).T @ x / size for j in range(y.shape[1])])
         means["T2"].append(t2 - mean[:, None, None] * np.eye(x.shape[1]))
     out = {"count": np.array(size * chunks)}
     for name, vals in means.items():
@@ -177,8 +177,9 @@ def test_normal_equations_match_the_jacobian():
     x, y = rng.standard_normal((n, d)), rng.standard_normal((n, m))
     v, u = rng.standard_normal((k, d)), rng.standard_normal((m, k))
     for power in (1, 2, 3):
-        def pred(theta):
-            vv, uu = theta[:k * d].reshape(k, d), theta[k * d:].reshape(m, k)
+
+        def pred(theta, power=power):
+            vv, uu = theta[: k * d].reshape(k, d), theta[k * d :].reshape(m, k)
             return (np.maximum(x @ vv.T, 0) ** power @ uu.T).ravel()
 
         theta = np.concatenate([v.ravel(), u.ravel()])
@@ -294,8 +295,9 @@ def test_recover_refuses_what_it_cannot_do():
 # ------------------------------------------------------------------ setting and statistics
 
 
-@pytest.mark.parametrize("name, reason", [("tanh", "f(-1) = -0.76"), ("softplus", "f(-1) = 0.31"),
-                                          ("erf", "f(-1) = -0.84")])
+@pytest.mark.parametrize(
+    "name, reason", [("tanh", "f(-1) = -0.76"), ("softplus", "f(-1) = 0.31"), ("erf", "f(-1) = -0.84")]
+)
 def test_activations_outside_the_setting_are_refused(name, reason):
     with pytest.raises(ValueError, match=rf"not rectified: {re.escape(reason)}"):
         check_activation(name)

@@ -9,27 +9,42 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env
 
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.network import Network, compare_two_layer
 from relulearn.pipeline.sources import make_source
 
-from conftest import PYTHON, cli_env
 
-
-def two_layer(d: int, k: int, m: int, activation: str = "relu", *, n: int = 200_000, sigma: float = 0.0,
-              seed: int = 4, **teacher) -> dict:
-    return {"seed": seed, "samples": n, "chunk_size": 25_000,
-            "source": {"d": d, "noise_std": sigma,
-                       "teacher": {"kind": "two_layer", "width": k, "outputs": m, "activation": activation,
-                                   "weights_seed": seed, "v_norms": [0.5, 2.0], **teacher}},
-            "run": {"commit_interval": 0}}
+def two_layer(
+    d: int, k: int, m: int, activation: str = "relu", *, n: int = 200_000, sigma: float = 0.0, seed: int = 4, **teacher
+) -> dict:
+    return {
+        "seed": seed,
+        "samples": n,
+        "chunk_size": 25_000,
+        "source": {
+            "d": d,
+            "noise_std": sigma,
+            "teacher": {
+                "kind": "two_layer",
+                "width": k,
+                "outputs": m,
+                "activation": activation,
+                "weights_seed": seed,
+                "v_norms": [0.5, 2.0],
+                **teacher,
+            },
+        },
+        "run": {"commit_interval": 0},
+    }
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], capture_output=True, text=True, env=cli_env(),
-                          timeout=300)
+    return subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *args], capture_output=True, text=True, env=cli_env(), timeout=300
+    )
 
 
 @pytest.mark.parametrize("activation", ["relu", "relu2", "relu3"])
@@ -64,8 +79,12 @@ def test_noisy_refinement_is_bitwise_equal_in_process_and_on_two_workers(client,
     the learned network does not depend on where the parts ran (d = 20: BLAS really runs)."""
     data = two_layer(20, 3, 4, "relu", n=100_000, sigma=0.05)
     store = str(tmp_path / "s.zarr")
-    api.estimate(config_from_dict(dict(data, statistics={"basic": {}, "output_moments": {}})), store,
-                 client="local", progress=None)
+    api.estimate(
+        config_from_dict(dict(data, statistics={"basic": {}, "output_moments": {}})),
+        store,
+        client="local",
+        progress=None,
+    )
     nets = []
     for where, c in (("local", "local"), ("cluster", client)):
         out = str(tmp_path / f"{where}.npz")
@@ -78,21 +97,34 @@ def test_noisy_refinement_is_bitwise_equal_in_process_and_on_two_workers(client,
     assert compare_two_layer(teacher, nets[0]).relative_error < 0.05
 
 
-@pytest.mark.parametrize("teacher, needle", [
-    ("tanh", "not rectified"),
-    ("deep", "two-layer"),
-])
+@pytest.mark.parametrize(
+    "teacher, needle",
+    [
+        ("tanh", "not rectified"),
+        ("deep", "two-layer"),
+    ],
+)
 def test_fit_exact_refuses_teachers_outside_the_papers_setting_before_writing(tmp_path, teacher, needle):
     rng = np.random.default_rng(0)
     if teacher == "tanh":
         Network((rng.standard_normal((3, 8)), rng.standard_normal((4, 3))), activation="tanh").save(tmp_path / "t.npz")
     else:
         Network((rng.standard_normal((3, 8)), rng.standard_normal((3, 3)), rng.standard_normal((4, 3)))).save(
-            tmp_path / "t.npz")
+            tmp_path / "t.npz"
+        )
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("seed: 1\nsamples: 50000\nchunk_size: 25000\nsource: {d: 8, teacher: {file: t.npz}}\n")
-    proc = cli("fit", str(cfg), "--store", str(tmp_path / "s.zarr"), "--method", "exact", "--out",
-               str(tmp_path / "m.npz"), "--in-process")
+    proc = cli(
+        "fit",
+        str(cfg),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--method",
+        "exact",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert needle in proc.stderr, proc.stderr
     assert not (tmp_path / "s.zarr").exists() and not (tmp_path / "m.npz").exists()
@@ -101,8 +133,9 @@ def test_fit_exact_refuses_teachers_outside_the_papers_setting_before_writing(tm
 def test_scalar_methods_refuse_vector_labels(tmp_path):
     data = two_layer(8, 2, 3, n=50_000)
     store = str(tmp_path / "s.zarr")
-    api.estimate(config_from_dict(dict(data, statistics={"basic": {}, "contracted": {}})), store, client="local",
-                 progress=None)
+    api.estimate(
+        config_from_dict(dict(data, statistics={"basic": {}, "contracted": {}})), store, client="local", progress=None
+    )
     with pytest.raises(ValueError, match="3 outputs.*source.output"):
         api.learn(store, "moments", client="local", progress=None)
 
@@ -110,11 +143,26 @@ def test_scalar_methods_refuse_vector_labels(tmp_path):
 def test_too_few_exact_samples_is_refused_with_the_number_needed(tmp_path):
     data = two_layer(12, 6, 3, "relu", output_rank=3, n=50_000)
     store = str(tmp_path / "s.zarr")
-    api.estimate(config_from_dict(dict(data, statistics={"basic": {}, "output_moments": {}})), store,
-                 client="local", progress=None)
-    proc = cli("learn", store, "--method", "exact", "--width", "6", "--exact-samples", "500", "--out",
-               str(tmp_path / "m.npz"),
-               "--in-process", "--json")
+    api.estimate(
+        config_from_dict(dict(data, statistics={"basic": {}, "output_moments": {}})),
+        store,
+        client="local",
+        progress=None,
+    )
+    proc = cli(
+        "learn",
+        store,
+        "--method",
+        "exact",
+        "--width",
+        "6",
+        "--exact-samples",
+        "500",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+        "--json",
+    )
     assert proc.returncode == 2, proc.stderr
     err = json.loads(proc.stdout)["error"]
     assert "500" in err and "5632 samples are needed" in err, err
@@ -122,8 +170,21 @@ def test_too_few_exact_samples_is_refused_with_the_number_needed(tmp_path):
     # fit knows the width and the outputs before estimating: refused before anything is written
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(data))
-    proc = cli("fit", str(cfg), "--store", str(tmp_path / "new.zarr"), "--method", "exact", "--width", "6",
-               "--exact-samples", "500", "--out", str(tmp_path / "m.npz"), "--in-process")
+    proc = cli(
+        "fit",
+        str(cfg),
+        "--store",
+        str(tmp_path / "new.zarr"),
+        "--method",
+        "exact",
+        "--width",
+        "6",
+        "--exact-samples",
+        "500",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+    )
     assert proc.returncode == 2 and "5632 samples are needed" in proc.stderr, proc.stderr
     assert not (tmp_path / "new.zarr").exists() and not (tmp_path / "m.npz").exists()
 
@@ -135,8 +196,16 @@ def test_exact_arbitrary_cli_on_cube_inputs(tmp_path, k):
     teacher = Network((rng.standard_normal((k, 5)), rng.standard_normal((k + 1, k))), activation="relu")
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "a.npy", teacher.forward(x))
-    proc = cli("exact-arbitrary", str(tmp_path / "x.npy"), str(tmp_path / "a.npy"), "--width", str(k),
-               "--out", str(tmp_path / "m.npz"), "--json")
+    proc = cli(
+        "exact-arbitrary",
+        str(tmp_path / "x.npy"),
+        str(tmp_path / "a.npy"),
+        "--width",
+        str(k),
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     res = json.loads(proc.stdout)
     assert res["relative_error"] <= 1e-20
@@ -146,11 +215,25 @@ def test_exact_arbitrary_cli_on_cube_inputs(tmp_path, k):
 def test_exact_arbitrary_cli_names_bad_files(tmp_path):
     np.save(tmp_path / "x.npy", np.zeros((10, 3)))
     np.save(tmp_path / "a.npy", np.zeros((9, 2)))
-    proc = cli("exact-arbitrary", str(tmp_path / "x.npy"), str(tmp_path / "a.npy"), "--width", "2",
-               "--out", str(tmp_path / "m.npz"))
+    proc = cli(
+        "exact-arbitrary",
+        str(tmp_path / "x.npy"),
+        str(tmp_path / "a.npy"),
+        "--width",
+        "2",
+        "--out",
+        str(tmp_path / "m.npz"),
+    )
     assert proc.returncode == 2 and "10 rows" in proc.stderr and "9" in proc.stderr, proc.stderr
-    proc = cli("exact-arbitrary", str(tmp_path / "missing.npy"), str(tmp_path / "a.npy"), "--width", "2",
-               "--out", str(tmp_path / "m.npz"))
+    proc = cli(
+        "exact-arbitrary",
+        str(tmp_path / "missing.npy"),
+        str(tmp_path / "a.npy"),
+        "--width",
+        "2",
+        "--out",
+        str(tmp_path / "m.npz"),
+    )
     assert proc.returncode == 2 and "missing.npy" in proc.stderr and "does not exist" in proc.stderr, proc.stderr
 
 
@@ -172,8 +255,19 @@ def test_a_vector_output_network_file_is_a_teacher_for_exact(tmp_path):
     teacher.save(tmp_path / "t.npz")
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text("seed: 2\nsamples: 100000\nchunk_size: 25000\nsource: {d: 10, teacher: {file: t.npz}}\n")
-    proc = cli("fit", str(cfg), "--store", str(tmp_path / "s.zarr"), "--method", "exact", "--out",
-               str(tmp_path / "m.npz"), "--in-process", "--quiet", "--json")
+    proc = cli(
+        "fit",
+        str(cfg),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--method",
+        "exact",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+        "--quiet",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["report"]["activation"] == "relu3"
     assert compare_two_layer(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-12

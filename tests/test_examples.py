@@ -23,14 +23,17 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, cli_env
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TIMED = {"fit", "estimate"}
 # the names the "Expected" line uses -> the keys of `relulearn evaluate --json`
-RESULTS = {"relative test error": "relative_test_error", "parameter error": "parameter_error",
-           "subspace angle": "subspace_angle", "degree": "model_degree"}
+RESULTS = {
+    "relative test error": "relative_test_error",
+    "parameter error": "parameter_error",
+    "subspace angle": "subspace_angle",
+    "degree": "model_degree",
+}
 
 pytestmark = [pytest.mark.examples, pytest.mark.slow]
 
@@ -63,8 +66,9 @@ def for_a_cluster(cmd: list[str]) -> bool:
 
 
 def run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    out = subprocess.run([PYTHON, "-m", "relulearn.cli", *cmd[1:]], cwd=cwd, env=cli_env(),
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *cmd[1:]], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=900
+    )
     assert out.returncode == 0, f"{shlex.join(cmd)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
     return out
 

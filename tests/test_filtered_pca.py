@@ -48,13 +48,20 @@ def test_vanishing_moments_network(client, tmp_path):
     d = 20
     net, u = vanishing_network(d)
     net.save(tmp_path / "t.npz")
-    cfg = config_from_dict({
-        "seed": 3, "samples": 400_000, "chunk_size": 20_000,
-        "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}},
-        "statistics": {"basic": {}, "contracted": {"orders": [2], "directions": 1},
-                       "filtered": {"quantiles": QUANTILES}},
-        "run": {"commit_interval": 1e9},
-    })
+    cfg = config_from_dict(
+        {
+            "seed": 3,
+            "samples": 400_000,
+            "chunk_size": 20_000,
+            "source": {"d": d, "teacher": {"file": str(tmp_path / "t.npz")}},
+            "statistics": {
+                "basic": {},
+                "contracted": {"orders": [2], "directions": 1},
+                "filtered": {"quantiles": QUANTILES},
+            },
+            "run": {"commit_interval": 1e9},
+        }
+    )
     url = str(tmp_path / "s.zarr")
     api.estimate(cfg, url, client=client, progress=None)
     run = open_store(url)
@@ -63,8 +70,7 @@ def test_vanishing_moments_network(client, tmp_path):
     m2 = spectral.relevant_subspace(mats, ses, names=["M_2"])
     assert m2.rank == 0, m2.message  # the correlational stage finds nothing
 
-    result = api.learn(url, "filtered-pca", depth=2, width=4, out=str(tmp_path / "m.npz"), client=client,
-                       progress=None)
+    result = api.learn(url, "filtered-pca", depth=2, width=4, out=str(tmp_path / "m.npz"), client=client, progress=None)
     step0 = result["report"]["steps"][0]
     assert step0["pass"] == "filtered" and step0["added"] == 2
     basis = np.asarray(result["report"]["subspace"]["basis"])
@@ -80,9 +86,13 @@ def test_vanishing_moments_network(client, tmp_path):
 
 
 def deep_config(d: int, widths: list[int], seed: int, samples: int) -> dict:
-    return {"seed": seed, "samples": samples, "chunk_size": 50_000,
-            "source": {"d": d, "teacher": {"kind": "deep_relu", "widths": widths, "seed": seed}},
-            "run": {"commit_interval": 1e9}}
+    return {
+        "seed": seed,
+        "samples": samples,
+        "chunk_size": 50_000,
+        "source": {"d": d, "teacher": {"kind": "deep_relu", "widths": widths, "seed": seed}},
+        "run": {"commit_interval": 1e9},
+    }
 
 
 @pytest.mark.slow
@@ -95,8 +105,17 @@ def test_deep_teacher_subspace_and_test_error(client, tmp_path):
     # width 6: the ladder {3, 6} holds the teacher's widths (width 8 fits 1.5x the candidates' weights);
     # no deep refinement here (the vanishing-moments test and test_deepstream.py run it): the angle and
     # test error below are those of filtered PCA, residual passes and candidates alone
-    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=6,
-                     out=out, client=client, progress=None, refine_samples=0)
+    result = api.fit(
+        config_from_dict(data),
+        str(tmp_path / "s.zarr"),
+        "filtered-pca",
+        depth=2,
+        width=6,
+        out=out,
+        client=client,
+        progress=None,
+        refine_samples=0,
+    )
     assert result["report"]["refinement"] == {"skipped": "refine_samples is 0"}
     # the candidates of depth 1 and 2 were enumerated; the chosen one is the network written out
     assert result["report"]["depth"] == 2 and 1 <= result["depth"] <= 2
@@ -111,11 +130,18 @@ def test_depth_one_agrees_with_moments(client, tmp_path):
     """A one-hidden-layer teacher learned by `filtered-pca --depth 1` and by `moments` is the
     same network up to symmetries (both after polish), and equal to the teacher."""
     d, k = 10, 3
-    data = {"seed": 4, "samples": 600_000, "chunk_size": 25_000,
-            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 4}},
-            "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8},
-                           "filtered": {"quantiles": QUANTILES}},
-            "run": {"commit_interval": 1e9}}
+    data = {
+        "seed": 4,
+        "samples": 600_000,
+        "chunk_size": 25_000,
+        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 4}},
+        "statistics": {
+            "basic": {},
+            "contracted": {"orders": [2, 4], "directions": 8},
+            "filtered": {"quantiles": QUANTILES},
+        },
+        "run": {"commit_interval": 1e9},
+    }
     url = str(tmp_path / "s.zarr")
     api.estimate(config_from_dict(data), url, client=client, progress=None)
     api.learn(url, "moments", width=k, out=str(tmp_path / "a.npz"), client=client, progress=None)
@@ -130,19 +156,31 @@ def test_fit_on_a_sketch_runs_subspace_passes_and_recovers_exactly(client, tmp_p
     """Dense M_τ over the worker budget: `fit` sketches them, runs subspace passes on the same chunks
     (all τ at once), finds the dense path's subspace and recovers a one-hidden-layer teacher exactly."""
     d, k = 60, 3
-    data = {"seed": 6, "samples": 400_000, "chunk_size": 50_000,
-            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 6}},
-            # dense basic + 7 M_τ take 460,800 bytes; with the M_τ sketched at r = 32, 272,640
-            "run": {"commit_interval": 1e9, "worker_memory": 300_000}}
+    data = {
+        "seed": 6,
+        "samples": 400_000,
+        "chunk_size": 50_000,
+        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": k, "seed": 6}},
+        # dense basic + 7 M_τ take 460,800 bytes; with the M_τ sketched at r = 32, 272,640
+        "run": {"commit_interval": 1e9, "worker_memory": 300_000},
+    }
     out = str(tmp_path / "m.npz")
-    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=1, width=k, out=out,
-                     client=client, progress=None)
+    result = api.fit(
+        config_from_dict(data),
+        str(tmp_path / "s.zarr"),
+        "filtered-pca",
+        depth=1,
+        width=k,
+        out=out,
+        client=client,
+        progress=None,
+    )
     assert result["statistics_plan"]["sketched"] == ["filtered"]
     # the subspace passes of the M_τ come first (residual rounds may follow while the enumeration's
     # held-out loss is above the target, as residual passes do on the dense path)
     steps = [s for s in result["report"]["steps"] if not s["pass"].startswith("residual-")]
     assert [s["pass"] for s in steps] == [f"subspace-{i + 1}" for i in range(len(steps))]
-    assert result["report"]["steps"][:len(steps)] == steps
+    assert result["report"]["steps"][: len(steps)] == steps
     assert 2 <= len(steps) <= 5 and steps[-1]["converged"] and steps[-1]["rank"] == k
     teacher = make_source(config_from_dict(data)).network
     assert compare(teacher, Network.load(out)).relative_error <= 1e-8, result["report"]
@@ -166,14 +204,25 @@ def test_residual_rounds_on_a_sketch_extend_the_subspace(client, tmp_path):
     matrices, then their subspace passes on the same chunks) until one adds nothing or the held-out
     loss is below the target; the answer meets the dense path's bounds (angle ≤ 0.05 rad, test
     error ≤ 1e-2)."""
-    data = dict(deep_config(60, [3, 6], seed=2, samples=200_000), run={"commit_interval": 1e9, "worker_memory": 300_000})
+    data = dict(
+        deep_config(60, [3, 6], seed=2, samples=200_000), run={"commit_interval": 1e9, "worker_memory": 300_000}
+    )
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
     out = str(tmp_path / "m.npz")
     # candidates of width up to 4, narrower than the teacher's second layer (as a user may pick): the rounds and
     # the bounds are the same as with width 6 (test_deep_teacher_subspace_and_test_error runs that ladder), at a
     # third of the enumeration's cost (26 s against 82 s for this fit on 2 workers)
-    result = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "filtered-pca", depth=2, width=4, out=out,
-                     client=client, progress=None, refine_samples=0)
+    result = api.fit(
+        config_from_dict(data),
+        str(tmp_path / "s.zarr"),
+        "filtered-pca",
+        depth=2,
+        width=4,
+        out=out,
+        client=client,
+        progress=None,
+        refine_samples=0,
+    )
     assert result["statistics_plan"]["sketched"] == ["filtered"]
     names = [p["name"] for p in result["passes"]]
     assert names[0] == "subspace-1" and "residual-1" in names and "residual-1-subspace-1" in names, names
@@ -219,30 +268,72 @@ def test_store_without_filtered_matrices(tmp_path):
 
 def test_candidate_budget_is_checked_before_any_work(tmp_path):
     url = _store(tmp_path, {"basic": {}, "filtered": {"quantiles": QUANTILES}})
-    with pytest.raises(CandidateBudgetError, match=r"--depth 10 --width 64 gives \d+ candidates .* over the budget of 256"):
-        api.learn(url, "filtered-pca", depth=10, width=64, out=str(tmp_path / "m.npz"), client="local",
-                  progress=None)
-    out = _cli("learn", url, "--method", "filtered-pca", "--depth", "3", "--width", "16", "--budget", "10",
-               "--out", str(tmp_path / "m.npz"), "--in-process")
+    with pytest.raises(
+        CandidateBudgetError, match=r"--depth 10 --width 64 gives \d+ candidates .* over the budget of 256"
+    ):
+        api.learn(url, "filtered-pca", depth=10, width=64, out=str(tmp_path / "m.npz"), client="local", progress=None)
+    out = _cli(
+        "learn",
+        url,
+        "--method",
+        "filtered-pca",
+        "--depth",
+        "3",
+        "--width",
+        "16",
+        "--budget",
+        "10",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "raise --budget" in out.stderr
     assert not (tmp_path / "s.zarr" / "passes").exists()
 
 
 def test_depth_is_refused_for_moments(tmp_path):
-    out = _cli("learn", str(tmp_path / "nowhere.zarr"), "--method", "moments", "--depth", "2",
-               "--out", str(tmp_path / "m.npz"), "--in-process")
+    out = _cli(
+        "learn",
+        str(tmp_path / "nowhere.zarr"),
+        "--method",
+        "moments",
+        "--depth",
+        "2",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+    )
     assert out.returncode == 2 and "--depth applies to --method filtered-pca only" in out.stderr
 
 
 def test_fit_cli_json(tmp_path):
     """`relulearn fit CONFIG --method filtered-pca --depth 1 --json` from a config without a
     statistics section: the method's statistics, the JSON report, an exact network."""
-    data = {"seed": 2, "samples": 300_000, "chunk_size": 25_000,
-            "source": {"d": 8, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 2}}}
+    data = {
+        "seed": 2,
+        "samples": 300_000,
+        "chunk_size": 25_000,
+        "source": {"d": 8, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 2}},
+    }
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    out = _cli("fit", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--method", "filtered-pca",
-               "--depth", "1", "--width", "2", "--out", str(tmp_path / "m.npz"), "--in-process", "--quiet", "--json")
+    out = _cli(
+        "fit",
+        str(tmp_path / "c.yaml"),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--method",
+        "filtered-pca",
+        "--depth",
+        "1",
+        "--width",
+        "2",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+        "--quiet",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["method"] == "filtered-pca" and res["depth"] == 1 and res["width"] == 2

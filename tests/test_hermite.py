@@ -1,4 +1,5 @@
 """Tests for relulearn.hermite."""
+
 from __future__ import annotations
 
 import functools
@@ -94,7 +95,11 @@ def test_relu_coefficients_against_adaptive_quadrature(l):
     coef = np.eye(l + 1)[l]
     val, err = integrate.quad(
         lambda z: z * hermeval(z, coef) * math.exp(-z * z / 2) / math.sqrt(2 * math.pi),
-        0, np.inf, epsabs=1e-13 * SQRT_FACT[l], epsrel=1e-13, limit=200,
+        0,
+        np.inf,
+        epsabs=1e-13 * SQRT_FACT[l],
+        epsrel=1e-13,
+        limit=200,
     )
     assert abs(relu_hermite_coefficient(l) - val) <= 1e-11 * SQRT_FACT[l]
 
@@ -145,8 +150,7 @@ def test_unique_indices_and_packed_index(d, l):
 def test_pack_unpack_round_trip(d, l):
     rng = np.random.default_rng(1)
     # Exactly symmetric tensor: each entry is a function of its sorted multi-index.
-    table = {c: rng.standard_normal()
-             for c in itertools.combinations_with_replacement(range(d), l)}
+    table = {c: rng.standard_normal() for c in itertools.combinations_with_replacement(range(d), l)}
     t = np.empty((d,) * l)
     for i in itertools.product(range(d), repeat=l):
         t[i] = table[tuple(sorted(i))]
@@ -183,8 +187,11 @@ def test_hermite_tensor_order4_formula():
     rng = np.random.default_rng(3)
     d = 3
     x, eye = rng.standard_normal(d), np.eye(d)
-    ref = (outer_power(x, 4) - 6 * symmetrize(np.multiply.outer(outer_power(x, 2), eye))
-           + 3 * symmetrize(np.multiply.outer(eye, eye)))
+    ref = (
+        outer_power(x, 4)
+        - 6 * symmetrize(np.multiply.outer(outer_power(x, 2), eye))
+        + 3 * symmetrize(np.multiply.outer(eye, eye))
+    )
     np.testing.assert_allclose(hermite_tensor(x, 4), ref, atol=1e-12)
 
 
@@ -210,7 +217,7 @@ def test_raw_moment_sums_row_batches(monkeypatch):
     np.testing.assert_allclose(raw_moment_sums(x, y, 4), ref, rtol=1e-12)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _direct_raw_moments(d, lmax, n, seed):
     """A sample (x, y) and its packed Σ y x^{⊗m}, m ≤ lmax, as y-weighted products of the
     gathered columns, entry by entry (no GEMM, no splitting of tuples)."""
@@ -221,7 +228,7 @@ def _direct_raw_moments(d, lmax, n, seed):
         idx = unique_indices(d, m)
         out = np.empty(len(idx))
         for s in range(0, len(idx), 8192):
-            out[s:s + 8192] = y @ np.prod(x[:, idx[s:s + 8192]], axis=-1)
+            out[s : s + 8192] = y @ np.prod(x[:, idx[s : s + 8192]], axis=-1)
         ref.append(out)
     return x, y, ref
 
@@ -240,7 +247,7 @@ def test_raw_moment_sums_upto_against_direct_products(d, lmax):
     x, y, ref = _direct_raw_moments(d, lmax, 40, 21 + d)
     assert (y > 0).any() and (y < 0).any()
     for L in range(lmax + 1):
-        _assert_raw_close(raw_moment_sums_upto(x, y, L), ref[:L + 1])
+        _assert_raw_close(raw_moment_sums_upto(x, y, L), ref[: L + 1])
 
 
 def test_raw_moment_sums_upto_row_batches():
@@ -324,8 +331,7 @@ def test_contracted_matrix_sums_against_full_tensor(small_sample):
     for i, l in enumerate(orders):
         for j, g in enumerate(G):
             ref = contract_leading(full[l], g, l - 2)
-            np.testing.assert_allclose(got[i * len(G) + j], ref, rtol=1e-11,
-                                       atol=1e-11 * np.abs(ref).max())
+            np.testing.assert_allclose(got[i * len(G) + j], ref, rtol=1e-11, atol=1e-11 * np.abs(ref).max())
 
 
 def test_contracted_matrix_sums_row_batches(small_sample, monkeypatch):
@@ -355,18 +361,22 @@ def test_contracted_matrix_sums_signed_rank_k_updates(monkeypatch):
         for g in G:
             a, b, c = (t * y for t in contracted_coefficients(x @ g, l))
             v = x.T @ b
-            ref.append((x * a[:, None]).T @ x - a.sum() * np.eye(d) - np.outer(g, v) - np.outer(v, g)
-                       + c.sum() * np.outer(g, g))
+            ref.append(
+                (x * a[:, None]).T @ x
+                - a.sum() * np.eye(d)
+                - np.outer(g, v)
+                - np.outer(v, g)
+                + c.sum() * np.outer(g, g)
+            )
     got = contracted_matrix_sums(x, y, G, orders)
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12 * np.abs(ref).max())
     assert np.array_equal(got, got.transpose(0, 2, 1))
     raw = np.empty(x.nbytes + 64, dtype=np.uint8)
-    shifted = raw[8:8 + x.nbytes].view(np.float64).reshape(x.shape)  # 8 bytes off the copy's start
+    shifted = raw[8 : 8 + x.nbytes].view(np.float64).reshape(x.shape)  # 8 bytes off the copy's start
     shifted[...] = x
     assert np.array_equal(contracted_matrix_sums(shifted, y, G, orders), got)
     monkeypatch.setattr(H, "_GRAM_BLOCK", 50 * d)  # several gather blocks per sign
-    np.testing.assert_allclose(contracted_matrix_sums(x, y, G, orders), got, rtol=1e-12,
-                               atol=1e-12 * np.abs(got).max())
+    np.testing.assert_allclose(contracted_matrix_sums(x, y, G, orders), got, rtol=1e-12, atol=1e-12 * np.abs(got).max())
     monkeypatch.setattr(H, "_SYRK_MIN_D", 10**6)  # and the one-GEMM path of small d: the same sums
     small = contracted_matrix_sums(x, y, G, orders)
     np.testing.assert_allclose(small, got, rtol=1e-12, atol=1e-12 * np.abs(got).max())
@@ -378,10 +388,8 @@ def test_contracted_coefficients_single_sample(small_sample):
     g, xs, d = G[0], x[0], x.shape[1]
     for l in range(2, 7):
         a, b, c = contracted_coefficients(np.array(g @ xs), l)
-        got = a * (np.outer(xs, xs) - np.eye(d)) - b * (np.outer(g, xs) + np.outer(xs, g)) \
-            + c * np.outer(g, g)
-        np.testing.assert_allclose(got, contract_leading(hermite_tensor(xs, l), g, l - 2),
-                                   atol=1e-11)
+        got = a * (np.outer(xs, xs) - np.eye(d)) - b * (np.outer(g, xs) + np.outer(xs, g)) + c * np.outer(g, g)
+        np.testing.assert_allclose(got, contract_leading(hermite_tensor(xs, l), g, l - 2), atol=1e-11)
 
 
 def test_vector_contraction_identity():
@@ -404,8 +412,7 @@ def test_contracted_vector_and_scalar_sums_against_full_tensor(small_sample):
     for i, l in enumerate(vec_orders):
         for j, g in enumerate(G):
             ref = contract_leading(full[l], g, l - 1)
-            np.testing.assert_allclose(vec[i * len(G) + j], ref, rtol=1e-11,
-                                       atol=1e-11 * np.abs(ref).max())
+            np.testing.assert_allclose(vec[i * len(G) + j], ref, rtol=1e-11, atol=1e-11 * np.abs(ref).max())
     for i, l in enumerate(sc_orders):
         for j, g in enumerate(G):
             ref = contract_leading(full[l], g, l)
@@ -436,8 +443,7 @@ def test_population_moments_of_relu_network():
     for l in range(5):
         est = np.array(per_block[l])
         mean, se = est.mean(axis=0), est.std(axis=0, ddof=1) / math.sqrt(blocks)
-        truth = relu_hermite_coefficient(l) * pack(sum(
-            li * outer_power(u, l) for li, u in zip(lam, U)))
+        truth = relu_hermite_coefficient(l) * pack(sum(li * outer_power(u, l) for li, u in zip(lam, U)))
         assert np.all(np.abs(mean - truth) <= 5 * se), (l, np.abs(mean - truth) / se)
         if l in (2, 4):
             # The check has power: a sign error in c_l would be caught.

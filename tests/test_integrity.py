@@ -17,14 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from test_errors import assert_user_error, cli_parallel, config, snapshot, write_yaml
+from test_resume import assert_bitwise_equal
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
 from relulearn.storage import FORMAT_VERSION, NotAStoreError, RunStore, StoreDamagedError
 from relulearn.storage.integrity import _crc32c
-
-from test_errors import assert_user_error, cli_parallel, config, snapshot, write_yaml
-from test_resume import assert_bitwise_equal
 
 #: the errors tests' run (all four statistic families) at d = 16: 4 chunks in 2 blocks, a commit after each
 RUN = config(**{"seed": 5, "samples": 8_000, "chunk_size": 2_000, "source.d": 16})
@@ -135,8 +134,8 @@ def test_an_intact_store_verifies_and_extends(copy):
     assert {a for a, _ in TARGETS.values()} - {"root"} <= arrays
     assert {a.split("/")[0] for a in arrays} == {"basic", "hermite", "contracted", "filtered", "ledger"}
     assert sum(a["chunks"] for a in report["arrays"]) == sum(
-        1 for p in copy.glob(f"{_head(copy)}/*/*/c/**/*") if p.is_file()) + sum(
-        1 for p in copy.glob(f"{_head(copy)}/*/*/c") if p.is_file())  # 0-d arrays: one chunk named c
+        1 for p in copy.glob(f"{_head(copy)}/*/*/c/**/*") if p.is_file()
+    ) + sum(1 for p in copy.glob(f"{_head(copy)}/*/*/c") if p.is_file())  # 0-d arrays: one chunk named c
     # every chunk ends with the CRC-32C of its bytes
     chunk = copy / _head(copy) / "basic" / "sum_xx" / "c" / "0" / "0"
     data = chunk.read_bytes()
@@ -159,8 +158,11 @@ def test_merge_refuses_a_damaged_store_and_writes_nothing(stores, copy, tmp_path
     damage(copy / _head(copy) / "ledger" / "seed" / "c" / "0", "delete")
     before = snapshot(copy)
     out = tmp_path / "merged.zarr"
-    with pytest.raises(StoreDamagedError, match=r"array ledger/seed, chunk c/0 \(file g\d{6}/ledger/seed/c/0\) "
-                                                r"is missing"):
+    with pytest.raises(
+        StoreDamagedError,
+        match=r"array ledger/seed, chunk c/0 \(file g\d{6}/ledger/seed/c/0\) "
+        r"is missing",
+    ):
         api.merge(str(copy), str(stores["seed6"]), str(out))
     assert not out.exists() and snapshot(copy) == before
 
@@ -177,11 +179,16 @@ def test_the_command_line_names_the_damage(copy, tmp_path):
     (rootless / "zarr.json").unlink()
     before = {p: snapshot(p) for p in (copy, rootless)}
     cfg = write_yaml(tmp_path / "run.yaml", RUN)
-    procs = cli_parallel(("verify", copy), ("verify", intact), ("verify", copy, "--json"),
-                         ("estimate", cfg, "--store", copy, "--in-process", "--samples", MORE),
-                         ("learn", copy, "--in-process", "--out", tmp_path / "m.npz"),
-                         ("status", rootless), ("estimate", cfg, "--store", rootless, "--in-process"),
-                         ("verify", rootless))
+    procs = cli_parallel(
+        ("verify", copy),
+        ("verify", intact),
+        ("verify", copy, "--json"),
+        ("estimate", cfg, "--store", copy, "--in-process", "--samples", MORE),
+        ("learn", copy, "--in-process", "--out", tmp_path / "m.npz"),
+        ("status", rootless),
+        ("estimate", cfg, "--store", rootless, "--in-process"),
+        ("verify", rootless),
+    )
     verify_bad, verify_ok, verify_json, extend, learn, status, start, verify_rootless = procs
     assert verify_bad.returncode == 1, verify_bad.stderr
     row = [line for line in verify_bad.stdout.splitlines() if line.startswith("contracted/sum_M ")]
@@ -193,17 +200,32 @@ def test_the_command_line_names_the_damage(copy, tmp_path):
     assert verify_json.returncode == 1 and report["intact"] is False
     assert [(d["array"], d["chunk"]) for d in report["damaged"]] == [("contracted/sum_M", "c/0/0/0")]
     for proc in (extend, learn):
-        err = assert_user_error(proc, "is a damaged relulearn store", "array contracted/sum_M, chunk c/0/0/0",
-                                f"file {head}/contracted/sum_M/c/0/0/0", "is truncated", "restore the store")
+        err = assert_user_error(
+            proc,
+            "is a damaged relulearn store",
+            "array contracted/sum_M, chunk c/0/0/0",
+            f"file {head}/contracted/sum_M/c/0/0/0",
+            "is truncated",
+            "restore the store",
+        )
         assert len(err.strip().splitlines()) == 1, err
     for proc in (status, start):
-        err = assert_user_error(proc, f"{rootless} is a damaged relulearn store", f"it holds {head}/",
-                                "root metadata (file zarr.json) is missing", "--new-store-here")
+        err = assert_user_error(
+            proc,
+            f"{rootless} is a damaged relulearn store",
+            f"it holds {head}/",
+            "root metadata (file zarr.json) is missing",
+            "--new-store-here",
+        )
         assert "no relulearn store" not in err and len(err.strip().splitlines()) == 1
     assert verify_rootless.returncode == 1 and "zarr.json is missing" in verify_rootless.stdout
     status = cli_parallel(("status", copy))[0]
-    assert status.returncode == 0 and "DAMAGED      1 object(s) missing or truncated, e.g. array contracted/sum_M, " \
-        f"chunk c/0/0/0 (file {head}/contracted/sum_M/c/0/0/0) is truncated" in status.stdout, status.stdout
+    assert (
+        status.returncode == 0
+        and "DAMAGED      1 object(s) missing or truncated, e.g. array contracted/sum_M, "
+        f"chunk c/0/0/0 (file {head}/contracted/sum_M/c/0/0/0) is truncated"
+        in status.stdout
+    ), status.stdout
     assert not (tmp_path / "m.npz").exists()
     for p, snap in before.items():
         assert snapshot(p) == snap, p
@@ -219,8 +241,11 @@ def test_a_lost_root_is_refused_then_set_aside_never_deleted(copy, tmp_path):
     head = _head(copy)
     (copy / "zarr.json").unlink()
     before = snapshot(copy)
-    for call in (lambda: api.status(url), lambda: open_store(url),
-                 lambda: api.estimate(config_from_dict(RUN), url, client="local", progress=None)):
+    for call in (
+        lambda: api.status(url),
+        lambda: open_store(url),
+        lambda: api.estimate(config_from_dict(RUN), url, client="local", progress=None),
+    ):
         with pytest.raises(StoreDamagedError, match="root metadata .file zarr.json. is missing"):
             call()
     assert snapshot(copy) == before
@@ -228,8 +253,11 @@ def test_a_lost_root_is_refused_then_set_aside_never_deleted(copy, tmp_path):
     assert summary.resumed_from_samples == 0 and summary.samples == RUN["samples"]
     folder = Path(summary.set_aside["folder"])
     assert folder.parent == copy and folder.name.startswith("set-aside-") and summary.set_aside["moved"] == [head]
-    kept = {k.removeprefix(f"{folder.name}/"): v for k, v in snapshot(copy).items()
-            if k.startswith(f"{folder.name}/") and k != f"{folder.name}/"}
+    kept = {
+        k.removeprefix(f"{folder.name}/"): v
+        for k, v in snapshot(copy).items()
+        if k.startswith(f"{folder.name}/") and k != f"{folder.name}/"
+    }
     assert kept == before  # the damaged store's data, as it was
     assert api.verify(url)["intact"] and open_store(url).samples == RUN["samples"]
     # the new store is bitwise the store of a clean run
@@ -308,16 +336,18 @@ def test_a_store_written_before_checksums_is_read_checked_for_missing_chunks_and
     assert open_store(str(legacy)).meta["format_version"] == FORMAT_VERSION and not api.status(str(legacy))["checksums"]
     report = api.verify(str(legacy))
     assert report["intact"] and report["checksums"] is False
-    np.testing.assert_array_equal(open_store(str(legacy)).arrays("basic")["sum_xx"],
-                                  open_store(str(copy)).arrays("basic")["sum_xx"])
+    np.testing.assert_array_equal(
+        open_store(str(legacy)).arrays("basic")["sum_xx"], open_store(str(copy)).arrays("basic")["sum_xx"]
+    )
     # what can be found without checksums: missing and truncated chunks
     for mode, problem in (("delete", "is missing"), ("truncate", "is truncated")):
         broken = tmp_path / f"legacy-{mode}.zarr"
         shutil.copytree(legacy, broken)
         damage(broken / head / "filtered" / "sum_bin_xx" / "c" / "0" / "0" / "0", mode)
         before = snapshot(broken)
-        assert [(d["array"], d["chunk"], d["problem"].split(" (")[0]) for d in api.verify(str(broken))["damaged"]] \
-            == [("filtered/sum_bin_xx", "c/0/0/0", problem)]
+        assert [(d["array"], d["chunk"], d["problem"].split(" (")[0]) for d in api.verify(str(broken))["damaged"]] == [
+            ("filtered/sum_bin_xx", "c/0/0/0", problem)
+        ]
         with pytest.raises(StoreDamagedError, match=f"array filtered/sum_bin_xx, chunk c/0/0/0 .* {problem}"):
             api.estimate(config_from_dict(RUN), str(broken), samples=MORE, client="local", progress=None)
         assert snapshot(broken) == before

@@ -9,6 +9,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env
 from scipy.optimize import approx_fprime
 
 from relulearn import api, hermite
@@ -18,8 +19,6 @@ from relulearn.estimators.base import PassRequest, Samples
 from relulearn.estimators.objective_g import GParameters, g_value_grad, minimize_g, row_angles
 from relulearn.network import Network, compare
 from relulearn.storage import open_store
-
-from conftest import PYTHON, cli_env
 
 C = [hermite.relu_hermite_coefficient(l) for l in range(5)]
 
@@ -35,11 +34,22 @@ def planted(d: int, m: int, cond: float, seed: int) -> tuple[np.ndarray, np.ndar
 
 def config(b: np.ndarray, a: np.ndarray, n: int, sigma: float = 0.0, seed: int = 3) -> dict:
     norms = np.linalg.norm(b, axis=1)  # relu(<b, x>) = |b| relu(<u, x>): the teacher's units are unit rows
-    return {"seed": seed, "samples": n, "chunk_size": 50_000,
-            "source": {"d": b.shape[1], "noise_std": sigma,
-                       "teacher": {"kind": "one_hidden_relu", "width": len(a), "weights": b.tolist(),
-                                   "output_weights": (a * norms).tolist()}},
-            "run": {"commit_interval": 0}}
+    return {
+        "seed": seed,
+        "samples": n,
+        "chunk_size": 50_000,
+        "source": {
+            "d": b.shape[1],
+            "noise_std": sigma,
+            "teacher": {
+                "kind": "one_hidden_relu",
+                "width": len(a),
+                "weights": b.tolist(),
+                "output_weights": (a * norms).tolist(),
+            },
+        },
+        "run": {"commit_interval": 0},
+    }
 
 
 # ------------------------------------------------------------------ objective
@@ -81,16 +91,29 @@ def population(b: np.ndarray, a: np.ndarray, *, n: int = 10**6) -> dict:
     lam, u = a * np.linalg.norm(b, axis=1), b / np.linalg.norm(b, axis=1, keepdims=True)
     t2 = C[2] * (u.T * lam) @ u
     se = np.full(t2.shape, 1e-9)
-    return {"hermite": {"T0": np.array(C[0] * lam.sum()), "T1": C[1] * u.T @ lam, "T2": hermite.pack(t2),
-                        "T2_se": hermite.pack(se), "count": np.array([n])}}
+    return {
+        "hermite": {
+            "T0": np.array(C[0] * lam.sum()),
+            "T1": C[1] * u.T @ lam,
+            "T2": hermite.pack(t2),
+            "T2_se": hermite.pack(se),
+            "count": np.array([n]),
+        }
+    }
 
 
 def projected_pass(b: np.ndarray, a: np.ndarray, basis: np.ndarray, *, n: int = 10**6) -> dict:
     lam, u = a * np.linalg.norm(b, axis=1), b / np.linalg.norm(b, axis=1, keepdims=True)
     p = u @ basis.T
     t4 = C[4] * np.einsum("i,ia,ib,ic,id->abcd", lam, p, p, p, p)
-    return {"projected_hermite": {"basis": basis, "T4": hermite.pack(t4), "T4_se": hermite.pack(np.full(t4.shape, 1e-9)),
-                                  "count": np.array([n])}}
+    return {
+        "projected_hermite": {
+            "basis": basis,
+            "T4": hermite.pack(t4),
+            "T4_se": hermite.pack(np.full(t4.shape, 1e-9)),
+            "count": np.array([n]),
+        }
+    }
 
 
 def draw(b: np.ndarray, a: np.ndarray):
@@ -98,6 +121,7 @@ def draw(b: np.ndarray, a: np.ndarray):
         rng = np.random.default_rng(9)
         x, xv = rng.standard_normal((n_train, b.shape[1])), rng.standard_normal((n_val, b.shape[1]))
         return Samples(x, np.maximum(x @ b.T, 0) @ a, xv, np.maximum(xv @ b.T, 0) @ a)
+
     return samples
 
 
@@ -142,15 +166,27 @@ def test_projected_hermite_matches_closed_forms_on_residual_labels(tmp_path):
     pop = population(b, a)["hermite"]
     data = config(b, a, 600_000)
     data["chunk_size"] = 10_000
-    data["statistics"] = {"projected_hermite": {"basis": basis.tolist(), "max_order": 4, "expansion": {
-        "t0": float(pop["T0"]), "t1": pop["T1"].tolist(), "t2": hermite.unpack(pop["T2"], d, 2).tolist()}}}
+    data["statistics"] = {
+        "projected_hermite": {
+            "basis": basis.tolist(),
+            "max_order": 4,
+            "expansion": {
+                "t0": float(pop["T0"]),
+                "t1": pop["T1"].tolist(),
+                "t2": hermite.unpack(pop["T2"], d, 2).tolist(),
+            },
+        }
+    }
     api.estimate(config_from_dict(data), str(tmp_path / "s"), client="local", progress=None)
     got = open_store(str(tmp_path / "s")).arrays("projected_hermite")
     lam, u = a * np.linalg.norm(b, axis=1), b / np.linalg.norm(b, axis=1, keepdims=True)
     p = u @ basis.T
     for l in range(5):
-        true = np.zeros_like(got[f"T{l}"]) if l <= 3 else hermite.pack(
-            C[4] * np.einsum("i,ia,ib,ic,id->abcd", lam, p, p, p, p))
+        true = (
+            np.zeros_like(got[f"T{l}"])
+            if l <= 3
+            else hermite.pack(C[4] * np.einsum("i,ia,ib,ic,id->abcd", lam, p, p, p, p))
+        )
         z = (got[f"T{l}"] - true) / got[f"T{l}_se"]
         assert np.abs(z).max() <= 5.0 and np.sqrt(np.mean(z**2)) <= 1.6, (l, z)
     # residual labels carry a few % of E[y²] (ReLU units' degree-≤2 part): T_4's errors shrink threefold or more
@@ -169,8 +205,9 @@ def test_fit_landscape_recovers_a_full_width_net_on_the_cluster(tmp_path, client
     b, a = planted(12, 12, 1.0, seed=11)
     data = config(b, a, 2_000_000)
     out = str(tmp_path / "m.npz")
-    res = api.fit(config_from_dict(data), str(tmp_path / "s"), "landscape", width=12, out=out, client=client,
-                  progress=None)
+    res = api.fit(
+        config_from_dict(data), str(tmp_path / "s"), "landscape", width=12, out=out, client=client, progress=None
+    )
     rep = res["report"]
     assert [p["name"] for p in res["passes"]] == ["projected-hermite"]
     assert "y − P≤2 y" in rep["labels"]["fourth_moment"]
@@ -201,18 +238,49 @@ def test_teachers_outside_the_setting_are_refused_before_any_work(tmp_path):
     neg = config(b, a, 100_000)
     neg["source"]["teacher"]["output_weights"][1] = -0.5
     with pytest.raises(landscape.NegativeWeightsError, match="negative output weight"):
-        api.fit(config_from_dict(neg), str(tmp_path / "a"), "landscape", out=str(tmp_path / "m.npz"), client="local",
-                progress=None)
+        api.fit(
+            config_from_dict(neg),
+            str(tmp_path / "a"),
+            "landscape",
+            out=str(tmp_path / "m.npz"),
+            client="local",
+            progress=None,
+        )
     wide = config(np.vstack([b, b[:1] + b[1:2]]), np.append(a, 1.0), 100_000)
     with pytest.raises(ValueError, match=r"rank 3 < 4 rows.*full row rank"):
-        api.fit(config_from_dict(wide), str(tmp_path / "b"), "landscape", out=str(tmp_path / "m.npz"),
-                client="local", progress=None)
+        api.fit(
+            config_from_dict(wide),
+            str(tmp_path / "b"),
+            "landscape",
+            out=str(tmp_path / "m.npz"),
+            client="local",
+            progress=None,
+        )
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     cfg = tmp_path / "neg.json"
     cfg.write_text(json.dumps(neg))
-    run = subprocess.run([PYTHON, "-m", "relulearn.cli", "fit", str(cfg), "--store", str(tmp_path / "c"), "--method",
-                          "landscape", "--starts", "4", "--out", str(tmp_path / "m.npz"), "--in-process"],
-                         capture_output=True, text=True, env=cli_env(), timeout=120)
+    run = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "fit",
+            str(cfg),
+            "--store",
+            str(tmp_path / "c"),
+            "--method",
+            "landscape",
+            "--starts",
+            "4",
+            "--out",
+            str(tmp_path / "m.npz"),
+            "--in-process",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
     assert run.returncode != 0 and "negative output weight" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "c").exists()
 
@@ -220,8 +288,15 @@ def test_teachers_outside_the_setting_are_refused_before_any_work(tmp_path):
 def test_too_few_samples_gives_the_number_needed(tmp_path):
     b, a = planted(12, 12, 3.0, seed=14)
     with pytest.raises(landscape.TooFewSamplesError, match=r"about [\d,]+ samples would"):
-        api.fit(config_from_dict(config(b, a, 100_000)), str(tmp_path / "s"), "landscape", width=12,
-                out=str(tmp_path / "m.npz"), client="local", progress=None)
+        api.fit(
+            config_from_dict(config(b, a, 100_000)),
+            str(tmp_path / "s"),
+            "landscape",
+            width=12,
+            out=str(tmp_path / "m.npz"),
+            client="local",
+            progress=None,
+        )
 
 
 def test_starts_are_bitwise_equal_in_process_and_on_two_workers(client):
@@ -245,8 +320,16 @@ def test_streamed_route_never_forms_the_fourth_moment_and_recovers_the_net(tmp_p
     b, a = planted(8, 8, 1.0, seed=16)
     data = config(b, a, 1_000_000)
     out = str(tmp_path / "m.npz")
-    res = api.fit(config_from_dict(data), str(tmp_path / "s"), "landscape", width=8, route="stream", out=out,
-                  client="local", progress=None)
+    res = api.fit(
+        config_from_dict(data),
+        str(tmp_path / "s"),
+        "landscape",
+        width=8,
+        route="stream",
+        out=out,
+        client="local",
+        progress=None,
+    )
     rep = res["report"]
     assert res["passes"] == [] and rep["route"] == "stream" and rep["summary"]["conditions_held"]
     assert rep["summary"]["distinct_rows"] == 8 and rep["summary"]["converged"]

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env, make_config
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, write_config
 
 from relulearn import api, cli, open_store
 from relulearn.config import load_config
 from relulearn.storage import RunStore, StoreError
 from relulearn.storage.lease import Lease, LeaseLostError, StoreLockedError, read_lease
-
-from conftest import PYTHON, cli_env, make_config
-from test_resume import assert_bitwise_equal, assert_each_chunk_once, write_config
 
 #: d = 20 (bitwise claims), one chunk per block and a commit after each: a run of many commits, whose
 #: statistics alone take a fraction of a second in process
@@ -34,14 +33,19 @@ BUSY = {
     "samples": 32_000,
     "chunk_size": 2_000,
     "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.1},
-    "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 2},
-                   "filtered": {"quantiles": [0.5, 0.9]}},
+    "statistics": {
+        "basic": {},
+        "contracted": {"orders": [2, 4], "directions": 2},
+        "filtered": {"quantiles": [0.5, 0.9]},
+    },
     "run": {"chunks_per_block": 1, "commit_interval": 0, "max_blocks_in_flight": 2},
 }
 
 #: the CLI's main() in a process of its own, timed from its call to its return (imports excluded)
-TIMED_MAIN = ("import sys, time\nfrom relulearn.cli import main\nt = time.perf_counter()\nrc = main(sys.argv[1:])\n"
-              "print(f'MAIN_SECONDS {time.perf_counter() - t:.4f}', file=sys.stderr)\nsys.exit(rc)\n")
+TIMED_MAIN = (
+    "import sys, time\nfrom relulearn.cli import main\nt = time.perf_counter()\nrc = main(sys.argv[1:])\n"
+    "print(f'MAIN_SECONDS {time.perf_counter() - t:.4f}', file=sys.stderr)\nsys.exit(rc)\n"
+)
 
 
 def _lease_doc(url: str) -> dict | None:
@@ -56,8 +60,9 @@ def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc.poll() is not None:
-            raise AssertionError(f"the writer exited (code {proc.returncode}) before {what}: "
-                                 f"{proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(
+                f"the writer exited (code {proc.returncode}) before {what}: {proc.stderr.read() if proc.stderr else ''}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
@@ -79,17 +84,38 @@ def test_a_second_writer_is_refused_at_once_and_the_first_run_is_untouched(tmp_p
     the first run's store is then bitwise the store of an uninterrupted run, and its lease is gone."""
     cfg_path = write_config(tmp_path / "busy.yaml", BUSY)
     url, ref = str(tmp_path / "run.zarr"), str(tmp_path / "ref.zarr")
-    first = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
-                              "--workers", "2", "--quiet", "--json"], env=cli_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "estimate",
+            str(cfg_path),
+            "--store",
+            url,
+            "--workers",
+            "2",
+            "--quiet",
+            "--json",
+        ],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # the run has taken the lease and is committing: both writers would start from its commits
-        _wait_for(lambda: (_lease_doc(url) or {}).get("pid") == first.pid and _committed(url) > 0, first,
-                  "the first commit")
+        _wait_for(
+            lambda: (_lease_doc(url) or {}).get("pid") == first.pid and _committed(url) > 0, first, "the first commit"
+        )
         t0 = time.perf_counter()
-        second = subprocess.run([PYTHON, "-c", TIMED_MAIN, "estimate", str(cfg_path), "--store", url,
-                                 "--workers", "2", "--json"], env=cli_env(), capture_output=True, text=True,
-                                timeout=60)
+        second = subprocess.run(
+            [PYTHON, "-c", TIMED_MAIN, "estimate", str(cfg_path), "--store", url, "--workers", "2", "--json"],
+            env=cli_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         second_wall = time.perf_counter() - t0
         assert second.returncode == 2, second.stderr
         err = json.loads(second.stdout)
@@ -108,9 +134,11 @@ def test_a_second_writer_is_refused_at_once_and_the_first_run_is_untouched(tmp_p
             _holder_named(json.loads(out.out)["error"], first.pid)
         assert max(times) <= 1.0, times
         assert first.poll() is None, "the first run ended before the attempts did: they did not race it"
-        print(f"second writer: refused in {main_seconds:.3f} s of main() ({second_wall:.2f} s wall, interpreter "
-              f"and imports included); 20 attempts: max {max(times) * 1e3:.1f} ms, median "
-              f"{np.median(times) * 1e3:.1f} ms; first run committed {_committed(url):,} samples by then")
+        print(
+            f"second writer: refused in {main_seconds:.3f} s of main() ({second_wall:.2f} s wall, interpreter "
+            f"and imports included); 20 attempts: max {max(times) * 1e3:.1f} ms, median "
+            f"{np.median(times) * 1e3:.1f} ms; first run committed {_committed(url):,} samples by then"
+        )
         out, errs = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
@@ -140,8 +168,10 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
 
     refused = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
-    assert "stale" in refused.stderr and f"process {writer.pid} on {socket.gethostname()} is no longer running" \
-        in refused.stderr
+    assert (
+        "stale" in refused.stderr
+        and f"process {writer.pid} on {socket.gethostname()} is no longer running" in refused.stderr
+    )
     assert "--break-lock" in refused.stderr
     assert _committed(url) == committed  # refused: nothing written
     capsys.readouterr()
@@ -152,8 +182,7 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
     text = capsys.readouterr().out
     assert f"locked       by process {writer.pid}" in text and "stale: " in text
 
-    done = subprocess.run(cmd + ["--break-lock", "--json"], env=cli_env(), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(cmd + ["--break-lock", "--json"], env=cli_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["resumed_from_samples"] == committed
     assert not (Path(url) / "lease.json").exists()
@@ -169,15 +198,21 @@ def test_the_lease_is_released_after_ctrl_c(tmp_path):
     --break-lock."""
     cfg_path = write_config(tmp_path / "long.yaml", dict(BUSY, samples=10_000_000))
     url = str(tmp_path / "run.zarr")
-    proc = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
-                             "--workers", "1", "--quiet"], env=cli_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--workers", "1", "--quiet"],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     _wait_for(lambda: _committed(url) > 0, proc, "the first commit")
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert err.splitlines() == ["relulearn: interrupted; every merged block was committed. Run the same command to "
-                                "resume."], err
+    assert err.splitlines() == [
+        "relulearn: interrupted; every merged block was committed. Run the same command to resume."
+    ], err
     assert not (Path(url) / "lease.json").exists() and read_lease(url) is None
     assert 0 < _committed(url) < 10_000_000
     more = api.estimate(load_config(cfg_path), url, samples=_committed(url) + 2_000, client="local", progress=None)
@@ -225,18 +260,24 @@ def test_live_leases_are_never_broken_and_silent_or_unreadable_ones_are_stale(tm
     # no heartbeat for 11 minutes: stale (the 10-minute timeout), broken on request
     old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=11)).isoformat()
     _write_lease(url, host="node-7", pid=4242, heartbeat=old)
-    with pytest.raises(StoreLockedError, match=r"stale because no heartbeat for 66\d s \(a lease is stale after 600 s\)"):
+    with pytest.raises(
+        StoreLockedError, match=r"stale because no heartbeat for 66\d s \(a lease is stale after 600 s\)"
+    ):
         api.estimate(make_config(), url, samples=50_000, client="local", progress=None)
     assert api.status(url)["lease"]["stale"].startswith("no heartbeat")
-    assert api.estimate(make_config(), url, samples=50_000, client="local", progress=None, break_lock=True).samples \
+    assert (
+        api.estimate(make_config(), url, samples=50_000, client="local", progress=None, break_lock=True).samples
         == 50_000
+    )
     assert read_lease(url) is None
     # a lease document that cannot be read (a writer killed while writing it on a file system without links)
     (Path(url) / "lease.json").write_text("{")
     with pytest.raises(StoreLockedError, match="cannot be read"):
         api.estimate(make_config(), url, samples=60_000, client="local", progress=None)
-    assert api.estimate(make_config(), url, samples=60_000, client="local", progress=None, break_lock=True).samples \
+    assert (
+        api.estimate(make_config(), url, samples=60_000, client="local", progress=None, break_lock=True).samples
         == 60_000
+    )
     # a process id now used by another process (this one: its start time differs from the lease's)
     _write_lease(url, process_start=1)
     with pytest.raises(StoreLockedError, match=f"process {os.getpid()} on .* has ended"):

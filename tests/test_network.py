@@ -19,8 +19,11 @@ def planted(d: int, k: int, seed: int) -> Network:
 
 def test_npz_round_trip(tmp_path):
     rng = np.random.default_rng(0)
-    net = Network((rng.standard_normal((4, 3)), rng.standard_normal((2, 4)), rng.standard_normal((1, 2))),
-                  (rng.standard_normal(4), rng.standard_normal(2), rng.standard_normal(1)), "tanh")
+    net = Network(
+        (rng.standard_normal((4, 3)), rng.standard_normal((2, 4)), rng.standard_normal((1, 2))),
+        (rng.standard_normal(4), rng.standard_normal(2), rng.standard_normal(1)),
+        "tanh",
+    )
     net.save(tmp_path / "n.npz")
     back = Network.load(tmp_path / "n.npz")
     x = rng.standard_normal((10, 3))
@@ -91,8 +94,10 @@ def test_input_gradients_match_finite_differences():
     from relulearn.network import input_gradients
 
     rng = np.random.default_rng(3)
-    net = Network((rng.standard_normal((5, 4)), rng.standard_normal((3, 5)), rng.standard_normal((1, 3))),
-                  biases=(rng.standard_normal(5), rng.standard_normal(3), rng.standard_normal(1)))
+    net = Network(
+        (rng.standard_normal((5, 4)), rng.standard_normal((3, 5)), rng.standard_normal((1, 3))),
+        biases=(rng.standard_normal(5), rng.standard_normal(3), rng.standard_normal(1)),
+    )
     x = rng.standard_normal((50, 4))
     g = input_gradients(net, x)
     h = 1e-6
@@ -123,7 +128,8 @@ def test_subspace_angle_sees_the_function_not_the_parametrization():
     t = 0.03
     tilted = u.copy()
     tilted[1] = np.cos(t) * u[1] + np.sin(t) * np.linalg.qr(np.vstack([u, rng.standard_normal(6)]).T)[0][:, 2]
-    assert subspace_angle(teacher, Network((tilted, teacher.weights[1], teacher.weights[2])), x) == pytest.approx(t, rel=1e-6)
+    tilted_net = Network((tilted, teacher.weights[1], teacher.weights[2]))
+    assert subspace_angle(teacher, tilted_net, x) == pytest.approx(t, rel=1e-6)
 
 
 def test_compare_counts_biases_up_to_permutation_and_rescaling():

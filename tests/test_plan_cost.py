@@ -10,10 +10,10 @@ import pytest
 from relulearn.cli import main
 from relulearn.config import config_from_dict
 from relulearn.pipeline.cost import Rates, Work, family_work, sums_entries
+from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.plan import MemoryBudgetError, partial_bytes
 from relulearn.pipeline.projection import project_pass
 from relulearn.pipeline.sources import make_source
-from relulearn.pipeline.families import build_statistics
 from relulearn.runplan import TooLongError, plan_run
 
 #: a machine like this one (one core: 40 Gflop/s on large products, 90 M normals/s)
@@ -21,8 +21,12 @@ RATES = Rates(peak=4e10, half=25.0, memory=1.5e10, normals=9e7, disk=1e9)
 
 
 def cfg_of(d: int, samples: int = 1_000_000, statistics: dict | None = None, **run) -> object:
-    raw = {"seed": 1, "samples": samples, "chunk_size": 50_000,
-           "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 4}}}
+    raw = {
+        "seed": 1,
+        "samples": samples,
+        "chunk_size": 50_000,
+        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": 4}},
+    }
     if statistics is not None:
         raw["statistics"] = statistics
     if run:
@@ -37,14 +41,23 @@ def test_a_blas_product_runs_at_half_its_peak_at_the_calibrated_size():
     assert RATES.seconds(w) == pytest.approx(0.05 + 1.0 + 1.0, rel=1e-6)
 
 
-@pytest.mark.parametrize("statistics", [
-    {"basic": {}, "contracted": {"orders": [2, 4], "directions": 3}},
-    {"basic": None, "sketch": {"rank": 7, "second": {}}},
-    {"basic": None, "sketch": {"rank": 5, "contracted": {"orders": [2], "directions": 2}, "filtered": {
-        "thresholds": [0.1, 0.5]}}},
-    {"output_moments": {}, "hermite": {"max_order": 3}},
-    {"filtered": {"thresholds": [0.1, 0.3, 0.9]}},
-])
+@pytest.mark.parametrize(
+    "statistics",
+    [
+        {"basic": {}, "contracted": {"orders": [2, 4], "directions": 3}},
+        {"basic": None, "sketch": {"rank": 7, "second": {}}},
+        {
+            "basic": None,
+            "sketch": {
+                "rank": 5,
+                "contracted": {"orders": [2], "directions": 2},
+                "filtered": {"thresholds": [0.1, 0.5]},
+            },
+        },
+        {"output_moments": {}, "hermite": {"max_order": 3}},
+        {"filtered": {"thresholds": [0.1, 0.3, 0.9]}},
+    ],
+)
 def test_the_projected_block_partial_is_the_built_statistics_partial_to_the_byte(statistics):
     """The model's partial bytes (what run.worker_memory bounds, and what the driver merges) equal those of the
     statistics the run builds (their schemas), family by family."""
@@ -63,7 +76,8 @@ def test_dense_work_is_the_syrk_count_and_the_sketch_work_is_linear_in_d():
     assert sketch[1] == pytest.approx(2 * sketch[0]) and sketch[2] == pytest.approx(4 * sketch[0])
     # a label vector of m outputs: every family but output_moments once per output
     assert family_work("contracted", {"orders": [2], "directions": 1}, 300, outputs=3).flops == pytest.approx(
-        3 * family_work("contracted", {"orders": [2], "directions": 1}, 300).flops)
+        3 * family_work("contracted", {"orders": [2], "directions": 1}, 300).flops
+    )
 
 
 def test_a_pass_projects_linearly_in_samples_and_inversely_in_workers():
@@ -123,10 +137,16 @@ def test_the_pilot_pass_is_a_small_share_of_the_run(d, samples):
     fast = Rates(peak=4e12, half=25.0, memory=1.5e11, normals=9e8, disk=1e10)
     assert plan_run(cfg_of(d, samples), "moments", workers=2, rates=fast).statistics == plan.statistics
     # a pilot the configuration gives is kept
-    given = {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True,
-                                         "control_samples": 123_000}}
-    assert plan_run(cfg_of(d, samples, given), "moments", workers=2, rates=RATES).statistics["contracted"][
-        "control_samples"] == 123_000
+    given = {
+        "basic": {},
+        "contracted": {"orders": [2, 4], "directions": 8, "control": True, "control_samples": 123_000},
+    }
+    assert (
+        plan_run(cfg_of(d, samples, given), "moments", workers=2, rates=RATES).statistics["contracted"][
+            "control_samples"
+        ]
+        == 123_000
+    )
 
 
 def test_the_planner_sketches_when_the_dense_partial_does_not_fit_the_worker_memory():
@@ -147,15 +167,20 @@ def test_a_budget_no_form_fits_is_refused_with_the_bytes_of_each_form():
 
 
 def test_a_run_past_max_hours_is_refused_with_the_samples_that_would_fit(tmp_path):
-    cfg = cfg_of(3000, 8_000_000, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}},
-                 max_hours=0.5)
+    cfg = cfg_of(
+        3000, 8_000_000, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}, max_hours=0.5
+    )
     with pytest.raises(TooLongError) as err:
         plan_run(cfg, None, workers=2, rates=RATES)
     msg = str(err.value)
     assert "run.max_hours = 0.5 h" in msg and "samples per pass would fit" in msg and "contracted dense" in msg
     fit = int(msg.split("about ")[1].split(" samples")[0].replace(",", ""))
-    ok = plan_run(cfg_of(3000, fit, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}},
-                         max_hours=0.5), None, workers=2, rates=RATES)
+    ok = plan_run(
+        cfg_of(3000, fit, statistics={"basic": {}, "contracted": {"orders": [2, 4], "directions": 8}}, max_hours=0.5),
+        None,
+        workers=2,
+        rates=RATES,
+    )
     assert ok.projected_seconds <= 1800
 
 
@@ -169,8 +194,7 @@ def test_plan_and_fit_dry_run_print_the_plan_and_write_nothing(tmp_path, capsys)
     assert main(["plan", str(cfg), "--method", "moments", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["projected_seconds"] > 0 and all(p["projected_seconds"] > 0 for p in got["passes"])
-    assert np.isclose(got["projected_seconds"], sum(p["projected_seconds"] for p in got["passes"]
-                                                    if not p["optional"]))
+    assert np.isclose(got["projected_seconds"], sum(p["projected_seconds"] for p in got["passes"] if not p["optional"]))
     store = tmp_path / "s.zarr"
     assert main(["fit", str(cfg), "--store", str(store), "--method", "moments", "--dry-run"]) == 0
     assert "projected:" in capsys.readouterr().out

@@ -14,6 +14,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import PYTHON, cli_env
 
 from relulearn import api, hermite
 from relulearn.config import config_from_dict
@@ -23,13 +24,15 @@ from relulearn.pipeline.sources import Stream, draw, make_source
 from relulearn.polynomial import PolynomialModel, load_model
 from relulearn.storage import open_store
 
-from conftest import PYTHON, cli_env
-
 
 def one_hidden(d: int, width: int, n: int, seed: int = 1, run_seed: int = 5) -> dict:
-    return {"seed": run_seed, "samples": n, "chunk_size": 50_000,
-            "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": width, "seed": seed}},
-            "run": {"commit_interval": 0}}
+    return {
+        "seed": run_seed,
+        "samples": n,
+        "chunk_size": 50_000,
+        "source": {"d": d, "teacher": {"kind": "one_hidden_relu", "width": width, "seed": seed}},
+        "run": {"commit_interval": 0},
+    }
 
 
 def population_tail(net: Network, degree: int) -> np.ndarray:
@@ -55,8 +58,15 @@ def test_expansion_terms_match_the_hermite_tensor_definition_on_a_subspace():
     model = PolynomialModel(tuple(tensors), d, basis)
     x = rng.standard_normal((5, d))
     z = x @ basis.T
-    ref = np.array([[float(np.sum(hermite.unpack(tensors[l], r, l) * hermite.hermite_tensor(zi, l))) / math.factorial(l)
-                     for l in range(top + 1)] for zi in z])
+    ref = np.array(
+        [
+            [
+                float(np.sum(hermite.unpack(tensors[l], r, l) * hermite.hermite_tensor(zi, l))) / math.factorial(l)
+                for l in range(top + 1)
+            ]
+            for zi in z
+        ]
+    )
     assert np.allclose(model.terms(x), ref, rtol=1e-12, atol=1e-12)
     assert np.allclose(model.forward(x)[:, 0], ref.sum(axis=1), rtol=1e-12, atol=1e-12)
     # the file round-trips bit for bit, and a network reader names the kind
@@ -73,8 +83,9 @@ def test_expansion_terms_match_the_hermite_tensor_definition_on_a_subspace():
 def test_test_error_is_the_closed_form_tail_plus_the_predicted_variance(tmp_path):
     cfg = config_from_dict(one_hidden(8, 4, 400_000))
     out = str(tmp_path / "m.npz")
-    res = api.fit(cfg, str(tmp_path / "s"), "polynomial", degree=4, shrink="none", out=out, client="local",
-                  progress=None)
+    res = api.fit(
+        cfg, str(tmp_path / "s"), "polynomial", degree=4, shrink="none", out=out, client="local", progress=None
+    )
     rep = res["report"]
     assert res["kind"] == "polynomial" and res["degree"] == 4 and rep["residual"]
     assert [p["name"] for p in res["passes"]] == ["residual-hermite"]
@@ -98,8 +109,9 @@ def test_test_error_is_the_closed_form_tail_plus_the_predicted_variance(tmp_path
 def test_residual_pass_keeps_the_means_and_cuts_the_errors(tmp_path):
     # raw T_3, T_4 stored too (fit itself would store T_0..T_2 only: the pass estimates the rest)
     cfg = config_from_dict(dict(one_hidden(8, 4, 400_000), statistics={"basic": {}, "hermite": {"max_order": 4}}))
-    res = api.fit(cfg, str(tmp_path / "s"), "polynomial", degree=4, out=str(tmp_path / "m.npz"), client="local",
-                  progress=None)
+    res = api.fit(
+        cfg, str(tmp_path / "s"), "polynomial", degree=4, out=str(tmp_path / "m.npz"), client="local", progress=None
+    )
     main = open_store(str(tmp_path / "s")).arrays("hermite")
     resid = open_store(res["passes"][0]["store"]).arrays("hermite")
     for l in (3, 4):
@@ -120,8 +132,19 @@ def test_residual_pass_keeps_the_means_and_cuts_the_errors(tmp_path):
 
 def test_order_shrinkage_removes_a_pure_noise_order_and_never_costs_more(tmp_path):
     cfg = config_from_dict(one_hidden(8, 4, 200_000))
-    fits = {s: api.fit(cfg, str(tmp_path / "s"), "polynomial", degree=4, shrink=s, out=str(tmp_path / f"{s}.npz"),
-                       client="local", progress=None) for s in ("none", "order")}
+    fits = {
+        s: api.fit(
+            cfg,
+            str(tmp_path / "s"),
+            "polynomial",
+            degree=4,
+            shrink=s,
+            out=str(tmp_path / f"{s}.npz"),
+            client="local",
+            progress=None,
+        )
+        for s in ("none", "order")
+    }
     # T_3 = 0 for a ReLU layer: its James–Stein factor max(0, 1 − V_3/‖T̂_3‖²) is near 0
     se3 = np.asarray(open_store(fits["none"]["passes"][0]["store"]).arrays("hermite")["T3_se"])
     t3 = load_model(str(tmp_path / "none.npz")).tensors[3]
@@ -144,12 +167,24 @@ def test_degree_is_chosen_on_held_out_samples(tmp_path):
 
 
 def test_subspace_route_finds_the_first_layer_and_beats_the_full_expansion(tmp_path):
-    data = {"seed": 2, "samples": 300_000, "chunk_size": 50_000,
-            "source": {"d": 16, "teacher": {"kind": "deep_relu", "widths": [2, 4], "seed": 1}},
-            "run": {"commit_interval": 0}}
+    data = {
+        "seed": 2,
+        "samples": 300_000,
+        "chunk_size": 50_000,
+        "source": {"d": 16, "teacher": {"kind": "deep_relu", "widths": [2, 4], "seed": 1}},
+        "run": {"commit_interval": 0},
+    }
     cfg = config_from_dict(data)
-    sub = api.fit(cfg, str(tmp_path / "a"), "polynomial", subspace=True, degree=4, out=str(tmp_path / "a.npz"),
-                  client="local", progress=None)
+    sub = api.fit(
+        cfg,
+        str(tmp_path / "a"),
+        "polynomial",
+        subspace=True,
+        degree=4,
+        out=str(tmp_path / "a.npz"),
+        client="local",
+        progress=None,
+    )
     assert [p["name"] for p in sub["passes"]] == ["projected-hermite"]
     model = load_model(str(tmp_path / "a.npz"))
     # the two rows of W_0, and perhaps T_1's part off the estimated pair (it lies in the row space too)
@@ -159,8 +194,9 @@ def test_subspace_route_finds_the_first_layer_and_beats_the_full_expansion(tmp_p
     cosines = np.linalg.svd(q.T @ model.basis.T, compute_uv=False)  # the row space lies inside the found span
     # within the spectral stage's own error bar (Davis–Kahan / Wedin from the noise floors)
     assert np.arccos(np.clip(cosines.min(), -1, 1)) <= sub["report"]["subspace"]["spectral"]["angle_bound"]
-    full = api.fit(cfg, str(tmp_path / "b"), "polynomial", degree=4, out=str(tmp_path / "b.npz"), client="local",
-                   progress=None)
+    full = api.fit(
+        cfg, str(tmp_path / "b"), "polynomial", degree=4, out=str(tmp_path / "b.npz"), client="local", progress=None
+    )
     x, y = draw(make_source(cfg), cfg.seed, Stream.TEST, 200_000)
     err = {k: float(np.mean((y - load_model(str(tmp_path / f"{k}.npz")).forward(x)[:, 0]) ** 2)) for k in "ab"}
     # the same degree with at most 35 instead of 4,845 entries: the variance term all but vanishes
@@ -179,8 +215,9 @@ def test_fit_gives_the_same_model_bits_in_process_and_on_two_workers(tmp_path, c
 
 
 def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], capture_output=True, text=True, env=cli_env(),
-                          cwd=cwd)
+    return subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *args], capture_output=True, text=True, env=cli_env(), cwd=cwd
+    )
 
 
 def test_predict_cli_evaluates_both_model_kinds(tmp_path):
@@ -192,14 +229,22 @@ def test_predict_cli_evaluates_both_model_kinds(tmp_path):
     poly = PolynomialModel(tuple(rng.standard_normal(math.comb(5 + l - 1, l)) for l in range(4)), 5)
     poly.save(tmp_path / "poly.npz")
     for name, model in (("net", net), ("poly", poly)):
-        r = _cli("predict", str(tmp_path / f"{name}.npz"), "--input", str(tmp_path / "x.npy"), "--out",
-                 str(tmp_path / f"{name}.npy"), "--json")
+        r = _cli(
+            "predict",
+            str(tmp_path / f"{name}.npz"),
+            "--input",
+            str(tmp_path / "x.npy"),
+            "--out",
+            str(tmp_path / f"{name}.npy"),
+            "--json",
+        )
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["kind"] == ("network" if name == "net" else "polynomial")
         assert np.array_equal(np.load(tmp_path / f"{name}.npy"), model.forward(x)[:, 0])
     np.save(tmp_path / "bad.npy", x[:, :4])
-    r = _cli("predict", str(tmp_path / "poly.npz"), "--input", str(tmp_path / "bad.npy"), "--out",
-             str(tmp_path / "y.npy"))
+    r = _cli(
+        "predict", str(tmp_path / "poly.npz"), "--input", str(tmp_path / "bad.npy"), "--out", str(tmp_path / "y.npy")
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "have 4 columns" in r.stderr and "d = 5" in r.stderr
     assert not (tmp_path / "y.npy").exists()
@@ -213,8 +258,11 @@ def test_bad_degrees_are_refused_with_what_to_do(tmp_path):
         api.learn(store, "polynomial", degree=5, residual=False, client="local", progress=None)
     # too large for d: the entry count, the limit and the largest degree that fits
     big = dict(one_hidden(50, 2, 100_000))
-    with pytest.raises(polynomial.DegreeError, match=r"32,468,436 packed entries.*2,000,000.*largest degree that fits "
-                                                     r"is 4"):
+    with pytest.raises(
+        polynomial.DegreeError,
+        match=r"32,468,436 packed entries.*2,000,000.*largest degree that fits "
+        r"is 4",
+    ):
         api.fit(config_from_dict(big), str(tmp_path / "b"), "polynomial", degree=6, client="local", progress=None)
     assert not (tmp_path / "b").exists()  # refused before anything was written
     with pytest.raises(polynomial.DegreeError, match="largest order 8"):
@@ -222,6 +270,16 @@ def test_bad_degrees_are_refused_with_what_to_do(tmp_path):
     polynomial.check_degree(8, 8)  # at d = 8, degree 8 fits (12,870 entries)
     with pytest.raises(ValueError, match="--width does not apply"):
         api.learn(store, "polynomial", width=3, client="local", progress=None)
-    r = _cli("learn", store, "--method", "polynomial", "--degree", "5", "--no-residual", "--out",
-             str(tmp_path / "m.npz"), "--in-process")
+    r = _cli(
+        "learn",
+        store,
+        "--method",
+        "polynomial",
+        "--degree",
+        "5",
+        "--no-residual",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr and "max_order: 5" in r.stderr

@@ -36,20 +36,27 @@ def test_the_set_up_commands_are_the_ones_ci_and_the_docs_run():
 
 def test_the_example_is_small_yaml():
     example = next(b for b in blocks() if b.startswith("relulearn fit"))
-    stated = [line[1:].strip() for line in (ROOT / "examples" / "small.yaml").read_text().splitlines()
-              if line.startswith("#   relulearn")]
+    stated = [
+        line[1:].strip()
+        for line in (ROOT / "examples" / "small.yaml").read_text().splitlines()
+        if line.startswith("#   relulearn")
+    ]
     assert example.strip().splitlines() == stated
 
 
 def test_the_python_example_runs_and_evaluate_prints_what_the_readme_shows(tmp_path):
     code = blocks("python")[0]
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    out = subprocess.run([PYTHON, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run([PYTHON, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-12
-    printed = subprocess.run([PYTHON, "-m", "relulearn.cli", "evaluate", "small.npz", "--teacher",
-                              "examples/small.yaml"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True)
+    printed = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", "evaluate", "small.npz", "--teacher", "examples/small.yaml"],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
     assert printed.returncode == 0, printed.stderr[-3000:]
     shown = next(b for b in blocks() if b.startswith("samples"))
     assert [line.split()[0] for line in shown.splitlines()] == [line.split()[0] for line in printed.stdout.splitlines()]

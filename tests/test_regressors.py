@@ -8,14 +8,24 @@ import warnings
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn import regressors as R
 from relulearn.network import Network
 
-from conftest import PYTHON, cli_env
 
-@pytest.mark.parametrize("cls", [R.MomentsRegressor, R.TensorRegressor, R.FilteredPCARegressor, R.ExactRegressor,
-                                 R.PolynomialRegressor, R.LandscapeRegressor], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls",
+    [
+        R.MomentsRegressor,
+        R.TensorRegressor,
+        R.FilteredPCARegressor,
+        R.ExactRegressor,
+        R.PolynomialRegressor,
+        R.LandscapeRegressor,
+    ],
+    ids=lambda c: c.__name__,
+)
 @pytest.mark.slow
 def test_scikit_learn_estimator_checks(cls):
     """A plain `check_estimator` passes, no check declared as expected to fail: on the checks' 20-200 rows the
@@ -31,8 +41,10 @@ def test_scikit_learn_estimator_checks(cls):
 
 def planted(rows: int = 200_000, d: int = 10):
     rng = np.random.default_rng(12)
-    teacher = Network((rng.standard_normal((3, d)) / np.sqrt(d), np.array([[1.1, -0.9, 0.8]])),
-                      (0.4 * rng.standard_normal(3), np.array([-0.2])))
+    teacher = Network(
+        (rng.standard_normal((3, d)) / np.sqrt(d), np.array([[1.1, -0.9, 0.8]])),
+        (0.4 * rng.standard_normal(3), np.array([-0.2])),
+    )
     x = rng.standard_normal((rows, d))
     return teacher, x, teacher.forward(x)[:, 0]
 
@@ -45,9 +57,29 @@ def test_moments_regressor_matches_the_cli_on_the_same_rows(tmp_path):
     cfg = est.run_config(str(tmp_path / "est" / "x.npy"), str(tmp_path / "est" / "y.npy"), *x.shape)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "cli.npz"
-    done = subprocess.run([PYTHON, "-m", "relulearn.cli", "fit", str(tmp_path / "c.yaml"), "--store",
-                           str(tmp_path / "cli.zarr"), "--method", "moments", "--width", "3", "--out", str(out),
-                           "--in-process", "--quiet"], env=cli_env(), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "relulearn.cli",
+            "fit",
+            str(tmp_path / "c.yaml"),
+            "--store",
+            str(tmp_path / "cli.zarr"),
+            "--method",
+            "moments",
+            "--width",
+            "3",
+            "--out",
+            str(out),
+            "--in-process",
+            "--quiet",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     cli = Network.load(out)
     assert all(np.array_equal(a, b) for a, b in zip(est.model_.to_arrays().values(), cli.to_arrays().values()))
@@ -77,13 +109,20 @@ def test_the_tensor_regressor_keeps_the_conventions_and_learns_a_network_wider_t
     from sklearn.utils import estimator_checks as ec
 
     est = R.TensorRegressor()
-    for check in (ec.check_parameters_default_constructible, ec.check_get_params_invariance, ec.check_set_params,
-                  ec.check_no_attributes_set_in_init, ec.check_estimator_repr,
-                  ec.check_do_not_raise_errors_in_init_or_set_params):
+    for check in (
+        ec.check_parameters_default_constructible,
+        ec.check_get_params_invariance,
+        ec.check_set_params,
+        ec.check_no_attributes_set_in_init,
+        ec.check_estimator_repr,
+        ec.check_do_not_raise_errors_in_init_or_set_params,
+    ):
         check(type(est).__name__, est)
     rng = np.random.default_rng(3)
-    teacher = Network((rng.standard_normal((8, 6)) / np.sqrt(6), rng.choice([-1.0, 1.0], (1, 8))),
-                      (0.5 * rng.standard_normal(8), np.array([0.3])))
+    teacher = Network(
+        (rng.standard_normal((8, 6)) / np.sqrt(6), rng.choice([-1.0, 1.0], (1, 8))),
+        (0.5 * rng.standard_normal(8), np.array([0.3])),
+    )
     x = rng.standard_normal((400_000, 6))
     y = teacher.forward(x)[:, 0]
     fitted = R.TensorRegressor(width=8).fit(x, y)

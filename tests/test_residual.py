@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy import special
+from test_statistics import _phi, assert_powerful, check_within, filtered_truth, orthonormal_rows, run_config
 
 from relulearn import open_store
 from relulearn.config import ConfigError
@@ -21,8 +22,6 @@ from relulearn.network import Network
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source, pilot_batches
 from relulearn.storage import RunStore
-
-from test_statistics import _phi, assert_powerful, check_within, filtered_truth, orthonormal_rows, run_config
 
 U = orthonormal_rows(np.random.default_rng(5), 2, 6)
 LAM = [1.0, -0.8]
@@ -33,10 +32,14 @@ def residual_config(seed: int, samples: int, grid: dict, candidates=None, basis=
     if candidates is None:
         candidates = [{"weights": [[[1.0]], [[LAM[0]]]]}, {"weights": [[[0.0]], [[0.0]]]}]
     return run_config(
-        seed=seed, samples=samples, chunk_size=2_000, d=6,
+        seed=seed,
+        samples=samples,
+        chunk_size=2_000,
+        d=6,
         teacher={"kind": "one_hidden_relu", "width": 2, "weights": U.tolist(), "output_weights": LAM},
-        statistics={"residual": {"basis": (U[:1] if basis is None else basis).tolist(),
-                                 "candidates": candidates, **grid}},
+        statistics={
+            "residual": {"basis": (U[:1] if basis is None else basis).tolist(), "candidates": candidates, **grid}
+        },
     )
 
 
@@ -66,8 +69,7 @@ def test_residual_filtered_matches_closed_form(tmp_path):
 
 def test_candidates_and_basis_are_stored_with_the_pass(tmp_path):
     cand = Network((np.array([[0.5], [-1.0]]), np.array([[1.0, 2.0]])))
-    cfg = residual_config(7, 20_000, {"thresholds": TAU},
-                          candidates=[{"weights": [w.tolist() for w in cand.weights]}])
+    cfg = residual_config(7, 20_000, {"thresholds": TAU}, candidates=[{"weights": [w.tolist() for w in cand.weights]}])
     estimate(cfg, str(tmp_path / "s"), client=None, progress=None)
     arrays = open_store(str(tmp_path / "s")).arrays("residual")
     np.testing.assert_array_equal(arrays["basis"], U[:1])
@@ -93,11 +95,14 @@ def test_quantile_grid_per_candidate(tmp_path, client):
     np.testing.assert_allclose(a["prob"], [[0.5, 0.1], [0.5, 0.1]], atol=0.01)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"basis": np.array([[1.0, 1, 0, 0, 0, 0]])}, "orthonormal"),
-    ({"basis": np.array([[1.0, 0, 0]])}, "d=6"),
-    ({"candidates": [{"weights": [[[1.0, 0.0]], [[1.0]]]}]}, "candidates[0] maps 2 inputs"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"basis": np.array([[1.0, 1, 0, 0, 0, 0]])}, "orthonormal"),
+        ({"basis": np.array([[1.0, 0, 0]])}, "d=6"),
+        ({"candidates": [{"weights": [[[1.0, 0.0]], [[1.0]]]}]}, "candidates[0] maps 2 inputs"),
+    ],
+)
 def test_bad_residual_sections_name_the_key(tmp_path, bad, message):
     cfg = residual_config(1, 4_000, {"thresholds": TAU}, **bad)
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import PYTHON, cli_env
 
 from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
 
-from conftest import PYTHON, cli_env
 
 def residual_section(d: int) -> dict:
     """A residual pass over a 2-dim basis with one depth-1 candidate (fixed numbers)."""
@@ -24,9 +24,12 @@ def residual_section(d: int) -> dict:
 
     rng = generator(99, 0)
     basis = np.linalg.qr(rng.standard_normal((d, 2)))[0].T
-    return {"basis": basis.tolist(),
-            "candidates": [{"weights": [rng.standard_normal((3, 2)).tolist(), rng.standard_normal((1, 3)).tolist()]}],
-            "quantiles": [0.3, 0.8], "pilot_samples": 20_000}
+    return {
+        "basis": basis.tolist(),
+        "candidates": [{"weights": [rng.standard_normal((3, 2)).tolist(), rng.standard_normal((1, 3)).tolist()]}],
+        "quantiles": [0.3, 0.8],
+        "pilot_samples": 20_000,
+    }
 
 
 # Fast blocks, committed after every block: kills land in computation and in commits alike.
@@ -96,13 +99,25 @@ def test_sigkill_resume_is_bitwise_exact(reference, tmp_path):
     cfg_path, ref_url = reference
     url = str(tmp_path / "killed.zarr")
     # a killed driver leaves its lease behind: each new driver breaks it (the previous one is dead)
-    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--workers", "2", "--quiet",
-           "--break-lock"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "relulearn.cli",
+        "estimate",
+        str(cfg_path),
+        "--store",
+        url,
+        "--workers",
+        "2",
+        "--quiet",
+        "--break-lock",
+    ]
     rng = np.random.default_rng(20261202)
     kills, progress = 0, []
-    for attempt in range(8):
-        proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
+    for _attempt in range(8):
+        proc = subprocess.Popen(
+            cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
         # wait until the run has started committing (or a short random time on the first try)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and not (Path(url) / "zarr.json").exists():
@@ -186,8 +201,19 @@ def test_sigterm_commits_merged_blocks(tmp_path):
     """
     cfg_path = write_config(tmp_path / "long.yaml", dict(KILL_CONFIG, samples=400_000_000))
     url = str(tmp_path / "term.zarr")
-    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process",
-           "--quiet", "--commit-interval", "1000"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "relulearn.cli",
+        "estimate",
+        str(cfg_path),
+        "--store",
+        url,
+        "--in-process",
+        "--quiet",
+        "--commit-interval",
+        "1000",
+    ]
     proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(4.0)
     proc.send_signal(signal.SIGTERM)
@@ -210,8 +236,12 @@ def _mount_tmpfs(path: Path, size: int) -> bool:
     if os.geteuid() != 0:
         return False
     path.mkdir()
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 def test_a_full_disk_names_the_store_keeps_its_last_commit_and_resumes_bitwise(reference, tmp_path):
@@ -233,7 +263,8 @@ def test_a_full_disk_names_the_store_keeps_its_last_commit_and_resumes_bitwise(r
         assert full.stderr.splitlines() == [
             f"relulearn: error: could not write {url}: No space left on device. The store {url} is intact at its "
             f"last commit: {per_block:,} samples are committed and safe ({per_block:,} merged samples since were "
-            "not saved). Free space there, then run the same command to resume"], full.stderr
+            "not saved). Free space there, then run the same command to resume"
+        ], full.stderr
         assert open_store(url).samples == per_block and not (Path(url) / "lease.json").exists()
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
         done = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)

@@ -26,12 +26,12 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 boto3 = pytest.importorskip("boto3")
 
+from conftest import PYTHON, cli_env  # noqa: E402
+from test_resume import assert_bitwise_equal, assert_each_chunk_once  # noqa: E402
+
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.storage import RunStore  # noqa: E402
-
-from conftest import PYTHON, cli_env  # noqa: E402
-from test_resume import assert_bitwise_equal, assert_each_chunk_once  # noqa: E402
 
 BUCKET = "relulearn-test"
 
@@ -65,8 +65,13 @@ class S3:
 
     def __init__(self, endpoint: str, env: dict[str, str], log: Path):
         self.endpoint, self.env, self.log = endpoint, env, log
-        self.client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                                   aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
 
     def url(self, name: str) -> str:
         return f"s3://{BUCKET}/{name}"
@@ -77,7 +82,7 @@ class S3:
         while True:
             kw = {"ContinuationToken": token} if token else {}
             page = self.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/", **kw)
-            out.update({o["Key"][len(prefix) + 1:]: o["ETag"] for o in page.get("Contents", [])})
+            out.update({o["Key"][len(prefix) + 1 :]: o["ETag"] for o in page.get("Contents", [])})
             if not page.get("IsTruncated"):
                 return out
             token = page["NextContinuationToken"]
@@ -109,8 +114,9 @@ def s3(tmp_path_factory):
     d = tmp_path_factory.mktemp("s3")
     log = d / "moto.log"
     with open(log, "w") as f:
-        server = subprocess.Popen([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
-                                  stdout=f, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"], stdout=f, stderr=subprocess.STDOUT
+        )
     try:
         deadline = time.monotonic() + 30
         port = None
@@ -126,9 +132,13 @@ def s3(tmp_path_factory):
         for name in ("config", "credentials"):  # nothing from the user's ~/.aws
             (d / "aws" / name).write_text("")
         env = {
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_CONFIG_FILE": str(d / "aws" / "config"), "AWS_SHARED_CREDENTIALS_FILE": str(d / "aws" / "credentials"),
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": str(d / "aws" / "config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(d / "aws" / "credentials"),
         }
         with pytest.MonkeyPatch.context() as mp:
             for k in [k for k in os.environ if k.startswith("AWS_")]:
@@ -149,14 +159,27 @@ def write_yaml(path: Path, data: dict) -> Path:
 
 
 def cli(*args, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *map(str, args)], env=env or cli_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *map(str, args)],
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def cli_parallel(*commands: tuple[dict, tuple]) -> list[subprocess.CompletedProcess]:
     """Run ``(env, args)`` commands concurrently (interpreter starts dominate their time)."""
-    procs = [subprocess.Popen([PYTHON, "-m", "relulearn.cli", *map(str, args)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for env, args in commands]
+    procs = [
+        subprocess.Popen(
+            [PYTHON, "-m", "relulearn.cli", *map(str, args)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for env, args in commands
+    ]
     out = []
     for p, (_, args) in zip(procs, commands):
         stdout, stderr = p.communicate(timeout=120)
@@ -195,8 +218,9 @@ def test_estimate_status_extend_on_s3(s3, local_reference, tmp_path):
     status = cli("status", url, "--json")
     assert status.returncode == 0, status.stderr
     info = json.loads(status.stdout)
-    assert info["store"] == url and info["samples"] == 16_000 and info["statistics"] == ["basic", "contracted",
-                                                                                          "filtered"]
+    assert (
+        info["store"] == url and info["samples"] == 16_000 and info["statistics"] == ["basic", "contracted", "filtered"]
+    )
     # the CLI without --samples extends the run to the configuration's 24,000 samples
     again = cli("estimate", cfg, "--store", url, "--in-process", "--json", "--quiet")
     assert again.returncode == 0, again.stderr
@@ -211,12 +235,16 @@ def test_estimate_status_extend_on_s3(s3, local_reference, tmp_path):
 
 def test_merge_on_s3(s3, tmp_path):
     """Two seeds, one on S3 and one in a local directory, merged into a new S3 store."""
-    stats = {"basic": {}, "contracted": {"orders": [2, 4], "directions": 2, "directions_seed": 5},
-             "filtered": {"thresholds": [0.1, 0.5]}}
+    stats = {
+        "basic": {},
+        "contracted": {"orders": [2, 4], "directions": 2, "directions_seed": 5},
+        "filtered": {"thresholds": [0.1, 0.5]},
+    }
     a, b, out = s3.url("merge/a"), str(tmp_path / "b.zarr"), s3.url("merge/ab")
     for seed, url in ((1, a), (2, b)):
-        api.estimate(config_from_dict(dict(RUN, seed=seed, samples=8_000, statistics=stats)), url,
-                     client="local", progress=None)
+        api.estimate(
+            config_from_dict(dict(RUN, seed=seed, samples=8_000, statistics=stats)), url, client="local", progress=None
+        )
     proc = cli("merge", a, b, "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["seeds"] == [1, 2]
@@ -231,7 +259,9 @@ def test_merge_on_s3(s3, tmp_path):
 
 def test_learn_from_s3_with_a_pass_stored_under_the_store(s3, tmp_path):
     data = {
-        "seed": 10, "samples": 100_000, "chunk_size": 25_000,
+        "seed": 10,
+        "samples": 100_000,
+        "chunk_size": 25_000,
         "source": {"d": 8, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 10}, "noise_std": 0.0},
         "statistics": {"contracted": {"orders": [2, 4], "directions": 8}},
         "run": {"commit_interval": 1e9},
@@ -240,8 +270,9 @@ def test_learn_from_s3_with_a_pass_stored_under_the_store(s3, tmp_path):
     url = s3.url("learn")
     api.estimate(config_from_dict(data), url, client="local", progress=None)
     # width 2 (CLI): learned exactly from the statistics on S3
-    exact = cli("learn", url, "--method", "moments", "--width", 2, "--in-process", "--json", "--out",
-                tmp_path / "m2.npz")
+    exact = cli(
+        "learn", url, "--method", "moments", "--width", 2, "--in-process", "--json", "--out", tmp_path / "m2.npz"
+    )
     assert exact.returncode == 0, exact.stderr
     assert json.loads(exact.stdout)["passes"] == []
     ev = api.evaluate(str(tmp_path / "m2.npz"), cfg, samples=20_000)
@@ -265,8 +296,20 @@ def test_sigkill_at_random_moments_resumes_bitwise(s3, local_reference, tmp_path
     cfg = write_yaml(tmp_path / "kill.yaml", KILL)
     url, prefix = s3.url("kill/random"), "kill/random"
     # a killed driver leaves its lease behind: each new driver breaks it (the previous one is dead)
-    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", url, "--in-process", "--quiet",
-           "--commit-interval", "0", "--break-lock"]
+    cmd = [
+        PYTHON,
+        "-m",
+        "relulearn.cli",
+        "estimate",
+        str(cfg),
+        "--store",
+        url,
+        "--in-process",
+        "--quiet",
+        "--commit-interval",
+        "0",
+        "--break-lock",
+    ]
     rng = np.random.default_rng(20261203)
     kills, in_commit, progress, failure = 0, 0, [], ""
     for _ in range(6):
@@ -352,15 +395,20 @@ def test_sigkill_inside_a_commit_leaves_the_previous_commit(s3, local_reference,
     args = ["estimate", str(cfg), "--store", url, "--in-process", "--quiet", "--commit-interval", "0", "--break-lock"]
     objects_per_generation = None
     for commit, after in ((2, 12), (1, -1)):
-        proc = subprocess.Popen([PYTHON, str(driver), str(commit), str(after), *args], env=cli_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [PYTHON, str(driver), str(commit), str(after), *args],
+            env=cli_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         line = proc.stdout.readline()
         assert line.startswith("STALLED"), (line, proc.stderr.read() if proc.poll() is not None else "")
         committed = open_store(url)
         gens = s3.generations(prefix)
         orphans = {g: n for g, n in gens.items() if g != committed.head}
         assert len(orphans) == 1, gens
-        (orphan, n_orphan), = orphans.items()
+        ((orphan, n_orphan),) = orphans.items()
         objects_per_generation = gens[committed.head]
         if after >= 0:  # a generation partly written: some of its objects, not all
             assert 0 < n_orphan < objects_per_generation, gens
@@ -375,11 +423,13 @@ def test_sigkill_inside_a_commit_leaves_the_previous_commit(s3, local_reference,
         after_kill = open_store(url)
         assert after_kill.head == committed.head and after_kill.samples == committed.samples > 0
         ref = str(tmp_path / f"ref{commit}.zarr")
-        api.estimate(config_from_dict(KILL), ref, samples=after_kill.samples, client="local", progress=None,
-                     commit_interval=1e9)
+        api.estimate(
+            config_from_dict(KILL), ref, samples=after_kill.samples, client="local", progress=None, commit_interval=1e9
+        )
         assert_bitwise_equal(url, ref)
-    api.estimate(config_from_dict(KILL), url, client="local", progress=None, commit_interval=1e9,
-                 break_lock=True)  # resume (the killed driver left its lease)
+    api.estimate(
+        config_from_dict(KILL), url, client="local", progress=None, commit_interval=1e9, break_lock=True
+    )  # resume (the killed driver left its lease)
     assert_bitwise_equal(url, local_reference["kill"])
     assert_each_chunk_once(url, KILL["samples"] // KILL["chunk_size"])
     assert s3.generations(prefix) == {open_store(url).head: objects_per_generation}
@@ -391,8 +441,12 @@ def test_sigkill_inside_a_commit_leaves_the_previous_commit(s3, local_reference,
 def _bare_env(s3, **extra) -> dict[str, str]:
     """The CLI environment without any AWS credentials or endpoint (and no ~/.aws files)."""
     env = {k: v for k, v in cli_env().items() if not k.startswith("AWS_")}
-    env.update(AWS_CONFIG_FILE=s3.env["AWS_CONFIG_FILE"], AWS_EC2_METADATA_DISABLED="true",
-               AWS_SHARED_CREDENTIALS_FILE=s3.env["AWS_SHARED_CREDENTIALS_FILE"], **extra)
+    env.update(
+        AWS_CONFIG_FILE=s3.env["AWS_CONFIG_FILE"],
+        AWS_EC2_METADATA_DISABLED="true",
+        AWS_SHARED_CREDENTIALS_FILE=s3.env["AWS_SHARED_CREDENTIALS_FILE"],
+        **extra,
+    )
     return env
 
 
@@ -422,8 +476,9 @@ def test_refused_commands_are_one_line_errors_and_leave_the_store_intact(s3, bas
     # no credentials anywhere; the endpoint is a closed loopback port, so nothing can reach AWS
     no_credentials = _bare_env(s3, AWS_ENDPOINT_URL=closed)
     # credentials, but nothing listens at the endpoint (one attempt per request keeps this short)
-    unreachable = _bare_env(s3, AWS_ENDPOINT_URL=closed, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                            AWS_MAX_ATTEMPTS="1")
+    unreachable = _bare_env(
+        s3, AWS_ENDPOINT_URL=closed, AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_MAX_ATTEMPTS="1"
+    )
     missing_bucket = f"s3://no-such-bucket-{os.getpid()}/run"
     t0 = time.perf_counter()
     procs = cli_parallel(
@@ -433,8 +488,9 @@ def test_refused_commands_are_one_line_errors_and_leave_the_store_intact(s3, bas
         (cli_env(), ("estimate", other, "--store", base, "--in-process")),
     )
     assert time.perf_counter() - t0 < 45
-    _assert_one_line_error(procs[0], base, "no S3 credentials", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                           "AWS_ENDPOINT_URL")
+    _assert_one_line_error(
+        procs[0], base, "no S3 credentials", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"
+    )
     _assert_one_line_error(procs[1], base, f"endpoint {closed} is unreachable", "AWS_ENDPOINT_URL")
     _assert_one_line_error(procs[2], missing_bucket, "does not exist", "create it")
     _assert_one_line_error(procs[3], base, "different fingerprint", "chunk_size", "not modified")

@@ -29,8 +29,10 @@ def _gauss_mean(g) -> float:
     dens = lambda z: g(z) * math.exp(-z * z / 2) / math.sqrt(2 * math.pi)  # noqa: E731
     with warnings.catch_warnings():  # "roundoff error detected": it has reached double precision
         warnings.simplefilter("ignore", integrate.IntegrationWarning)
-        return sum(integrate.quad(dens, a, b, epsabs=1e-15, epsrel=1e-14, limit=200)[0]
-                   for a, b in ((-np.inf, 0.0), (0.0, np.inf)))
+        return sum(
+            integrate.quad(dens, a, b, epsabs=1e-15, epsrel=1e-14, limit=200)[0]
+            for a, b in ((-np.inf, 0.0), (0.0, np.inf))
+        )
 
 
 def _erf_relu_formula(z):
@@ -78,8 +80,9 @@ def test_erf_relu_is_the_integral_of_erf_plus_one():
     np.testing.assert_allclose(derivative, erf(z) + 1, atol=1e-9)
     assert f(np.zeros(1))[0] == 0.0
     # no cancellation far left: → −1/√π, and ≈ 2z − 1/√π far right
-    np.testing.assert_allclose(f(np.array([-40.0, 40.0])), [-1 / math.sqrt(math.pi), 80 - 1 / math.sqrt(math.pi)],
-                               rtol=1e-15)
+    np.testing.assert_allclose(
+        f(np.array([-40.0, 40.0])), [-1 / math.sqrt(math.pi), 80 - 1 / math.sqrt(math.pi)], rtol=1e-15
+    )
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -114,8 +117,12 @@ def test_coefficients_agree_with_hermite_module(act):
 
 def test_parity_zeros():
     """relu and erf_relu: odd part is a multiple of z, so odd orders ≥ 3 vanish; erf and tanh are odd."""
-    for act, zero in (("relu", slice(3, None, 2)), ("erf_relu", slice(3, None, 2)),
-                      ("erf", slice(0, None, 2)), ("tanh", slice(0, None, 2))):
+    for act, zero in (
+        ("relu", slice(3, None, 2)),
+        ("erf_relu", slice(3, None, 2)),
+        ("erf", slice(0, None, 2)),
+        ("tanh", slice(0, None, 2)),
+    ):
         assert np.abs(S.normalized_hermite_coefficients(act, 40)[zero]).max() < 1e-13, act
 
 
@@ -137,8 +144,12 @@ def test_erf_epsilon_decays_geometrically():
     def dfact(m):
         return math.prod(range(m, 0, -2)) if m > 0 else 1
 
-    closed = [0.0 if l % 2 == 0 else math.sqrt(3 / math.pi) * (-0.5) ** ((l - 1) // 2) * dfact(l - 2)
-              / math.sqrt(math.factorial(l)) for l in range(41)]
+    closed = [
+        0.0
+        if l % 2 == 0
+        else math.sqrt(3 / math.pi) * (-0.5) ** ((l - 1) // 2) * dfact(l - 2) / math.sqrt(math.factorial(l))
+        for l in range(41)
+    ]
     np.testing.assert_allclose(S.normalized_hermite_coefficients("erf", 40), closed, rtol=0, atol=1e-12)
     eps = np.array([S.epsilon_sigma("erf", n) for n in range(1, 22, 2)])
     ratio = eps[1:] / eps[:-1]
@@ -181,24 +192,35 @@ def test_shadow_is_the_papers_psi_n(act):
     coef = activation_hermite_coefficients(paper_sigma(act), 5, quad_points=200, breakpoints=(0.0,))
     for n in range(0, 6):
         he = coef[: n + 1] / np.array([float(math.factorial(l)) for l in range(n + 1)])  # a_l h_l = (c_l/l!) He_l
-        ref = paper_forward(weights, lambda z: hermeval(z, he), x)
+        ref = paper_forward(weights, lambda z, he=he: hermeval(z, he), x)
         got = S.shadow_network(net, n).forward(x)
         assert np.abs(got - ref).max() <= 1e-10 * max(np.abs(ref).max(), scale), (act, n)
         assert S.shadow_network(net, n).polynomial_degree == n**2
 
 
 def test_random_xavier_config():
-    cfg = config_from_dict({"seed": 0, "samples": 10, "source": {
-        "d": 5, "teacher": {"kind": "random_xavier", "widths": [4, 3], "activation": "erf", "seed": 2}}})
+    cfg = config_from_dict(
+        {
+            "seed": 0,
+            "samples": 10,
+            "source": {"d": 5, "teacher": {"kind": "random_xavier", "widths": [4, 3], "activation": "erf", "seed": 2}},
+        }
+    )
     assert isinstance(cfg.source.teacher, RandomXavierTeacher)
     net = make_source(cfg).network
     assert net.fingerprint() == xavier("erf", [4, 3], 5, 2).fingerprint()
     with pytest.raises(ConfigError, match="at least 1"):
-        config_from_dict({"seed": 0, "samples": 10, "source": {"d": 5, "teacher": {"kind": "random_xavier",
-                                                                                    "widths": [4, 0]}}})
+        config_from_dict(
+            {"seed": 0, "samples": 10, "source": {"d": 5, "teacher": {"kind": "random_xavier", "widths": [4, 0]}}}
+        )
     with pytest.raises(ConfigError, match="activation"):
-        config_from_dict({"seed": 0, "samples": 10, "source": {"d": 5, "teacher": {
-            "kind": "random_xavier", "widths": [4], "activation": "softplus"}}})
+        config_from_dict(
+            {
+                "seed": 0,
+                "samples": 10,
+                "source": {"d": 5, "teacher": {"kind": "random_xavier", "widths": [4], "activation": "softplus"}},
+            }
+        )
 
 
 # --------------------------------------------------------------------------- distances and the bound
@@ -222,8 +244,16 @@ def test_depth2_expectation_over_weights_and_gaussian_inputs(act, n):
 
 
 # degrees where the truncation changes (σ_3 = σ_2 for relu and erf_relu, σ_2 = σ_1 and σ_4 = σ_3 for erf)
-CASES = [("relu", 1), ("relu", 2), ("relu", 4), ("erf", 1), ("erf", 3), ("erf_relu", 1), ("erf_relu", 2),
-         ("erf_relu", 4)]
+CASES = [
+    ("relu", 1),
+    ("relu", 2),
+    ("relu", 4),
+    ("erf", 1),
+    ("erf", 3),
+    ("erf_relu", 1),
+    ("erf_relu", 2),
+    ("erf_relu", 4),
+]
 
 
 @pytest.mark.parametrize("act,n", CASES)
@@ -261,11 +291,38 @@ def test_report_uses_the_test_stream_not_global_state():
 
 # --------------------------------------------------------------------------- the command line
 
-KEYS = {"teacher", "activation", "depth", "hidden_layers", "widths", "input_dim", "degree", "polynomial_degree",
-        "lipschitz", "epsilon_sigma", "layer_epsilons", "bound", "bound_sphere", "samples", "seed",
-        "mean_square_output", "mean_square_output_se", "distance_squared", "distance_squared_se", "distance",
-        "distance_se", "relative_distance", "relative_distance_se", "output_scale", "output_scale_se",
-        "scaled_distance", "scaled_distance_se", "ratio_to_bound", "within_bound", "preactivation_scales"}
+KEYS = {
+    "teacher",
+    "activation",
+    "depth",
+    "hidden_layers",
+    "widths",
+    "input_dim",
+    "degree",
+    "polynomial_degree",
+    "lipschitz",
+    "epsilon_sigma",
+    "layer_epsilons",
+    "bound",
+    "bound_sphere",
+    "samples",
+    "seed",
+    "mean_square_output",
+    "mean_square_output_se",
+    "distance_squared",
+    "distance_squared_se",
+    "distance",
+    "distance_se",
+    "relative_distance",
+    "relative_distance_se",
+    "output_scale",
+    "output_scale_se",
+    "scaled_distance",
+    "scaled_distance_se",
+    "ratio_to_bound",
+    "within_bound",
+    "preactivation_scales",
+}
 
 
 def _config(tmp_path, teacher: dict, d: int = 12) -> str:

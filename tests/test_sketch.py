@@ -25,11 +25,11 @@ from relulearn import open_store
 from relulearn.config import ConfigError, config_from_dict
 from relulearn.estimators.subspace import rayleigh_ritz, sketch_basis, subspace_iteration
 from relulearn.estimators.subspace_geometry import principal_angles
+from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.plan import MemoryBudgetError, plan_families
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sketch import check_pass_store, refine_record
 from relulearn.pipeline.sources import make_source
-from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.stats.output_moments import OutputMoments
 from relulearn.pipeline.stats.partial import accumulate_chunks
 from relulearn.storage import StoreError
@@ -43,13 +43,23 @@ BASE = {
     "run": {"chunks_per_block": 2, "commit_interval": 1e9},
 }
 #: the residual family on the subspace of e_0, for the exact first unit's part and for the zero network
-RESIDUAL = {"basis": [[1.0] + [0.0] * (D - 1)], "candidates": [{"weights": [[[1.0]], [[1.0]]]}, {"weights": [[[0.0]], [[0.0]]]}],
-            "quantiles": [0.3, 0.7], "pilot_samples": 2_000}
-FAMILIES = {"contracted": {"orders": [2, 4], "directions": 3},
-            "filtered": {"quantiles": [0.3, 0.7], "pilot_samples": 2_000},
-            "residual": RESIDUAL}
-DENSE = {"second": ("output_moments", "T2"), "contracted": ("contracted", "M"), "filtered": ("filtered", "M"),
-         "residual": ("residual", "M")}
+RESIDUAL = {
+    "basis": [[1.0] + [0.0] * (D - 1)],
+    "candidates": [{"weights": [[[1.0]], [[1.0]]]}, {"weights": [[[0.0]], [[0.0]]]}],
+    "quantiles": [0.3, 0.7],
+    "pilot_samples": 2_000,
+}
+FAMILIES = {
+    "contracted": {"orders": [2, 4], "directions": 3},
+    "filtered": {"quantiles": [0.3, 0.7], "pilot_samples": 2_000},
+    "residual": RESIDUAL,
+}
+DENSE = {
+    "second": ("output_moments", "T2"),
+    "contracted": ("contracted", "M"),
+    "filtered": ("filtered", "M"),
+    "residual": ("residual", "M"),
+}
 
 
 def dense_matrices(url: str) -> dict[str, np.ndarray]:
@@ -102,8 +112,10 @@ def test_sketch_standard_error_is_the_spread_of_chunk_sketches(dense_and_sketch)
     source = make_source(cfg)
     stat = OutputMoments(D)
     om = arrays(dense_and_sketch)["omega"]
-    chunks = [stat.terms(accumulate_chunks([stat], source, cfg.seed, cfg.chunk_size, c, c + 1).sums[stat.name])["T2"][0]
-              for c in range(cfg.n_chunks)]
+    chunks = [
+        stat.terms(accumulate_chunks([stat], source, cfg.seed, cfg.chunk_size, c, c + 1).sums[stat.name])["T2"][0]
+        for c in range(cfg.n_chunks)
+    ]
     per_chunk = np.stack([m @ om for m in chunks]) / cfg.chunk_size
     se = per_chunk.std(axis=0, ddof=1) / math.sqrt(cfg.n_chunks)
     np.testing.assert_allclose(arrays(dense_and_sketch)["Y_second_se"], se, rtol=1e-8)
@@ -113,8 +125,11 @@ def test_subspace_pass_stores_m_b_and_b_m_b(dense_and_sketch, tmp_path):
     rows = np.linalg.qr(np.random.default_rng(0).standard_normal((D, 5)))[0].T  # orthonormal rows B (5 × d)
     record = refine_record(open_store(dense_and_sketch).meta)
     url = str(tmp_path / "pass.zarr")
-    estimate(config({"basic": None, "sketch": {"basis": rows.tolist(), "second": {}, **FAMILIES,
-                                               "refines": record}}), url, progress=None)
+    estimate(
+        config({"basic": None, "sketch": {"basis": rows.tolist(), "second": {}, **FAMILIES, "refines": record}}),
+        url,
+        progress=None,
+    )
     sk = arrays(url)
     np.testing.assert_array_equal(sk["omega"], rows.T)
     for fam, m in dense_matrices(dense_and_sketch).items():
@@ -219,8 +234,15 @@ def test_iteration_through_passes_reaches_the_dense_eigenvectors(tmp_path):
         estimate(config(statistics), out, progress=None)
         return arrays(out)
 
-    it = subspace_iteration(run_pass, run.arrays("sketch"), run.meta["config"]["statistics"]["sketch"], k=2,
-                            refines=refine_record(run.meta), max_passes=5, rtol=0.0)
+    it = subspace_iteration(
+        run_pass,
+        run.arrays("sketch"),
+        run.meta["config"]["statistics"]["sketch"],
+        k=2,
+        refines=refine_record(run.meta),
+        max_passes=5,
+        rtol=0.0,
+    )
     assert count[0] == 5 and not it.converged
     assert principal_angles(top, it.vectors).max() < 1e-5  # the same empirical matrix as the dense path
     np.testing.assert_allclose(it.eigenvalues, w[np.argsort(-np.abs(w))[:2]], rtol=1e-8)
@@ -242,8 +264,13 @@ def test_iteration_on_a_noisy_matrix_converges_within_its_angle_bound():
 
     def run_pass(statistics: dict) -> dict:
         b = np.asarray(statistics["sketch"]["basis"]).T
-        return {"omega": b, "Y_second": m_hat @ b, "Y_second_se": np.full((d, r), sigma),
-                "BMB_second": b.T @ m_hat @ b, "BMB_second_se": np.full((r, r), sigma)}
+        return {
+            "omega": b,
+            "Y_second": m_hat @ b,
+            "Y_second_se": np.full((d, r), sigma),
+            "BMB_second": b.T @ m_hat @ b,
+            "BMB_second_se": np.full((r, r), sigma),
+        }
 
     w, v = np.linalg.eigh(m_hat)
     dense = v[:, np.argsort(-np.abs(w))[:k]]
@@ -289,5 +316,16 @@ def test_an_expansion_of_low_rank_needs_values_for_its_vectors():
     with pytest.raises(ValueError, match="t2_vectors and t2_values together"):
         config({"basic": None, "sketch": {"second": {"expansion": {"t2_vectors": [[0.0] * D]}}}})
     with pytest.raises(ValueError, match="t2_vectors has shape"):
-        estimate(config({"basic": None, "sketch": {"rank": 6, "second": {"expansion": {
-            "t2_vectors": [[1.0] * (D + 1)], "t2_values": [1.0]}}}}), "memory://never", progress=None)
+        estimate(
+            config(
+                {
+                    "basic": None,
+                    "sketch": {
+                        "rank": 6,
+                        "second": {"expansion": {"t2_vectors": [[1.0] * (D + 1)], "t2_values": [1.0]}},
+                    },
+                }
+            ),
+            "memory://never",
+            progress=None,
+        )

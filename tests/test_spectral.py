@@ -129,21 +129,26 @@ def se_pattern(name: str, d: int, rng: np.random.Generator) -> np.ndarray:
     return se
 
 
-@pytest.mark.parametrize("pattern, d, level, draws", [
-    ("m2", 50, 0.01, 3000),
-    ("m4", 50, 0.01, 3000),
-    ("m4", 10, 0.001, 20000),
-    ("diagonal", 50, 0.01, 3000),
-    ("spiky", 10, 0.001, 20000),
-])
+@pytest.mark.parametrize(
+    "pattern, d, level, draws",
+    [
+        ("m2", 50, 0.01, 3000),
+        ("m4", 50, 0.01, 3000),
+        ("m4", 10, 0.001, 20000),
+        ("diagonal", 50, 0.01, 3000),
+        ("spiky", 10, 0.001, 20000),
+    ],
+)
 def test_noise_floor_calibrated_by_simulation(pattern, d, level, draws):
     rng = np.random.default_rng((11, d, draws))
     se = se_pattern(pattern, d, rng)
     floor = noise_floor(se, level)
-    norms = np.concatenate([
-        np.abs(np.linalg.eigvalsh(sym_noise(se, rng, n))).max(axis=1)
-        for n in np.diff(np.linspace(0, draws, 6).astype(int))
-    ])
+    norms = np.concatenate(
+        [
+            np.abs(np.linalg.eigvalsh(sym_noise(se, rng, n))).max(axis=1)
+            for n in np.diff(np.linspace(0, draws, 6).astype(int))
+        ]
+    )
     exceed = np.mean(norms > floor)
     q99 = np.quantile(norms, 0.99)
     assert exceed < level, (exceed, floor, q99)

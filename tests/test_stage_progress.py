@@ -10,9 +10,13 @@ import pytest
 from relulearn import api, progress
 from relulearn.config import config_from_dict
 
-CFG = {"seed": 2, "samples": 200_000, "chunk_size": 25_000,
-       "source": {"d": 10, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.0},
-       "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 4}}}
+CFG = {
+    "seed": 2,
+    "samples": 200_000,
+    "chunk_size": 25_000,
+    "source": {"d": 10, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.0},
+    "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 4}},
+}
 
 
 @pytest.mark.parametrize("where", ["in process", "cluster"])
@@ -40,8 +44,11 @@ def test_a_stage_line_says_how_far_with_an_upper_bound_eta():
     progress.step("outside", 1, 2)  # no reporter: nothing
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("refinement: passes over the samples: 1/40  ETA at most ")
-    assert lines[0].endswith("(relative loss 0.01)") and len(lines) == 2 and lines[1].startswith(
-        "refinement: passes over the samples: 40/40")
+    assert (
+        lines[0].endswith("(relative loss 0.01)")
+        and len(lines) == 2
+        and lines[1].startswith("refinement: passes over the samples: 40/40")
+    )
 
 
 def test_a_stage_that_stops_early_shows_where_it_stopped():

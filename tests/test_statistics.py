@@ -24,20 +24,18 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import pytest
+from conftest import make_config
 from scipy import special, stats
 
 from relulearn import hermite, open_store
 from relulearn.network import Network
+from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source, pilot_batches
-from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.stats.partial import accumulate_chunks
-
-from conftest import make_config
 
 SQRT2PI = math.sqrt(2.0 * math.pi)
 Z_MAX = 4.0  # estimates must lie within Z_MAX reported standard errors of the truth ...
@@ -50,6 +48,7 @@ FAMILY_ALPHA = 1e-3
 def family_z_max(size: int) -> float:
     """``max(Z_MAX, z)`` with ``P(|N(0,1)| > z) = FAMILY_ALPHA / size`` (4.75 SE for 500 entries)."""
     return max(Z_MAX, float(stats.norm.isf(FAMILY_ALPHA / (2 * max(size, 1)))))
+
 
 # ===================================================================== closed forms
 
@@ -115,7 +114,7 @@ def contracted_truth(lam, U, directions, pair_order, pair_direction) -> dict[str
     return {"M": np.array(M), "v": np.array(v), "s": np.array(s)}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _leggauss(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.polynomial.legendre.leggauss(n)
 
@@ -162,8 +161,9 @@ def filtered_truth(lam, U, tau, noise_std: float = 0.0, span: float = 12.0, node
             f = l1 * np.maximum(z1, 0) + l2 * np.maximum(z2, 0)
             p = special.ndtr((f - t) / noise_std) + special.ndtr((-t - f) / noise_std)
             pw = p * ww
-            m2 = np.array([[np.sum(pw * (z1**2 - 1)), np.sum(pw * z1 * z2)],
-                           [np.sum(pw * z1 * z2), np.sum(pw * (z2**2 - 1))]])
+            m2 = np.array(
+                [[np.sum(pw * (z1**2 - 1)), np.sum(pw * z1 * z2)], [np.sum(pw * z1 * z2), np.sum(pw * (z2**2 - 1))]]
+            )
             probs.append(pw.sum())
         else:
             cuts = [-span, 0.0]
@@ -189,8 +189,7 @@ def filtered_truth(lam, U, tau, noise_std: float = 0.0, span: float = 12.0, node
                 g1 = g1 + ok * (_phi(lo) - _phi(hi))
                 g2 = g2 + ok * (_zphi(lo) - _zphi(hi))
             wz = w1 * _phi(z1)
-            m2 = np.array([[wz @ ((z1**2 - 1) * g0), wz @ (z1 * g1)],
-                           [wz @ (z1 * g1), wz @ g2]])
+            m2 = np.array([[wz @ ((z1**2 - 1) * g0), wz @ (z1 * g1)], [wz @ (z1 * g1), wz @ g2]])
             probs.append(wz @ g0)
         B = U.T if U.shape[0] == 2 else np.stack([U[0], np.zeros_like(U[0])], axis=1)
         mats.append(B @ m2 @ B.T)
@@ -205,7 +204,7 @@ def run_in_process(cfg, path: Path):
     return open_store(str(path))
 
 
-def check_within(name: str, mean, se, truth, z_max: Optional[float] = None) -> float:
+def check_within(name: str, mean, se, truth, z_max: float | None = None) -> float:
     """Assert ``|mean − truth| ≤ z_max · se`` for every entry; return the largest |z|.
 
     ``z_max`` defaults to :func:`family_z_max` of the number of entries.
@@ -220,14 +219,20 @@ def check_within(name: str, mean, se, truth, z_max: Optional[float] = None) -> f
     assert np.all(se >= 0)
     exact = se == 0
     if exact.any():
-        np.testing.assert_allclose(mean[exact], truth[exact], rtol=1e-12, atol=1e-12,
-                                   err_msg=f"{name}: entries with zero SE differ from the truth")
+        np.testing.assert_allclose(
+            mean[exact],
+            truth[exact],
+            rtol=1e-12,
+            atol=1e-12,
+            err_msg=f"{name}: entries with zero SE differ from the truth",
+        )
     err = np.abs(mean - truth)
     z = np.where(exact, 0.0, err / np.where(exact, 1.0, se))
     worst = np.unravel_index(np.argmax(z), z.shape) if z.size else ()
     assert np.all(z <= z_max), (
         f"{name}: {int((z > z_max).sum())} of {z.size} entries are more than {z_max} SE from the closed form; "
-        f"worst at {worst}: estimate {mean[worst]:.6g}, truth {truth[worst]:.6g}, SE {se[worst]:.3g} (z = {z[worst]:.2f})"
+        f"worst at {worst}: estimate {mean[worst]:.6g}, truth {truth[worst]:.6g}, SE {se[worst]:.3g} "
+        f"(z = {z[worst]:.2f})"
     )
     return float(z.max(initial=0.0))
 
@@ -258,9 +263,12 @@ def unit_rows(rng, k: int, d: int) -> np.ndarray:
 
 def run_config(seed, samples, chunk_size, d, teacher, statistics, noise_std=0.0, **source):
     return make_config(
-        seed=seed, samples=samples, chunk_size=chunk_size,
+        seed=seed,
+        samples=samples,
+        chunk_size=chunk_size,
         source={"d": d, "teacher": teacher, "noise_std": noise_std, **source},
-        statistics=statistics, run={"chunks_per_block": 10, "commit_interval": 3600},
+        statistics=statistics,
+        run={"chunks_per_block": 10, "commit_interval": 3600},
     )
 
 
@@ -279,10 +287,17 @@ def noisy_run(tmp_path_factory):
     """Width-3 teacher with correlated units and label noise: basic, hermite, contracted."""
     directions = np.vstack([U_NOISY, G_EXTRA])  # the teacher's own units, and two random ones
     cfg = run_config(
-        seed=101, samples=200_000, chunk_size=2_000, d=D_NOISY, noise_std=NOISE,
+        seed=101,
+        samples=200_000,
+        chunk_size=2_000,
+        d=D_NOISY,
+        noise_std=NOISE,
         teacher={"kind": "one_hidden_relu", "width": 3, "weights": U_NOISY.tolist(), "output_weights": LAM_NOISY},
-        statistics={"basic": {}, "hermite": {"max_order": 4},
-                    "contracted": {"orders": [2, 3, 4, 6], "directions": directions.tolist()}},
+        statistics={
+            "basic": {},
+            "hermite": {"max_order": 4},
+            "contracted": {"orders": [2, 3, 4, 6], "directions": directions.tolist()},
+        },
     )
     run = run_in_process(cfg, tmp_path_factory.mktemp("noisy") / "store")
     assert run.meta["chunks"] == 100
@@ -355,9 +370,14 @@ def test_filtered_single_neuron_closed_form(tmp_path, lam):
     """``P[|y|>τ] = Q(t)``, ``M_τ = t φ(t) u uᵀ`` with ``t = τ/|λ|`` (the sign of λ is irrelevant)."""
     rng = np.random.default_rng(7)
     u = unit_rows(rng, 1, 5)
-    cfg = run_config(seed=202, samples=200_000, chunk_size=2_000, d=5,
-                     teacher={"kind": "one_hidden_relu", "width": 1, "weights": u.tolist(), "output_weights": [lam]},
-                     statistics={"filtered": {"thresholds": TAU_GRID}})
+    cfg = run_config(
+        seed=202,
+        samples=200_000,
+        chunk_size=2_000,
+        d=5,
+        teacher={"kind": "one_hidden_relu", "width": 1, "weights": u.tolist(), "output_weights": [lam]},
+        statistics={"filtered": {"thresholds": TAU_GRID}},
+    )
     run = run_in_process(cfg, tmp_path / "store")
     np.testing.assert_array_equal(run.arrays("filtered")["tau"], TAU_GRID)
     lam_t, U = teacher_units(make_source(cfg))
@@ -377,10 +397,14 @@ LAM_TWO = [1.0, -0.8]
 
 
 def test_filtered_two_orthogonal_neurons_by_quadrature(tmp_path):
-    cfg = run_config(seed=303, samples=200_000, chunk_size=2_000, d=6,
-                     teacher={"kind": "one_hidden_relu", "width": 2, "weights": U_TWO.tolist(),
-                              "output_weights": LAM_TWO},
-                     statistics={"filtered": {"thresholds": [0.0, 0.2, 0.6, 1.5]}})
+    cfg = run_config(
+        seed=303,
+        samples=200_000,
+        chunk_size=2_000,
+        d=6,
+        teacher={"kind": "one_hidden_relu", "width": 2, "weights": U_TWO.tolist(), "output_weights": LAM_TWO},
+        statistics={"filtered": {"thresholds": [0.0, 0.2, 0.6, 1.5]}},
+    )
     run = run_in_process(cfg, tmp_path / "store")
     lam, U = teacher_units(make_source(cfg))
     truth = filtered_truth(lam, U, run.arrays("filtered")["tau"])
@@ -415,10 +439,15 @@ def test_filtered_has_no_mass_outside_the_span(tmp_path):
     rng = np.random.default_rng(5)
     d, k = 6, 3
     U = np.hstack([unit_rows(rng, k, k), np.zeros((k, d - k))])
-    cfg = run_config(seed=404, samples=200_000, chunk_size=2_000, d=d, noise_std=0.0,
-                     teacher={"kind": "one_hidden_relu", "width": k, "weights": U.tolist(),
-                              "output_weights": [1.0, -0.6, 0.8]},
-                     statistics={"filtered": {"thresholds": [0.0, 0.3, 0.9]}})
+    cfg = run_config(
+        seed=404,
+        samples=200_000,
+        chunk_size=2_000,
+        d=d,
+        noise_std=0.0,
+        teacher={"kind": "one_hidden_relu", "width": k, "weights": U.tolist(), "output_weights": [1.0, -0.6, 0.8]},
+        statistics={"filtered": {"thresholds": [0.0, 0.3, 0.9]}},
+    )
     run = run_in_process(cfg, tmp_path / "store")
     mean, se = run.estimate("filtered", "M")
     outside = np.ones((d, d), dtype=bool)
@@ -441,11 +470,18 @@ TAU_CAL = [0.0, 0.4, 1.2]
 
 def calibration_config(seed: int):
     return run_config(
-        seed=seed, samples=CAL_CHUNKS * CAL_CHUNK_SIZE, chunk_size=CAL_CHUNK_SIZE, d=CAL_D, noise_std=NOISE_CAL,
+        seed=seed,
+        samples=CAL_CHUNKS * CAL_CHUNK_SIZE,
+        chunk_size=CAL_CHUNK_SIZE,
+        d=CAL_D,
+        noise_std=NOISE_CAL,
         teacher={"kind": "one_hidden_relu", "width": 2, "weights": U_CAL.tolist(), "output_weights": LAM_CAL},
-        statistics={"basic": {}, "hermite": {"max_order": 4},
-                    "contracted": {"orders": [2, 4], "directions": np.vstack([U_CAL, G_CAL]).tolist()},
-                    "filtered": {"thresholds": TAU_CAL}},  # fixed τ and directions: the same estimands for every seed
+        statistics={
+            "basic": {},
+            "hermite": {"max_order": 4},
+            "contracted": {"orders": [2, 4], "directions": np.vstack([U_CAL, G_CAL]).tolist()},
+            "filtered": {"thresholds": TAU_CAL},
+        },  # fixed τ and directions: the same estimands for every seed
     )
 
 
@@ -458,8 +494,9 @@ def population(stats_list, source, noise_std) -> dict[str, dict[str, np.ndarray]
             out["basic"] = basic_truth(lam, U, noise_std)
         elif s.name == "hermite":
             idx = s.coords()
-            out["hermite"] = {f"T{l}": hermite_truth(lam, U, l, idx[f"index{l}"][1] if l else None)
-                              for l in range(s.max_order + 1)}
+            out["hermite"] = {
+                f"T{l}": hermite_truth(lam, U, l, idx[f"index{l}"][1] if l else None) for l in range(s.max_order + 1)
+            }
         elif s.name == "contracted":
             co = s.coords()
             out["contracted"] = contracted_truth(lam, U, s.directions, co["pair_order"][1], co["pair_direction"][1])
@@ -600,14 +637,18 @@ def test_filtered_quantile_grid(tmp_path):
 
     The two-neuron net ``y = relu(z1) − 0.8 relu(z2)`` has an atom ``P[y = 0] = 1/4``: the
     0.05- and 0.1-quantiles of |y| are both exactly 0 (a repeated τ), and there
-    ``P[|y| > 0] = 3/4``, not 0.95 or 0.9 — the strict inequality drops the atom. Above the atom, the recorded τ is the pilot's estimate of the
-    quantile, so ``P[|y| > τ]`` differs from ``1 − q`` by the pilot's sampling error
-    (sd ``sqrt(q(1−q)/pilot)``) on top of the run's own SE.
+    ``P[|y| > 0] = 3/4``, not 0.95 or 0.9 — the strict inequality drops the atom. Above the atom,
+    the recorded τ is the pilot's estimate of the quantile, so ``P[|y| > τ]`` differs from
+    ``1 − q`` by the pilot's sampling error (sd ``sqrt(q(1−q)/pilot)``) on top of the run's own SE.
     """
-    cfg = run_config(seed=505, samples=200_000, chunk_size=2_000, d=6,
-                     teacher={"kind": "one_hidden_relu", "width": 2, "weights": U_TWO.tolist(),
-                              "output_weights": LAM_TWO},
-                     statistics={"filtered": {"quantiles": QUANTILES, "pilot_samples": PILOT}})
+    cfg = run_config(
+        seed=505,
+        samples=200_000,
+        chunk_size=2_000,
+        d=6,
+        teacher={"kind": "one_hidden_relu", "width": 2, "weights": U_TWO.tolist(), "output_weights": LAM_TWO},
+        statistics={"filtered": {"quantiles": QUANTILES, "pilot_samples": PILOT}},
+    )
     run = run_in_process(cfg, tmp_path / "store")
     arrays = run.arrays("filtered")
     source = make_source(cfg)
@@ -652,27 +693,42 @@ def test_vector_output_teacher_selects_its_output(tmp_path):
     W1 = np.array([[0.3, 1.1, -0.4], [1.2, -0.9, 0.5]])
     Network((W0, W1)).save(tmp_path / "two.npz")
     Network((W0, W1[1:2])).save(tmp_path / "one.npz")
-    statistics = {"basic": {}, "hermite": {"max_order": 4}, "contracted": {"orders": [2, 4], "directions": 3},
-                  "filtered": {"quantiles": [0.6, 0.9], "pilot_samples": 20_000}}
+    statistics = {
+        "basic": {},
+        "hermite": {"max_order": 4},
+        "contracted": {"orders": [2, 4], "directions": 3},
+        "filtered": {"quantiles": [0.6, 0.9], "pilot_samples": 20_000},
+    }
     common = dict(seed=606, samples=100_000, chunk_size=2_000, d=d, statistics=statistics, noise_std=0.1)
     norms = np.linalg.norm(W0, axis=1)
     teachers = {
         "two": ({"file": str(tmp_path / "two.npz")}, {"output": 1}),
         "one": ({"file": str(tmp_path / "one.npz")}, {}),
-        "planted": ({"kind": "one_hidden_relu", "width": k, "weights": (W0 / norms[:, None]).tolist(),
-                     "output_weights": (W1[1] * norms).tolist()}, {}),
+        "planted": (
+            {
+                "kind": "one_hidden_relu",
+                "width": k,
+                "weights": (W0 / norms[:, None]).tolist(),
+                "output_weights": (W1[1] * norms).tolist(),
+            },
+            {},
+        ),
     }
-    runs = {name: _all_arrays(run_in_process(run_config(teacher=t, **common, **extra), tmp_path / name))
-            for name, (t, extra) in teachers.items()}
-    runs["first"] = _all_arrays(run_in_process(
-        run_config(teacher={"file": str(tmp_path / "two.npz")}, output=0, **common), tmp_path / "first"))
+    runs = {
+        name: _all_arrays(run_in_process(run_config(teacher=t, **common, **extra), tmp_path / name))
+        for name, (t, extra) in teachers.items()
+    }
+    runs["first"] = _all_arrays(
+        run_in_process(run_config(teacher={"file": str(tmp_path / "two.npz")}, output=0, **common), tmp_path / "first")
+    )
     two = runs["two"]
     for other in ("one", "planted"):
         assert runs[other].keys() == two.keys()
         for key, v in two.items():
             # the same function, computed with other matrix shapes: equal up to rounding
-            np.testing.assert_allclose(runs[other][key], v, rtol=1e-9, atol=1e-12 * max(1.0, np.abs(v).max()),
-                                       err_msg=f"{other}: {key}")
+            np.testing.assert_allclose(
+                runs[other][key], v, rtol=1e-9, atol=1e-12 * max(1.0, np.abs(v).max()), err_msg=f"{other}: {key}"
+            )
     assert not np.allclose(runs["first"]["basic/yx"], two["basic/yx"])  # output 0 is another label
 
     # closed forms with λ_i = W1[1, i] |w_i| and u_i = w_i / |w_i|, computed from the arrays above
@@ -682,8 +738,9 @@ def test_vector_output_teacher_selects_its_output(tmp_path):
     for l in range(5):
         t = hermite_truth(lam, U, l, two.get(f"hermite/index{l}"))
         check_within(f"hermite.T{l}", two[f"hermite/T{l}"], two[f"hermite/T{l}_se"], t)
-    ct = contracted_truth(lam, U, two["contracted/direction"], two["contracted/pair_order"],
-                          two["contracted/pair_direction"])
+    ct = contracted_truth(
+        lam, U, two["contracted/direction"], two["contracted/pair_order"], two["contracted/pair_direction"]
+    )
     for name, t in ct.items():
         check_within(f"contracted.{name}", two[f"contracted/{name}"], two[f"contracted/{name}_se"], t)
 

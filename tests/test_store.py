@@ -11,13 +11,12 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
+from conftest import PYTHON, cli_env, make_config
+from test_resume import write_config
 
 from relulearn import open_store
 from relulearn.pipeline.run import estimate
 from relulearn.storage import FORMAT_VERSION, RunStore
-
-from conftest import PYTHON, cli_env, make_config
-from test_resume import write_config
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +75,9 @@ def test_metadata_is_json_only_and_records_the_config(run_url):
     for p in Path(run_url).rglob("*"):
         if p.is_file():
             data = p.read_bytes()
-            assert not (data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05")
-                        and data.endswith(b".")), f"{p} looks like a pickle"
+            assert not (
+                data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05") and data.endswith(b".")
+            ), f"{p} looks like a pickle"
 
 
 def test_interrupted_commit_leaves_previous_generation_readable(run_url, tmp_path):
@@ -90,8 +90,9 @@ def test_interrupted_commit_leaves_previous_generation_readable(run_url, tmp_pat
     expected = before.arrays("basic")
     # simulate step (1) of a commit that never reached step (2): a complete new generation
     store = RunStore(url)
-    import relulearn.storage.generation as st
     from zarr.core.sync import sync
+
+    import relulearn.storage.generation as st
 
     sync(st._write_generation(url, "g999999", {"basic": {"xx": (("i", "j"), np.zeros((6, 6)))}}))
     after = open_store(url)
@@ -121,13 +122,20 @@ def test_fsspec_memory_url_store():
 
 
 def test_merge_adds_sums_and_shrinks_standard_errors(tmp_path):
-    stats = {"basic": {}, "contracted": {"orders": [2, 4], "directions": 2, "directions_seed": 5},
-             "filtered": {"thresholds": [0.1, 0.5]}}
+    stats = {
+        "basic": {},
+        "contracted": {"orders": [2, 4], "directions": 2, "directions_seed": 5},
+        "filtered": {"thresholds": [0.1, 0.5]},
+    }
     a, b, c = (str(tmp_path / f"{n}.zarr") for n in "abc")
     estimate(make_config(seed=1, statistics=stats), a, progress=None)
     estimate(make_config(seed=2, statistics=stats), b, progress=None)
-    out = subprocess.run([PYTHON, "-m", "relulearn.cli", "merge", a, b, "--out", c, "--json"],
-                         env=cli_env(), capture_output=True, text=True)
+    out = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", "merge", a, b, "--out", c, "--json"],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["seeds"] == [1, 2] and info["samples"] == 80_000
@@ -146,8 +154,9 @@ def test_merge_adds_sums_and_shrinks_standard_errors(tmp_path):
     for seed in (1, 2):
         rows = ledger[ledger[:, 0] == seed]
         assert rows[:, 1].min() == 0 and (rows[:, 2] - rows[:, 1]).sum() == 8
-    status = subprocess.run([PYTHON, "-m", "relulearn.cli", "status", c, "--json"], env=cli_env(),
-                            capture_output=True, text=True)
+    status = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", "status", c, "--json"], env=cli_env(), capture_output=True, text=True
+    )
     assert json.loads(status.stdout)["seeds"] == [1, 2]
     # a merged store cannot be extended (it has no single seed), and is left as it was
     from relulearn.storage import StoreError
@@ -158,8 +167,9 @@ def test_merge_adds_sums_and_shrinks_standard_errors(tmp_path):
 
 
 def test_status_json(run_url):
-    out = subprocess.run([PYTHON, "-m", "relulearn.cli", "status", run_url, "--json"], env=cli_env(),
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", "status", run_url, "--json"], env=cli_env(), capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["samples"] == 40_000 and info["chunks"] == 8 and info["complete"] is True
@@ -191,8 +201,11 @@ COMMITS = {
     "samples": 24_000,
     "chunk_size": 2_000,
     "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.1},
-    "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 2},
-                   "filtered": {"quantiles": [0.5, 0.9]}},
+    "statistics": {
+        "basic": {},
+        "contracted": {"orders": [2, 4], "directions": 2},
+        "filtered": {"quantiles": [0.5, 0.9]},
+    },
     "run": {"chunks_per_block": 1, "commit_interval": 0},
 }
 
@@ -206,9 +219,13 @@ def test_readers_see_whole_commits_while_a_writer_commits(tmp_path):
 
     cfg_path = write_config(tmp_path / "run.yaml", COMMITS)
     url = str(tmp_path / "run.zarr")
-    writer = subprocess.Popen([PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url,
-                               "--in-process", "--quiet"], env=cli_env(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     root = Path(url) / "zarr.json"
     deadline = time.monotonic() + 120
     while not root.exists():

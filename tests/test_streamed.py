@@ -110,8 +110,9 @@ def test_refinement_is_bitwise_equal_in_process_and_on_two_workers(client):
     assert all(np.array_equal(a, b) for a, b in zip(here.weights, there.weights))
 
 
-def _fit_large(client, tmp_path, monkeypatch, d: int, width: int, seed: int, *, matrix_free: bool,
-               noise: float = 0.0) -> tuple[dict, dict]:
+def _fit_large(
+    client, tmp_path, monkeypatch, d: int, width: int, seed: int, *, matrix_free: bool, noise: float = 0.0
+) -> tuple[dict, dict]:
     """``fit --method moments`` with the large-d path forced at a small d (no bounded d-dimensional sample for
     the enumeration; the matrix-free polish allowed or not): the result, and the parameter error's evaluation
     (None with noisy labels)."""
@@ -124,13 +125,21 @@ def _fit_large(client, tmp_path, monkeypatch, d: int, width: int, seed: int, *, 
     monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
     if not matrix_free:
         monkeypatch.setattr(moments, "CG_POLISH_BYTES", 0)
-    data = {"seed": seed, "samples": 200_000, "chunk_size": 25_000,
-            "source": {"d": d, "noise_std": noise, "teacher": {"kind": "one_hidden_relu", "width": width,
-                                                               "seed": seed + 2}},
-            "run": {"commit_interval": 1e9}}
+    data = {
+        "seed": seed,
+        "samples": 200_000,
+        "chunk_size": 25_000,
+        "source": {
+            "d": d,
+            "noise_std": noise,
+            "teacher": {"kind": "one_hidden_relu", "width": width, "seed": seed + 2},
+        },
+        "run": {"commit_interval": 1e9},
+    }
     out = str(tmp_path / "m.npz")
-    res = api.fit(config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=width, out=out,
-                  client=client, progress=None)
+    res = api.fit(
+        config_from_dict(data), str(tmp_path / "s.zarr"), "moments", width=width, out=out, client=client, progress=None
+    )
     if noise:
         return res, {}
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
@@ -158,8 +167,9 @@ def test_moments_at_large_d_polishes_matrix_free_where_its_bounded_sample_fits(c
     assert ev["parameter_error"] <= 1e-12, ev
 
 
-def test_moments_at_large_d_with_noisy_labels_refines_on_every_sample_after_the_bounded_stream(client, tmp_path,
-                                                                                                monkeypatch):
+def test_moments_at_large_d_with_noisy_labels_refines_on_every_sample_after_the_bounded_stream(
+    client, tmp_path, monkeypatch
+):
     """Labels with noise are not fitted to their rounding on the bounded stream: the refinement goes on over all
     the store's samples (the statistically efficient fit), from where the bounded one stopped."""
     res, _ = _fit_large(client, tmp_path, monkeypatch, 24, 2, 3, matrix_free=False, noise=0.05)

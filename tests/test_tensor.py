@@ -29,8 +29,14 @@ def test_the_offset_profile_is_the_hermite_coefficient_of_a_shifted_relu():
     for beta in (-1.3, 0.0, 0.4, 2.0):
         for order in range(1, 8):
             he = np.eye(order + 1)[order]
-            want = quad(lambda z: (z + beta) * hermeval(z, he) * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi),
-                        -beta, np.inf, epsabs=1e-12, epsrel=1e-12, limit=200)[0]
+            want = quad(
+                lambda z, beta=beta, he=he: (z + beta) * hermeval(z, he) * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi),
+                -beta,
+                np.inf,
+                epsabs=1e-12,
+                epsrel=1e-12,
+                limit=200,
+            )[0]
             assert abs(profile(order, beta) - want) <= 1e-11, (beta, order)
 
 
@@ -51,8 +57,11 @@ def turned_start(net: Network, rng: np.random.Generator, angle: float) -> Networ
     noise -= np.sum(noise * rows, axis=1, keepdims=True) * rows / np.sum(rows**2, axis=1, keepdims=True)
     noise /= np.linalg.norm(noise, axis=1, keepdims=True)
     turned = np.cos(angle) * rows + np.sin(angle) * noise * np.linalg.norm(rows, axis=1, keepdims=True)
-    return Network((turned[:, :-1], net.weights[1] * rng.uniform(0.9, 1.1, net.weights[1].shape)),
-                   (turned[:, -1], net.biases[1] + 0.1), activation="relu")
+    return Network(
+        (turned[:, :-1], net.weights[1] * rng.uniform(0.9, 1.1, net.weights[1].shape)),
+        (turned[:, -1], net.biases[1] + 0.1),
+        activation="relu",
+    )
 
 
 @pytest.mark.parametrize("d, k, m, n, matrix_free_expected", [(15, 7, 4, 30_000, False), (90, 64, 10, 3_000, True)])
@@ -106,8 +115,12 @@ def test_the_matrix_free_polish_gives_the_same_bits_on_one_core_and_on_all():
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two cores to compare with one")
     tests = str(Path(__file__).resolve().parent)
-    runs = [subprocess.run([PYTHON, "-c", _POLISH_SCRIPT.format(tests=tests, pin=pin)], env=cli_env(),
-                           capture_output=True, text=True) for pin in (False, True)]
+    runs = [
+        subprocess.run(
+            [PYTHON, "-c", _POLISH_SCRIPT.format(tests=tests, pin=pin)], env=cli_env(), capture_output=True, text=True
+        )
+        for pin in (False, True)
+    ]
     assert all(r.returncode == 0 for r in runs), [r.stderr[-2000:] for r in runs]
     assert len(runs[0].stdout) > 1000 and runs[0].stdout == runs[1].stdout
 
@@ -136,8 +149,9 @@ def test_rarely_active_units_get_their_rows_and_the_polish_then_reaches_machine_
 
     def errors(x, y):
         out, _ = polish_outputs(start, x, y)
-        return compare(net, out).relative_error, (np.linalg.norm(out.forward(x_test) - net.forward(x_test))
-                                                  / np.linalg.norm(net.forward(x_test)))
+        return compare(net, out).relative_error, (
+            np.linalg.norm(out.forward(x_test) - net.forward(x_test)) / np.linalg.norm(net.forward(x_test))
+        )
 
     assert errors(smp.x_train, smp.y_train)[0] > 1e-3  # rank-deficient rows: no exact answer on this sample
     x_add, y_add, cov = cover(draw, smp.x_train, u, beta)
@@ -165,8 +179,9 @@ def test_the_matrix_free_polish_takes_the_affine_part_and_matches_the_dense_one(
     assert not matrix_free(6 * 13 + 3 * 7 + 3 * 12, 3)
     flip = np.array([1, 0, 0, 1, 0, 1], bool)
     s = np.where(flip, -1.0, 1.0)
-    flipped = Network((s[:, None] * net.weights[0], net.weights[1]), (s * net.biases[0], net.biases[1]),
-                      activation="relu")
+    flipped = Network(
+        (s[:, None] * net.weights[0], net.weights[1]), (s * net.biases[0], net.biases[1]), activation="relu"
+    )
     start = turned_start(flipped, rng, 0.05)
     dense, rep_dense = polish_outputs(start, x, y, affine=True)
     free, rep_free = polish_outputs_cg(start, x, y, affine=True)
@@ -185,8 +200,11 @@ def test_compare_counts_every_output_and_is_blind_to_the_symmetries():
     δ: the closed-form error δ²|u,b|² / (Σ|A_ji [u_i, b_i]|² + |c|²), square-rooted."""
     net = planted(5, 8, 4, 3)
     perm, s = np.array([2, 0, 3, 1]), np.array([0.5, 2.0, 1.5, 3.0])
-    same = Network((net.weights[0][perm] * s[:, None], net.weights[1][:, perm] / s[None, :]),
-                   (net.biases[0][perm] * s, net.biases[1]), activation="relu")
+    same = Network(
+        (net.weights[0][perm] * s[:, None], net.weights[1][:, perm] / s[None, :]),
+        (net.biases[0][perm] * s, net.biases[1]),
+        activation="relu",
+    )
     assert compare(net, same).relative_error <= 1e-15
     a = net.weights[1].copy()
     a[1, 2] += 0.3
@@ -198,8 +216,13 @@ def test_compare_counts_every_output_and_is_blind_to_the_symmetries():
 
 
 def file_config(path, d: int, samples: int, **extra) -> dict:
-    return {"seed": 2, "samples": samples, "chunk_size": 50_000,
-            "source": {"d": d, "teacher": {"file": str(path)}, **extra}, "run": {"commit_interval": 1e9}}
+    return {
+        "seed": 2,
+        "samples": samples,
+        "chunk_size": 50_000,
+        "source": {"d": d, "teacher": {"file": str(path)}, **extra},
+        "run": {"commit_interval": 1e9},
+    }
 
 
 def test_a_planted_network_with_biases_and_three_outputs_is_learned_exactly(tmp_path):
@@ -208,8 +231,14 @@ def test_a_planted_network_with_biases_and_three_outputs_is_learned_exactly(tmp_
     teacher = planted(7, 12, 6, 3)
     teacher.save(tmp_path / "t.npz")
     out = str(tmp_path / "m.npz")
-    done = api.fit(config_from_dict(file_config(tmp_path / "t.npz", 12, 400_000)), str(tmp_path / "s.zarr"),
-                   "tensor", out=out, client="local", progress=None)
+    done = api.fit(
+        config_from_dict(file_config(tmp_path / "t.npz", 12, 400_000)),
+        str(tmp_path / "s.zarr"),
+        "tensor",
+        out=out,
+        client="local",
+        progress=None,
+    )
     learned = Network.load(out)
     assert done["report"]["width_found"] == 6 and [p["name"] for p in done["passes"]] == ["tensor-1"]
     assert compare(teacher, learned).relative_error <= 1e-10
@@ -227,8 +256,13 @@ def _population_output_moments(net: Network) -> dict:
     uh, beta, amp = u / norms[:, None], b / norms, a * norms[None, :]
     t1 = (amp * profile(1, beta)) @ uh
     t2 = np.einsum("ji,ia,ib->jab", amp * profile(2, beta), uh, uh)
-    return {"T1": t1, "T1_se": np.full(t1.shape, 1e-6), "T2": t2, "T2_se": np.full(t2.shape, 1e-6),
-            "count": np.asarray(10**12)}
+    return {
+        "T1": t1,
+        "T1_se": np.full(t1.shape, 1e-6),
+        "T2": t2,
+        "T2_se": np.full(t2.shape, 1e-6),
+        "count": np.asarray(10**12),
+    }
 
 
 def test_the_outputs_route_reads_every_unit_its_offset_and_orientation_off_the_population_moments():
@@ -258,8 +292,14 @@ def test_a_wide_input_with_several_outputs_is_learned_from_the_outputs_second_mo
     teacher = planted(5, d, k, m)
     teacher.save(tmp_path / "t.npz")
     out = str(tmp_path / "m.npz")
-    done = api.fit(config_from_dict(file_config(tmp_path / "t.npz", d, 300_000)), str(tmp_path / "s.zarr"),
-                   "tensor", out=out, client="local", progress=None)
+    done = api.fit(
+        config_from_dict(file_config(tmp_path / "t.npz", d, 300_000)),
+        str(tmp_path / "s.zarr"),
+        "tensor",
+        out=out,
+        client="local",
+        progress=None,
+    )
     assert done["passes"] == [] and done["report"]["route"] == "outputs"
     assert set(done["estimate"]["statistics"]) == {"basic", "output_moments"}, done["estimate"]
     learned = Network.load(out)
@@ -282,8 +322,14 @@ def test_units_under_the_noise_floor_are_lifted_by_control_variate_rounds(tmp_pa
     teacher = Network((teacher.weights[0], a), teacher.biases)
     teacher.save(tmp_path / "t.npz")
     out = str(tmp_path / "m.npz")
-    done = api.fit(config_from_dict(file_config(tmp_path / "t.npz", d, 100_000)), str(tmp_path / "s.zarr"),
-                   "tensor", out=out, client="local", progress=None)
+    done = api.fit(
+        config_from_dict(file_config(tmp_path / "t.npz", d, 100_000)),
+        str(tmp_path / "s.zarr"),
+        "tensor",
+        out=out,
+        client="local",
+        progress=None,
+    )
     rep = done["report"]
     assert rep["first_decomposition"]["rank"] < k and rep["first_decomposition"]["misfit"] > MISFIT_MAX
     assert rep["control_rounds"][0]["noise_ratio"] < 0.5 and rep["subspace"]["rank"] == k
@@ -291,14 +337,18 @@ def test_units_under_the_noise_floor_are_lifted_by_control_variate_rounds(tmp_pa
     learned = Network.load(out)
     assert compare(teacher, learned).relative_error <= 1e-10
 
+
 def test_an_enumeration_past_its_budget_names_the_budget_it_needs_and_the_tensor_method(tmp_path):
     """moments takes --budget; a search that does not fit it is refused with the budget that would do, and the
     same store is then learned by --method tensor, which needs no enumeration."""
     teacher = planted(8, 10, 6, 1)
     teacher.save(tmp_path / "t.npz")
     cfg = config_from_dict(file_config(tmp_path / "t.npz", 10, 200_000))
-    with pytest.raises(BudgetError, match=r"needs a budget of [\d,]+ .*this run has 1,000\. Give --budget \d+ .*"
-                                          r"--method tensor"):
+    with pytest.raises(
+        BudgetError,
+        match=r"needs a budget of [\d,]+ .*this run has 1,000\. Give --budget \d+ .*"
+        r"--method tensor",
+    ):
         api.fit(cfg, str(tmp_path / "s.zarr"), "moments", budget=1000, client="local", progress=None)
     done = api.learn(str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), client="local", progress=None)
     assert done["width"] == 6 and compare(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-10
@@ -315,8 +365,9 @@ def wine_mlp(width: int, folder) -> Network:
     x = (x - x.mean(axis=0)) / x.std(axis=0)
     mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=3000, random_state=0).fit(x, (y - y.mean()) / y.std())
     (folder / "wine.onnx").write_bytes(to_onnx(mlp, x[:1].astype(np.float32)).SerializeToString())
-    return Network((mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(),
-                                                                        mlp.intercepts_[1].copy()))
+    return Network(
+        (mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(), mlp.intercepts_[1].copy())
+    )
 
 
 def extract_wine(width: int, samples: int, client, folder) -> tuple[dict, Network, Network]:
@@ -324,8 +375,13 @@ def extract_wine(width: int, samples: int, client, folder) -> tuple[dict, Networ
     checked against the teacher's float64 weights: parameter error ≤ 1e-6 (biases and output weights included,
     up to permutation and positive rescaling) and relative test error ≤ 1e-10 on Gaussian inputs."""
     net = wine_mlp(width, folder)
-    cfg = {"seed": 1, "samples": samples, "chunk_size": samples // 20,
-           "source": {"d": 13, "teacher": {"onnx": str(folder / "wine.onnx")}}, "run": {"commit_interval": 1e9}}
+    cfg = {
+        "seed": 1,
+        "samples": samples,
+        "chunk_size": samples // 20,
+        "source": {"d": 13, "teacher": {"onnx": str(folder / "wine.onnx")}},
+        "run": {"commit_interval": 1e9},
+    }
     out = str(folder / "m.npz")
     done = api.fit(config_from_dict(cfg), str(folder / "s.zarr"), "tensor", out=out, client=client, progress=None)
     learned = Network.load(out)
@@ -349,19 +405,37 @@ def test_settings_outside_the_method_are_refused_before_any_store_is_written(tmp
     layers; another activation names exact; nothing is written."""
     rng = np.random.default_rng(0)
     Network((rng.standard_normal((4, 6)), rng.standard_normal((3, 4)), rng.standard_normal((1, 3)))).save(
-        tmp_path / "deep.npz")
+        tmp_path / "deep.npz"
+    )
     with pytest.raises(ValueError, match=r"one hidden ReLU layer.*2 hidden layer.*--method filtered-pca"):
-        api.fit(config_from_dict(file_config(tmp_path / "deep.npz", 6, 100_000)), str(tmp_path / "a.zarr"),
-                "tensor", client="local", progress=None)
+        api.fit(
+            config_from_dict(file_config(tmp_path / "deep.npz", 6, 100_000)),
+            str(tmp_path / "a.zarr"),
+            "tensor",
+            client="local",
+            progress=None,
+        )
     Network((rng.standard_normal((4, 6)), rng.standard_normal((1, 4))), activation="relu2").save(tmp_path / "r2.npz")
     with pytest.raises(ValueError, match=r"activation 'relu2'.*--method exact"):
-        api.fit(config_from_dict(file_config(tmp_path / "r2.npz", 6, 100_000)), str(tmp_path / "b.zarr"),
-                "tensor", client="local", progress=None)
+        api.fit(
+            config_from_dict(file_config(tmp_path / "r2.npz", 6, 100_000)),
+            str(tmp_path / "b.zarr"),
+            "tensor",
+            client="local",
+            progress=None,
+        )
     deep_onnx(tmp_path / "deep.onnx", 6)
-    cfg = {"seed": 1, "samples": 100_000, "chunk_size": 50_000,
-           "source": {"d": 6, "teacher": {"onnx": str(tmp_path / "deep.onnx")}}}
-    with pytest.raises(ValueError, match=r"the ONNX model .*deep.onnx has 2 activation layer\(s\) \(Relu, Relu\).*"
-                                         r"--method filtered-pca"):
+    cfg = {
+        "seed": 1,
+        "samples": 100_000,
+        "chunk_size": 50_000,
+        "source": {"d": 6, "teacher": {"onnx": str(tmp_path / "deep.onnx")}},
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"the ONNX model .*deep.onnx has 2 activation layer\(s\) \(Relu, Relu\).*"
+        r"--method filtered-pca",
+    ):
         api.fit(config_from_dict(cfg), str(tmp_path / "c.zarr"), "tensor", client="local", progress=None)
     assert not any((tmp_path / n).exists() for n in ("a.zarr", "b.zarr", "c.zarr"))
 
@@ -373,12 +447,20 @@ def deep_onnx(path, d: int) -> None:
 
     rng = np.random.default_rng(0)
     ws = [rng.standard_normal((d, 5)), rng.standard_normal((5, 4)), rng.standard_normal((4, 1))]
-    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h0"]), helper.make_node("Relu", ["h0"], ["r0"]),
-             helper.make_node("MatMul", ["r0", "w1"], ["h1"]), helper.make_node("Relu", ["h1"], ["r1"]),
-             helper.make_node("MatMul", ["r1", "w2"], ["y"])]
-    graph = helper.make_graph(nodes, "deep", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [None, d])],
-                              [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [None, 1])],
-                              [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)])
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["h0"]),
+        helper.make_node("Relu", ["h0"], ["r0"]),
+        helper.make_node("MatMul", ["r0", "w1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["r1"]),
+        helper.make_node("MatMul", ["r1", "w2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "deep",
+        [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [None, d])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [None, 1])],
+        [numpy_helper.from_array(w, f"w{i}") for i, w in enumerate(ws)],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     path.write_bytes(model.SerializeToString())
@@ -441,8 +523,10 @@ def test_lifted_slices_of_full_tensors_decompose_an_overcomplete_network_exactly
     assert np.allclose(units.amp[0, match], amp, rtol=1e-2)
 
 
-@pytest.mark.parametrize("k, d, m, route", [(8, 12, 1, "least squares"), (20, 10, 1, "enumeration"),
-                                             (40, 10, 1, "lattice"), (12, 5, 3, "least squares")])
+@pytest.mark.parametrize(
+    "k, d, m, route",
+    [(8, 12, 1, "least squares"), (20, 10, 1, "enumeration"), (40, 10, 1, "lattice"), (12, 5, 3, "least squares")],
+)
 def test_orientation_finds_the_flipped_units_from_the_linear_term(k, d, m, route):
     """Σ_{i ∈ F} A_i u_iᵀ = −L for a random F, with the weights known to 10⁻⁷ (a float32 teacher's rounding):
     the set F comes back exactly, by least squares when m·d ≥ k, enumeration for a few more unknowns, and the
@@ -472,10 +556,19 @@ def test_a_width_past_the_identifiable_limit_is_refused_before_any_store_is_writ
     it, and nothing is written."""
     teacher = planted(9, 4, 3, 1)
     teacher.save(tmp_path / "t.npz")
-    with pytest.raises(WidthError, match=r"at most d\(d\+1\)/2 = 10 units at d = 4 \(width 11 asked\).*"
-                                                r"orders 6 and 8"):
-        api.fit(config_from_dict(file_config(tmp_path / "t.npz", 4, 100_000)), str(tmp_path / "s.zarr"), "tensor",
-                width=11, client="local", progress=None)
+    with pytest.raises(
+        WidthError,
+        match=r"at most d\(d\+1\)/2 = 10 units at d = 4 \(width 11 asked\).*"
+        r"orders 6 and 8",
+    ):
+        api.fit(
+            config_from_dict(file_config(tmp_path / "t.npz", 4, 100_000)),
+            str(tmp_path / "s.zarr"),
+            "tensor",
+            width=11,
+            client="local",
+            progress=None,
+        )
     assert not (tmp_path / "s.zarr").exists()
 
 
@@ -486,10 +579,19 @@ def test_a_width_the_noise_floor_does_not_support_names_the_samples_needed_and_w
     a = teacher.weights[1].copy()
     a[0, 0] = 0.01
     Network((teacher.weights[0], a), teacher.biases).save(tmp_path / "t.npz")
-    with pytest.raises(TooFewSamplesError, match=r"--width 6 asks for more units than the noise floor supports at "
-                                                 r"100,000 samples: 5 directions .*Estimate with about [\d,]+ samples"):
-        api.fit(config_from_dict(file_config(tmp_path / "t.npz", 12, 100_000)), str(tmp_path / "s.zarr"), "tensor",
-                width=6, client="local", progress=None)
+    with pytest.raises(
+        TooFewSamplesError,
+        match=r"--width 6 asks for more units than the noise floor supports at "
+        r"100,000 samples: 5 directions .*Estimate with about [\d,]+ samples",
+    ):
+        api.fit(
+            config_from_dict(file_config(tmp_path / "t.npz", 12, 100_000)),
+            str(tmp_path / "s.zarr"),
+            "tensor",
+            width=6,
+            client="local",
+            progress=None,
+        )
     assert not (tmp_path / "s.zarr" / "passes").exists()
 
 
@@ -501,8 +603,7 @@ def test_noisy_labels_reach_the_least_squares_ideal(tmp_path):
     teacher.save(tmp_path / "t.npz")
     sigma, n = 0.1, 400_000
     cfg = config_from_dict(file_config(tmp_path / "t.npz", 12, n, noise_std=sigma))
-    done = api.fit(cfg, str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), client="local",
-                   progress=None)
+    done = api.fit(cfg, str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), client="local", progress=None)
     assert done["report"]["refinement"]["samples"] == n and done["report"]["chosen"] == "refined"
     learned = Network.load(tmp_path / "m.npz")
     x = generator(9, Stream.TEST, 0).standard_normal((400_000, 12))

@@ -20,34 +20,58 @@ import signal
 import numpy as np
 import pytest
 from scipy.special import gamma
+from test_resume import assert_bitwise_equal, residual_section, store_arrays
 
 from relulearn import open_store
 from relulearn.api import estimate, merge, status
 from relulearn.config import ConfigError, config_from_dict
 from relulearn.network import RELU_POWERS
-from relulearn.pipeline.sources import OutputColumn, SourceDataError, Stream, check_finite, draw, make_source
 from relulearn.pipeline.families import build_statistics
+from relulearn.pipeline.sources import OutputColumn, SourceDataError, Stream, check_finite, draw, make_source
 from relulearn.pipeline.stats.partial import accumulate_chunks
 from relulearn.pipeline.stats.per_output import PerOutput
 
-from test_resume import assert_bitwise_equal, residual_section, store_arrays
 
-
-def run_config(d: int, teacher: dict, statistics: dict, *, seed: int = 5, samples: int = 20_000,
-               chunk_size: int = 2_000, noise_std: float = 0.0, output: int | None = None, per_block: int = 2):
+def run_config(
+    d: int,
+    teacher: dict,
+    statistics: dict,
+    *,
+    seed: int = 5,
+    samples: int = 20_000,
+    chunk_size: int = 2_000,
+    noise_std: float = 0.0,
+    output: int | None = None,
+    per_block: int = 2,
+):
     source = {"d": d, "teacher": teacher, "noise_std": noise_std}
     if output is not None:
         source["output"] = output
-    return config_from_dict({"seed": seed, "samples": samples, "chunk_size": chunk_size, "source": source,
-                             "statistics": statistics, "run": {"chunks_per_block": per_block, "commit_interval": 0}})
+    return config_from_dict(
+        {
+            "seed": seed,
+            "samples": samples,
+            "chunk_size": chunk_size,
+            "source": source,
+            "statistics": statistics,
+            "run": {"chunks_per_block": per_block, "commit_interval": 0},
+        }
+    )
 
 
 # ============================================================ 1. the teacher and its config
 
 
 def test_planted_two_layer_structure():
-    teacher = {"kind": "two_layer", "width": 5, "outputs": 4, "activation": "relu3", "weights_seed": 7,
-               "v_norms": [0.5, 2.0], "output_rank": 2}
+    teacher = {
+        "kind": "two_layer",
+        "width": 5,
+        "outputs": 4,
+        "activation": "relu3",
+        "weights_seed": 7,
+        "v_norms": [0.5, 2.0],
+        "output_rank": 2,
+    }
     source = make_source(run_config(9, teacher, {"basic": {}}))
     V, U = source.network.weights
     assert source.network.activation == "relu3" and V.shape == (5, 9) and U.shape == (4, 5)
@@ -69,15 +93,22 @@ def test_planted_two_layer_structure():
     assert one.outputs is None and draw(one, 3, Stream.TEST, 100)[1].shape == (100,)
 
 
-@pytest.mark.parametrize("teacher, needles", [
-    ({"kind": "two_layer", "width": 3, "outputs": 2, "output_rnak": 1},
-     ["unknown key 'source.teacher.output_rnak'", "did you mean 'output_rank'?"]),
-    ({"kind": "two_layer", "widht": 3, "outputs": 2}, ["did you mean 'width'?"]),
-    ({"kind": "two_layer", "width": 3, "outputs": 2, "output_rank": 3},
-     ["output_rank is 3", "min(outputs, width) = 2"]),
-    ({"kind": "two_layer", "width": 3, "outputs": 2, "v_norms": [2.0, 1.0]}, ["v_norms", "0 < lo <= hi"]),
-    ({"kind": "two_layer", "width": 3, "outputs": 2, "activation": "tanh"}, ["source.teacher.activation"]),
-])
+@pytest.mark.parametrize(
+    "teacher, needles",
+    [
+        (
+            {"kind": "two_layer", "width": 3, "outputs": 2, "output_rnak": 1},
+            ["unknown key 'source.teacher.output_rnak'", "did you mean 'output_rank'?"],
+        ),
+        ({"kind": "two_layer", "widht": 3, "outputs": 2}, ["did you mean 'width'?"]),
+        (
+            {"kind": "two_layer", "width": 3, "outputs": 2, "output_rank": 3},
+            ["output_rank is 3", "min(outputs, width) = 2"],
+        ),
+        ({"kind": "two_layer", "width": 3, "outputs": 2, "v_norms": [2.0, 1.0]}, ["v_norms", "0 < lo <= hi"]),
+        ({"kind": "two_layer", "width": 3, "outputs": 2, "activation": "tanh"}, ["source.teacher.activation"]),
+    ],
+)
 def test_two_layer_config_errors_name_the_key(teacher, needles):
     with pytest.raises(ConfigError) as err:
         run_config(4, teacher, {"basic": {}})
@@ -85,8 +116,11 @@ def test_two_layer_config_errors_name_the_key(teacher, needles):
 
 
 def test_two_layer_config_round_trips():
-    cfg = run_config(4, {"kind": "two_layer", "width": 3, "outputs": 3, "output_rank": 2, "activation": "relu2"},
-                     {"basic": {}, "output_moments": {}})
+    cfg = run_config(
+        4,
+        {"kind": "two_layer", "width": 3, "outputs": 3, "output_rank": 2, "activation": "relu2"},
+        {"basic": {}, "output_moments": {}},
+    )
     assert config_from_dict(cfg.to_dict()) == cfg
     assert list(cfg.statistics.enabled()) == ["basic", "output_moments"]
 
@@ -110,9 +144,11 @@ def arccos_kernel(c: int, rho: np.ndarray) -> np.ndarray:
     """``E[relu(z1)^c relu(z2)^c]`` for standard normals of correlation ρ (Cho–Saul ``J_c(θ)/2π``)."""
     t = np.arccos(np.clip(rho, -1.0, 1.0))
     s, co = np.sin(t), np.cos(t)
-    j = {1: s + (np.pi - t) * co,
-         2: 3 * s * co + (np.pi - t) * (1 + 2 * co**2),
-         3: 4 * s**3 + 15 * s * co**2 + (np.pi - t) * (9 * s**2 * co + 15 * co**3)}[c]
+    j = {
+        1: s + (np.pi - t) * co,
+        2: 3 * s * co + (np.pi - t) * (1 + 2 * co**2),
+        3: 4 * s**3 + 15 * s * co**2 + (np.pi - t) * (9 * s**2 * co + 15 * co**3),
+    }[c]
     return j / (2 * np.pi)
 
 
@@ -139,10 +175,24 @@ def test_output_moments_match_closed_forms(tmp_path):
     A, AA, T1, T2 within 5 stored SEs of the truth, and the z-scores have spread ≈ 1."""
     zs = []
     for c, (act, noise) in enumerate((("relu", 0.3), ("relu2", 0.0), ("relu3", 0.0))):
-        teacher = {"kind": "two_layer", "width": 3, "outputs": 3, "activation": act, "weights_seed": 11 + c,
-                   "v_norms": [0.4, 1.6]}
-        cfg = run_config(8, teacher, {"output_moments": {}}, seed=40 + c, samples=300_000, chunk_size=5_000,
-                         noise_std=noise, per_block=6)
+        teacher = {
+            "kind": "two_layer",
+            "width": 3,
+            "outputs": 3,
+            "activation": act,
+            "weights_seed": 11 + c,
+            "v_norms": [0.4, 1.6],
+        }
+        cfg = run_config(
+            8,
+            teacher,
+            {"output_moments": {}},
+            seed=40 + c,
+            samples=300_000,
+            chunk_size=5_000,
+            noise_std=noise,
+            per_block=6,
+        )
         url = str(tmp_path / f"{act}.zarr")
         estimate(cfg, url, client="local", progress=None, commit_interval=1e9)
         arrays = open_store(url).arrays("output_moments")
@@ -185,8 +235,9 @@ def test_per_output_families_equal_the_scalar_runs_of_each_output(tmp_path):
     assert vec.statistics == ["basic", "hermite", "contracted", "filtered", "residual"]
     for j in range(2):
         url = str(tmp_path / f"output{j}.zarr")
-        estimate(run_config(D, TEACHER, ALL_FAMILIES, output=j), url, client="local", progress=None,
-                 commit_interval=1e9)
+        estimate(
+            run_config(D, TEACHER, ALL_FAMILIES, output=j), url, client="local", progress=None, commit_interval=1e9
+        )
         scalar = open_store(url)
         for stat in scalar.statistics:
             v_arrays, s_arrays = vec.arrays(stat), scalar.arrays(stat)
@@ -229,7 +280,7 @@ def test_per_output_families_with_noise_equal_the_scalar_source_of_each_column()
             for k, e in s_j.finalize(part_j.sums[s.name], part_j.sumsq[s.name], 3, cfg.chunk_size).items():
                 assert np.array_equal(est[k].mean[j], e.mean) and np.array_equal(est[k].se[j], e.se), k
             coords = s.coords()
-            for k, (dims, c) in s_j.coords().items():
+            for k, (_dims, c) in s_j.coords().items():
                 stacked = coords[k][0][:1] == ("output",)
                 assert np.array_equal(coords[k][1][j] if stacked else coords[k][1], c), f"{s.name}/{k}"
 
@@ -245,17 +296,24 @@ def arrays_in(obj, seen=None) -> list[np.ndarray]:
     seen.add(id(obj))
     if isinstance(obj, np.ndarray):
         return [obj]
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else \
-        vars(obj).values() if hasattr(obj, "__dict__") else ()
+    items = (
+        obj.values()
+        if isinstance(obj, dict)
+        else obj
+        if isinstance(obj, (list, tuple))
+        else vars(obj).values()
+        if hasattr(obj, "__dict__")
+        else ()
+    )
     return [a for v in items for a in arrays_in(v, seen)]
 
 
 def test_tasks_compute_with_aligned_copies_of_per_output_statistics():
     """What a block task computes with (docs/design.md §4): every array of the per-output
     statistics (each output's τ grids, bases, candidates) and of the source, freshly aligned."""
-    from relulearn.aligned import fresh, is_aligned
-
     from test_aligned import unaligned
+
+    from relulearn.aligned import fresh, is_aligned
 
     cfg = run_config(20, TEACHER, dict(ALL_FAMILIES, residual=residual_section(20), output_moments={}))
     source = make_source(cfg)
@@ -269,11 +327,16 @@ def test_tasks_compute_with_aligned_copies_of_per_output_statistics():
     new_taus = [s.tau for s in next(s for s in new[0] if s.name == "filtered").inner]
     assert all(np.array_equal(a, b.tau) for a, b in zip(new_taus, filtered.inner))
 
+
 VECTOR_D20 = dict(
-    d=20, teacher={"kind": "two_layer", "width": 4, "outputs": 3, "activation": "relu2", "weights_seed": 3,
-                   "output_rank": 2},
+    d=20,
+    teacher={"kind": "two_layer", "width": 4, "outputs": 3, "activation": "relu2", "weights_seed": 3, "output_rank": 2},
     statistics={"basic": {}, "output_moments": {}, "filtered": {"quantiles": [0.5, 0.9], "pilot_samples": 10_000}},
-    seed=21, samples=48_000, chunk_size=4_000, noise_std=0.1)
+    seed=21,
+    samples=48_000,
+    chunk_size=4_000,
+    noise_std=0.1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -335,8 +398,13 @@ def test_interrupted_and_resumed_equals_uninterrupted(reference, tmp_path):
 
 def test_merge_and_status_of_vector_runs(tmp_path):
     """Two seeds of one vector source merge into their summed sums; status reports the run."""
-    spec = dict(VECTOR_D20, d=8, samples=8_000, chunk_size=2_000,
-                statistics={"basic": {}, "output_moments": {}, "filtered": {"thresholds": [0.5, 1.0]}})
+    spec = dict(
+        VECTOR_D20,
+        d=8,
+        samples=8_000,
+        chunk_size=2_000,
+        statistics={"basic": {}, "output_moments": {}, "filtered": {"thresholds": [0.5, 1.0]}},
+    )
     urls = [str(tmp_path / f"s{seed}.zarr") for seed in (1, 2)]
     for seed, url in zip((1, 2), urls):
         estimate(run_config(**dict(spec, seed=seed)), url, client="local", progress=None)
