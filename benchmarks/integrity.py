@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 import zarr.api.asynchronous as zasync
-from _common import save_json, utc_now
 from zarr.core.sync import sync
 
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.storage import RunStore
 from relulearn.storage.integrity import digest, encode_chunks
+
+from _common import save_json, utc_now
 
 
 def median_seconds(fn: Callable[[], Any], repeat: int = 5) -> float:

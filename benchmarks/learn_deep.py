@@ -42,9 +42,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import save_json, utc_now  # noqa: E402
-from learn_one_hidden import machine_info  # noqa: E402
-
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import spectral  # noqa: E402
@@ -54,6 +51,9 @@ from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E40
 from relulearn.network import Network, subspace_angle  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
+
+from _common import save_json, utc_now  # noqa: E402
+from learn_one_hidden import machine_info  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "learn_deep.json"
 RUN_SEED = 5

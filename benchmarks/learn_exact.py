@@ -40,9 +40,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import run_samples, save_json, utc_now  # noqa: E402
-from learn_one_hidden import machine_info  # noqa: E402
-
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import cp  # noqa: E402
@@ -50,6 +47,9 @@ from relulearn.estimators.joint_range import joint_range  # noqa: E402
 from relulearn.network import Network, compare_two_layer  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
+
+from _common import run_samples, save_json, utc_now  # noqa: E402
+from learn_one_hidden import machine_info  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "learn_exact.json"
 RUN_SEED = 11

@@ -38,14 +38,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import save_json, utc_now  # noqa: E402
-from learn_one_hidden import machine_info  # noqa: E402
-
 from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
+
+from _common import save_json, utc_now  # noqa: E402
+from learn_one_hidden import machine_info  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "learn_landscape.json"
 RUN_SEED = 3

@@ -71,10 +71,10 @@ from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E40
 from relulearn.network import Network, compare  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save_json, utc_now  # noqa: E402
-
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402
+
+from _common import save_json, utc_now  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "learn_one_hidden.json"
 TEACHER_SEED = 11

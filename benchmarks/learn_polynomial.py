@@ -68,8 +68,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import run_samples, save_json, utc_now  # noqa: E402
-
 from relulearn import api, hermite  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.network import ACTIVATIONS, Network  # noqa: E402
@@ -77,6 +75,8 @@ from relulearn.pipeline.sources import Stream, draw, make_source  # noqa: E402
 from relulearn.polynomial import load_model  # noqa: E402
 from relulearn.shadow import normal_rule, orthonormal_hermite  # noqa: E402
 from relulearn.storage import open_store  # noqa: E402
+
+from _common import run_samples, save_json, utc_now  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "learn_polynomial.json"
 RUN_SEED, TRUTH_SEED, MC_SEED, TEACHER_SEED = 5, 6, 7, 0

@@ -32,14 +32,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import cpu_model, save_json, utc_now  # noqa: E402
-
 from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import moments  # noqa: E402
 from relulearn.network import Network  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import make_source  # noqa: E402
+
+from _common import cpu_model, save_json, utc_now  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "moments_large.json"
 

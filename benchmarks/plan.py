@@ -27,8 +27,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import cpu_model, save_json, utc_now  # noqa: E402
-
 from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
@@ -36,6 +34,8 @@ from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.cost import Rates, calibrate  # noqa: E402
 from relulearn.pipeline.sources import make_source  # noqa: E402
 from relulearn.runplan import plan_run  # noqa: E402
+
+from _common import cpu_model, save_json, utc_now  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "plan.json"
 GRID = "50:2000000,512:1000000,2048:1000000,512:4000000"

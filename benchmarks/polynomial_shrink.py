@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from _common import save_json, utc_now
 
 OPTIONS = ("none", "order", "entry")

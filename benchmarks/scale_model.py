@@ -57,7 +57,6 @@ if str(ROOT) not in sys.path:  # run from a source tree without installing
     sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import cpu_model, save_json, utc_now  # noqa: E402
 from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 from relulearn.config import FilteredConfig, RunConfig, config_from_dict  # noqa: E402
@@ -76,6 +75,8 @@ from relulearn.pipeline.sources import (  # noqa: E402
 from relulearn.pipeline.stats.base import Statistic  # noqa: E402
 from relulearn.pipeline.stats.filtered import threshold_grid  # noqa: E402
 from relulearn.pipeline.stats.partial import Partial, accumulate_chunks  # noqa: E402
+
+from _common import cpu_model, save_json, utc_now  # noqa: E402
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "scale_model.json"
 SEED = 11

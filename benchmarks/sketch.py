@@ -44,9 +44,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import save_json, utc_now  # noqa: E402
-from learn_one_hidden import machine_info  # noqa: E402
-
 from relulearn import open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.estimators import spectral  # noqa: E402
@@ -57,6 +54,9 @@ from relulearn.pipeline.run import estimate  # noqa: E402
 from relulearn.pipeline.sketch import SketchMoments, gaussian_test_matrix, refine_record  # noqa: E402
 from relulearn.pipeline.sources import chunk_batches, make_source  # noqa: E402
 from relulearn.pipeline.stats.output_moments import OutputMoments  # noqa: E402
+
+from _common import save_json, utc_now  # noqa: E402
+from learn_one_hidden import machine_info  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "sketch.json"
 RUN_SEED = 11

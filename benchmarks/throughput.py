@@ -79,8 +79,6 @@ if str(ROOT) not in sys.path:  # run from a source tree without installing
 from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import save_json, utc_now  # noqa: E402
-
 from relulearn import hermite  # noqa: E402
 from relulearn.config import (  # noqa: E402
     ContractedConfig,
@@ -97,6 +95,8 @@ from relulearn.pipeline.stats.contracted import ContractedMoments, direction_ban
 from relulearn.pipeline.stats.filtered import FilteredMoments, threshold_grid  # noqa: E402
 from relulearn.pipeline.stats.hermite import HermiteTensors  # noqa: E402
 from relulearn.pipeline.stats.partial import accumulate_chunks  # noqa: E402
+
+from _common import save_json, utc_now  # noqa: E402
 
 SEED = 11
 QUANTILES = [0.5, 0.8, 0.95]

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
+
 from conftest import cli_env
 
 BIN = Path(sys.executable).parent

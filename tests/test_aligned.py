@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from conftest import make_config
 
 from relulearn.aligned import ALIGNMENT, fresh, fresh_map, is_aligned
 from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.sources import make_source
+
+from conftest import make_config
 
 
 def unaligned(a: np.ndarray, offset: int = 11) -> np.ndarray:

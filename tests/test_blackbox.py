@@ -12,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
 
 from relulearn import api
 from relulearn.config import ConfigError, config_from_dict
@@ -20,6 +19,8 @@ from relulearn.network import Network, NetworkFileError, compare
 from relulearn.pipeline.cluster import ClusterError
 from relulearn.pipeline.sources import LabelShapeError, SourceDataError, Stream, generator, make_source
 from relulearn.storage import StoreError
+
+from conftest import PYTHON, cli_env
 
 D, K = 10, 3
 MODULE = "user_teacher_{}"

@@ -6,6 +6,7 @@ import json
 import subprocess
 
 import yaml
+
 from conftest import PYTHON, cli_env
 
 CONFIG = {

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, cli_env
-from external import ExternalCluster
-from test_resume import assert_bitwise_equal, assert_each_chunk_once, residual_section, store_arrays, write_config
 
 from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
 from relulearn.storage import RunStore
+
+from conftest import PYTHON, cli_env
+from external import ExternalCluster
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, residual_section, store_arrays, write_config
 
 # the tests poll stores that another process is writing; zarr warns about its in-flight temp files
 pytestmark = pytest.mark.filterwarnings("ignore:Object at .* is not recognized as a component")

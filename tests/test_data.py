@@ -8,7 +8,6 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
@@ -16,6 +15,8 @@ from relulearn.network import Network, compare
 from relulearn.pipeline.arrays import ArrayFileError
 from relulearn.pipeline.data import DataSizeError
 from relulearn.pipeline.sources import make_source
+
+from conftest import PYTHON, cli_env
 
 D, K, ROWS = 10, 3, 400_000
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_streamed import Draw
 
 from relulearn.api.execution import mapper
 from relulearn.estimators.deepstream import _jacobians, deep_sums, refine_deep
 from relulearn.estimators.subspace_geometry import principal_angles
 from relulearn.network import Network
+
+from test_streamed import Draw
 
 
 def _teacher(d: int, widths: tuple[int, ...], seed: int) -> tuple[Network, np.ndarray, list[np.ndarray]]:

@@ -42,10 +42,11 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from conftest import cli_env
 
 from relulearn.api import status
 from relulearn.config import config_from_dict
+
+from conftest import cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

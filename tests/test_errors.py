@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
 
 from relulearn.api import estimate, status
 from relulearn.config import load_config
 from relulearn.network import Network
 from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
 from relulearn.storage import FORMAT_VERSION
+
+from conftest import PYTHON, cli_env
 
 # A small run with all four statistic families (explicit direction seed and thresholds, so
 # stores of different seeds can be merged).

@@ -9,12 +9,13 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, cli_env
 
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.network import Network, compare_two_layer
 from relulearn.pipeline.sources import make_source
+
+from conftest import PYTHON, cli_env
 
 
 def two_layer(

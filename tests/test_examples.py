@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import PYTHON, cli_env
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -10,8 +10,6 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
-from test_statistics import check_within
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
@@ -23,6 +21,9 @@ from relulearn.estimators.stored_matrices import FilterGridError, filtered_matri
 from relulearn.estimators.subspace_geometry import principal_angles
 from relulearn.network import Network, compare, subspace_angle
 from relulearn.pipeline.sources import make_source
+
+from conftest import PYTHON, cli_env
+from test_statistics import check_within
 
 
 def vanishing_network(d: int, seed: int = 0) -> tuple[Network, np.ndarray]:

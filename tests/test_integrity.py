@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from test_errors import assert_user_error, cli_parallel, config, snapshot, write_yaml
-from test_resume import assert_bitwise_equal
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
 from relulearn.storage import FORMAT_VERSION, NotAStoreError, RunStore, StoreDamagedError
 from relulearn.storage.integrity import _crc32c
+
+from test_errors import assert_user_error, cli_parallel, config, snapshot, write_yaml
+from test_resume import assert_bitwise_equal
 
 #: the errors tests' run (all four statistic families) at d = 16: 4 chunks in 2 blocks, a commit after each
 RUN = config(**{"seed": 5, "samples": 8_000, "chunk_size": 2_000, "source.d": 16})

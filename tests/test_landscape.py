@@ -9,7 +9,6 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, cli_env
 from scipy.optimize import approx_fprime
 
 from relulearn import api, hermite
@@ -19,6 +18,8 @@ from relulearn.estimators.base import PassRequest, Samples
 from relulearn.estimators.objective_g import GParameters, g_value_grad, minimize_g, row_angles
 from relulearn.network import Network, compare
 from relulearn.storage import open_store
+
+from conftest import PYTHON, cli_env
 
 C = [hermite.relu_hermite_coefficient(l) for l in range(5)]
 

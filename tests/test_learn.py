@@ -8,12 +8,13 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
 
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.estimators.base import MissingStatisticError
 from relulearn.network import Network
+
+from conftest import PYTHON, cli_env
 
 
 def planted_config(d: int, k: int, seed: int, samples: int, noise: float = 0.0) -> dict:

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PYTHON, cli_env, make_config
-from test_resume import assert_bitwise_equal, assert_each_chunk_once, write_config
 
 from relulearn import api, cli, open_store
 from relulearn.config import load_config
 from relulearn.storage import RunStore, StoreError
 from relulearn.storage.lease import Lease, LeaseLostError, StoreLockedError, read_lease
+
+from conftest import PYTHON, cli_env, make_config
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, write_config
 
 #: d = 20 (bitwise claims), one chunk per block and a commit after each: a run of many commits, whose
 #: statistics alone take a fraction of a second in process

@@ -9,12 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import PYTHON, cli_env
 
 from relulearn import api, regressors
 from relulearn.cli.parser import build_parser
 from relulearn.methods import METHODS, OPTIONS, Method, method_module
 from relulearn.report.methods import FIGURES, METHOD_FIGURES
+
+from conftest import PYTHON, cli_env
 
 ROOT = Path(__file__).resolve().parents[1]
 #: estimator parameters that are not method options (the data, the run, the cluster)

@@ -14,7 +14,6 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import PYTHON, cli_env
 
 from relulearn import api, hermite
 from relulearn.config import config_from_dict
@@ -23,6 +22,8 @@ from relulearn.network import Network, NetworkFileError
 from relulearn.pipeline.sources import Stream, draw, make_source
 from relulearn.polynomial import PolynomialModel, load_model
 from relulearn.storage import open_store
+
+from conftest import PYTHON, cli_env
 
 
 def one_hidden(d: int, width: int, n: int, seed: int = 1, run_seed: int = 5) -> dict:

@@ -8,10 +8,11 @@ import warnings
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
 
 from relulearn import regressors as R
 from relulearn.network import Network
+
+from conftest import PYTHON, cli_env
 
 
 @pytest.mark.parametrize(

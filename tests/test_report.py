@@ -10,11 +10,12 @@ import subprocess
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
 
 from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.report import FIGURES, FRAME_COLOURS
+
+from conftest import PYTHON, cli_env
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scipy import special
-from test_statistics import _phi, assert_powerful, check_within, filtered_truth, orthonormal_rows, run_config
 
 from relulearn import open_store
 from relulearn.config import ConfigError
@@ -22,6 +21,8 @@ from relulearn.network import Network
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source, pilot_batches
 from relulearn.storage import RunStore
+
+from test_statistics import _phi, assert_powerful, check_within, filtered_truth, orthonormal_rows, run_config
 
 U = orthonormal_rows(np.random.default_rng(5), 2, 6)
 LAM = [1.0, -0.8]

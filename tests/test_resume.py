@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import PYTHON, cli_env
 
 from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
+
+from conftest import PYTHON, cli_env
 
 
 def residual_section(d: int) -> dict:

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_config
 from scipy import special, stats
 
 from relulearn import hermite, open_store
@@ -36,6 +35,8 @@ from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source, pilot_batches
 from relulearn.pipeline.stats.partial import accumulate_chunks
+
+from conftest import make_config
 
 SQRT2PI = math.sqrt(2.0 * math.pi)
 Z_MAX = 4.0  # estimates must lie within Z_MAX reported standard errors of the truth ...

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-from conftest import PYTHON, cli_env, make_config
-from test_resume import write_config
 
 from relulearn import open_store
 from relulearn.pipeline.run import estimate
 from relulearn.storage import FORMAT_VERSION, RunStore
+
+from conftest import PYTHON, cli_env, make_config
+from test_resume import write_config
 
 
 @pytest.fixture(scope="module")

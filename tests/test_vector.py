@@ -20,7 +20,6 @@ import signal
 import numpy as np
 import pytest
 from scipy.special import gamma
-from test_resume import assert_bitwise_equal, residual_section, store_arrays
 
 from relulearn import open_store
 from relulearn.api import estimate, merge, status
@@ -30,6 +29,8 @@ from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.sources import OutputColumn, SourceDataError, Stream, check_finite, draw, make_source
 from relulearn.pipeline.stats.partial import accumulate_chunks
 from relulearn.pipeline.stats.per_output import PerOutput
+
+from test_resume import assert_bitwise_equal, residual_section, store_arrays
 
 
 def run_config(
