@@ -26,9 +26,10 @@ def _repulse(p: np.ndarray, iters: int) -> np.ndarray:
     Each of ``iters`` steps moves every point away from its ``2r+2`` nearest neighbours
     among ``±p`` (weights ``1/dist^{r+1}``) by a decaying fraction of the typical spacing.
     The neighbours are found to within a factor 1.5 of their distances (``eps=0.5``): the k-d
-    tree query is most of the cost (r = 6, 32768 points: 9.5 s with exact neighbours, 5.7 s so
-    on one core), and the nets cover as well (covering radius within 1 % of the exact query's
-    nets', r = 3–6).
+    tree query is most of the cost (r = 6, 32768 points, one thread: 9.5 s with exact
+    neighbours, 5.7 s so), and the nets cover as well (covering radius within 1 % of the exact
+    query's nets', r = 3–6). The query runs on every core: nets are built on the driver, once
+    per size and seed (cached), never inside a worker's task.
     """
     from scipy.spatial import cKDTree
 
