@@ -41,6 +41,16 @@ def _refuse_if_locked(args: argparse.Namespace) -> None:
         raise StoreLockedError(str(url), info, info.stale_reason())
 
 
+def _check_config(args: argparse.Namespace) -> None:
+    """Read and validate the configuration a command names (``estimate``, ``fit``, ``plan``) before the library is
+    imported, so that a mistake in it is reported in a fraction of a second; the command reads it again."""
+    path = getattr(args, "config", None)
+    if path is not None:
+        from ..config import load_config
+
+        load_config(path)
+
+
 #: what is safe after Ctrl-C, per command (others write nothing, or only the file they were asked for, whole)
 _INTERRUPTED: dict[str | None, str] = {
     "estimate": "every merged block was committed. Run the same command to resume.",
@@ -54,13 +64,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``relulearn ARGV``; returns the exit code (0, :data:`EXIT_USER_ERROR` with ``relulearn: error: …``
     for a user's mistake, :data:`EXIT_DAMAGED` from ``verify``, :data:`EXIT_INTERRUPTED` after Ctrl-C)."""
     args = build_parser().parse_args(argv)
+    from ..config import ConfigError
+
     try:
         _refuse_if_locked(args)
-    except StoreError as err:
+        _check_config(args)
+    except (StoreError, ConfigError) as err:
         return _error(args, str(err), err)
-    # the library is imported once the arguments are read and a locked store has been refused: a second writer
-    # is turned away at once (numpy, zarr, dask and the methods take most of a second to import)
-    from ..config import ConfigError
+    # the library is imported once the arguments are read, a locked store has been refused and the configuration
+    # checked: a second writer or a mistyped key is turned away at once (numpy, zarr, dask and the methods take
+    # most of a second to import)
     from ..network import NetworkFileError
     from ..pipeline.cluster import ClusterLostError
     from ..pipeline.sources import SourceDataError

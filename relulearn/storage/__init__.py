@@ -1,7 +1,27 @@
-"""zarr storage of runs: schema, ledger, fingerprint, atomic commits, the writer's lease."""
+"""zarr storage of runs: schema, ledger, fingerprint, atomic commits, the writer's lease.
+
+The names are imported on first use (PEP 562): the command line imports the store's errors before it has read its
+arguments, and importing zarr alone takes a third of a second.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .errors import Damage, NotAStoreError, StoreDamagedError, StoreError
-from .store import FORMAT_VERSION, RunStore, diff_fields, flatten
+
+if TYPE_CHECKING:
+    from .lease import Lease, LeaseInfo, LeaseLostError, StoreLockedError, read_lease, writing
+    from .store import FORMAT_VERSION, RunStore, diff_fields, flatten
+    from .views import LEDGER_COLUMNS, StoredRun, ledger_platforms, open_store
+
+#: where each name lives
+_LAZY = {
+    **dict.fromkeys(["FORMAT_VERSION", "RunStore", "diff_fields", "flatten"], "store"),
+    **dict.fromkeys(["LEDGER_COLUMNS", "StoredRun", "ledger_platforms", "open_store"], "views"),
+    **dict.fromkeys(["Lease", "LeaseInfo", "LeaseLostError", "StoreLockedError", "read_lease", "writing"], "lease"),
+}
 
 __all__ = [
     "FORMAT_VERSION",
@@ -12,10 +32,27 @@ __all__ = [
     "Damage",
     "diff_fields",
     "flatten",
+    "LEDGER_COLUMNS",
+    "StoredRun",
+    "ledger_platforms",
+    "open_store",
+    "Lease",
+    "LeaseInfo",
+    "LeaseLostError",
+    "StoreLockedError",
+    "read_lease",
+    "writing",
 ]
-from .views import LEDGER_COLUMNS, StoredRun, ledger_platforms, open_store  # noqa: E402
 
-__all__ += ["LEDGER_COLUMNS", "StoredRun", "ledger_platforms", "open_store"]
-from .lease import Lease, LeaseInfo, LeaseLostError, StoreLockedError, read_lease, writing  # noqa: E402
 
-__all__ += ["Lease", "LeaseInfo", "LeaseLostError", "StoreLockedError", "read_lease", "writing"]
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

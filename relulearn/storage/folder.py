@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, NoReturn
-
-from zarr.abc.store import Store
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .errors import RESTORE_HINT, Damage, NotAStoreError, StoreDamagedError
 from .location import _children
+
+if TYPE_CHECKING:  # zarr is imported where a store is read: the lease's module needs only LEASE_KEY
+    from zarr.abc.store import Store
 
 __all__ = ["LEASE_KEY", "SET_ASIDE"]
 
@@ -57,6 +56,21 @@ def _short(err: BaseException) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _get(store: Store, key: str) -> Any:
+    """The object ``key`` of ``store`` (a zarr buffer), or None."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    return sync(store.get(key, default_buffer_prototype()))
+
+
+def _list(store: Store) -> list[str]:
+    """The names at the top of ``store``."""
+    from zarr.core.sync import sync
+
+    return sync(_children(store))
+
+
 def _committed_data(store: Store, children: list[str], *, root: bool, own_lease: bool = False) -> list[str]:
     """The relulearn data in a store folder that only a store with a committed run holds (its root
     document missing, ``root=False``, or unreadable, ``root=True``).
@@ -73,7 +87,7 @@ def _committed_data(store: Store, children: list[str], *, root: bool, own_lease:
     if root or any(g != "g000000" for g in gens):
         return [f"{g}/" for g in gens] + found
     writer = any(_PARTIAL.fullmatch(c) or (c == LEASE_KEY and not own_lease) for c in children)
-    if gens and not writer and sync(store.get("g000000/zarr.json", default_buffer_prototype())) is not None:
+    if gens and not writer and _get(store, "g000000/zarr.json") is not None:
         found.insert(0, "g000000/")
     return found
 
@@ -81,10 +95,10 @@ def _committed_data(store: Store, children: list[str], *, root: bool, own_lease:
 def _root_doc(url: str, store: Store, allow_foreign: bool) -> dict[str, Any] | None:
     """The root document, parsed; None for a store without one that holds no run yet."""
     for attempt in range(3):
-        raw = sync(store.get("zarr.json", default_buffer_prototype()))
+        raw = _get(store, "zarr.json")
         if raw is not None:
             break
-        children = sync(_children(store))
+        children = _list(store)
         if "zarr.json" in children and attempt < 2:
             continue  # a first commit completed between the read and the listing
         _without_root(url, store, children, allow_foreign)
@@ -131,7 +145,7 @@ def _without_root(url: str, store: Store, children: list[str], allow_foreign: bo
 def _refuse_root(url: str, store: Store, problem: str, not_a_store: str) -> NoReturn:
     """Raise for a root document that cannot be used: damaged when relulearn data is next to it, else
     not a relulearn store."""
-    found = _committed_data(store, sync(_children(store)), root=True)
+    found = _committed_data(store, _list(store), root=True)
     if found:
         raise StoreDamagedError(
             url,

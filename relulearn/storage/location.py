@@ -7,13 +7,13 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from zarr.abc.store import Store
-from zarr.storage import FsspecStore, LocalStore
-
 from .errors import StoreError
+
+if TYPE_CHECKING:  # zarr is imported where a store is opened: the command line reads a lease without it
+    from zarr.abc.store import Store
 
 __all__ = ["storage_options"]
 
@@ -37,6 +37,8 @@ def storage_options(url: str) -> dict[str, Any] | None:
 
 def _open_store(url: str, *, read_only: bool) -> Store:
     """The zarr store object for ``url``: a LocalStore for paths, an FsspecStore for URLs."""
+    from zarr.storage import FsspecStore, LocalStore
+
     if _is_local(url):
         return LocalStore(_local_path(url), read_only=read_only)
     try:
@@ -53,6 +55,8 @@ def _open_store(url: str, *, read_only: bool) -> Store:
 def _invalidate_listings(store: Store) -> None:
     """Forget cached directory listings (s3fs caches them per process; another process may
     have written since)."""
+    from zarr.storage import FsspecStore
+
     if isinstance(store, FsspecStore):
         with contextlib.suppress(Exception):
             store.fs.invalidate_cache(store.path)
