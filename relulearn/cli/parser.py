@@ -47,6 +47,16 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _dashboard(text: str) -> str:
+    """An argparse type: a dashboard address, ``HOST:PORT`` (checked with the arguments, before any file is read)."""
+    from ..pipeline.cluster import check_dashboard
+
+    try:
+        return check_dashboard(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 _BREAK_LOCK_HELP = (
     "break a stale lease on the store: one whose process is no longer running on this host, or "
     "without a heartbeat for RELULEARN_LEASE_TIMEOUT seconds (default 600), as a writer killed with "
@@ -129,7 +139,7 @@ def _estimate(sub: Any) -> None:
         "as they are; the data of a relulearn store whose root metadata is missing or damaged is moved "
         "into STORE/set-aside-<time>/, never deleted (a readable store is resumed as without it)",
     )
-    p.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
+    p.add_argument("--dashboard", metavar="HOST:PORT", type=_dashboard, help=_DASHBOARD_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
 
@@ -358,7 +368,7 @@ def add_cluster_options(q: argparse.ArgumentParser) -> None:
         "else a local cluster)",
     )
     w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
-    q.add_argument("--dashboard", metavar="HOST:PORT", help=_DASHBOARD_HELP)
+    q.add_argument("--dashboard", metavar="HOST:PORT", type=_dashboard, help=_DASHBOARD_HELP)
 
 
 def add_learn_options(q: argparse.ArgumentParser) -> None:
