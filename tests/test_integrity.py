@@ -11,6 +11,7 @@ root metadata. Each time ``verify`` names the array and the chunk (or document),
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -33,11 +34,11 @@ MORE = 12_000  # samples asked for by an extension
 #: one object of each kind the store has: (array or document owner, key relative to the head generation;
 #: None for the root document)
 TARGETS = {
-    "basic": ("basic/sum_xx", "basic/sum_xx/c/0/0"),
-    "hermite": ("hermite/sum_raw3", "hermite/sum_raw3/c/0"),
-    "contracted": ("contracted/sum_M", "contracted/sum_M/c/0/0/0"),
-    "filtered": ("filtered/sum_bin_xx", "filtered/sum_bin_xx/c/0/0/0"),
-    "ledger": ("ledger/chunk_stop", "ledger/chunk_stop/c/0"),
+    "basic": ("basic/sum_xx", "basic/sum_xx/c.0.0"),
+    "hermite": ("hermite/sum_raw3", "hermite/sum_raw3/c.0"),
+    "contracted": ("contracted/sum_M", "contracted/sum_M/c.0.0.0"),
+    "filtered": ("filtered/sum_bin_xx", "filtered/sum_bin_xx/c.0.0.0"),
+    "ledger": ("ledger/chunk_stop", "ledger/chunk_stop/c.0"),
     "array-metadata": ("basic/sum_xx", "basic/sum_xx/zarr.json"),
     "root-metadata": ("root", None),
 }
@@ -134,11 +135,11 @@ def test_an_intact_store_verifies_and_extends(copy):
     arrays = {a["array"] for a in report["arrays"]}
     assert {a for a, _ in TARGETS.values()} - {"root"} <= arrays
     assert {a.split("/")[0] for a in arrays} == {"basic", "hermite", "contracted", "filtered", "ledger"}
-    assert sum(a["chunks"] for a in report["arrays"]) == sum(
-        1 for p in copy.glob(f"{_head(copy)}/*/*/c/**/*") if p.is_file()
-    ) + sum(1 for p in copy.glob(f"{_head(copy)}/*/*/c") if p.is_file())  # 0-d arrays: one chunk named c
+    # chunk files c.0.1 (c alone for a 0-d array)
+    chunks = [p for p in copy.glob(f"{_head(copy)}/*/*/c*") if re.fullmatch(r"c(\.\d+)*", p.name) and p.is_file()]
+    assert sum(a["chunks"] for a in report["arrays"]) == len(chunks)
     # every chunk ends with the CRC-32C of its bytes
-    chunk = copy / _head(copy) / "basic" / "sum_xx" / "c" / "0" / "0"
+    chunk = copy / _head(copy) / "basic" / "sum_xx" / "c.0.0"
     data = chunk.read_bytes()
     assert len(data) == 16 * 16 * 8 + 4 and _crc32c(data[:-4]) == data[-4:]
     # a checked read decodes the chunk bytes it checked: every array, dtype and shape as zarr itself reads it
@@ -156,12 +157,12 @@ def test_an_intact_store_verifies_and_extends(copy):
 
 
 def test_merge_refuses_a_damaged_store_and_writes_nothing(stores, copy, tmp_path):
-    damage(copy / _head(copy) / "ledger" / "seed" / "c" / "0", "delete")
+    damage(copy / _head(copy) / "ledger" / "seed" / "c.0", "delete")
     before = snapshot(copy)
     out = tmp_path / "merged.zarr"
     with pytest.raises(
         StoreDamagedError,
-        match=r"array ledger/seed, chunk c/0 \(file g\d{6}/ledger/seed/c/0\) "
+        match=r"array ledger/seed, chunk c\.0 \(file g\d{6}/ledger/seed/c\.0\) "
         r"is missing",
     ):
         api.merge(str(copy), str(stores["seed6"]), str(out))
@@ -174,7 +175,7 @@ def test_the_command_line_names_the_damage(copy, tmp_path):
     intact = tmp_path / "intact.zarr"
     shutil.copytree(copy, intact)
     head = _head(copy)
-    damage(copy / head / "contracted" / "sum_M" / "c" / "0" / "0" / "0", "truncate")
+    damage(copy / head / "contracted" / "sum_M" / "c.0.0.0", "truncate")
     rootless = tmp_path / "rootless.zarr"
     shutil.copytree(intact, rootless)
     (rootless / "zarr.json").unlink()
@@ -193,19 +194,19 @@ def test_the_command_line_names_the_damage(copy, tmp_path):
     verify_bad, verify_ok, verify_json, extend, learn, status, start, verify_rootless = procs
     assert verify_bad.returncode == 1, verify_bad.stderr
     row = [line for line in verify_bad.stdout.splitlines() if line.startswith("contracted/sum_M ")]
-    assert len(row) == 1 and "DAMAGED: chunk c/0/0/0" in row[0] and f"{head}/contracted/sum_M/c/0/0/0" in row[0]
+    assert len(row) == 1 and "DAMAGED: chunk c.0.0.0" in row[0] and f"{head}/contracted/sum_M/c.0.0.0" in row[0]
     assert "is truncated" in row[0] and "restore the store from a copy" in verify_bad.stdout
     assert sum(" ok" in line for line in verify_bad.stdout.splitlines()) > 70  # every other array: ok
     assert verify_ok.returncode == 0 and "intact:" in verify_ok.stdout, verify_ok.stdout + verify_ok.stderr
     report = json.loads(verify_json.stdout)
     assert verify_json.returncode == 1 and report["intact"] is False
-    assert [(d["array"], d["chunk"]) for d in report["damaged"]] == [("contracted/sum_M", "c/0/0/0")]
+    assert [(d["array"], d["chunk"]) for d in report["damaged"]] == [("contracted/sum_M", "c.0.0.0")]
     for proc in (extend, learn):
         err = assert_user_error(
             proc,
             "is a damaged relulearn store",
-            "array contracted/sum_M, chunk c/0/0/0",
-            f"file {head}/contracted/sum_M/c/0/0/0",
+            "array contracted/sum_M, chunk c.0.0.0",
+            f"file {head}/contracted/sum_M/c.0.0.0",
             "is truncated",
             "restore the store",
         )
@@ -224,7 +225,7 @@ def test_the_command_line_names_the_damage(copy, tmp_path):
     assert (
         status.returncode == 0
         and "DAMAGED      1 object(s) missing or truncated, e.g. array contracted/sum_M, "
-        f"chunk c/0/0/0 (file {head}/contracted/sum_M/c/0/0/0) is truncated"
+        f"chunk c.0.0.0 (file {head}/contracted/sum_M/c.0.0.0) is truncated"
         in status.stdout
     ), status.stdout
     assert not (tmp_path / "m.npz").exists()
@@ -344,12 +345,12 @@ def test_a_store_written_before_checksums_is_read_checked_for_missing_chunks_and
     for mode, problem in (("delete", "is missing"), ("truncate", "is truncated")):
         broken = tmp_path / f"legacy-{mode}.zarr"
         shutil.copytree(legacy, broken)
-        damage(broken / head / "filtered" / "sum_bin_xx" / "c" / "0" / "0" / "0", mode)
+        damage(broken / head / "filtered" / "sum_bin_xx" / "c.0.0.0", mode)
         before = snapshot(broken)
         assert [(d["array"], d["chunk"], d["problem"].split(" (")[0]) for d in api.verify(str(broken))["damaged"]] == [
-            ("filtered/sum_bin_xx", "c/0/0/0", problem)
+            ("filtered/sum_bin_xx", "c.0.0.0", problem)
         ]
-        with pytest.raises(StoreDamagedError, match=f"array filtered/sum_bin_xx, chunk c/0/0/0 .* {problem}"):
+        with pytest.raises(StoreDamagedError, match=rf"array filtered/sum_bin_xx, chunk c\.0\.0\.0 .* {problem}"):
             api.estimate(config_from_dict(RUN), str(broken), samples=MORE, client="local", progress=None)
         assert snapshot(broken) == before
     # extending it writes a generation with checksums, bitwise the extension of a store that had them

@@ -249,3 +249,40 @@ def test_readers_see_whole_commits_while_a_writer_commits(tmp_path):
     assert writer.returncode == 0, writer.stderr.read()
     print(f"{reads} reads of {len(heads)} distinct commits")
     assert len(heads) >= 3, heads
+
+
+def test_a_store_whose_chunks_are_named_with_slashes_reads_verifies_and_extends(tmp_path, monkeypatch):
+    """Stores written before chunks were named ``c.0.1`` name them ``c/0/1`` (zarr's default key encoding with
+    separator "/", a folder per index). Such a store (its first commit written that way here) verifies intact,
+    reads, and extends; the extension's generation names them with "."; the arrays are bitwise those of a run
+    never written the old way."""
+    import relulearn.storage.generation as generation
+    import relulearn.storage.integrity as integrity
+    from relulearn import api
+
+    from test_resume import assert_bitwise_equal
+
+    cfg = make_config(samples=40_000)
+    old, new = str(tmp_path / "old.zarr"), str(tmp_path / "new.zarr")
+    array_doc = generation._array_doc
+
+    def slash_doc(*args, **kwargs):
+        return dict(
+            array_doc(*args, **kwargs), chunk_key_encoding={"name": "default", "configuration": {"separator": "/"}}
+        )
+
+    with monkeypatch.context() as m:  # the writer as it was
+        m.setattr(generation, "_array_doc", slash_doc)
+        m.setattr(integrity, "chunk_key", lambda coords: "/".join(["c", *map(str, coords)]))
+        estimate(cfg, old, samples=20_000, progress=None, commit_interval=1e9)
+    head = open_store(old).head
+    assert (Path(old) / head / "basic" / "sum_xx" / "c" / "0" / "0").is_file()
+    report = api.verify(old)
+    assert report["intact"] and report["checksums"] and not report["damaged"], report
+    estimate(cfg, old, progress=None, commit_interval=1e9)  # extended to 40,000 samples by the current writer
+    head = open_store(old).head
+    assert (Path(old) / head / "basic" / "sum_xx" / "c.0.0").is_file()
+    assert not (Path(old) / head / "basic" / "sum_xx" / "c").exists()
+    estimate(cfg, new, progress=None, commit_interval=1e9)
+    assert_bitwise_equal(old, new)
+    assert api.verify(old)["intact"]

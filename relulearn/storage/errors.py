@@ -30,10 +30,10 @@ class Damage:
         What the object belongs to: an array of the committed generation (``basic/sum_xx``,
         ``ledger/chunk_stop``), a group (``basic``), the generation (``g000003``), or ``root``.
     key
-        The object's key (its file path under the store): ``g000003/basic/sum_xx/c/0/0``,
+        The object's key (its file path under the store): ``g000003/basic/sum_xx/c.0.0``,
         ``g000003/basic/sum_xx/zarr.json``, ``zarr.json``.
     chunk
-        The chunk's key within its array (``c/0/0``), or ``""`` for a metadata document.
+        The chunk's key within its array (``c.0.0``), or ``""`` for a metadata document.
     problem
         What is wrong: ``is missing``, ``is truncated (12 of 2052 bytes)``, ``fails its crc32c checksum``,
         ``does not match its sha256 in the commit's manifest``, ``is not readable JSON``, ...
@@ -45,7 +45,7 @@ class Damage:
     problem: str
 
     def describe(self) -> str:
-        """``array basic/sum_xx, chunk c/0/0 (file g000003/basic/sum_xx/c/0/0) is missing``"""
+        """``array basic/sum_xx, chunk c.0.0 (file g000003/basic/sum_xx/c.0.0) is missing``"""
         if self.chunk:
             return f"array {self.array}, chunk {self.chunk} (file {self.key}) {self.problem}"
         what = "the root metadata" if self.array == "root" else f"the metadata of {self.array}"

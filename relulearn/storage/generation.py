@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
+from zarr.storage import LocalStore
 
 from . import integrity
 from .location import _open_store
@@ -81,7 +83,7 @@ def _array_doc(dims: tuple[str, ...], values: np.ndarray) -> dict[str, Any]:
         "shape": list(values.shape),
         "data_type": dt.name,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(_chunks(values))}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "."}},
         "fill_value": fill,
         # raw bytes and their crc32c: float64 statistics do not compress (a compressor doubles the time)
         "codecs": integrity.array_codecs(dt),
@@ -142,8 +144,25 @@ async def _write_generation(
         integrity.add_document(manifest, f"{path}/zarr.json".removeprefix(f"{gen_name}/"), data)
     last = f"{gen_name}/zarr.json"
     prototype = default_buffer_prototype()
-    await asyncio.gather(
-        *(store.set(key, prototype.buffer.from_bytes(data)) for key, data in objects.items() if key != last)
-    )
-    await store.set(last, prototype.buffer.from_bytes(objects[last]))
+    if isinstance(store, LocalStore):
+        await asyncio.to_thread(_write_files, store.root, {k: v for k, v in objects.items() if k != last})
+    else:
+        await asyncio.gather(
+            *(store.set(key, prototype.buffer.from_bytes(data)) for key, data in objects.items() if key != last)
+        )
+    await store.set(last, prototype.buffer.from_bytes(objects[last]))  # atomically (a temporary file renamed)
     return nodes, manifest
+
+
+def _write_files(root: Path, objects: Mapping[str, bytes]) -> None:
+    """Write the objects of a generation into a local folder: each folder made once, each file written in place.
+
+    zarr's LocalStore makes the folders of every object it writes and writes each to a temporary file that it
+    renames (a quarter of a commit's CPU time, measured). Neither is needed inside a generation, which nothing
+    reads before the root document names it (a crash leaves an orphan generation, removed by the next commit);
+    the generation's own group document is still written last, atomically."""
+    for folder in sorted({(root / key).parent for key in objects}):
+        folder.mkdir(parents=True, exist_ok=True)
+    for key, data in objects.items():
+        with open(root / key, "wb") as f:
+            f.write(data)

@@ -7,7 +7,7 @@ silently, so a checksum inside the chunk cannot catch a deleted one: the commit 
 in the root metadata (``attributes.relulearn.integrity``)::
 
     {"version": 1, "algorithm": "sha256",
-     "chunks": {"basic/sum_xx": {"c/0/0": [2052, "<sha256 of the chunk object's bytes>"]}, ...},
+     "chunks": {"basic/sum_xx": {"c.0.0": [2052, "<sha256 of the chunk object's bytes>"]}, ...},
      "documents": {"zarr.json": [180, "<sha256>"], "basic/zarr.json": [...], "basic/sum_xx/zarr.json": ...},
      "digest": "<sha256 of the root document without this field>"}
 
@@ -94,8 +94,11 @@ def chunk_coords(shape: Sequence[int], chunk_shape: Sequence[int]) -> Iterator[t
 
 
 def chunk_key(coords: Sequence[int]) -> str:
-    """The key of a chunk under zarr's default encoding with separator "/": ``c/0/1`` (``c`` for 0-d)."""
-    return "/".join(["c", *map(str, coords)])
+    """The key of a chunk under zarr's default encoding with separator ".": ``c.0.1`` (``c`` for 0-d). An array's
+    chunks are files of its own folder: with "/" every chunk adds two folders, and on a local disk making and
+    deleting them was most of a commit's time (measured). Stores written with "/" read as before: readers take
+    each array's encoding from its metadata."""
+    return ".".join(["c", *map(str, coords)])
 
 
 def encode_chunks(values: np.ndarray, chunk_shape: Sequence[int], fill: Any) -> Iterator[tuple[str, bytes]]:
