@@ -64,12 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``relulearn ARGV``; returns the exit code (0, :data:`EXIT_USER_ERROR` with ``relulearn: error: …``
     for a user's mistake, :data:`EXIT_DAMAGED` from ``verify``, :data:`EXIT_INTERRUPTED` after Ctrl-C)."""
     args = build_parser().parse_args(argv)
+    try:
+        _refuse_if_locked(args)
+    except StoreError as err:
+        return _error(args, str(err), err)
     from ..config import ConfigError
 
     try:
-        _refuse_if_locked(args)
         _check_config(args)
-    except (StoreError, ConfigError) as err:
+    except ConfigError as err:
         return _error(args, str(err), err)
     # the library is imported once the arguments are read, a locked store has been refused and the configuration
     # checked: a second writer or a mistyped key is turned away at once (numpy, zarr, dask and the methods take
