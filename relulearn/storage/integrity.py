@@ -138,10 +138,18 @@ def add_document(manifest: dict[str, Any], path: str, data: bytes) -> None:
 
 def root_digest(doc: Mapping[str, Any]) -> str:
     """The digest of a root document, without ``attributes.relulearn.integrity.digest`` itself: of its
-    canonical JSON (sorted keys, no spaces), so that the parsed document gives the digest written."""
-    copy = json.loads(json.dumps(doc, allow_nan=True))
-    copy["attributes"]["relulearn"]["integrity"].pop("digest", None)
-    return digest(json.dumps(copy, sort_keys=True, separators=(",", ":"), allow_nan=True).encode())
+    canonical JSON (sorted keys, no spaces), so that the parsed document gives the digest written. The document
+    goes through one JSON round trip first (its keys, tuples and numbers as a reader parses them)."""
+    return _parsed_digest(json.loads(json.dumps(doc, allow_nan=True)))
+
+
+def _parsed_digest(doc: Mapping[str, Any]) -> str:
+    """:func:`root_digest` of a document parsed from JSON, which needs no round trip: only the three mappings on
+    the way to the digest are copied, to leave it out."""
+    relulearn = doc["attributes"]["relulearn"]
+    integrity = {k: v for k, v in relulearn["integrity"].items() if k != "digest"}
+    view = dict(doc, attributes=dict(doc["attributes"], relulearn=dict(relulearn, integrity=integrity)))
+    return digest(json.dumps(view, sort_keys=True, separators=(",", ":"), allow_nan=True).encode())
 
 
 def seal_root(doc: dict[str, Any]) -> None:
@@ -150,7 +158,8 @@ def seal_root(doc: dict[str, Any]) -> None:
 
 
 def check_root(doc: Mapping[str, Any]) -> Damage | None:
-    """The root document's damage, or None when it matches its digest (or predates checksums)."""
+    """The root document's damage, or None when it matches its digest (or predates checksums); ``doc`` as parsed
+    from the store's JSON."""
     integrity = doc.get("attributes", {}).get("relulearn", {}).get("integrity")
     if integrity is None:
         return None
@@ -160,7 +169,7 @@ def check_root(doc: Mapping[str, Any]) -> Damage | None:
         or not isinstance(integrity.get("documents"), dict)
     ):
         return Damage("root", "zarr.json", "", "has an unreadable manifest")
-    if integrity.get("digest") != root_digest(doc):
+    if integrity.get("digest") != _parsed_digest(doc):
         return Damage("root", "zarr.json", "", f"does not match its {ALGORITHM} digest")
     return None
 

@@ -410,7 +410,7 @@ class RunStore:
         consolidated metadata of ``nodes``, and the document's own digest."""
         root = dict(_group_doc({"relulearn": meta}), consolidated_metadata=_consolidated(nodes))
         integrity.seal_root(root)
-        sync(store.set("zarr.json", _json_buffer(root)))
+        sync(store.set("zarr.json", _json_buffer(root, indent=None)))
 
     def _clean(self, keep: str, store: Store | None = None) -> None:
         store = store or self._store(read_only=False)

@@ -75,7 +75,7 @@ def _verify(url: str, attempts: int) -> dict[str, Any]:
         raise StoreError(f"{url} holds no committed run yet (no generation was committed); nothing to verify")
     with _object_store_errors(url, "read"):
         for _ in range(attempts):
-            result = sync(_check(url, meta))
+            result = sync(_check(url, meta, consolidated=not root_damage))
             if result is not None:
                 head, damages, checked, documents = result
                 return _report(
@@ -99,14 +99,18 @@ def _readable_meta(url: str) -> dict[str, Any] | None:
     return meta if isinstance(meta, dict) and isinstance(meta.get("head"), str) else None
 
 
-async def _check(url: str, meta: dict[str, Any]) -> tuple[str, list[Damage], dict[str, int], int] | None:
-    """Check the generation ``meta`` names; None when a commit moved the head meanwhile."""
+async def _check(
+    url: str, meta: dict[str, Any], *, consolidated: bool = True
+) -> tuple[str, list[Damage], dict[str, int], int] | None:
+    """Check the generation ``meta`` names; None when a commit moved the head meanwhile. ``consolidated=False``
+    (the root is damaged): the generation's arrays are found from their own documents, not from the root's copy
+    of them, so that a damaged root is not reported as damage of the objects it describes."""
     store = RunStore(url)._store(read_only=True)
     head = meta["head"]
     manifest = meta.get("integrity")
     damages: list[Damage] = []
     try:
-        root = await zasync.open_group(store, mode="r", zarr_format=3)
+        root = await zasync.open_group(store, mode="r", zarr_format=3, use_consolidated=None if consolidated else False)
         generation = cast("AsyncGroup", await root.getitem(head))  # a generation is a group
         members = [(name, node) async for name, node in generation.members(max_depth=None)]
     except (KeyError, ValueError, FileNotFoundError) as err:  # no consolidated metadata, a document missing
