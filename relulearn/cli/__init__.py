@@ -1,7 +1,8 @@
 """The ``relulearn`` command line: argument parsing and printing only; the work is in :mod:`relulearn.api`.
 
-:func:`main` reads the arguments (:mod:`.parser`), refuses a locked store at once, then imports the library and
-runs the command (:mod:`.commands`), printing its result for people (:mod:`.output`) or as JSON.
+:func:`main` reads the arguments (:mod:`.parser`), refuses a locked store at once, checks the configuration a
+command names, then imports the library and runs the command (:mod:`.commands`), printing its result for people
+(:mod:`.output`) or as JSON.
 """
 
 from __future__ import annotations
