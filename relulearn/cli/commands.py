@@ -61,14 +61,8 @@ def _cluster_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "scheduler": args.scheduler,
         "client": "local" if args.in_process else None,
         "progress": None if args.quiet else sys.stderr,
-        "dashboard": _dashboard(args),
+        "dashboard": args.dashboard,
     }
-
-
-def _dashboard(args: argparse.Namespace) -> str | None:
-    from ..pipeline.cluster import check_dashboard
-
-    return None if args.dashboard is None else check_dashboard(args.dashboard)
 
 
 def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,7 +101,7 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
         progress=None if args.quiet else sys.stderr,
         on_start=on_start,
         break_lock=args.break_lock,
-        dashboard=_dashboard(args),
+        dashboard=args.dashboard,
         new_store_here=args.new_store_here,
     )
     return summary.to_dict()

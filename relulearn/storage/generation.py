@@ -164,7 +164,7 @@ def _write_files(root: Path, objects: Mapping[str, bytes]) -> None:
     renames (a quarter of a commit's CPU time, measured). Neither is needed inside a generation, which nothing
     reads before the root document names it (a crash leaves an orphan generation, removed by the next commit);
     the generation's own group document is still written last, atomically."""
-    for folder in sorted({(root / key).parent for key in objects}):
+    for folder in {(root / key).parent for key in objects}:
         folder.mkdir(parents=True, exist_ok=True)
     for key, data in objects.items():
         with open(root / key, "wb") as f:
