@@ -17,7 +17,40 @@ from ..network import Network
 from .polish_cg import matrix_free, polish_outputs_cg, start_rows, trusted_samples
 from .polish_report import PolishReport
 
-__all__ = ["PolishReport", "polish", "polish_outputs"]
+__all__ = ["PolishReport", "polish", "polish_outputs", "least_squares"]
+
+#: eigenvalues of a normal matrix below this fraction of its largest are dropped (the design's singular values
+#: below 3·10⁻⁷ of its largest: directions the samples do not determine), as a rank-revealing solve would
+RCOND_NORMAL = 1e-13
+
+
+def least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The minimum-norm least-squares solution of ``a s ≈ b`` for a tall design ``a`` (n × p, n ≫ p).
+
+    By the normal equations: ``aᵀa`` is one symmetric BLAS-3 product (``n p²`` flops; numpy's SVD-based
+    ``lstsq`` spends ten times as long at n = 20,000, p = 266), solved on its eigenvectors with eigenvalues
+    above :data:`RCOND_NORMAL` of the largest, then refined once on the residual ``b − a s``: a refinement
+    step multiplies the error by ``cond(a)² ε``, so wherever the design's kept directions have ``cond(a)`` under
+    about 10⁶ the solution is as accurate as a QR's, and noiseless labels are fitted to their rounding.
+
+    Parameters
+    ----------
+    a
+        ``(n, p)`` design.
+    b
+        ``(n,)`` labels.
+
+    Returns
+    -------
+    np.ndarray
+        ``(p,)``.
+    """
+    lam, v = np.linalg.eigh(a.T @ a)
+    inv = np.zeros_like(lam)
+    keep = lam > RCOND_NORMAL * max(float(lam[-1]), 0.0)
+    inv[keep] = 1.0 / lam[keep]
+    s = v @ (inv * (v.T @ (a.T @ b)))
+    return s + v @ (inv * (v.T @ (a.T @ (b - a @ s))))
 
 
 def _split(net: Network) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -98,13 +131,16 @@ def polish(
                 f"polish needs more than {unknowns} samples (the unknowns) away from the unit boundaries; got {used}"
             )
         xs = x[trusted]
-        # design matrix: block i is pattern_i * x  -> one lstsq for all k·d unknowns (and the output bias)
-        phi = (pattern[:, :, None] * xs[:, None, :]).reshape(used, k * d)
+        # design matrix: block i is pattern_i * x, then the output bias's ones and the affine part's x -> one
+        # least-squares solve for all unknowns; filled in place (the blocks are n·k·d numbers)
+        phi = np.empty((used, unknowns))
+        for i in range(k):
+            np.multiply(xs, pattern[:, i : i + 1], out=phi[:, i * d : (i + 1) * d])
         if biased:
-            phi = np.column_stack([phi, np.ones(used)])
+            phi[:, k * d] = 1.0
         if affine:
-            phi = np.column_stack([phi, xs[:, :d_in]])
-        sol, *_ = np.linalg.lstsq(phi, y[trusted], rcond=None)
+            phi[:, k * d + 1 :] = xs[:, :d_in]
+        sol = least_squares(phi, y[trusted])
         w = sol[: k * d].reshape(k, d)
         c = float(sol[k * d]) if biased else None
         lin = sol[k * d + 1 :] if affine else lin
