@@ -67,6 +67,18 @@ _SLOW = frozenset(
 )
 
 
+def pytest_configure(config):
+    """Byte-compile the package once, before the suite's ~300 Python processes (command lines, Dask workers)
+    import it: where ``PYTHONDONTWRITEBYTECODE`` is set (as on this project's CI machines) no process writes
+    the compiled modules, and each would compile the package from source again (~0.1 s of CPU per process)."""
+    if not hasattr(config, "workerinput"):  # once, in the controller (xdist workers start after it)
+        import compileall
+
+        import relulearn
+
+        compileall.compile_dir(str(Path(relulearn.__file__).parent), quiet=1)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark the tests listed in ``slow.txt`` (measured at a second or more) ``slow``."""
     for item in items:

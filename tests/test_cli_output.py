@@ -130,6 +130,28 @@ def test_version():
     assert done.returncode == 0 and done.stdout.strip() == f"relulearn {__version__}"
 
 
+def test_status_and_verify_read_a_store_without_importing_what_runs_passes(tmp_path):
+    """`relulearn status` and `verify` need the store (zarr) and the configuration, not the pipeline: neither
+    imports Dask, scipy or the statistic families (a third of a command's start)."""
+    from relulearn import api
+    from relulearn.config import config_from_dict
+
+    store = str(tmp_path / "s.zarr")
+    api.estimate(config_from_dict(dict(CONFIG, samples=50_000)), store, client="local", progress=None)
+    script = (
+        "import sys\nfrom relulearn.cli import main\n"
+        f"codes = [main(['status', {store!r}]), main(['verify', {store!r}])]\n"
+        "print(codes, ' '.join(sorted(sys.modules)), file=sys.stderr)"
+    )
+    done = subprocess.run([PYTHON, "-c", script], env=cli_env(), capture_output=True, text=True, timeout=120)
+    codes, modules = done.stderr.strip().splitlines()[-1].split("] ")
+    assert codes == "[0, 0", done.stderr
+    assert "samples" in done.stdout and "zarr" in modules.split()
+    imported = [m for m in modules.split() if m.split(".")[0] in ("dask", "distributed", "scipy")]
+    imported += [m for m in modules.split() if m.startswith(("relulearn.pipeline.stats", "relulearn.hermite"))]
+    assert not imported, imported
+
+
 def test_a_vacuous_angle_bound_is_not_printed_as_an_angle():
     """The two-layer (exact) summary of an exact recovery said "angle bound 1.57 rad": a bound of a radian or more
     says nothing, and the summary says so instead of printing it as an error."""

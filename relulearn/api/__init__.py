@@ -5,17 +5,36 @@ arguments and prints what these return. The work is in modules of one job each: 
 estimation and reading stores (:mod:`.runs`), learning from a store (:mod:`.learning`), where a method's work
 runs (:mod:`.execution`), estimate-then-learn and plans (:mod:`.fitting`), using and measuring models
 (:mod:`.models`), the demo (:mod:`.demo`).
+
+The names are imported on first use (PEP 562): ``relulearn status`` or ``verify`` does not import the methods,
+Dask and scipy that ``fit`` needs (a third of the command's start).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
 from ..methods import METHODS
-from ..storage import open_store
-from .demo import demo
-from .fitting import fit, plan
-from .learning import learn
-from .models import evaluate, exact_arbitrary, predict, shadow
-from .runs import estimate, merge, status, verify
+
+if TYPE_CHECKING:
+    from ..storage import open_store
+    from .demo import demo
+    from .fitting import fit, plan
+    from .learning import learn
+    from .models import evaluate, exact_arbitrary, predict, shadow
+    from .runs import estimate, merge, status, verify
+
+#: where each name lives (relative to this package)
+_LAZY = {
+    "open_store": "..storage",
+    "demo": ".demo",
+    **dict.fromkeys(["fit", "plan"], ".fitting"),
+    "learn": ".learning",
+    **dict.fromkeys(["evaluate", "exact_arbitrary", "predict", "shadow"], ".models"),
+    **dict.fromkeys(["estimate", "merge", "status", "verify"], ".runs"),
+}
 
 __all__ = [
     "METHODS",
@@ -33,3 +52,18 @@ __all__ = [
     "shadow",
     "demo",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package (api.execution)
+            return importlib.import_module(f".{name}", __name__)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

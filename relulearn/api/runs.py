@@ -5,14 +5,16 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import RunConfig, load_config
-from ..pipeline.cluster import connect, prepare
-from ..pipeline.merge import merge_stores
-from ..pipeline.run import RunSummary
-from ..pipeline.run import estimate as _estimate
 from ..storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
+
+if TYPE_CHECKING:
+    from ..pipeline.run import RunSummary
+
+# the pipeline (Dask, the statistic families, scipy) is imported by the functions that run passes, so that
+# `relulearn status` and `verify` start without it
 
 
 def estimate(
@@ -73,6 +75,9 @@ def estimate(
         from ..runplan import plan_run
 
         plan_run(cfg, None, samples=samples, workers=planned_workers(client, workers))
+    from ..pipeline.cluster import connect, prepare
+    from ..pipeline.run import estimate as _estimate
+
     # before a cluster starts: a refusal is immediate
     with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
         kw: dict[str, Any] = dict(
@@ -152,6 +157,8 @@ def verify(store: str) -> dict[str, Any]:
 def merge(a: str, b: str, out: str, *, break_lock: bool = False) -> dict[str, Any]:
     """Merge two stores of the same source with different seeds into a new store ``out``
     (``break_lock``: break a stale lease on ``out`` first)."""
+    from ..pipeline.merge import merge_stores
+
     return merge_stores(a, b, out, break_lock=break_lock)
 
 
