@@ -196,10 +196,11 @@ def test_first_commit_in_progress_reads_as_an_empty_store(tmp_path):
     assert not stale.exists() and sorted(p.name for p in url.iterdir()) == ["g000000", "zarr.json"]
 
 
-#: d = 20, a commit after every one-chunk block
+#: d = 20, a commit after every one-chunk block: 24 commits, so that a reader slowed by a loaded machine still
+#: reads while several of them happen
 COMMITS = {
     "seed": 11,
-    "samples": 24_000,
+    "samples": 48_000,
     "chunk_size": 2_000,
     "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.1},
     "statistics": {
@@ -215,7 +216,8 @@ def test_readers_see_whole_commits_while_a_writer_commits(tmp_path):
     """While `relulearn estimate` commits after every block, the root document always parses (it is replaced
     by rename), and every read of a generation, taken while commits delete the one before, holds the arrays
     its head claims: the sample count, the ledger and the sums agree (a chunk deleted under a reader would
-    read as zeros)."""
+    read as zeros). A commit on a memory file system takes less time than a read: every read still returns a
+    whole committed generation (checked against its manifest), where it used to be refused after ten tries."""
     from relulearn import api
 
     cfg_path = write_config(tmp_path / "run.yaml", COMMITS)

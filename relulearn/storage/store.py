@@ -287,10 +287,15 @@ class RunStore:
         Reads the root document (``head``, the manifest and the consolidated metadata) and checks it against
         its digest; reads every chunk and metadata document of the groups and checks each against the
         manifest (:mod:`~relulearn.storage.integrity`; a store written before checksums: every chunk present
-        and of its size); reads the arrays; then reads the root document again: when ``head`` has not moved,
-        no commit deleted the generation while it was read (a commit deletes a generation only after
-        switching ``head`` away from it, and never back), so every array is the committed one — a chunk
-        deleted under a reader would read as zeros. When it has moved, the read is done again on the new head.
+        and of its size); decodes the arrays from the bytes checked. Where every array was decoded so and
+        they are all the arrays the manifest lists in those groups, they are the committed ones even if a
+        commit has moved ``head`` since: the read is returned (a reader slower than the writer's commits
+        still gets a whole generation, if not the newest). Otherwise (arrays zarr must decode, a store
+        without checksums) it reads the root document again: when ``head`` has not moved, no commit deleted
+        the generation while it was read (a commit deletes a generation only after switching ``head`` away
+        from it, and never back), so every array is the committed one — a chunk deleted under a reader would
+        read as zeros. When it has moved, or a checked object went missing under the read, the read is done
+        again on the new head.
 
         Raises
         ------
