@@ -152,6 +152,21 @@ def test_status_and_verify_read_a_store_without_importing_what_runs_passes(tmp_p
     assert not imported, imported
 
 
+def test_the_packages_that_import_on_first_use_still_give_every_name_and_module():
+    """`relulearn.api` and `relulearn.storage` import their names on first use: in a fresh interpreter each
+    public name resolves, and so does each of their modules as an attribute (`api.execution`)."""
+    script = (
+        "import relulearn.api as api, relulearn.storage as storage\n"
+        "assert all(callable(getattr(api, n)) for n in api.__all__ if n != 'METHODS')\n"
+        "assert all(getattr(storage, n) is not None for n in storage.__all__)\n"
+        "assert api.execution.HeldOut and api.learning.checked_options and storage.verify.verify_store\n"
+        "try:\n    api.nothing\nexcept AttributeError as err:\n    print(err)\n"
+    )
+    done = subprocess.run([PYTHON, "-c", script], env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "module 'relulearn.api' has no attribute 'nothing'"
+
+
 def test_a_vacuous_angle_bound_is_not_printed_as_an_angle():
     """The two-layer (exact) summary of an exact recovery said "angle bound 1.57 rad": a bound of a radian or more
     says nothing, and the summary says so instead of printing it as an error."""

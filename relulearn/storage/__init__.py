@@ -7,6 +7,7 @@ arguments, and importing zarr alone takes a third of a second.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from .errors import Damage, NotAStoreError, StoreDamagedError, StoreError
@@ -48,6 +49,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package (storage.verify)
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
