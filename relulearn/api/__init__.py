@@ -12,10 +12,9 @@ Dask and scipy that ``fit`` needs (a third of the command's start).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import attach
 from ..methods import METHODS
 
 if TYPE_CHECKING:
@@ -54,16 +53,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package (api.execution)
-            return importlib.import_module(f".{name}", __name__)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = attach(__name__, _LAZY, __all__)

@@ -6,10 +6,9 @@ arguments, and importing zarr alone takes a third of a second.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import attach
 from .errors import Damage, NotAStoreError, StoreDamagedError, StoreError
 
 if TYPE_CHECKING:
@@ -19,9 +18,9 @@ if TYPE_CHECKING:
 
 #: where each name lives
 _LAZY = {
-    **dict.fromkeys(["FORMAT_VERSION", "RunStore", "diff_fields", "flatten"], "store"),
-    **dict.fromkeys(["LEDGER_COLUMNS", "StoredRun", "ledger_platforms", "open_store"], "views"),
-    **dict.fromkeys(["Lease", "LeaseInfo", "LeaseLostError", "StoreLockedError", "read_lease", "writing"], "lease"),
+    **dict.fromkeys(["FORMAT_VERSION", "RunStore", "diff_fields", "flatten"], ".store"),
+    **dict.fromkeys(["LEDGER_COLUMNS", "StoredRun", "ledger_platforms", "open_store"], ".views"),
+    **dict.fromkeys(["Lease", "LeaseInfo", "LeaseLostError", "StoreLockedError", "read_lease", "writing"], ".lease"),
 }
 
 __all__ = [
@@ -46,16 +45,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a module of the package (storage.verify)
-            return importlib.import_module(f".{name}", __name__)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = attach(__name__, _LAZY, __all__)
