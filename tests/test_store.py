@@ -110,6 +110,30 @@ def test_interrupted_commit_leaves_previous_generation_readable(run_url, tmp_pat
     assert not (Path(url) / "g999999").exists() and not (Path(url) / "g999998").exists()
 
 
+def test_a_commit_keeps_the_generation_it_replaced_until_the_next_commit(run_url, tmp_path):
+    """Each commit deletes the generations before the one it replaced: that one stays (a reader that started
+    on it has a whole commit to finish) and is still whole and readable; ``clean`` (the writer, when done)
+    leaves the head alone, as a finished run leaves its store."""
+    import shutil
+
+    url = tmp_path / "copy.zarr"
+    shutil.copytree(run_url, url)
+    store = RunStore(str(url))
+    first = store.head()
+    assert [p.name for p in url.glob("g*")] == [first]  # a finished run: one generation
+    meta = {k: v for k, v in store.meta().items() if k != "head"}
+    _, groups = store.read_head(["basic", "ledger"])
+    heads = [first]
+    for _ in range(3):
+        heads.append(store.commit(meta, groups))
+        assert sorted(p.name for p in url.glob("g*")) == heads[-2:]
+    # the kept generation is whole: each of its arrays as committed
+    kept = xr.open_zarr(url, group=f"{heads[-2]}/basic", consolidated=False)
+    assert np.array_equal(kept["sum_xx"].values, groups["basic"]["sum_xx"][1])
+    store.clean()
+    assert [p.name for p in url.glob("g*")] == [heads[-1]]
+
+
 def test_fsspec_memory_url_store():
     """Any fsspec URL zarr accepts is a store location (here the in-memory filesystem)."""
     cfg = make_config(samples=20_000)
@@ -251,6 +275,8 @@ def test_readers_see_whole_commits_while_a_writer_commits(tmp_path):
     assert writer.returncode == 0, writer.stderr.read()
     print(f"{reads} reads of {len(heads)} distinct commits")
     assert len(heads) >= 3, heads
+    # the writer, done, removed the generation its last commit replaced
+    assert [p.name for p in Path(url).glob("g*")] == [RunStore(url).head()]
 
 
 def test_a_store_whose_chunks_are_named_with_slashes_reads_verifies_and_extends(tmp_path, monkeypatch):

@@ -237,6 +237,7 @@ def _estimate(
     _run_blocks(run, blocks, client, source, max_blocks_in_flight)
     if run.behind():
         run.commit()
+    store.clean()  # the generation the last commit replaced (kept while commits came): one generation at rest
     seconds = time.perf_counter() - t0
     ran = (state.chunk_stop - done0) * cfg.chunk_size
     return RunSummary(

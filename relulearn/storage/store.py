@@ -19,9 +19,12 @@ Atomic commits
 --------------
 A commit (1) writes a complete new generation group ``gNNNNNN/`` — every group and array
 metadata document and every chunk — next to the committed one, (2) switches ``head`` by
-rewriting the root ``zarr.json``, a single key, and only then (3) deletes older
-generations. Readers start at the root ``zarr.json`` and follow ``head``, so they see the
-old generation until the instant of step (2) and the complete new one after it.
+rewriting the root ``zarr.json``, a single key, and only then (3) deletes the generations
+before the one it replaced. Readers start at the root ``zarr.json`` and follow ``head``, so
+they see the old generation until the instant of step (2) and the complete new one after it.
+The generation a commit replaces stays until the next commit, so that a reader that started
+on it has the time of a whole commit to finish its read; the writer removes it when it is done
+(:meth:`RunStore.clean`), so a store at rest holds one generation.
 
 Step (2) is atomic on every store we use. On a local disk zarr writes a temporary file and
 renames it over ``zarr.json`` (rename is atomic within a directory). On S3 every object PUT
@@ -32,11 +35,12 @@ every object of the generation it names, all PUT before it, is visible too. Noth
 renamed on S3 (it cannot rename atomically): generations are written under fresh names and
 only the one-object switch makes them current. A crash (SIGKILL, lost connection) at any
 instant therefore leaves the last committed state readable; an unfinished generation, or an
-old one not yet deleted, is an orphan no reader follows, removed by the next writer (a new
+old one not yet deleted, is an orphan no reader follows, removed by the next writer (a later
 commit, or ``clean()`` when a run resumes). Only one writer (the driver) may commit to a
 store at a time: it holds the store's lease (``lease.json``, :mod:`relulearn.storage.lease`).
-:meth:`RunStore.read_head` reads ``head`` again after the arrays and reads anew when a commit
-moved it meanwhile (step (3) may have deleted chunks under it, which zarr would read as zeros).
+:meth:`RunStore.read_head` checks every chunk it reads against the commit's manifest, and reads
+anew when one went missing under it (a read slower than two commits), which zarr alone would
+read as zeros.
 A reader holding a generation open (a lazy xarray dataset) while a commit deletes it loses its
 chunks: readers of a store that is being written re-open it per read.
 
@@ -294,8 +298,9 @@ class RunStore:
         without checksums) it reads the root document again: when ``head`` has not moved, no commit deleted
         the generation while it was read (a commit deletes a generation only after switching ``head`` away
         from it, and never back), so every array is the committed one — a chunk deleted under a reader would
-        read as zeros. When it has moved, or a checked object went missing under the read, the read is done
-        again on the new head.
+        read as zeros. When it has moved, or a checked object went missing under the read (a commit keeps the
+        generation it replaced until the next one: a read slower than that), the read is done again on the
+        new head.
 
         Raises
         ------
@@ -406,7 +411,9 @@ class RunStore:
             if lease is not None:
                 lease.check()  # a writer whose lease was broken switches no head (its generation is an orphan)
             self._switch_head(store, dict(full, integrity=manifest), nodes)  # (2) one atomic write of zarr.json
-            self._clean(keep=gen_name, store=store)  # (3)
+            # (3) the generation just replaced stays until the next commit: a reader that started on it has a
+            # whole commit's time to finish (:meth:`clean` removes it when the writer is done)
+            self._clean(keep={gen_name, (previous or {}).get("head", gen_name)}, store=store)
         return gen_name
 
     @staticmethod
@@ -417,10 +424,10 @@ class RunStore:
         integrity.seal_root(root)
         sync(store.set("zarr.json", _json_buffer(root, indent=None)))
 
-    def _clean(self, keep: str, store: Store | None = None) -> None:
+    def _clean(self, keep: set[str], store: Store | None = None) -> None:
         store = store or self._store(read_only=False)
         for name in sync(_children(store)):
-            if name != keep and _LEFTOVER.fullmatch(name):
+            if name not in keep and _LEFTOVER.fullmatch(name):
                 if name == _PROBE or _PARTIAL.fullmatch(name):
                     sync(store.delete(name))
                 else:
@@ -475,8 +482,10 @@ class RunStore:
         return {"folder": f"{self.url.rstrip('/')}/{folder}", "moved": moved}
 
     def clean(self) -> None:
-        """Remove leftovers of an interrupted commit (generations other than the head)."""
+        """Remove every generation but the head: the one the last commit replaced (kept for readers that
+        started on it) and leftovers of an interrupted commit. The writer calls it when it starts and when it
+        is done."""
         head = self.head()
         if head is not None:
             with _object_store_errors(self.url, "write"):
-                self._clean(keep=head)
+                self._clean(keep={head})

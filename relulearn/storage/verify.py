@@ -32,7 +32,7 @@ def verify_store(url: str, *, attempts: int = 10) -> dict[str, Any]:
     url
         The store (a local path or an fsspec URL).
     attempts
-        Reads to try while a writer commits (a commit deletes the generation a check is reading).
+        Reads to try while a writer commits (a check slower than two commits finds its generation deleted).
 
     Returns
     -------
