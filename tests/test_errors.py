@@ -23,6 +23,7 @@ import yaml
 from relulearn.api import estimate, status
 from relulearn.config import load_config
 from relulearn.network import Network
+from relulearn.pipeline.batches import SourceDataError
 from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
 from relulearn.storage import FORMAT_VERSION
 
@@ -581,6 +582,19 @@ def test_non_finite_labels_name_chunk_and_row_and_merged_blocks_are_kept(tmp_pat
     ma, mb = _meta(failed), _meta(clean)
     assert ma.pop("target_samples") == 20_000 and mb.pop("target_samples") == chunk * 5_000
     assert ma == mb
+
+
+def test_a_run_that_fails_after_several_commits_leaves_one_generation(tmp_path):
+    """Commits after every block, then a non-finite label: the store holds its last commit alone (the
+    generation that commit replaced, kept for readers while commits came, is removed as after a finished run)."""
+    cfg = load_config(overflow_config(tmp_path, **{"run.commit_interval": 0}))
+    chunk, row, _ = first_bad_row(tmp_path / "deep.yaml")
+    url = tmp_path / "run.zarr"
+    with pytest.raises(SourceDataError, match=f"at chunk {chunk}, row {row}"):
+        estimate(cfg, str(url), client="local", progress=None)
+    st = status(str(url))
+    assert (st["samples"], st["commits"]) == (chunk * 5_000, chunk)
+    assert [p.name for p in url.glob("g*")] == [st["head"]] == [f"g{chunk - 1:06d}"]
 
 
 def test_extending_into_non_finite_chunks_leaves_the_store_intact(tmp_path):

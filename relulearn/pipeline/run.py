@@ -14,6 +14,7 @@ The pieces live next to this module: :mod:`.blocks` (planning, computing and dis
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -360,9 +361,12 @@ def _run_blocks(
                 else:
                     run_distributed(client, blocks, run.stats, source, cfg, run.merge, max_blocks_in_flight)
             except BaseException as err:
-                if not isinstance(err, (StoreLockedError, StoreWriteError)) and run.behind():
-                    # keep every merged block: a failure or interruption loses nothing (unless the lease is lost)
-                    run.commit()
+                if not isinstance(err, (StoreLockedError, StoreWriteError)):
+                    if run.behind():
+                        # keep every merged block: a failure or interruption loses nothing (unless the lease is lost)
+                        run.commit()
+                    with contextlib.suppress(Exception):  # one generation at rest (else the next writer's start)
+                        run.store.clean()
                 if isinstance(err, ClusterLostError):
                     raise ClusterLostError(
                         f"{err}; every merged block is committed: {state.chunk_stop * cfg.chunk_size:,} of "

@@ -23,8 +23,9 @@ rewriting the root ``zarr.json``, a single key, and only then (3) deletes the ge
 before the one it replaced. Readers start at the root ``zarr.json`` and follow ``head``, so
 they see the old generation until the instant of step (2) and the complete new one after it.
 The generation a commit replaces stays until the next commit, so that a reader that started
-on it has the time of a whole commit to finish its read; the writer removes it when it is done
-(:meth:`RunStore.clean`), so a store at rest holds one generation.
+on it has the time of a whole commit to finish its read; the writer removes it when it is done,
+also after a failure or an interruption (:meth:`RunStore.clean`), so a store at rest holds one
+generation (a writer killed outright leaves it to the next writer, like any orphan).
 
 Step (2) is atomic on every store we use. On a local disk zarr writes a temporary file and
 renames it over ``zarr.json`` (rename is atomic within a directory). On S3 every object PUT
