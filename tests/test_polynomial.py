@@ -47,7 +47,7 @@ def population_tail(net: Network, degree: int) -> np.ndarray:
     return 1.0 - np.cumsum(parts) / ey2
 
 
-def test_expansion_terms_match_the_hermite_tensor_definition_on_a_subspace():
+def test_expansion_terms_match_the_hermite_tensor_definition_on_a_subspace(tmp_path):
     rng = np.random.default_rng(0)
     d, r, top = 7, 3, 4
     basis = np.linalg.qr(rng.standard_normal((d, r)))[0].T
@@ -71,7 +71,7 @@ def test_expansion_terms_match_the_hermite_tensor_definition_on_a_subspace():
     assert np.allclose(model.terms(x), ref, rtol=1e-12, atol=1e-12)
     assert np.allclose(model.forward(x)[:, 0], ref.sum(axis=1), rtol=1e-12, atol=1e-12)
     # the file round-trips bit for bit, and a network reader names the kind
-    path = __import__("tempfile").mktemp(suffix=".npz")
+    path = tmp_path / "model.npz"
     model.save(path)
     back = load_model(path)
     assert isinstance(back, PolynomialModel) and back.degree == top
