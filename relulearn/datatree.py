@@ -26,8 +26,8 @@ def open_datatree(url: str) -> Any:
     a child node (``tree["basic"]``, ``tree["contracted"]``) whose arrays (lazy, read on use) carry ``long_name``
     and ``description`` attributes, and every dimension has a coordinate.
 
-    A view of one commit: the second commit that lands later (the store extended meanwhile) deletes the
-    generation it reads; open the store again to read the new one.
+    A view of one commit: a later commit deletes the generation it reads (the second one, or the first when
+    its writer then finishes: the store extended meanwhile); open the store again to read the new one.
 
     Raises
     ------

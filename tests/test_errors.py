@@ -587,8 +587,9 @@ def test_non_finite_labels_name_chunk_and_row_and_merged_blocks_are_kept(tmp_pat
 def test_a_run_that_fails_after_several_commits_leaves_one_generation(tmp_path):
     """Commits after every block, then a non-finite label: the store holds its last commit alone (the
     generation that commit replaced, kept for readers while commits came, is removed as after a finished run)."""
-    cfg = load_config(overflow_config(tmp_path, **{"run.commit_interval": 0}))
-    chunk, row, _ = first_bad_row(tmp_path / "deep.yaml")
+    path = overflow_config(tmp_path, **{"run.commit_interval": 0})
+    chunk, row, _ = first_bad_row(path)
+    cfg = load_config(path)
     url = tmp_path / "run.zarr"
     with pytest.raises(SourceDataError, match=f"at chunk {chunk}, row {row}"):
         estimate(cfg, str(url), client="local", progress=None)

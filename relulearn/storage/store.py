@@ -40,8 +40,8 @@ old one not yet deleted, is an orphan no reader follows, removed by the next wri
 commit, or ``clean()`` when a run resumes). Only one writer (the driver) may commit to a
 store at a time: it holds the store's lease (``lease.json``, :mod:`relulearn.storage.lease`).
 :meth:`RunStore.read_head` checks every chunk it reads against the commit's manifest, and reads
-anew when one went missing under it (a read slower than two commits), which zarr alone would
-read as zeros.
+anew when one went missing under it (a read slower than two commits, or than the writer's last
+commit and its cleanup), which zarr alone would read as zeros.
 A reader holding a generation open (a lazy xarray dataset) while a commit deletes it loses its
 chunks: readers of a store that is being written re-open it per read.
 
