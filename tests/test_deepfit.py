@@ -141,6 +141,25 @@ def test_fit_network_is_scale_free():
     assert ic["loss"] == pytest.approx(ia10["loss"], rel=1e-6)
 
 
+def test_a_fit_stops_on_a_plateau_at_the_iterate_of_a_fit_without_the_rule():
+    """A depth-3 fit that creeps stops once 25 iterations gained less than 2 %: its network is, bit for bit, that of
+    the same fit run to exactly as many iterations without the rule, and those last 25 iterations did gain less
+    than 2 % (while the fit still had more to gain)."""
+    t = teacher(4, (4, 8, 8), seed=1)
+    z, y = samples(t, 3000, seed=1)
+    start = init_network((8, 8, 8), 4, seed=0, start=0)
+    net, info = fit_network(start, z, y, max_iter=600, plateau=(25, 0.02))
+    k = info["iterations"]
+    assert 25 < k < 600 and info["message"].startswith("plateau: the last 25 iterations") and not info["converged"]
+    same, same_info = fit_network(start, z, y, max_iter=k, plateau=None)
+    assert all(np.array_equal(a, b) for a, b in zip(net.weights, same.weights))
+    assert same_info["loss"] == info["loss"]
+    _, before = fit_network(start, z, y, max_iter=k - 25, plateau=None)
+    assert 0.98 * before["loss"] < info["loss"] <= before["loss"]
+    _, longer = fit_network(start, z, y, max_iter=600, plateau=None)
+    assert longer["iterations"] > k and longer["loss"] < info["loss"]
+
+
 def test_non_relu_network_refused():
     net = init_network((4,), 3, seed=0, start=0)
     z = np.random.default_rng(0).standard_normal((50, 3))
