@@ -15,11 +15,10 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 
+from relulearn.estimators.deep_local import _loss_grad, _pack
 from relulearn.estimators.deepfit import (
     Candidate,
     CandidateBudgetError,
-    _loss_grad,
-    _pack,
     architectures,
     candidate_count,
     fit_candidates,
