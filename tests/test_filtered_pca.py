@@ -84,6 +84,13 @@ def test_vanishing_moments_network(client, tmp_path):
     # the deep refinement streamed the store's samples and was checked on the validation samples
     refinement = result["report"]["refinement"]
     assert refinement["samples"] == 400_000 and refinement["passes"] >= 2 and isinstance(refinement["kept"], bool)
+    # the held-out losses are reported per network: the enumeration's and the refined one, which differ by the
+    # verdict's paired change (both relative to the same mean(y²)); the chosen one is the network returned
+    losses = result["report"]["validation_relative_loss"]
+    assert set(losses) == {"enumeration", "refined"}
+    change = losses["refined"] - losses["enumeration"]
+    assert change == pytest.approx(refinement["validation_relative_loss_change"], rel=1e-9, abs=1e-15)
+    assert result["report"]["chosen"] == ("refined" if refinement["kept"] else "enumeration")
 
 
 def deep_config(d: int, widths: list[int], seed: int, samples: int) -> dict:

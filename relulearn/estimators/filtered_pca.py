@@ -419,22 +419,26 @@ class _Refine:
 
 def _refined_deep(
     net_z: Network, basis: np.ndarray, refine: _Refine, smp: Samples, report: dict
-) -> tuple[Network, np.ndarray]:
+) -> tuple[Network, np.ndarray, dict[str, float]]:
     """The deep refinement of ``(net_z, basis)`` on the streamed samples, kept unless the validation
-    samples say it is worse (its paired loss difference more than two standard errors above zero)."""
+    samples say it is worse (its paired loss difference more than two standard errors above zero); with
+    the validation losses of the network before and after it (empty when the refinement is skipped)."""
     why = refine.skipped()
     if why is not None:
         report["refinement"] = {"skipped": why}
-        return net_z, basis
+        return net_z, basis, {}
     net2, basis2, rep = refine_deep(net_z, basis, refine.samples, refine.total, mapper=refine.mapper)
+    before, after = deepfit.lift(net_z, basis), deepfit.lift(net2, basis2)
     rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
-        smp.y_val,
-        deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0],
-        deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0],
+        smp.y_val, before.forward(smp.x_val)[:, 0], after.forward(smp.x_val)[:, 0]
     )
     rep["basis_angle_moved"] = float(principal_angles(basis, basis2).max(initial=0.0))
     report["refinement"] = rep
-    return (net2, basis2) if rep["kept"] else (net_z, basis)
+    losses = {
+        "enumeration": deepfit.relative_loss(before, smp.x_val, smp.y_val),
+        "refined": deepfit.relative_loss(after, smp.x_val, smp.y_val),
+    }
+    return (net2, basis2, losses) if rep["kept"] else (net_z, basis, losses)
 
 
 def _finish(
@@ -442,15 +446,17 @@ def _finish(
 ) -> LearnResult:
     """Lift to the input space; polish when there is one hidden layer (keep the better), else the
     streamed refinement of the network and its basis on all samples."""
+    losses: dict[str, float] = {}
     if net_z.depth > 1 and refine is not None:
-        net_z, basis = _refined_deep(net_z, basis, refine, smp, report)
+        net_z, basis, losses = _refined_deep(net_z, basis, refine, smp, report)
     lifted = deepfit.lift(net_z, basis)
     if lifted.depth == 1:
         _, net = polish_and_select(lifted, smp.x_train, smp.y_train, smp.x_val, smp.y_val, report)
     else:
         net = lifted
-        report["validation_relative_loss"] = {"enumeration": deepfit.relative_loss(net, smp.x_val, smp.y_val)}
-        report["chosen"] = "enumeration"
+        # the enumeration's network and, when the refinement ran, the refined one: each under its own name
+        report["validation_relative_loss"] = losses or {"enumeration": deepfit.relative_loss(net, smp.x_val, smp.y_val)}
+        report["chosen"] = "refined" if losses and report["refinement"]["kept"] else "enumeration"
     # how strongly the fitted network uses each direction of the found subspace: residual passes
     # also add the directions by which the estimate missed V, so the rank can exceed dim V
     _, eig = gradient_subspace(net_z, smp.x_val[:20_000] @ basis, basis.shape[1])
