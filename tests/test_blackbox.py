@@ -20,7 +20,7 @@ from relulearn.pipeline.cluster import ClusterError
 from relulearn.pipeline.sources import LabelShapeError, SourceDataError, Stream, generator, make_source
 from relulearn.storage import StoreError
 
-from conftest import PYTHON, cli_env
+from conftest import PYTHON, cli_env, relulearn
 
 D, K = 10, 3
 MODULE = "user_teacher_{}"
@@ -269,21 +269,7 @@ def test_a_pickle_teacher_file_is_refused_by_the_cli_before_any_store_is_written
     (tmp_path / "model.pkl").write_bytes(pickle.dumps({"W0": np.eye(2)}))
     data = dict(config("unused"), source={"d": 2, "teacher": {"file": "model.pkl"}})
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "estimate",
-            str(tmp_path / "c.yaml"),
-            "--store",
-            str(tmp_path / "s.zarr"),
-            "--in-process",
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
+    done = relulearn("estimate", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--in-process")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"{tmp_path / 'model.pkl'} is a pickle" in done.stderr and "never loads pickles" in done.stderr
     assert not (tmp_path / "s.zarr").exists()
@@ -497,21 +483,7 @@ def test_bad_onnx_teachers_name_the_file_and_the_mismatch(tmp_path, case, messag
         make_source(config_from_dict(data))
     # the command line says the same, without a traceback, and writes no store
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
-    done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "estimate",
-            str(tmp_path / "c.yaml"),
-            "--store",
-            str(tmp_path / "s.zarr"),
-            "--in-process",
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
+    done = relulearn("estimate", str(tmp_path / "c.yaml"), "--store", str(tmp_path / "s.zarr"), "--in-process")
     assert done.returncode == 2 and "Traceback" not in done.stderr and str(path) in done.stderr, done.stderr
     assert not (tmp_path / "s.zarr").exists()
 

@@ -7,7 +7,7 @@ import subprocess
 
 import yaml
 
-from conftest import PYTHON, cli_env
+from conftest import PYTHON, cli_env, relulearn
 
 CONFIG = {
     "seed": 1,
@@ -18,9 +18,7 @@ CONFIG = {
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True, timeout=300
-    )
+    return relulearn(*args)
 
 
 def test_fit_prints_a_short_summary_and_writes_the_full_report(tmp_path):

@@ -19,7 +19,7 @@ from relulearn.api import estimate
 from relulearn.config import load_config
 from relulearn.storage import RunStore
 
-from conftest import PYTHON, cli_env
+from conftest import PYTHON, cli_env, relulearn
 from external import ExternalCluster
 from test_resume import assert_bitwise_equal, assert_each_chunk_once, residual_section, store_arrays, write_config
 
@@ -127,7 +127,7 @@ def test_external_cluster_equals_in_process(families, external, tmp_path):
     done = cli("estimate", str(cfg_path), "--store", url2, "--scheduler", external.address, "--quiet")
     assert done.returncode == 0, done.stderr
     assert_bitwise_equal(url2, ref)
-    status = cli("status", url, "--json")
+    status = relulearn("status", url, "--json")
     assert '"mixed_platforms": false' in status.stdout
 
 
@@ -482,13 +482,13 @@ def test_status_names_the_platforms_of_a_mixed_store(families, tmp_path, monkeyp
         estimate(load_config(cfg_path), url, samples=40_000, client="local", progress=None)
     assert open_store(url).platforms() == [other] * 4
     estimate(load_config(cfg_path), url, client="local", progress=None)
-    status = json.loads(cli("status", url, "--json").stdout)
+    status = json.loads(relulearn("status", url, "--json").stdout)
     here = open_store(ref).platforms()[0]
     assert status["platforms"] == [other, here] and status["mixed_platforms"] is True
     assert open_store(url).platforms() == [other] * 4 + [here] * 4
-    human = cli("status", url).stdout
+    human = relulearn("status", url).stdout
     assert "different numpy versions or BLAS kernels" in human and other in human and here in human
-    assert "different" not in cli("status", ref).stdout
+    assert "different" not in relulearn("status", ref).stdout
 
 
 def test_symmetric_dense_and_blocked_sketch_updates_are_bitwise_equal_in_process_and_on_workers(client, tmp_path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from relulearn.pipeline.arrays import ArrayFileError
 from relulearn.pipeline.data import DataSizeError
 from relulearn.pipeline.sources import make_source
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn
 
 D, K, ROWS = 10, 3, 400_000
 
@@ -187,23 +186,7 @@ def test_fewer_rows_than_samples_is_refused_before_any_work(tmp_path):
     data = write("npy", tmp_path, x, y)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data_config(data, samples=200_000)))
-    done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "estimate",
-            str(cfg),
-            "--store",
-            str(tmp_path / "s.zarr"),
-            "--in-process",
-            "--quiet",
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = relulearn("estimate", str(cfg), "--store", str(tmp_path / "s.zarr"), "--in-process", "--quiet")
     assert done.returncode != 0
     assert "samples is 200,000" in done.stderr and "holds 120,000 usable rows" in done.stderr
     assert "set samples to at most 100,000" in done.stderr and "Traceback" not in done.stderr
@@ -263,29 +246,20 @@ def test_fit_on_data_through_the_cli_reads_relative_paths_and_writes_raw_coordin
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data_config({"x": "x.npy", "y": "y.npy"}, samples=200_000)))  # relative paths
     out = tmp_path / "m.npz"
-    done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "fit",
-            str(cfg),
-            "--store",
-            str(tmp_path / "s.zarr"),
-            "--method",
-            "moments",
-            "--width",
-            "3",
-            "--out",
-            str(out),
-            "--in-process",
-            "--quiet",
-            "--json",
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = relulearn(
+        "fit",
+        str(cfg),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--method",
+        "moments",
+        "--width",
+        "3",
+        "--out",
+        str(out),
+        "--in-process",
+        "--quiet",
+        "--json",
         cwd="/",
     )
     assert done.returncode == 0, done.stderr

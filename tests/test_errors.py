@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ from relulearn.pipeline.batches import SourceDataError
 from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
 from relulearn.storage import FORMAT_VERSION
 
-from conftest import PYTHON, cli_env
+from conftest import PYTHON, cli_env, relulearn
 
 # A small run with all four statistic families (explicit direction seed and thresholds, so
 # stores of different seeds can be merged).
@@ -69,21 +68,19 @@ def write_yaml(path: Path, data) -> Path:
     return path
 
 
-def cli(*args, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def cli(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return relulearn(*args, cwd=cwd)
+
+
+def cli_process(*args) -> subprocess.CompletedProcess:
+    """In an interpreter of its own: the cluster's workers log to the process's stderr."""
     return subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", *map(str, args)],
-        env=cli_env(),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        [PYTHON, "-m", "relulearn.cli", *map(str, args)], env=cli_env(), capture_output=True, text=True, timeout=120
     )
 
 
-def cli_parallel(*argvs) -> list[subprocess.CompletedProcess]:
-    """Several independent invocations at once (each is a fresh interpreter; this keeps the file fast)."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(lambda argv: cli(*argv), argvs))
+def cli_each(*argvs) -> list[subprocess.CompletedProcess]:
+    return [cli(*argv) for argv in argvs]
 
 
 def assert_user_error(proc: subprocess.CompletedProcess, *needles: str) -> str:
@@ -171,7 +168,7 @@ UNKNOWN_KEYS = [  # (changes, the key as named, the suggestion)
 def test_unknown_or_mistyped_keys_name_the_key_and_the_closest_valid_one(store, tmp_path):
     path, before = store
     cfgs = [write_yaml(tmp_path / f"bad{i}.yaml", config(**changes)) for i, (changes, _, _) in enumerate(UNKNOWN_KEYS)]
-    procs = cli_parallel(*(("estimate", cfg, "--store", path, "--in-process") for cfg in cfgs))
+    procs = cli_each(*(("estimate", cfg, "--store", path, "--in-process") for cfg in cfgs))
     for cfg, proc, (changes, key, suggestion) in zip(cfgs, procs, UNKNOWN_KEYS):
         err = assert_user_error(proc, f"invalid configuration in {cfg}", f"unknown key {key}", suggestion)
         assert err.count("unknown key") == 1, (changes, err)
@@ -206,7 +203,7 @@ WRONG_VALUES = [  # (changes, needles)
 def test_wrong_types_and_values_name_the_key(store, tmp_path):
     path, before = store
     cfgs = [write_yaml(tmp_path / f"bad{i}.yaml", config(**changes)) for i, (changes, _) in enumerate(WRONG_VALUES)]
-    procs = cli_parallel(*(("estimate", cfg, "--store", path, "--in-process") for cfg in cfgs))
+    procs = cli_each(*(("estimate", cfg, "--store", path, "--in-process") for cfg in cfgs))
     for cfg, proc, (changes, needles) in zip(cfgs, procs, WRONG_VALUES):
         err = assert_user_error(proc, f"invalid configuration in {cfg}", *needles)
         # one line per problem, no pydantic internals (union member tags, model class names)
@@ -235,7 +232,7 @@ def test_bad_sample_counts_on_the_command_line(store, tmp_path):
     path, before = store
     cfg = write_yaml(tmp_path / "run.yaml", config())
     cases = [("-5", "must be at least 1, got -5"), ("many", "expected a whole number, got 'many'")]
-    procs = cli_parallel(*(("estimate", cfg, "--store", path, "--in-process", "--samples", v) for v, _ in cases))
+    procs = cli_each(*(("estimate", cfg, "--store", path, "--in-process", "--samples", v) for v, _ in cases))
     for proc, (_, needle) in zip(procs, cases):
         assert_user_error(proc, "argument --samples", needle)
     assert_intact(path, before)
@@ -253,7 +250,7 @@ def test_unreadable_configuration_files(store, tmp_path):
     Network((np.eye(4), np.ones((1, 4))), activation="relu").save(model)
     binary = tmp_path / "model.yaml"
     binary.write_bytes(b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xb7\xac")
-    procs = cli_parallel(
+    procs = cli_each(
         *(("estimate", c, "--store", path, "--in-process") for c in (missing, broken, scalar, twice, binary)),
         ("evaluate", model, "--teacher", tmp_path / "teacher.pkl"),
     )
@@ -304,7 +301,7 @@ def test_store_of_a_newer_format_version_is_refused(store, tmp_path, stores):
     before = snapshot(path)  # after our edit
 
     cfg = write_yaml(tmp_path / "run.yaml", config())
-    procs = cli_parallel(
+    procs = cli_each(
         ("estimate", cfg, "--store", path, "--in-process", "--samples", 40_000),
         ("status", path),
         ("merge", path, stores["seed4"], "--out", tmp_path / "merged.zarr"),
@@ -411,7 +408,7 @@ def test_status_of_something_that_is_not_a_store(tmp_path):
     damaged.mkdir()
     (damaged / "zarr.json").write_text("{not json")
     paths = [missing, a_file, folder, foreign, with_array, damaged]
-    procs = cli_parallel(*(("status", p) for p in paths))
+    procs = cli_each(*(("status", p) for p in paths))
     assert_user_error(procs[0], f"no relulearn store at {missing}", "relulearn estimate")
     assert_user_error(procs[1], str(a_file), "is a file, not a store")
     assert_user_error(procs[2], str(folder), "not a relulearn store")
@@ -423,7 +420,7 @@ def test_status_of_something_that_is_not_a_store(tmp_path):
     cfg = write_yaml(tmp_path / "run.yaml", config())
     others = [folder, foreign]
     befores = [snapshot(p) for p in others]
-    procs = cli_parallel(*(("estimate", cfg, "--store", p, "--in-process") for p in others))
+    procs = cli_each(*(("estimate", cfg, "--store", p, "--in-process") for p in others))
     for p, proc, before in zip(others, procs, befores):
         assert_user_error(proc, str(p))
         assert snapshot(p) == before, p
@@ -439,7 +436,7 @@ def test_merge_errors(stores, tmp_path):
 
     copy = tmp_path / "copy.zarr"
     shutil.copytree(base, copy)
-    procs = cli_parallel(
+    procs = cli_each(
         ("merge", base, other, "--out", out),
         ("merge", base, base, "--out", out),
         ("merge", base, copy, "--out", out),
@@ -486,7 +483,7 @@ def test_bad_teacher_files_name_the_file_and_the_arrays(store, tmp_path):
         paths.append(case / "run.zarr")
         argvs.append(("estimate", cfg, "--store", case / "run.zarr", "--in-process"))
         teachers.append(teacher)
-    for proc, teacher, (_, _, needles) in zip(cli_parallel(*argvs), teachers, BAD_TEACHERS):
+    for proc, teacher, (_, _, needles) in zip(cli_each(*argvs), teachers, BAD_TEACHERS):
         err = assert_user_error(proc, *needles)
         assert str(teacher) in err, err
         assert "pickle" not in err, err
@@ -627,7 +624,7 @@ def test_non_finite_on_a_cluster_is_reported_like_in_process(tmp_path):
     local, dist = tmp_path / "local.zarr", tmp_path / "dist.zarr"
     err_local = assert_user_error(cli("estimate", cfg, "--store", local, "--in-process", "--quiet"))
     err = assert_user_error(
-        cli("estimate", cfg, "--store", dist, "--workers", 2, "--quiet"),
+        cli_process("estimate", cfg, "--store", dist, "--workers", 2, "--quiet"),
         f"{value} in label y at chunk {chunk}, row {row}",
     )
     assert "Compute Failed" not in err and "RuntimeWarning" not in err, err
@@ -646,6 +643,7 @@ def test_every_chunk_bad_on_a_cluster_reports_the_first(tmp_path):
     assert chunk == 0
     path = tmp_path / "run.zarr"
     assert_user_error(
-        cli("estimate", cfg, "--store", path, "--workers", 2, "--quiet"), f"{value} in label y at chunk 0, row {row}"
+        cli_process("estimate", cfg, "--store", path, "--workers", 2, "--quiet"),
+        f"{value} in label y at chunk 0, row {row}",
     )
     assert not path.exists()

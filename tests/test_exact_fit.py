@@ -5,7 +5,6 @@ refusals that leave nothing behind."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from relulearn.config import config_from_dict
 from relulearn.network import Network, compare_two_layer
 from relulearn.pipeline.sources import make_source
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn as cli
 
 
 def two_layer(
@@ -40,12 +39,6 @@ def two_layer(
         },
         "run": {"commit_interval": 0},
     }
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", *args], capture_output=True, text=True, env=cli_env(), timeout=300
-    )
 
 
 @pytest.mark.parametrize("activation", ["relu", "relu2", "relu3"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from relulearn.estimators.subspace_geometry import principal_angles
 from relulearn.network import Network, compare, subspace_angle
 from relulearn.pipeline.sources import make_source
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn as _cli
 from test_statistics import check_within
 
 
@@ -252,10 +251,6 @@ def _store(tmp_path, statistics: dict, samples: int = 100_000) -> str:
     url = str(tmp_path / "s.zarr")
     api.estimate(config_from_dict(data), url, client="local", progress=None)
     return url
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True)
 
 
 def test_no_sample_passes_the_filter(tmp_path):

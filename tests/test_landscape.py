@@ -5,7 +5,6 @@ on real stores and a real LocalCluster; refusals name the cause and leave nothin
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from relulearn.estimators.objective_g import GParameters, g_value_grad, minimize
 from relulearn.network import Network, compare
 from relulearn.storage import open_store
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn
 
 C = [hermite.relu_hermite_coefficient(l) for l in range(5)]
 
@@ -260,27 +259,18 @@ def test_teachers_outside_the_setting_are_refused_before_any_work(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     cfg = tmp_path / "neg.json"
     cfg.write_text(json.dumps(neg))
-    run = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "fit",
-            str(cfg),
-            "--store",
-            str(tmp_path / "c"),
-            "--method",
-            "landscape",
-            "--starts",
-            "4",
-            "--out",
-            str(tmp_path / "m.npz"),
-            "--in-process",
-        ],
-        capture_output=True,
-        text=True,
-        env=cli_env(),
-        timeout=120,
+    run = relulearn(
+        "fit",
+        str(cfg),
+        "--store",
+        str(tmp_path / "c"),
+        "--method",
+        "landscape",
+        "--starts",
+        "4",
+        "--out",
+        str(tmp_path / "m.npz"),
+        "--in-process",
     )
     assert run.returncode != 0 and "negative output weight" in run.stderr and "Traceback" not in run.stderr
     assert not (tmp_path / "c").exists()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ from relulearn.config import config_from_dict
 from relulearn.estimators.base import MissingStatisticError
 from relulearn.network import Network
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn
 
 
 def planted_config(d: int, k: int, seed: int, samples: int, noise: float = 0.0) -> dict:
@@ -46,12 +45,7 @@ def test_learn_refuses_a_store_without_the_needed_statistic(tmp_path):
     api.estimate(config_from_dict(data), url, client="local", progress=None)
     with pytest.raises(MissingStatisticError, match=r"contracted: \{orders: \[2, 4\], directions: 8\}"):
         api.learn(url, "moments", out=str(tmp_path / "m.npz"), client="local", progress=None)
-    out = subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", "learn", url, "--out", str(tmp_path / "m.npz"), "--in-process", "--json"],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
+    out = relulearn("learn", url, "--out", str(tmp_path / "m.npz"), "--in-process", "--json")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "contracted" in json.loads(out.stdout)["error"]
 
@@ -64,22 +58,8 @@ def test_evaluate_cli_against_a_network_file(tmp_path):
     teacher.save(tmp_path / "t.npz")
     # the same network, rescaled and permuted: zero error up to symmetries
     Network((u[::-1] * 3.0, np.array([[-0.5 / 3.0, 1.0 / 3.0]]))).save(tmp_path / "m.npz")
-    out = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "evaluate",
-            str(tmp_path / "m.npz"),
-            "--teacher",
-            str(tmp_path / "t.npz"),
-            "--samples",
-            "20000",
-            "--json",
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
+    out = relulearn(
+        "evaluate", str(tmp_path / "m.npz"), "--teacher", str(tmp_path / "t.npz"), "--samples", "20000", "--json"
     )
     assert out.returncode == 0, out.stderr
     ev = json.loads(out.stdout)
@@ -170,27 +150,18 @@ def test_fit_cli_without_statistics_section(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(planted_config(8, 2, seed=4, samples=200_000)))
     model = tmp_path / "m.npz"
-    out = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "fit",
-            str(cfg),
-            "--store",
-            str(tmp_path / "s.zarr"),
-            "--width",
-            "2",
-            "--out",
-            str(model),
-            "--in-process",
-            "--quiet",
-            "--json",
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    out = relulearn(
+        "fit",
+        str(cfg),
+        "--store",
+        str(tmp_path / "s.zarr"),
+        "--width",
+        "2",
+        "--out",
+        str(model),
+        "--in-process",
+        "--quiet",
+        "--json",
     )
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)

@@ -24,7 +24,7 @@ from relulearn.config import load_config
 from relulearn.storage import RunStore, StoreError
 from relulearn.storage.lease import Lease, LeaseLostError, StoreLockedError, read_lease
 
-from conftest import PYTHON, cli_env, make_config
+from conftest import PYTHON, cli_env, make_config, relulearn
 from test_resume import assert_bitwise_equal, assert_each_chunk_once, write_config
 
 #: d = 20 (bitwise claims), one chunk per block and a commit after each: a run of many commits, whose
@@ -167,7 +167,7 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
     committed = _committed(url)
     assert 0 < committed < BUSY["samples"]
 
-    refused = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=60)
+    refused = relulearn(*cmd[3:])
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert (
         "stale" in refused.stderr
@@ -183,7 +183,7 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
     text = capsys.readouterr().out
     assert f"locked       by process {writer.pid}" in text and "stale: " in text
 
-    done = subprocess.run(cmd + ["--break-lock", "--json"], env=cli_env(), capture_output=True, text=True, timeout=120)
+    done = relulearn(*cmd[3:], "--break-lock", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["resumed_from_samples"] == committed
     assert not (Path(url) / "lease.json").exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import inspect
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from relulearn.cli.parser import build_parser
 from relulearn.methods import METHODS, OPTIONS, Method, method_module
 from relulearn.report.methods import FIGURES, METHOD_FIGURES
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn
 
 ROOT = Path(__file__).resolve().parents[1]
 #: estimator parameters that are not method options (the data, the run, the cluster)
@@ -68,15 +67,11 @@ def test_a_declaration_with_an_unknown_option_is_refused():
         Method("x", "x", "s", "l", "f", "p", "i", {"colour": "?"}, "XRegressor")
 
 
-def test_the_command_line_takes_every_option_with_each_methods_help():
-    # wide columns: argparse would break words at their hyphens
-    out = subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", "learn", "--help"],
-        capture_output=True,
-        text=True,
-        env=dict(cli_env(), COLUMNS="100000"),
-        check=True,
-    ).stdout
+def test_the_command_line_takes_every_option_with_each_methods_help(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100000")  # wide columns: argparse would break words at their hyphens
+    done = relulearn("learn", "--help")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
     text = " ".join(out.split())
     for m in METHODS.values():
         assert f"{m.name} = {' '.join(m.summary.split())}" in text

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from relulearn.pipeline.sources import Stream, draw, make_source
 from relulearn.polynomial import PolynomialModel, load_model
 from relulearn.storage import open_store
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn as _cli
 
 
 def one_hidden(d: int, width: int, n: int, seed: int = 1, run_seed: int = 5) -> dict:
@@ -213,12 +212,6 @@ def test_fit_gives_the_same_model_bits_in_process_and_on_two_workers(tmp_path, c
         api.fit(cfg, str(tmp_path / where), "polynomial", degree=3, out=out, client=c, progress=None)
         models.append(load_model(out))
     assert all(np.array_equal(a, b) for a, b in zip(models[0].tensors, models[1].tensors))
-
-
-def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", *args], capture_output=True, text=True, env=cli_env(), cwd=cwd
-    )
 
 
 def test_predict_cli_evaluates_both_model_kinds(tmp_path):

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, cli_env
+from conftest import PYTHON, cli_env, relulearn
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -50,13 +50,7 @@ def test_the_python_example_runs_and_evaluate_prints_what_the_readme_shows(tmp_p
     out = subprocess.run([PYTHON, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-12
-    printed = subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", "evaluate", "small.npz", "--teacher", "examples/small.yaml"],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
+    printed = relulearn("evaluate", "small.npz", "--teacher", "examples/small.yaml", cwd=tmp_path)
     assert printed.returncode == 0, printed.stderr[-3000:]
     shown = next(b for b in blocks() if b.startswith("samples"))
     assert [line.split()[0] for line in shown.splitlines()] == [line.split()[0] for line in printed.stdout.splitlines()]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import warnings
 
 import numpy as np
@@ -12,7 +11,7 @@ import yaml
 from relulearn import regressors as R
 from relulearn.network import Network
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn
 
 
 @pytest.mark.parametrize(
@@ -58,28 +57,19 @@ def test_moments_regressor_matches_the_cli_on_the_same_rows(tmp_path):
     cfg = est.run_config(str(tmp_path / "est" / "x.npy"), str(tmp_path / "est" / "y.npy"), *x.shape)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "cli.npz"
-    done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "fit",
-            str(tmp_path / "c.yaml"),
-            "--store",
-            str(tmp_path / "cli.zarr"),
-            "--method",
-            "moments",
-            "--width",
-            "3",
-            "--out",
-            str(out),
-            "--in-process",
-            "--quiet",
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = relulearn(
+        "fit",
+        str(tmp_path / "c.yaml"),
+        "--store",
+        str(tmp_path / "cli.zarr"),
+        "--method",
+        "moments",
+        "--width",
+        "3",
+        "--out",
+        str(out),
+        "--in-process",
+        "--quiet",
     )
     assert done.returncode == 0, done.stderr
     cli = Network.load(out)

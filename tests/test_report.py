@@ -15,7 +15,7 @@ from relulearn import api
 from relulearn.config import config_from_dict
 from relulearn.report import FIGURES, FRAME_COLOURS
 
-from conftest import PYTHON, cli_env
+from conftest import relulearn
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
@@ -72,25 +72,7 @@ def test_the_report_shows_every_figure(tmp_path):
     for n in (100_000, 200_000, 400_000):
         api.fit(config_from_dict(cfg), store, "moments", width=3, samples=n, out=model, client="local", progress=None)
     out = tmp_path / "report.html"
-    done = subprocess.run(
-        [
-            PYTHON,
-            "-m",
-            "relulearn.cli",
-            "report",
-            store,
-            "--model",
-            model,
-            "--teacher",
-            str(tmp_path / "c.yaml"),
-            "--out",
-            str(out),
-        ],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = relulearn("report", store, "--model", model, "--teacher", str(tmp_path / "c.yaml"), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert "figures spectra, tau, learning, units, samples" in done.stdout and "not drawn" not in done.stdout
     assert "overlapping text" not in done.stdout

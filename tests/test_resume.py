@@ -16,7 +16,7 @@ from relulearn import open_store
 from relulearn.api import estimate
 from relulearn.config import load_config
 
-from conftest import PYTHON, cli_env
+from conftest import PYTHON, cli_env, relulearn
 
 
 def residual_section(d: int) -> dict:
@@ -258,7 +258,7 @@ def test_a_full_disk_names_the_store_keeps_its_last_commit_and_resumes_bitwise(r
     try:
         url = str(disk / "run.zarr")
         cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]
-        full = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+        full = relulearn(*cmd[3:])
         assert full.returncode == 2, full.stderr
         per_block = KILL_CONFIG["chunk_size"] * KILL_CONFIG["run"]["chunks_per_block"]
         assert full.stderr.splitlines() == [
@@ -268,7 +268,7 @@ def test_a_full_disk_names_the_store_keeps_its_last_commit_and_resumes_bitwise(r
         ], full.stderr
         assert open_store(url).samples == per_block and not (Path(url) / "lease.json").exists()
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
-        done = subprocess.run(cmd, env=cli_env(), capture_output=True, text=True, timeout=300)
+        done = relulearn(*cmd[3:])
         assert done.returncode == 0, done.stderr
         assert_bitwise_equal(url, ref_url)
     finally:

@@ -30,7 +30,7 @@ from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.storage import RunStore  # noqa: E402
 
-from conftest import PYTHON, cli_env  # noqa: E402
+from conftest import PYTHON, cli_env, relulearn  # noqa: E402
 from test_resume import assert_bitwise_equal, assert_each_chunk_once  # noqa: E402
 
 BUCKET = "relulearn-test"
@@ -160,14 +160,8 @@ def write_yaml(path: Path, data: dict) -> Path:
     return path
 
 
-def cli(*args, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", *map(str, args)],
-        env=env or cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def cli(*args) -> subprocess.CompletedProcess:
+    return relulearn(*args)
 
 
 def cli_parallel(*commands: tuple[dict, tuple]) -> list[subprocess.CompletedProcess]:

@@ -16,7 +16,7 @@ from relulearn import open_store
 from relulearn.pipeline.run import estimate
 from relulearn.storage import FORMAT_VERSION, RunStore
 
-from conftest import PYTHON, cli_env, make_config
+from conftest import PYTHON, cli_env, make_config, relulearn
 from test_resume import write_config
 
 
@@ -155,12 +155,7 @@ def test_merge_adds_sums_and_shrinks_standard_errors(tmp_path):
     a, b, c = (str(tmp_path / f"{n}.zarr") for n in "abc")
     estimate(make_config(seed=1, statistics=stats), a, progress=None)
     estimate(make_config(seed=2, statistics=stats), b, progress=None)
-    out = subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", "merge", a, b, "--out", c, "--json"],
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-    )
+    out = relulearn("merge", a, b, "--out", c, "--json")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["seeds"] == [1, 2] and info["samples"] == 80_000
@@ -179,9 +174,7 @@ def test_merge_adds_sums_and_shrinks_standard_errors(tmp_path):
     for seed in (1, 2):
         rows = ledger[ledger[:, 0] == seed]
         assert rows[:, 1].min() == 0 and (rows[:, 2] - rows[:, 1]).sum() == 8
-    status = subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", "status", c, "--json"], env=cli_env(), capture_output=True, text=True
-    )
+    status = relulearn("status", c, "--json")
     assert json.loads(status.stdout)["seeds"] == [1, 2]
     # a merged store cannot be extended (it has no single seed), and is left as it was
     from relulearn.storage import StoreError
@@ -192,9 +185,7 @@ def test_merge_adds_sums_and_shrinks_standard_errors(tmp_path):
 
 
 def test_status_json(run_url):
-    out = subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", "status", run_url, "--json"], env=cli_env(), capture_output=True, text=True
-    )
+    out = relulearn("status", run_url, "--json")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["samples"] == 40_000 and info["chunks"] == 8 and info["complete"] is True
