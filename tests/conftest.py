@@ -136,8 +136,47 @@ def pytest_configure(config):
         compileall.compile_dir(str(Path(relulearn.__file__).parent), quiet=1)
 
 
+#: the optional features (pyproject.toml's extras) and the modules each needs in the tests; `test-optional` installs
+#: them all with the tools their tests use (s3: a loopback moto server; onnx: skl2onnx exports scikit-learn's MLPs)
+EXTRAS = {
+    "s3": ("s3fs", "moto", "boto3", "flask"),
+    "onnx": ("onnxruntime", "onnx", "skl2onnx"),
+    "data": ("pyarrow",),
+    "sklearn": ("sklearn",),
+    "report": ("matplotlib",),
+    "wide": ("fpylll",),
+}
+
+
+def _missing(extra: str) -> list[str]:
+    from importlib.util import find_spec
+
+    return [m for m in EXTRAS[extra] if find_spec(m) is None]
+
+
+def _reason(extra: str, missing: list[str]) -> str:
+    install = "pip install -e '.[test-optional]'"
+    return f"the optional feature {extra!r} is not installed ({', '.join(missing)} missing): {install}"
+
+
+def require(extra: str) -> None:
+    """Skip the calling test module unless the optional ``extra`` is installed (for a module that imports it at its
+    top; a test that needs it is marked ``@pytest.mark.extra(extra)`` instead)."""
+    missing = _missing(extra)
+    if missing:
+        pytest.skip(_reason(extra, missing), allow_module_level=True)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark the tests listed in ``slow.txt`` (measured at a second or more) ``slow``."""
+    """Mark the tests listed in ``slow.txt`` (measured at a second or more) ``slow``; skip the tests of an optional
+    feature (``@pytest.mark.extra("onnx", ...)``) whose modules are not installed, naming the extra."""
+    missing = {extra: _missing(extra) for extra in EXTRAS}
     for item in items:
         if f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in _SLOW:
             item.add_marker(pytest.mark.slow)
+        for mark in item.iter_markers("extra"):
+            for extra in mark.args:
+                if extra not in EXTRAS:
+                    raise pytest.UsageError(f"{item.nodeid}: unknown extra {extra!r}; the extras are {sorted(EXTRAS)}")
+                if missing[extra]:
+                    item.add_marker(pytest.mark.skip(reason=_reason(extra, missing[extra])))

@@ -357,6 +357,7 @@ def onnx_config(path, d: int = 10, **source) -> dict:
     }
 
 
+@pytest.mark.extra("onnx", "sklearn")
 def test_a_scikit_learn_mlp_exported_to_onnx_is_extracted_to_its_float32_rounding(client, tmp_path):
     """The float32 model sees float32 inputs and answers in float32; the network learned from its answers
     matches the model's float64 weights to that rounding: parameter error ≤ 1e-6, test error ≤ 1e-10."""
@@ -376,6 +377,7 @@ def test_a_scikit_learn_mlp_exported_to_onnx_is_extracted_to_its_float32_roundin
     assert 1e-17 <= ev["relative_test_error"] <= 1e-12, ev
 
 
+@pytest.mark.extra("onnx")
 def test_a_float64_onnx_graph_is_extracted_to_machine_precision(tmp_path):
     rng = np.random.default_rng(4)
     w0 = rng.standard_normal((3, 10))
@@ -394,6 +396,7 @@ def test_a_float64_onnx_graph_is_extracted_to_machine_precision(tmp_path):
     assert compare(Network((w0, w1)), Network.load(out)).relative_error <= 1e-10
 
 
+@pytest.mark.extra("onnx")
 def test_a_float64_onnx_graph_with_biases_is_extracted_to_machine_precision(tmp_path):
     """Linear layers with biases as torch.onnx writes them (Gemm): units, hidden and output biases exact."""
     rng = np.random.default_rng(6)
@@ -427,6 +430,7 @@ def torch_onnx(folder) -> Network:
         )
 
 
+@pytest.mark.extra("onnx")
 def test_a_pytorch_network_exported_to_onnx_is_extracted_to_its_float32_rounding(tmp_path):
     """Its weights and biases from the float32 model's answers: parameter error ≤ 1e-6 (the rounding sets
     the level), test error ≤ 1e-10 against the float64 network of its weights."""
@@ -450,6 +454,7 @@ def test_a_pytorch_network_exported_to_onnx_is_extracted_to_its_float32_rounding
     assert np.mean((y - learned.forward(x)[:, 0]) ** 2) / np.mean(y**2) <= 1e-10
 
 
+@pytest.mark.extra("onnx")
 def test_a_double_input_float_output_model_gets_double_inputs_and_float32_precision(tmp_path):
     rng = np.random.default_rng(5)
     w0, w1 = rng.standard_normal((3, 10)), rng.standard_normal((1, 3))
@@ -461,6 +466,7 @@ def test_a_double_input_float_output_model_gets_double_inputs_and_float32_precis
     assert np.array_equal(source.labels(x), y.astype(np.float32).astype(np.float64))  # only the answers rounded
 
 
+@pytest.mark.extra("onnx")
 @pytest.mark.parametrize(
     "case, message",
     [
@@ -488,6 +494,7 @@ def test_bad_onnx_teachers_name_the_file_and_the_mismatch(tmp_path, case, messag
     assert not (tmp_path / "s.zarr").exists()
 
 
+@pytest.mark.extra("onnx", "sklearn")
 def test_a_multi_output_mlp_that_skl2onnx_flattened_is_refused_with_the_fix(tmp_path):
     """skl2onnx exports a multi-output MLPRegressor with its answers flattened to (rows·m, 1): the probe's (2m, 1)
     is named as m outputs per row in one column, with the ways to export it as (rows, m)."""

@@ -67,7 +67,7 @@ def raw_test_error(teacher: Network, learned: Network, mean: np.ndarray, chol: n
     return float(np.mean((y - learned.forward(x)[:, 0]) ** 2) / np.mean(y**2))
 
 
-@pytest.mark.parametrize("fmt", ["npy", "zarr", "parquet"])
+@pytest.mark.parametrize("fmt", ["npy", "zarr", pytest.param("parquet", marks=pytest.mark.extra("data"))])
 def test_correlated_data_is_learned_exactly_in_raw_coordinates(fmt, client, tmp_path):
     """Read by two worker processes in chunk ranges, whitened on the fly with the scanned mean and covariance;
     the network mapped back to raw coordinates matches the teacher on fresh raw inputs."""
@@ -213,7 +213,11 @@ def test_fewer_rows_than_samples_is_refused_before_any_work(tmp_path):
         ("missing", r"source.data.y: .*nothere.npy does not exist"),
         ("csv", r"source.data.x: .*x.csv is a file but not a .npy file, a Parquet file or a zarr array.*np.save"),
         ("objects", r"source.data.x: .*holds Python objects .*never loads pickles"),
-        ("column", r"source.data.x: .*d.parquet has no column\(s\) \['g0'\]; its columns are"),
+        pytest.param(
+            "column",
+            r"source.data.x: .*d.parquet has no column\(s\) \['g0'\]; its columns are",
+            marks=pytest.mark.extra("data"),
+        ),
         ("teacher", r"source.data gives the samples; source.teacher applies to teachers only"),
     ],
 )

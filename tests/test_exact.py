@@ -268,7 +268,7 @@ def _diabetes() -> np.ndarray:
 
 
 @pytest.mark.parametrize("k", [2, 3])
-@pytest.mark.parametrize("inputs", ["cube", "diabetes"])
+@pytest.mark.parametrize("inputs", ["cube", pytest.param("diabetes", marks=pytest.mark.extra("sklearn"))])
 @pytest.mark.parametrize("activation", ["relu", "relu3"])
 def test_recover_on_arbitrary_inputs(k, inputs, activation):
     rng = np.random.default_rng((k, 3))

@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import yaml
 
-from relulearn import regressors as R
-from relulearn.network import Network
+from conftest import relulearn, require
 
-from conftest import relulearn
+require("sklearn")
+
+from relulearn import regressors as R  # noqa: E402
+from relulearn.network import Network  # noqa: E402
 
 
 @pytest.mark.parametrize(

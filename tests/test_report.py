@@ -53,6 +53,7 @@ def screenshot(html, png, width: int = 1200, height: int = 2600) -> np.ndarray:
     return np.asarray(Image.open(png).convert("RGB")).astype(int)
 
 
+@pytest.mark.extra("report")
 def test_the_report_shows_every_figure(tmp_path):
     """A store extended twice (three learns), a model and its teacher: the report draws all five figures; in
     the screenshot each figure's frame is found by its colour, and inside it a drawn plot (not a blank)."""
@@ -156,6 +157,7 @@ METHOD_STORES = {
 }
 
 
+@pytest.mark.extra("report")
 @pytest.mark.parametrize("method", sorted(METHOD_STORES))
 def test_every_method_has_its_figures_with_no_text_over_text(tmp_path, method):
     """A store learned by each method: its report draws the method's own figures beside the common ones (at
@@ -173,6 +175,7 @@ def test_every_method_has_its_figures_with_no_text_over_text(tmp_path, method):
     assert_figures_on_screenshot(screenshot(out, tmp_path / "shot.png", height=700 * len(expected) + 600), expected)
 
 
+@pytest.mark.extra("report")
 def test_overlapping_texts_are_found_and_the_panels_have_none():
     """The overlap check sees a y-label drawn over the neighbouring panel's tick labels (matplotlib's default
     layout, squeezed), and none in the report's own panels of the same size."""
@@ -191,6 +194,7 @@ def test_overlapping_texts_are_found_and_the_panels_have_none():
     assert draw(fig, axes) == ()
 
 
+@pytest.mark.extra("report")
 def test_a_report_of_a_bare_store_says_what_would_draw_each_missing_figure(tmp_path):
     cfg = {
         "seed": 1,

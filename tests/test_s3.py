@@ -22,15 +22,16 @@ import numpy as np
 import pytest
 import yaml
 
-pytest.importorskip("s3fs")
-pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
+from conftest import PYTHON, cli_env, relulearn, require
+
+require("s3")
+
+import boto3  # noqa: E402
 
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.storage import RunStore  # noqa: E402
 
-from conftest import PYTHON, cli_env, relulearn  # noqa: E402
 from test_resume import assert_bitwise_equal, assert_each_chunk_once  # noqa: E402
 
 BUCKET = "relulearn-test"
