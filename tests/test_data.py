@@ -250,22 +250,9 @@ def test_fit_on_data_through_the_cli_reads_relative_paths_and_writes_raw_coordin
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(data_config({"x": "x.npy", "y": "y.npy"}, samples=200_000)))  # relative paths
     out = tmp_path / "m.npz"
-    done = relulearn(
-        "fit",
-        str(cfg),
-        "--store",
-        str(tmp_path / "s.zarr"),
-        "--method",
-        "moments",
-        "--width",
-        "3",
-        "--out",
-        str(out),
-        "--in-process",
-        "--quiet",
-        "--json",
-        cwd="/",
-    )
+    method = ["--method", "moments", "--width", "3"]
+    store = ["--store", str(tmp_path / "s.zarr")]
+    done = relulearn("fit", str(cfg), *store, *method, "--out", str(out), "--in-process", "--quiet", "--json", cwd="/")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["estimate"]["data"]["whitened"] is True
     assert raw_test_error(teacher, Network.load(out), mean, chol) <= 1e-8

@@ -59,20 +59,9 @@ def test_moments_regressor_matches_the_cli_on_the_same_rows(tmp_path):
     cfg = est.run_config(str(tmp_path / "est" / "x.npy"), str(tmp_path / "est" / "y.npy"), *x.shape)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp_path / "cli.npz"
-    done = relulearn(
-        "fit",
-        str(tmp_path / "c.yaml"),
-        "--store",
-        str(tmp_path / "cli.zarr"),
-        "--method",
-        "moments",
-        "--width",
-        "3",
-        "--out",
-        str(out),
-        "--in-process",
-        "--quiet",
-    )
+    method = ["--method", "moments", "--width", "3"]
+    store = ["--store", str(tmp_path / "cli.zarr")]
+    done = relulearn("fit", str(tmp_path / "c.yaml"), *store, *method, "--out", str(out), "--in-process", "--quiet")
     assert done.returncode == 0, done.stderr
     cli = Network.load(out)
     assert all(np.array_equal(a, b) for a, b in zip(est.model_.to_arrays().values(), cli.to_arrays().values()))
