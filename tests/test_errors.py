@@ -1,6 +1,7 @@
 """Bad input gets a clear error, and nothing is lost.
 
-Every case goes through the real command line (``python -m relulearn.cli``) and checks:
+Every case goes through the command line (``relulearn.cli.main``; in a process of its own where a cluster runs) and
+checks:
 exit code 2, a message on stderr that names the cause and the fix, no Python traceback,
 and — where a store existed before — that the store is bitwise intact (every file under
 its directory) and still readable by ``relulearn status``.
@@ -26,7 +27,8 @@ from relulearn.pipeline.batches import SourceDataError
 from relulearn.pipeline.sources import BATCH_ROWS, chunk_batches, make_source
 from relulearn.storage import FORMAT_VERSION
 
-from conftest import PYTHON, cli_env, relulearn
+from conftest import PYTHON, cli_env
+from conftest import relulearn as cli
 
 # A small run with all four statistic families (explicit direction seed and thresholds, so
 # stores of different seeds can be merged).
@@ -66,10 +68,6 @@ def config(**changes) -> dict:
 def write_yaml(path: Path, data) -> Path:
     path.write_text(yaml.safe_dump(data))
     return path
-
-
-def cli(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return relulearn(*args, cwd=cwd)
 
 
 def cli_process(*args) -> subprocess.CompletedProcess:

@@ -24,7 +24,7 @@ from relulearn.config import config_from_dict
 from relulearn.storage import FORMAT_VERSION, NotAStoreError, RunStore, StoreDamagedError
 from relulearn.storage.integrity import _crc32c
 
-from test_errors import assert_user_error, cli_each, config, snapshot, write_yaml
+from test_errors import assert_user_error, cli, cli_each, config, snapshot, write_yaml
 from test_resume import assert_bitwise_equal
 
 #: the errors tests' run (all four statistic families) at d = 16: 4 chunks in 2 blocks, a commit after each
@@ -221,7 +221,7 @@ def test_the_command_line_names_the_damage(copy, tmp_path):
         )
         assert "no relulearn store" not in err and len(err.strip().splitlines()) == 1
     assert verify_rootless.returncode == 1 and "zarr.json is missing" in verify_rootless.stdout
-    status = cli_each(("status", copy))[0]
+    status = cli("status", copy)
     assert (
         status.returncode == 0
         and "DAMAGED      1 object(s) missing or truncated, e.g. array contracted/sum_M, "

@@ -157,8 +157,14 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
     shows it), `--break-lock` breaks it, and the resumed run is bitwise an uninterrupted one."""
     cfg_path = write_config(tmp_path / "busy.yaml", BUSY)
     url, ref = str(tmp_path / "run.zarr"), str(tmp_path / "ref.zarr")
-    cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]
-    writer = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    args = ["estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]
+    writer = subprocess.Popen(
+        [PYTHON, "-m", "relulearn.cli", *args],
+        env=cli_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _wait_for(lambda: _committed(url) > 0, writer, "the first commit")
     writer.send_signal(signal.SIGKILL)
     writer.wait()
@@ -167,7 +173,7 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
     committed = _committed(url)
     assert 0 < committed < BUSY["samples"]
 
-    refused = relulearn(*cmd[3:])
+    refused = relulearn(*args)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert (
         "stale" in refused.stderr
@@ -183,7 +189,7 @@ def test_a_killed_writers_lease_is_stale_and_broken_by_break_lock(tmp_path, caps
     text = capsys.readouterr().out
     assert f"locked       by process {writer.pid}" in text and "stale: " in text
 
-    done = relulearn(*cmd[3:], "--break-lock", "--json")
+    done = relulearn(*args, "--break-lock", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["resumed_from_samples"] == committed
     assert not (Path(url) / "lease.json").exists()

@@ -257,8 +257,8 @@ def test_a_full_disk_names_the_store_keeps_its_last_commit_and_resumes_bitwise(r
         pytest.skip("a small tmpfs needs root (mount -t tmpfs)")
     try:
         url = str(disk / "run.zarr")
-        cmd = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]
-        full = relulearn(*cmd[3:])
+        args = ["estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]
+        full = relulearn(*args)
         assert full.returncode == 2, full.stderr
         per_block = KILL_CONFIG["chunk_size"] * KILL_CONFIG["run"]["chunks_per_block"]
         assert full.stderr.splitlines() == [
@@ -268,7 +268,7 @@ def test_a_full_disk_names_the_store_keeps_its_last_commit_and_resumes_bitwise(r
         ], full.stderr
         assert open_store(url).samples == per_block and not (Path(url) / "lease.json").exists()
         subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
-        done = relulearn(*cmd[3:])
+        done = relulearn(*args)
         assert done.returncode == 0, done.stderr
         assert_bitwise_equal(url, ref_url)
     finally:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..network import Network
 
-__all__ = ["MAXCOR", "PLATEAU", "fit_network", "relative_loss"]
+__all__ = ["MAXCOR", "PLATEAU", "fit_network", "relative_loss", "relative_loss_of"]
 
 #: L-BFGS memory (correction pairs): the fits are ill-conditioned (positive rescaling of
 #: units, near-degenerate kinks); a longer memory than scipy's default 10 converges faster
@@ -114,8 +114,14 @@ def _loss_grad(
 
 def relative_loss(net: Network, z: np.ndarray, y: np.ndarray) -> float:
     """``mean((y − f(z))²) / mean(y²)`` (``mean((y − f)²)`` when ``y`` is all zero)."""
+    return relative_loss_of(y, _forward(list(net.weights), np.asarray(z, dtype=np.float64)))
+
+
+def relative_loss_of(y: np.ndarray, f: np.ndarray) -> float:
+    """``mean((y − f)²) / mean(y²)`` of predictions ``f`` already computed (``mean((y − f)²)`` when ``y`` is all
+    zero)."""
     y = np.asarray(y, dtype=np.float64).ravel()
-    e = y - _forward(list(net.weights), np.asarray(z, dtype=np.float64))
+    e = y - np.asarray(f, dtype=np.float64).ravel()
     yy = float(y @ y)
     return float(e @ e) / (yy if yy > 0 else len(y))
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..network import Network
-from .deep_local import _fit_network, _single_thread, fit_network, relative_loss
+from .deep_local import _fit_network, _single_thread, fit_network, relative_loss, relative_loss_of
 
 __all__ = [
     "CandidateBudgetError",
@@ -41,6 +41,7 @@ __all__ = [
     "fit_candidates",
     "lift",
     "relative_loss",
+    "relative_loss_of",
     "fit_batch",
 ]
 

@@ -428,15 +428,15 @@ def _refined_deep(
         report["refinement"] = {"skipped": why}
         return net_z, basis, {}
     net2, basis2, rep = refine_deep(net_z, basis, refine.samples, refine.total, mapper=refine.mapper)
-    before, after = deepfit.lift(net_z, basis), deepfit.lift(net2, basis2)
-    rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(
-        smp.y_val, before.forward(smp.x_val)[:, 0], after.forward(smp.x_val)[:, 0]
-    )
+    # each network's predictions on the validation samples, once: for the verdict and for the two losses
+    f_before = deepfit.lift(net_z, basis).forward(smp.x_val)[:, 0]
+    f_after = deepfit.lift(net2, basis2).forward(smp.x_val)[:, 0]
+    rep["validation_relative_loss_change"], rep["kept"] = refinement_verdict(smp.y_val, f_before, f_after)
     rep["basis_angle_moved"] = float(principal_angles(basis, basis2).max(initial=0.0))
     report["refinement"] = rep
     losses = {
-        "enumeration": deepfit.relative_loss(before, smp.x_val, smp.y_val),
-        "refined": deepfit.relative_loss(after, smp.x_val, smp.y_val),
+        "enumeration": deepfit.relative_loss_of(smp.y_val, f_before),
+        "refined": deepfit.relative_loss_of(smp.y_val, f_after),
     }
     return (net2, basis2, losses) if rep["kept"] else (net_z, basis, losses)
 
