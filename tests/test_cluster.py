@@ -91,12 +91,6 @@ def committed(url: str) -> int:
     return 0 if meta is None else int(meta["samples"])
 
 
-def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", *args], env=cli_env(), capture_output=True, text=True, timeout=timeout, **kw
-    )
-
-
 def test_reference_uses_blas_sized_arrays(families):
     """The claim is only worth testing where BLAS really runs: d ≥ 20 and every family present."""
     _, url = families
@@ -119,12 +113,12 @@ def test_external_cluster_equals_in_process(families, external, tmp_path):
     """`dask scheduler` + two `dask worker` processes, through the command line."""
     cfg_path, ref = families
     url = str(tmp_path / "ext.zarr")
-    done = cli("estimate", str(cfg_path), "--store", url, "--scheduler", external.file, "--quiet", "--json")
+    done = relulearn("estimate", str(cfg_path), "--store", url, "--scheduler", external.file, "--quiet", "--json")
     assert done.returncode == 0, done.stderr
     assert_bitwise_equal(url, ref)
     # and by address instead of scheduler file
     url2 = str(tmp_path / "ext2.zarr")
-    done = cli("estimate", str(cfg_path), "--store", url2, "--scheduler", external.address, "--quiet")
+    done = relulearn("estimate", str(cfg_path), "--store", url2, "--scheduler", external.address, "--quiet")
     assert done.returncode == 0, done.stderr
     assert_bitwise_equal(url2, ref)
     status = relulearn("status", url, "--json")
@@ -145,7 +139,7 @@ def test_fit_on_external_cluster_equals_in_process(external, tmp_path):
     outs = {}
     for where, flags in (("local", ["--in-process"]), ("external", ["--scheduler", external.file])):
         model = str(tmp_path / f"{where}.npz")
-        done = cli(
+        done = relulearn(
             "fit",
             str(cfg_path),
             "--store",
@@ -442,7 +436,7 @@ def _shadow(tmp_path: Path, body: str) -> dict:
 
 @pytest.mark.parametrize("case", ["other-version", "missing"])
 def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small_store, tmp_path, case):
-    import relulearn
+    from relulearn import __version__
 
     cfg_path, url, before = small_store
     body = (
@@ -456,12 +450,12 @@ def test_workers_with_another_or_no_relulearn_are_refused_before_any_block(small
 
         with Client(scheduler_file=cluster.file) as c:
             bad = [addr for addr, info in c.scheduler_info()["workers"].items() if info["name"] == "w1"][0]
-        done = cli("estimate", str(cfg_path), "--store", url, "--scheduler", cluster.file)
+        done = relulearn("estimate", str(cfg_path), "--store", url, "--scheduler", cluster.file)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"worker {bad}" in done.stderr, done.stderr
     if case == "other-version":
         assert "has relulearn 0.0.7" in done.stderr
-        assert f"this driver has relulearn {relulearn.__version__}" in done.stderr
+        assert f"this driver has relulearn {__version__}" in done.stderr
     else:
         assert "cannot import relulearn" in done.stderr
     assert "no block was run" in done.stderr
