@@ -384,7 +384,7 @@ def test_unreachable_scheduler(small_store):
     with socket.socket() as s:  # a loopback port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(cli_env(), RELULEARN_CONNECT_TIMEOUT="3")
+    env = dict(cli_env(), RELULEARN_CONNECT_TIMEOUT="1")
     done = subprocess.run(
         [
             PYTHON,
