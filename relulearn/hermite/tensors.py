@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from functools import cache
+from functools import cache, lru_cache
 
 import numpy as np
 
@@ -52,18 +52,42 @@ def raw_to_hermite(raw: dict[int, np.ndarray], d: int, l: int) -> np.ndarray:
     Linear, so sums instead of means give sums.  Needs ``raw[m]`` for
     ``m = l, l-2, ...``; other keys are ignored.
     """
-    idx = unique_indices(d, l)
-    out = np.zeros(idx.shape[0])
     for m in range(l % 2, l + 1, 2):
         if m not in raw:
             raise KeyError(f"raw moment of order {m} is needed for T_{l}")
         if np.shape(raw[m]) != (math.comb(d + m - 1, m),):
             raise ValueError(f"raw[{m}] has shape {np.shape(raw[m])}, expected packed d={d}")
-    for sign, mask, free in _matching_terms(idx):
-        # idx rows are sorted, so the unmatched sub-index is sorted too.
-        pos = packed_index(idx[mask][:, free], d)
-        out[mask] += sign * np.asarray(raw[len(free)], dtype=np.float64)[pos]
+    plan = _cached_plan(d, l) if math.comb(d + l - 1, l) <= _CACHED_PLAN else _plan(d, l)
+    out = np.zeros(math.comb(d + l - 1, l))
+    for sign, rows, pos, m in plan:
+        out[rows] += sign * np.asarray(raw[m], dtype=np.float64)[pos]
     return out
+
+
+#: matching-sum plans are kept for tensors of up to this many unique entries (a few MiB each, eight at most): a run
+#: converts every chunk's raw moments with the same plan, whose index arithmetic cost more than the sums
+_CACHED_PLAN = 2**18
+
+
+def _plan(d: int, l: int) -> tuple[tuple[int, np.ndarray, np.ndarray, int], ...]:
+    """The terms of :func:`raw_to_hermite`: per partial matching, its sign, the entries of ``T_l`` it adds to, the
+    positions in ``R_m`` it reads and ``m`` (the unmatched count)."""
+    idx = unique_indices(d, l)
+    plan = []
+    for sign, mask, free in _matching_terms(idx):
+        rows = np.flatnonzero(mask)
+        # idx rows are sorted, so the unmatched sub-index is sorted too.
+        plan.append((sign, rows, packed_index(idx[rows][:, free], d), len(free)))
+    return tuple(plan)
+
+
+@lru_cache(maxsize=8)
+def _cached_plan(d: int, l: int) -> tuple[tuple[int, np.ndarray, np.ndarray, int], ...]:
+    plan = _plan(d, l)
+    for _, rows, pos, _ in plan:
+        rows.setflags(write=False)
+        pos.setflags(write=False)
+    return plan
 
 
 def hermite_tensor(x: np.ndarray, l: int) -> np.ndarray:
