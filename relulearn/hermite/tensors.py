@@ -57,8 +57,9 @@ def raw_to_hermite(raw: dict[int, np.ndarray], d: int, l: int) -> np.ndarray:
             raise KeyError(f"raw moment of order {m} is needed for T_{l}")
         if np.shape(raw[m]) != (math.comb(d + m - 1, m),):
             raise ValueError(f"raw[{m}] has shape {np.shape(raw[m])}, expected packed d={d}")
-    plan = _cached_plan(d, l) if math.comb(d + l - 1, l) <= _CACHED_PLAN else _plan(d, l)
-    out = np.zeros(math.comb(d + l - 1, l))
+    count = math.comb(d + l - 1, l)
+    plan = _cached_plan(d, l) if count <= _CACHED_PLAN else _plan(d, l)
+    out = np.zeros(count)
     for sign, rows, pos, m in plan:
         out[rows] += sign * np.asarray(raw[m], dtype=np.float64)[pos]
     return out

@@ -99,11 +99,12 @@ def _root_group(store: Store, doc: dict, head: str, names: list[str]) -> zarr.As
     data = dict(doc)
     consolidated = doc.get("consolidated_metadata")
     if isinstance(consolidated, dict) and isinstance(consolidated.get("metadata"), dict):
-        wanted = tuple(f"{head}/{n}" for n in names)
+        wanted = {f"{head}/{n}" for n in names}
+        inside = tuple(w + "/" for w in wanted)
         kept = {
             path: node
             for path, node in consolidated["metadata"].items()
-            if path == head or path in wanted or path.startswith(tuple(w + "/" for w in wanted))
+            if path == head or path in wanted or path.startswith(inside)
         }
         data["consolidated_metadata"] = dict(consolidated, metadata=kept)
     return zarr.AsyncGroup.from_dict(StorePath(store), data)
