@@ -1,5 +1,5 @@
 """SIGTERM and SIGINT during an accumulation run: raised as ``KeyboardInterrupt`` (so the run commits what is
-merged, then stops), but never in the middle of a commit.
+merged, then stops), but never in the middle of a block's merge or of a commit.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ __all__ = ["Interrupts", "signals_as_interrupts"]
 
 
 class Interrupts:
-    """SIGTERM and SIGINT as ``KeyboardInterrupt``, held while a commit runs.
+    """SIGTERM and SIGINT as ``KeyboardInterrupt``, held while a block is merged or a commit runs.
+
+    A signal raised between two of a block's arrays would leave the block merged into some arrays only, and the
+    commit on the interrupt would store those sums under the sample count of the blocks before it.
 
     A commit waits on zarr's writer thread; an exception raised in the waiting thread does not stop
     the writes, and the commit that follows the interrupt (same generation number) would delete a

@@ -287,7 +287,7 @@ def _checked_source(cfg: RunConfig, store_url: str, client: Any, samples: int | 
 
 class _Accumulation:
     """A run's merged state and its commits: blocks merged in block order into ``state`` and ``ledger``,
-    committed every ``interval`` seconds (signals held while a commit runs)."""
+    committed every ``interval`` seconds (signals held while a block is merged or a commit runs)."""
 
     def __init__(
         self,
@@ -332,8 +332,12 @@ class _Accumulation:
     def merge(self, part: Partial) -> None:
         """Add the next block's partial, record it in the ledger, and commit when the interval is over."""
         cfg = self.cfg
-        self.state.add(part)
-        self.ledger.append([cfg.seed, part.chunk_start, part.chunk_stop, self.commit_no, part.platform or "unknown"])
+        # signals held: one raised between two arrays' sums would commit a block merged into some arrays only
+        with self.interrupts.held():
+            self.state.add(part)
+            self.ledger.append(
+                [cfg.seed, part.chunk_start, part.chunk_stop, self.commit_no, part.platform or "unknown"]
+            )
         self.bar.update(self.state.chunk_stop * cfg.chunk_size)
         if time.perf_counter() - self.committed_at >= self.interval:
             self.commit()
@@ -348,7 +352,7 @@ def _run_blocks(
 ) -> None:
     """Compute and merge the blocks, in this process (``client`` None) or on the cluster.
 
-    SIGTERM behaves like Ctrl-C: commit what is merged, then stop (never in the middle of a commit); a
+    SIGTERM behaves like Ctrl-C: commit what is merged, then stop (never in the middle of a merge or a commit); a
     failure also commits every merged block first (unless the lease is lost or the write itself failed).
     """
     cfg, state = run.cfg, run.state
