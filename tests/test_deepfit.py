@@ -240,3 +240,39 @@ def test_deterministic_whatever_the_mapper():
         ]
         for x, y_ in zip(a, other):
             assert all(np.array_equal(u, v) for u, v in zip(x.network.weights, y_.network.weights))
+
+
+def test_a_warm_start_on_an_extended_basis_is_the_same_function_and_only_improves():
+    """filtered-pca's repeated fit also starts from the last round's best network, re-expressed on the extended
+    basis (any orthonormal basis of a span that holds the old one): the same function of x, fitted without the
+    screen to a training loss no higher than where it started, and the answer when the random starts miss."""
+    from relulearn.estimators.filtered_pca import _warm_starts
+
+    rng = np.random.default_rng(21)
+    d = 10
+    span, _ = np.linalg.qr(rng.standard_normal((d, 5)))
+    old = span[:, :3]
+    new = span @ np.linalg.qr(rng.standard_normal((5, 5)))[0]  # the same span in other coordinates
+    t = teacher(5, (4, 4), seed=6)
+    x = rng.standard_normal((6_000, d))
+    y = t.forward(x @ span)[:, 0]
+    z_old = x @ old  # the last round: candidates on 3 of the 5 directions
+    last = fit_candidates(
+        z_old[:4_000], y[:4_000], z_old[4_000:], y[4_000:], depth=2, width=4, starts=2, refine_iter=100
+    )[0].network
+    stored = {"basis": old.T} | {f"candidate0_W{j}": w for j, w in enumerate(last.weights)}
+    (warm,) = _warm_starts([{"residual": stored}], new)
+    assert warm.input_dim == 5 and [w.shape for w in warm.weights[1:]] == [w.shape for w in last.weights[1:]]
+    before = lift(last, old).forward(x)
+    assert np.max(np.abs(lift(warm, new).forward(x) - before)) <= 1e-12 * float(np.max(np.abs(before)))
+
+    z, z_val, y_val = x[:4_000] @ new, x[4_000:] @ new, y[4_000:]
+    start_loss = relative_loss(warm, z, y[:4_000])
+    cands = fit_candidates(
+        z, y[:4_000], z_val, y_val, depth=2, width=4, starts=1, screen_iter=3, refine=0, refine_iter=200, warm=[warm]
+    )
+    (w,) = [c for c in cands if c.start == -1]
+    assert w.refined and w.widths == tuple(a.shape[0] for a in last.weights[:-1]) and w.train_loss <= start_loss
+    assert cands[0] is w  # the random starts, screened for 3 iterations and not refined, do worse
+    with pytest.raises(ValueError, match="warm start"):
+        fit_candidates(z, y[:4_000], z_val, y_val, depth=2, width=4, starts=1, warm=[lift(warm, new)])

@@ -21,7 +21,7 @@ network with the basis to act on ``x ∈ R^d``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -284,6 +284,7 @@ def fit_candidates(
     screen_iter: int = 300,
     refine: int = 3,
     refine_iter: int = 3000,
+    warm: Sequence[Network] = (),
 ) -> list[Candidate]:
     """Fit candidate deep ReLU networks on projected samples; best by validation loss first.
 
@@ -312,6 +313,11 @@ def fit_candidates(
     refine, refine_iter
         Stage 2: the ``refine`` best by validation loss are fitted further on all training
         rows for ``refine_iter`` iterations.
+    warm
+        Networks on the same ``r`` coordinates that start from where an earlier fit ended (the last
+        round's best network, re-expressed on an extended basis): each skips the screen and is fitted
+        on all training rows in stage 2, besides the ``refine`` best. Their candidates have
+        ``start = -1, -2, …``.
 
     Returns
     -------
@@ -348,6 +354,8 @@ def fit_candidates(
     if screen_samples < 1 or screen_iter < 0 or refine < 0 or refine_iter < 0:
         raise ValueError("screen_samples must be >= 1 and screen_iter, refine, refine_iter >= 0")
     r = z.shape[1]
+    if any(net.input_dim != r or net.output_dim != 1 or net.biases is not None for net in warm):
+        raise ValueError(f"a warm start must be a bias-free network on the {r} coordinates with one output")
     rms = math.sqrt(float(y @ y) / len(y))
     scale = rms if rms > 0 else 1.0
     keys = [(w, s) for w in architectures(depth, width) for s in range(int(starts))]
@@ -360,6 +368,10 @@ def fit_candidates(
     screened = _run_batches(mapper, z[:n_s], y[:n_s], z_val, y_val, nets, int(screen_iter), 1e-12, TASK_CANDIDATES)
     order = sorted(range(len(keys)), key=lambda i: (_nan_last(screened[i][2]), i))
     chosen = order[: int(refine)]
+    for j, net in enumerate(warm):  # already fitted: no screen, always refined
+        keys.append((tuple(int(w.shape[0]) for w in net.weights[:-1]), -1 - j))
+        screened.append((net.weights, relative_loss(net, z[:n_s], y[:n_s]), relative_loss(net, z_val, y_val), 0))
+        chosen.append(len(keys) - 1)
     results = {i: screened[i] + (False,) for i in range(len(keys))}
     if chosen and refine_iter > 0:
         refined = _run_batches(

@@ -9,8 +9,9 @@
    vanish. Their eigenvectors above the noise floor (from the standard errors,
    :func:`.spectral.relevant_subspace`) give the first directions ``W``.
 2. **Iterate.** Fit candidate networks ``F̃`` on ``z = Wᵀx`` (architectures up to the
-   given depth and width, random starts in a norm ball refined by local optimization,
-   best by held-out loss: :mod:`.deepfit`; the sphere-net enumeration of
+   given depth and width, random starts in a norm ball refined by local optimization, and after
+   a residual pass the last best network re-expressed on the extended subspace as one more
+   start; best by held-out loss: :mod:`.deepfit`; the sphere-net enumeration of
    :mod:`.enumeration` for one hidden layer). Ask for one pass of the residual-filtered
    matrices ``E[1{|y − F̃(Wᵀx)| > τ}(x⊥x⊥ᵀ − (I − WWᵀ))]`` of the best candidates (the
    ``residual`` statistic), add the directions that clear its noise floor, repeat; stop
@@ -47,7 +48,14 @@ from ..network import Network, gradient_subspace
 from . import deepfit, enumeration
 from .base import LearnResult, MissingStatisticError, PassRequest, Samples
 from .deepstream import refine_deep
-from .filtered_subspace import SKETCH_PASSES, _candidate_config, _sketched_state, _stored_candidate, _subspace_state
+from .filtered_subspace import (
+    SKETCH_PASSES,
+    _candidate_config,
+    _sketched_state,
+    _stored_candidate,
+    _subspace_state,
+    last_candidate,
+)
 from .polish import polish_and_select, refinement_verdict
 from .streamed import projected_sample, refine_streamed
 from .subspace_geometry import principal_angles
@@ -192,9 +200,10 @@ def learn(
     ask = None
     if sketched:
         ask = _ResidualAsk(basis, rounds, exhausted, target, int(np.asarray(stats["sketch"]["omega"]).shape[1]))
+    warm = _warm_starts(passes, basis) if depth > 1 else []
     if (n_train + n_val) * d * 8 > LARGE_INPUT_BYTES and hasattr(samples, "part"):
         return _learn_large(
-            basis, samples, depth, w, budget, starts, mapper, seed + 1000 * len(passes), total, report, ask
+            basis, samples, depth, w, budget, starts, mapper, seed + 1000 * len(passes), total, report, ask, warm
         )
     smp = samples(n_train, n_val)
     refine = _Refine(samples, total, mapper)
@@ -217,6 +226,7 @@ def learn(
         starts=starts,
         mapper=mapper,
         seed=seed + 1000 * len(passes),
+        warm=warm,
     )
     report["candidates"] = [c.to_dict() for c in cands[:10]]
     best = cands[0]
@@ -233,6 +243,19 @@ def learn(
         report["stop_reason"] = f"stopped after {len(passes)} residual passes (rank {r} of d={d})"
         return _finish(best.network, basis, depth, smp, report, refine)
     return _residual_request(cands, basis, len(passes))
+
+
+def _warm_starts(passes: Sequence[Mapping[str, Arrays]], basis: np.ndarray) -> list[Network]:
+    """The best candidate of the last residual pass re-expressed on ``basis``, whose span holds the pass's
+    basis (first layer ``W0 Bₒᵀ B``: the same function of ``x``): the candidates on the extended subspace start
+    from where the last fit ended too, so that a round does not end on a worse network than the one before it
+    because its random starts missed in more coordinates."""
+    got = last_candidate(passes)
+    if got is None:
+        return []
+    net, old = got
+    ws = net.weights
+    return [Network((ws[0] @ (old.T @ basis), *ws[1:]), activation="relu")]
 
 
 def _replayed(
@@ -320,6 +343,7 @@ def _learn_large(
     total: int,
     report: dict,
     ask: _ResidualAsk | None = None,
+    warm: Sequence[Network] = (),
 ) -> LearnResult | PassRequest:
     """Large d: candidates fitted on inputs projected on the subspace part by part on the workers (no
     bounded sample of d-dimensional inputs is formed); one hidden layer: then the streamed refinement
@@ -328,7 +352,9 @@ def _learn_large(
     n_train, n_val = sample_sizes(r, depth, width)
     z, y, nxt = projected_sample(samples, basis, n_train, 2, mapper)
     z_val, y_val, nxt = projected_sample(samples, basis, n_val, nxt, mapper)
-    cands = _fit(z, y, z_val, y_val, depth=depth, width=width, budget=budget, starts=starts, mapper=mapper, seed=seed)
+    cands = _fit(
+        z, y, z_val, y_val, depth=depth, width=width, budget=budget, starts=starts, mapper=mapper, seed=seed, warm=warm
+    )
     report["candidates"] = [c.to_dict() for c in cands[:10]]
     best = cands[0]
     report["residual_loss"] = best.val_loss
@@ -377,8 +403,10 @@ def _fit(
     starts: int,
     mapper: Callable,
     seed: int,
+    warm: Sequence[Network] = (),
 ) -> list[deepfit.Candidate]:
-    """Candidates on the subspace coordinates, best first (held-out loss)."""
+    """Candidates on the subspace coordinates, best first (held-out loss); ``warm``: networks to start from
+    besides the random starts (depth > 1)."""
     if depth == 1:
         # one hidden layer: the sphere-net enumeration of the moments method (exact on noiseless data)
         enum = enumeration.enumerate_network(z, y, z_val, y_val, k=width, mapper=mapper, seed=seed)
@@ -397,7 +425,7 @@ def _fit(
             )
         ]
     return deepfit.fit_candidates(
-        z, y, z_val, y_val, depth=depth, width=width, starts=starts, budget=budget, mapper=mapper, seed=seed
+        z, y, z_val, y_val, depth=depth, width=width, starts=starts, budget=budget, mapper=mapper, seed=seed, warm=warm
     )
 
 

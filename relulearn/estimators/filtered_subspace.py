@@ -88,6 +88,18 @@ def _stored_candidate(arrays: Arrays, c: int = 0) -> Network:
     return Network(tuple(layers), activation="relu")
 
 
+def last_candidate(passes: Sequence[Mapping[str, Arrays]]) -> tuple[Network, np.ndarray] | None:
+    """The best candidate the last residual pass (on a sketch: round) was asked for, and the basis (d, r) whose
+    coordinates it is a network on; None before the first."""
+    for p in reversed(passes):
+        if "residual" in p:
+            return _stored_candidate(p["residual"]), np.asarray(p["residual"]["basis"]).T
+        sketch = p.get("sketch", {})
+        if "Y_residual" in sketch and "BMB_residual" not in sketch:  # a round's sketch holds its candidate
+            return _stored_candidate(sketch), np.asarray(sketch["residual_basis"]).T
+    return None
+
+
 def _candidate_config(net: Network) -> dict[str, Any]:
     return {"weights": [w.tolist() for w in net.weights]}
 
