@@ -188,9 +188,11 @@ def _missing(extra: str) -> list[str]:
     return [m for m in EXTRAS[extra] if find_spec(m) is None]
 
 
-def _reason(extra: str, missing: list[str]) -> str:
-    install = "pip install -e '.[test-optional]'"
-    return f"the optional feature {extra!r} is not installed ({', '.join(missing)} missing): {install}"
+def _reason(lacking: dict[str, list[str]]) -> str:
+    """Why a test skips: every optional feature it needs that is not installed, with the modules missing."""
+    named = [f"{extra!r} ({', '.join(missing)} missing)" for extra, missing in lacking.items()]
+    which = f"feature {named[0]} is" if len(named) == 1 else f"features {', '.join(named[:-1])} and {named[-1]} are"
+    return f"the optional {which} not installed: pip install -e '.[test-optional]'"
 
 
 def require(extra: str) -> None:
@@ -198,7 +200,7 @@ def require(extra: str) -> None:
     top; a test that needs it is marked ``@pytest.mark.extra(extra)`` instead)."""
     missing = _missing(extra)
     if missing:
-        pytest.skip(_reason(extra, missing), allow_module_level=True)
+        pytest.skip(_reason({extra: missing}), allow_module_level=True)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -208,9 +210,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in _SLOW:
             item.add_marker(pytest.mark.slow)
+        lacking = {}
         for mark in item.iter_markers("extra"):
             for extra in mark.args:
                 if extra not in EXTRAS:
                     raise pytest.UsageError(f"{item.nodeid}: unknown extra {extra!r}; the extras are {sorted(EXTRAS)}")
                 if missing[extra]:
-                    item.add_marker(pytest.mark.skip(reason=_reason(extra, missing[extra])))
+                    lacking[extra] = missing[extra]
+        if lacking:  # one reason that names them all
+            item.add_marker(pytest.mark.skip(reason=_reason(lacking)))
