@@ -7,6 +7,11 @@ dense families in one pass, or their sketch and the subspace passes it adds (cou
 takes the faster of those whose block partial fits ``run.worker_memory``, the dense one on a tie. With a
 ``statistics`` section it projects that section's pass.
 A run projected past ``run.max_hours`` is refused before any work, with the sample count that would fit.
+
+Where the run goes (:func:`where_to_run`), when nothing forces it (no client, ``workers``, scheduler or
+``DASK_SCHEDULER_ADDRESS``): in this process, unless a local cluster is projected to save more time than it costs
+to start (:func:`local_cluster_seconds`): the passes that always run are projected on one worker and on the local
+cluster's workers, and the cluster is started only when ``in process > on the cluster + its start``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from .methods import method_module
 from .pipeline.cost import Rates, SourceCost, calibrate, source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
 
-__all__ = ["RunPlan", "plan_run", "TooLongError"]
+__all__ = ["RunPlan", "plan_run", "TooLongError", "local_cluster_seconds", "where_to_run"]
 
 
 class TooLongError(ConfigError):
@@ -42,6 +47,10 @@ class RunPlan:
     rates: Rates
     choice: dict | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: where the passes run: ``"in process"`` or ``"local cluster"`` (or a cluster the caller named);
+    #: ``runs_in_reason`` says why, when the planner chose
+    runs_in: str = "local cluster"
+    runs_in_reason: str | None = None
 
     @property
     def projected_seconds(self) -> float:
@@ -66,6 +75,8 @@ class RunPlan:
             "statistics": self.statistics,
             "rates": self.rates.to_dict(),
             "notes": list(self.notes),
+            "runs_in": self.runs_in,
+            "runs_in_reason": self.runs_in_reason,
         }
 
     def summary(self) -> str:
@@ -78,16 +89,26 @@ class RunPlan:
         if extra:
             span += f" (up to {format_seconds(self.projected_seconds_max)} with {extra} more passes if needed)"
         return (
-            f"plan: {len(required)} pass{'es' if len(required) != 1 else ''} of {self.samples:,} samples on "
-            f"{self.workers} worker{'s' if self.workers != 1 else ''} ({forms}); projected {span}; "
+            f"plan: {len(required)} pass{'es' if len(required) != 1 else ''} of {self.samples:,} samples "
+            f"{self._where_words()} ({forms}); projected {span}; "
             f"{format_bytes(max(p.worker_bytes for p in self.passes))} per worker"
         )
+
+    def _where_words(self) -> str:
+        if self.runs_in == "in process":
+            return "in process"
+        return f"on {self.workers} worker{'s' if self.workers != 1 else ''}"
 
     def lines(self) -> list[str]:
         """The plan as a person reads it: a table of passes, where the time goes, and the choice made."""
         out = [
-            f"d = {self.d}, {self.samples:,} samples per pass, {self.workers} worker"
-            f"{'s' if self.workers != 1 else ''}" + (f", method {self.method}" if self.method else "")
+            f"d = {self.d}, {self.samples:,} samples per pass, "
+            + (
+                "in process"
+                if self.runs_in == "in process"
+                else f"{self.workers} worker{'s' if self.workers != 1 else ''}"
+            )
+            + (f", method {self.method}" if self.method else "")
         ]
         head = f"{'pass':<16}{'families (form)':<40}{'Gflop/sample':>13}{'per worker':>12}{'projected':>12}"
         out += ["", head, "-" * len(head)]
@@ -116,6 +137,8 @@ class RunPlan:
         out.append(f"driver memory: {format_bytes(max(p.driver_bytes for p in self.passes))}")
         if self.choice is not None:
             out.append(f"form: {self.choice['form']} — {self.choice['reason']}")
+        if self.runs_in_reason is not None:
+            out.append(f"runs {self.runs_in} — {self.runs_in_reason}")
         out += [f"note: {n}" for n in self.notes]
         out.append("learning after the passes is not projected")
         return out
@@ -227,6 +250,7 @@ def plan_run(
     extra: dict | None = None,
     source: SourceCost | None = None,
     outputs: int | None = None,
+    choose_where: bool = False,
 ) -> RunPlan:
     """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (``method`` None) for ``cfg``.
 
@@ -254,6 +278,10 @@ def plan_run(
         The source's cost per sample (default: counted, or a black box timed once).
     outputs
         Length of the label vector (None: scalar labels, or read from an ONNX or callable teacher).
+    choose_where
+        Choose between this process and a local cluster of ``workers`` (nothing forces either): the plan's
+        ``runs_in`` is ``"in process"`` (and its passes projected on one worker) unless the cluster is projected to
+        save more than it costs to start (:func:`local_cluster_seconds`).
 
     Raises
     ------
@@ -273,7 +301,8 @@ def plan_run(
         statistics = cfg.statistics.model_dump(mode="json", exclude_none=True)
         if cfg.statistics.basic is None:  # off must stay off (as RunConfig.to_dict writes it)
             statistics["basic"] = None
-        passes = _passes(cfg, cfg.statistics, [], rates, workers, n, src, outputs)
+        more: list = []
+        passes = _passes(cfg, cfg.statistics, more, rates, workers, n, src, outputs)
         if method is not None:
             notes.append(
                 "the statistics as configured (or as the store holds them, when a run is resumed or "
@@ -286,10 +315,56 @@ def plan_run(
             form: _passes(cfg, stats, more, rates, workers, n, src, outputs) for form, (stats, more) in routes.items()
         }
         form, choice = _choose(cfg, mod, width, projected)
-        statistics, passes = routes[form][0], projected[form]
-    plan = RunPlan(method, int(cfg.source.d), n, workers, statistics, tuple(passes), rates, choice, tuple(notes))
+        statistics, passes, more = routes[form][0], projected[form], routes[form][1]
+    where, why = "local cluster", None
+    if choose_where:
+        alone = _passes(cfg, statistics, more, rates, 1, n, src, outputs)
+        where, why = _where(passes, alone, workers)
+        if where == "in process":
+            passes, workers = alone, 1
+    plan = RunPlan(
+        method, int(cfg.source.d), n, workers, statistics, tuple(passes), rates, choice, tuple(notes), where, why
+    )
     _check_hours(cfg, plan)
     return plan
+
+
+#: what a local cluster costs before its first block: the scheduler and the nannies, then each worker process
+#: importing numpy, scipy, zarr, distributed and relulearn (about 1.5 s of a core each, in parallel up to the
+#: cores) and the driver's import of distributed; on 2 cores a cluster of 2 workers added 1.3 s to a learn on a
+#: fast machine and 3-5 s on a slower one
+CLUSTER_START_SECONDS = 2.0
+CLUSTER_SECONDS_PER_WORKER_ROUND = 1.5
+
+
+def local_cluster_seconds(workers: int, cores: int | None = None) -> float:
+    """Projected seconds to start a local cluster of ``workers`` processes on ``cores`` cores (default: this
+    machine's) before its first block, beside the work itself."""
+    cores = max(1, int(cores or os.cpu_count() or 1))
+    rounds = -(-max(1, int(workers)) // cores)
+    return CLUSTER_START_SECONDS + CLUSTER_SECONDS_PER_WORKER_ROUND * rounds
+
+
+def _where(on_cluster: list[PassPlan], alone: list[PassPlan], workers: int) -> tuple[str, str]:
+    """In process unless the local cluster saves more than it costs to start (the passes that always run)."""
+    t_cluster = float(sum(p.projected_seconds for p in on_cluster if not p.optional))
+    t_alone = float(sum(p.projected_seconds for p in alone if not p.optional))
+    start = local_cluster_seconds(workers)
+    if where_to_run(t_alone, t_cluster, workers):
+        return "in process", (
+            f"projected {format_seconds(t_alone)} in process against {format_seconds(t_cluster)} on {workers} "
+            f"workers + {format_seconds(start)} to start them"
+        )
+    return "local cluster", (
+        f"projected {format_seconds(t_cluster)} on {workers} workers + {format_seconds(start)} to start them "
+        f"against {format_seconds(t_alone)} in process"
+    )
+
+
+def where_to_run(seconds_alone: float, seconds_on_cluster: float, workers: int) -> bool:
+    """Whether work projected ``seconds_alone`` in process and ``seconds_on_cluster`` on a local cluster of
+    ``workers`` runs in process (the rule of :func:`plan_run`'s ``choose_where``)."""
+    return workers <= 1 or seconds_alone <= seconds_on_cluster + local_cluster_seconds(workers)
 
 
 def _choose(cfg: Any, mod: Any, width: int | None, projected: dict[str, list[PassPlan]]) -> tuple[str, dict | None]:

@@ -44,10 +44,14 @@ def test_the_example_is_small_yaml():
     assert example.strip().splitlines() == stated
 
 
-def test_the_python_example_runs_and_evaluate_prints_what_the_readme_shows(tmp_path):
+def test_the_python_example_saved_as_a_script_runs_and_evaluate_prints_what_the_readme_shows(tmp_path):
+    """As a user saves and runs it, ``python snippet.py`` (test_scripts runs it from standard input)."""
     code = blocks("python")[0]
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    out = subprocess.run([PYTHON, "-c", code], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600)
+    (tmp_path / "snippet.py").write_text(code)
+    out = subprocess.run(
+        [PYTHON, "snippet.py"], cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-12
     printed = relulearn("evaluate", "small.npz", "--teacher", "examples/small.yaml", cwd=tmp_path)

@@ -1,8 +1,9 @@
-"""Where a method's work runs: candidate batches mapped on the cluster or in process, and the held-out samples
-a method draws, the same wherever they are drawn."""
+"""Where a command's work runs: in this process or on a cluster (:class:`Where`), candidate batches mapped on
+either, and the held-out samples a method draws, the same wherever they are drawn."""
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -83,3 +84,95 @@ class HeldOut:
         from ..pipeline.sources import Stream, draw_batches
 
         return draw_batches(self.source, self.seed, Stream.HELD_OUT, n, part=p)
+
+
+def cluster_forced(client: Any, workers: int | None, scheduler: str | None) -> bool:
+    """Whether the caller named where the work runs: a client (or ``"local"``), ``workers``, a scheduler, or
+    Dask's configured ``scheduler-address`` (``DASK_SCHEDULER_ADDRESS``). Otherwise the plan chooses between this
+    process and a local cluster (:func:`relulearn.runplan.where_to_run`)."""
+    from ..pipeline.cluster import configured_scheduler
+
+    return client is not None or workers is not None or scheduler is not None or configured_scheduler() is not None
+
+
+class Where:
+    """Where a command's work runs: ``client``, a ``distributed.Client`` or None for this process.
+
+    A command that chose this process may still start a local cluster for a pass that is projected to gain more
+    than the cluster's start costs (:meth:`for_pass`): ``start`` makes it (a context manager giving a prepared
+    client, :func:`relulearn.pipeline.cluster.connect`), once, and it is closed when the ``with`` block ends.
+    The results are the same bits wherever the work runs.
+    """
+
+    def __init__(self, client: Any = None, start: Callable[[], Any] | None = None, workers: int = 1) -> None:
+        self.client = client
+        self._start = start
+        self.workers = workers
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> Where:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    @property
+    def may_start(self) -> bool:
+        """Whether a local cluster may still be started for a pass."""
+        return self.client is None and self._start is not None
+
+    def for_pass(self, seconds_alone: float, seconds_on_cluster: float) -> Any:
+        """The client of a pass projected ``seconds_alone`` in process and ``seconds_on_cluster`` on the local
+        cluster: the cluster is started now when it pays for its start (and kept for the rest of the command)."""
+        from ..runplan import where_to_run
+
+        if self.may_start and not where_to_run(seconds_alone, seconds_on_cluster, self.workers):
+            self.client = self._stack.enter_context(self._start())  # type: ignore[misc]
+        return self.client
+
+
+@contextlib.contextmanager
+def running(
+    client: Any, workers: int | None, scheduler: str | None, dashboard: str | None, *, in_process: bool
+) -> Iterator[Where]:
+    """The :class:`Where` of a command: ``client`` as given (``"local"``: this process), this process when the
+    plan chose it (``in_process``; a local cluster is then started only for a pass that pays for it), else a
+    cluster (:func:`relulearn.pipeline.cluster.connect`: ``scheduler``, or a local one of ``workers``)."""
+    from ..pipeline.cluster import connect, default_workers, prepare
+
+    def start() -> Any:
+        return connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard)
+
+    if client == "local":
+        yield Where(None)
+    elif client is not None:
+        prepare(client)  # a client the caller made: the same checks and worker setup as connect()
+        yield Where(client)
+    elif in_process:
+        with Where(None, start=start, workers=workers or default_workers()) as where:
+            yield where
+    else:
+        with start() as c:
+            yield Where(c)
+
+
+def check_script(client: Any, scheduler: str | None, in_process: bool) -> None:
+    """Before a command takes a lease or writes anything: refuse a call from a script's unguarded top level when
+    the command will start a local cluster (:func:`relulearn.pipeline.mainguard.check_main_guard`)."""
+    from ..pipeline.cluster import configured_scheduler
+    from ..pipeline.mainguard import check_main_guard
+
+    if client is None and scheduler is None and not in_process and configured_scheduler() is None:
+        check_main_guard()
+
+
+def samples_to_run(store: str, target: int) -> int:
+    """Samples a run of ``target`` samples still has to draw into ``store`` (all of them for a store that holds
+    no run yet or cannot be read: the run itself then says why)."""
+    from ..storage import RunStore, StoreError
+
+    try:
+        meta = RunStore(store).meta() or {}
+    except (StoreError, OSError, ValueError):
+        meta = {}
+    return max(0, int(target) - int(meta.get("samples", 0) or 0))

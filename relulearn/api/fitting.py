@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from ..config import RunConfig, load_config
 from ..methods import METHODS, method_module
-from ..pipeline.cluster import connect, prepare
 from ..pipeline.run import estimate as _estimate
 from ..storage import RunStore, StoreError, writing
+from .execution import Where, check_script, cluster_forced, running, samples_to_run
 from .learning import check_setting, checked_options, learn_with, method_arguments, setting_source
 from .runs import planned_workers
 
@@ -63,7 +64,10 @@ def fit(
         from ..config import config_from_dict
 
         cfg = config_from_dict(dict(cfg.to_dict(), statistics=kept), base_dir=cfg.base_dir)
-    run_plan = _plan_fit(cfg, method, setting, width, options, samples, planned_workers(client, workers))
+    choose = not cluster_forced(client, workers, scheduler)
+    run_plan = _plan_fit(
+        cfg, method, setting, width, options, samples, planned_workers(client, workers), choose, store=store
+    )
     memory = None
     if "statistics" not in cfg.model_fields_set:
         from ..config import config_from_dict
@@ -78,16 +82,24 @@ def fit(
         cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
     if dry_run:
         return {"method": method, "dry_run": True, "plan": run_plan.to_dict(), "plan_lines": run_plan.lines()}
+    in_process = choose and run_plan.runs_in == "in process"
+    check_script(client, scheduler, in_process)  # an unguarded script is refused before anything is written
     if progress is not None:
         print(run_plan.summary(), file=progress)
 
     projected = {p.name: p.projected_seconds for p in run_plan.passes}
 
-    def run(c: Any, lease: Any) -> dict[str, Any]:
+    def run(where: Where, lease: Any) -> dict[str, Any]:
         summary = _estimate(
-            cfg, store, samples=samples, client=c, progress=progress, lease=lease, projected=projected.get("estimate")
+            cfg,
+            store,
+            samples=samples,
+            client=where.client,
+            progress=progress,
+            lease=lease,
+            projected=projected.get("estimate"),
         )
-        result = learn_with(c, store, method, options, out, progress, break_lock, projected=projected)
+        result = learn_with(where, store, method, options, out, progress, break_lock, projected=projected)
         result["estimate"] = summary.to_dict()
         result["plan"] = run_plan.to_dict()
         if memory is not None:
@@ -95,13 +107,8 @@ def fit(
         return result
 
     with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
-        if client == "local":
-            return run(None, lease)
-        if client is not None:
-            prepare(client)
-            return run(client, lease)
-        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
-            return run(c, lease)
+        with running(client, workers, scheduler, dashboard or cfg.run.dashboard, in_process=in_process) as where:
+            return run(where, lease)
 
 
 def _stored_statistics(store: str) -> dict | None:
@@ -124,21 +131,26 @@ def _plan_fit(
     options: dict[str, Any],
     samples: int | None,
     workers: int,
+    choose_where: bool = False,
+    store: str | None = None,
 ) -> Any:
-    """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options."""
+    """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options; with
+    ``choose_where``, in process or on a local cluster by the samples ``store`` still lacks (a finished store's
+    fit only learns)."""
     from ..runplan import plan_run
 
     extra = {k: options.get(k) for k in METHODS[method].fit_options}
     extra.update({k: getattr(setting, k, None) for k in METHODS[method].source_options})
-    return plan_run(
-        cfg,
-        method,
-        width=width,
-        samples=samples,
-        workers=workers,
-        extra=extra,
-        outputs=getattr(setting, "outputs", None),
-    )
+    kw: dict[str, Any] = dict(width=width, workers=workers, extra=extra, outputs=getattr(setting, "outputs", None))
+    plan = plan_run(cfg, method, samples=samples, **kw)
+    if not choose_where:
+        return plan
+    target = plan.samples
+    todo = target if store is None else samples_to_run(store, target)
+    if todo <= 0:
+        return replace(plan, runs_in="in process", runs_in_reason=f"the store already holds its {target:,} samples")
+    chosen = plan_run(cfg, method, samples=todo, choose_where=True, **kw)
+    return replace(plan, runs_in=chosen.runs_in, runs_in_reason=chosen.runs_in_reason) if todo != target else chosen
 
 
 def plan(
@@ -161,11 +173,12 @@ def plan(
 
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     n_workers = planned_workers(None, workers)
+    choose = workers is None  # where fit and estimate would run (a configured scheduler aside)
     if method is None:
-        got = plan_run(cfg, None, samples=samples, workers=n_workers)
+        got = plan_run(cfg, None, samples=samples, workers=n_workers, choose_where=choose)
     else:
         options = checked_options(method, width=width, **method_options)
         setting = setting_source(cfg)
         check_setting(method, setting, options)
-        got = _plan_fit(cfg, method, setting, width, options, samples, n_workers)
+        got = _plan_fit(cfg, method, setting, width, options, samples, n_workers, choose)
     return dict(got.to_dict(), lines=got.lines())

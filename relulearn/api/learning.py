@@ -14,12 +14,11 @@ from ..config import RunConfig
 from ..estimators.base import PassRequest
 from ..methods import METHODS, OPTIONS, method_module
 from ..network import Network
-from ..pipeline.cluster import connect, prepare
 from ..pipeline.projection import format_seconds
 from ..pipeline.run import estimate as _estimate
 from ..pipeline.sources import data_of
 from ..storage import RunStore, StoreError, open_store
-from .execution import HeldOut, mapper
+from .execution import HeldOut, Where, cluster_forced, mapper, running
 
 if TYPE_CHECKING:
     from ..pipeline.data import DataSource
@@ -86,7 +85,7 @@ def _pass_url(store: str, name: str, statistics: dict) -> str:
 
 
 def learn_with(
-    client: Any,
+    where: Where,
     store: str,
     method: str,
     options: dict[str, Any],
@@ -96,7 +95,7 @@ def learn_with(
     projected: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     from ..config import config_from_dict
-    from ..pipeline.sources import make_source
+    from ..pipeline.sources import label_outputs, make_source
     from ..progress import reporting as stage_progress
 
     t0 = time.perf_counter()
@@ -105,6 +104,7 @@ def learn_with(
     cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
     source = make_source(cfg)
     options = check_setting(method, source, options)
+    outputs = label_outputs(source)
     stats = run.all_arrays()  # one commit, checked against its manifest (a damaged store is refused here)
 
     samples = HeldOut(source, cfg.seed)
@@ -114,7 +114,7 @@ def learn_with(
         # the driver's products give the same bits in any process (CLI, notebook, tests); the long stages
         # (enumeration, refinement, polish) report to the command's progress stream
         with one_blas_thread(), stage_progress(progress):
-            result = mod.learn(stats, passes, samples, mapper=mapper(client), seed=cfg.seed, **options)
+            result = mod.learn(stats, passes, samples, mapper=mapper(where.client), seed=cfg.seed, **options)
         if not isinstance(result, PassRequest):
             break
         url = _pass_url(store, result.name, result.statistics)
@@ -126,9 +126,17 @@ def learn_with(
                 + (f" (projected {format_seconds(when)})" if when is not None else ""),
                 file=progress,
             )
+        if where.may_start:  # a local cluster only where this pass pays for its start
+            where.for_pass(*_pass_seconds(pass_cfg, run.samples, where.workers, outputs))
         # a pass is a store of its own, written under its own lease
         summary = _estimate(
-            pass_cfg, url, samples=run.samples, client=client, progress=progress, break_lock=break_lock, projected=when
+            pass_cfg,
+            url,
+            samples=run.samples,
+            client=where.client,
+            progress=progress,
+            break_lock=break_lock,
+            projected=when,
         )
         pass_info.append({"name": result.name, "store": url, "reason": result.reason, "seconds": summary.seconds})
         passes.append(open_store(url).all_arrays())
@@ -146,11 +154,26 @@ def learn_with(
         **model_shape(net),
         "samples": run.samples,
         "passes": pass_info,
+        "runs_in": "in process" if where.client is None else "cluster",
         "seconds": time.perf_counter() - t0,
         "report": result.report,
     }
     _record_learn(store, done, net)
     return done
+
+
+def _pass_seconds(cfg: RunConfig, samples: int, workers: int, outputs: int | None) -> tuple[float, float]:
+    """A pass's projected seconds in process and on a local cluster of ``workers``."""
+    from ..pipeline.cost import calibrate, source_cost
+    from ..pipeline.projection import project_pass
+
+    rates = calibrate()
+    src = source_cost(cfg, rates)
+    alone, on = (
+        project_pass(cfg, rates, workers=w, samples=samples, source=src, outputs=outputs).projected_seconds
+        for w in (1, workers)
+    )
+    return alone, on
 
 
 #: a learn record keeps the network learned when it has at most this many weights (the report's test error
@@ -257,17 +280,20 @@ def learn(
     by a learn that died).
     ``dashboard``: ``HOST:PORT`` of a local cluster's dashboard (default 127.0.0.1, a free port).
 
+    Where it runs: in this process, unless ``client``, ``workers``, ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` name
+    a cluster; a local cluster is then started only for a pass the method asks for that is projected to gain
+    more than the cluster's start costs (:func:`relulearn.runplan.where_to_run`). The network is the same bits
+    wherever it is learned.
+
     Returns
     -------
     dict
-        ``method``, ``width``, ``passes`` run, ``seconds`` and the method's ``report``.
+        ``method``, ``width``, ``passes`` run, ``runs_in`` (``"in process"``, or ``"cluster"`` when the last of
+        its work ran on one), ``seconds`` and the method's ``report``.
     """
     options = checked_options(method, **method_arguments(locals()))
     open_store(store)  # no store, or a damaged root, is refused before a cluster starts
-    if client == "local":
-        return learn_with(None, store, method, options, out, progress, break_lock)
-    if client is not None:
-        prepare(client)
-        return learn_with(client, store, method, options, out, progress, break_lock)
-    with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard) as c:
-        return learn_with(c, store, method, options, out, progress, break_lock)
+    # in this process unless told otherwise: a local cluster starts only for a pass that pays for its start
+    in_process = not cluster_forced(client, workers, scheduler)
+    with running(client, workers, scheduler, dashboard, in_process=in_process) as where:
+        return learn_with(where, store, method, options, out, progress, break_lock)

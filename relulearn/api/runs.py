@@ -48,7 +48,9 @@ def estimate(
         connect to a running scheduler. Ignored when ``client`` is given.
     client
         An existing ``distributed.Client``, or the string ``"local"`` to run in this
-        process without Dask.
+        process without Dask. Without ``client``, ``workers``, ``scheduler`` or ``DASK_SCHEDULER_ADDRESS``, the
+        run goes where it is projected to finish first: in this process, or on a local cluster when that saves
+        more than the cluster costs to start (:func:`relulearn.runplan.where_to_run`); the same bits either way.
     break_lock
         Break a stale lease on the store (left by a writer that died) before taking it.
     dashboard
@@ -75,9 +77,11 @@ def estimate(
         from ..runplan import plan_run
 
         plan_run(cfg, None, samples=samples, workers=planned_workers(client, workers))
-    from ..pipeline.cluster import connect, prepare
     from ..pipeline.run import estimate as _estimate
+    from .execution import check_script, cluster_forced, running
 
+    in_process = not cluster_forced(client, workers, scheduler) and _small(cfg, store, samples)
+    check_script(client, scheduler, in_process)  # an unguarded script is refused before anything is written
     # before a cluster starts: a refusal is immediate
     with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
         kw: dict[str, Any] = dict(
@@ -88,13 +92,19 @@ def estimate(
             lease=lease,
             new_store_here=new_store_here,
         )
-        if client == "local":
-            return _estimate(cfg, store, client=None, **kw)
-        if client is not None:
-            prepare(client)  # a client the caller made: same checks and worker setup as connect()
-            return _estimate(cfg, store, client=client, **kw)
-        with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
-            return _estimate(cfg, store, client=c, **kw)
+        with running(client, workers, scheduler, dashboard or cfg.run.dashboard, in_process=in_process) as where:
+            return _estimate(cfg, store, client=where.client, **kw)
+
+
+def _small(cfg: RunConfig, store: str, samples: int | None) -> bool:
+    """Whether the samples ``store`` still lacks are projected to run sooner in this process than on a local
+    cluster with its start (:func:`relulearn.runplan.where_to_run`)."""
+    from ..runplan import plan_run
+    from .execution import samples_to_run
+
+    target = int(cfg.samples if samples is None else samples)
+    todo = samples_to_run(store, -(-target // cfg.chunk_size) * cfg.chunk_size)
+    return todo <= 0 or plan_run(cfg, None, samples=todo, choose_where=True).runs_in == "in process"
 
 
 def status(store: str) -> dict[str, Any]:

@@ -112,13 +112,16 @@ def _estimate(sub: Any) -> None:
     p.add_argument("--samples", type=_positive, help="total samples wanted (default: the config's `samples`)")
     where = p.add_mutually_exclusive_group()
     where.add_argument(
-        "--workers", type=_positive, help="worker processes of the local cluster (default: one per core)"
+        "--workers",
+        type=_positive,
+        help="run on a local cluster of N worker processes (default: in this process, or a local cluster of one "
+        "worker per core when the plan projects it to save more than its start-up)",
     )
     where.add_argument(
         "--scheduler",
         help="address of a running Dask scheduler (tcp://host:8786) or the file written by "
         "`dask scheduler --scheduler-file FILE` (waited for up to RELULEARN_CONNECT_TIMEOUT s); "
-        "default: DASK_SCHEDULER_ADDRESS if set, else a local cluster. Workers must run the "
+        "default: DASK_SCHEDULER_ADDRESS if set, else as the plan chooses. Workers must run the "
         "driver's relulearn version (checked before any block)",
     )
     where.add_argument(
@@ -261,7 +264,9 @@ def _plan(sub: Any) -> None:
     p.add_argument("--samples", type=_positive, help="samples per pass (default: the config's `samples`)")
     p.add_argument("--width", type=_positive, help="hidden units wanted (as for fit; the sketch's rank grows with it)")
     p.add_argument(
-        "--workers", type=_positive, help="workers of the cluster (default: one per core, as a local cluster starts)"
+        "--workers",
+        type=_positive,
+        help="plan on N workers (default: in process or on one worker per core, as fit and estimate choose)",
     )
     p.add_argument(
         "--json",
@@ -345,8 +350,8 @@ def _demo(sub: Any) -> None:
         "demo",
         help="plant a network, estimate, learn, polish, evaluate",
         description="The end-to-end demonstration: plant a one-hidden-layer ReLU network with "
-        "random-sign output weights, estimate its moments on a local cluster, learn it back, "
-        "polish, evaluate, and print teacher and learned units side by side.",
+        "random-sign output weights, estimate its moments (in process, or on a local cluster where it pays), "
+        "learn it back, polish, evaluate, and print teacher and learned units side by side.",
     )
     p.add_argument("--d", type=_positive, default=20, help="input dimension (default 20)")
     p.add_argument("--width", type=_positive, default=3, help="hidden units of the planted network (default 3)")
@@ -360,12 +365,18 @@ def _demo(sub: Any) -> None:
 
 def add_cluster_options(q: argparse.ArgumentParser) -> None:
     w = q.add_mutually_exclusive_group()
-    w.add_argument("--workers", type=_positive, help="worker processes of the local cluster (default: one per core)")
+    w.add_argument(
+        "--workers",
+        type=_positive,
+        help="run on a local cluster of N worker processes (default: in this process, or a local cluster of one "
+        "worker per core when the plan projects it to save more than its start-up; learn: in this process, a "
+        "cluster only for a pass that pays for it)",
+    )
     w.add_argument(
         "--scheduler",
         help="address of a running Dask scheduler or a scheduler file; estimation, "
         "candidate batches and extra passes all run there (default: DASK_SCHEDULER_ADDRESS if set, "
-        "else a local cluster)",
+        "else as the plan chooses)",
     )
     w.add_argument("--in-process", action="store_true", help="run everything in this process without Dask")
     q.add_argument("--dashboard", metavar="HOST:PORT", type=_dashboard, help=_DASHBOARD_HELP)

@@ -53,6 +53,7 @@ __all__ = [
     "DASK_SETTINGS",
     "DEFAULT_DASHBOARD",
     "check_dashboard",
+    "configured_scheduler",
     "connect",
     "default_workers",
     "prepare",
@@ -82,6 +83,13 @@ class ClusterError(ConnectionError):
 class ClusterLostError(ClusterError):
     """The scheduler went away (or its workers kept dying) during a run; merged blocks are committed
     and the same command resumes the run once a cluster is back."""
+
+
+def configured_scheduler() -> str | None:
+    """The scheduler Dask's configuration names (``DASK_SCHEDULER_ADDRESS``, ``scheduler-address``), if any."""
+    import dask
+
+    return dask.config.get("scheduler-address", None) or None
 
 
 def default_workers() -> int:
@@ -160,6 +168,9 @@ def connect(
     ClusterError
         For an unreachable scheduler, one without workers after ``WAIT_FOR_WORKERS``
         seconds, or workers without relulearn or with another version of it.
+    UnguardedScriptError
+        Before a local cluster starts, when the call comes from a script's top level outside
+        ``if __name__ == "__main__":`` (:mod:`.mainguard`): each worker process would run the script again.
     """
     import dask
     from distributed import Client, LocalCluster
@@ -167,7 +178,7 @@ def connect(
     if scheduler is None and workers is None:
         # DASK_SCHEDULER_ADDRESS (set by the Kubernetes operator in a DaskJob's driver pod, for
         # instance) names the cluster to use; otherwise a local cluster is started
-        scheduler = dask.config.get("scheduler-address", None) or None
+        scheduler = configured_scheduler()
     if scheduler is not None:
         kwargs = _scheduler_kwargs(scheduler)
         # a scheduler that dies closes the client's batched stream, which distributed logs at INFO with
@@ -189,13 +200,16 @@ def connect(
                 _close(client)
         return
 
+    from .mainguard import check_main_guard, hide_missing_main
+
+    check_main_guard()  # before any process starts: workers would re-run an unguarded script
     n = workers or default_workers()
     # distributed sets MALLOC_TRIM_THRESHOLD_ in its workers' environment; any glibc malloc
     # variable disables the adaptive mmap threshold, so every few-MB batch array is mapped
     # and page-faulted afresh (measured: +30% wall time per block). Leave glibc adaptive.
     settings = dict(DASK_SETTINGS, **{"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None})
     dashboard = check_dashboard(dashboard_address or DEFAULT_DASHBOARD)
-    with dask.config.set(settings), _workers_ignore_ctrl_c():
+    with dask.config.set(settings), _workers_ignore_ctrl_c(), hide_missing_main():
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=threads_per_worker,
