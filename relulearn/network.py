@@ -8,15 +8,17 @@ biases ``b0, ..., bL`` and a string ``activation`` (default ``relu``).
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
-from .atomic import save_npz
+from .atomic import is_remote, local_path, read_bytes, save_npz
 
 __all__ = [
     "Network",
@@ -91,33 +93,51 @@ class NetworkFileError(ValueError):
 PICKLE_SUFFIXES = frozenset({".pkl", ".pickle", ".joblib", ".pt", ".pth", ".sav"})
 
 
-def _is_pickle(path: Path) -> bool:
-    """Whether the file starts as a pickle of protocol 2 or later does (``\\x80`` and the protocol)."""
+def _is_pickle(head: bytes) -> bool:
+    """Whether a file starting with ``head`` is a pickle of protocol 2 or later (``\\x80`` and the protocol)."""
+    return len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+
+
+def _head(path: Path) -> bytes:
     with open(path, "rb") as f:
-        head = f.read(2)
-    return len(head) == 2 and head[0] == 0x80 and 2 <= head[1] <= 5
+        return f.read(4)
 
 
 def read_arrays(path: str | Path, kind: str, holds: str) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` model file (no pickle), or an error naming the file and what is wrong
-    (``kind`` and ``holds`` describe the file expected, e.g. ``"network"``, ``"W0..WL"``)."""
-    path = Path(path)
-    if path.suffix.lower() in PICKLE_SUFFIXES or (path.is_file() and _is_pickle(path)):
+    """The arrays of an ``.npz`` model file (no pickle) at a path or a URL (``file://``, ``s3://``, ...), or an
+    error naming the file and what is wrong (``kind`` and ``holds`` describe the file expected, e.g.
+    ``"network"``, ``"W0..WL"``)."""
+    remote = is_remote(path)
+    name = str(path)
+    try:
+        if remote:  # the whole object in one read; np.load reads an archive from memory as from a file
+            data: bytes | None = read_bytes(path)
+            source: Any = io.BytesIO(cast(bytes, data))
+        else:
+            source = local_path(path)
+            data = _head(source) if source.is_file() else None
+    except FileNotFoundError:
+        raise NetworkFileError(f"{kind} file {name} does not exist") from None
+    except OSError as err:
+        raise NetworkFileError(f"{name} is not a readable .npz {kind} file: {err}") from None
+    if Path(name).suffix.lower() in PICKLE_SUFFIXES or (data is not None and _is_pickle(data)):
         raise NetworkFileError(
-            f"{path} is a pickle (or joblib / torch.save) file; relulearn never loads pickles, which run code when "
+            f"{name} is a pickle (or joblib / torch.save) file; relulearn never loads pickles, which run code when "
             f"loaded. Export the model to ONNX and give source.teacher.onnx (scikit-learn: skl2onnx.to_onnx; "
             f"PyTorch: torch.onnx.export), save its weights as an .npz {kind} file ({holds}; np.savez), or serve it "
             "as a function of a batch x through source.teacher.callable ('package.module:function')"
         )
-    if path.is_file() and not zipfile.is_zipfile(path):  # np.load would call it "pickled data"
-        raise NetworkFileError(f"{path} is not an .npz {kind} file (not a zip archive of arrays {holds})")
+    if data is not None and not zipfile.is_zipfile(source):  # np.load would call it "pickled data"
+        raise NetworkFileError(f"{name} is not an .npz {kind} file (not a zip archive of arrays {holds})")
+    if remote:
+        source.seek(0)
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
+        with np.load(source, allow_pickle=False) as arrays:
+            return {k: arrays[k] for k in arrays.files}
     except FileNotFoundError:
-        raise NetworkFileError(f"{kind} file {path} does not exist") from None
+        raise NetworkFileError(f"{kind} file {name} does not exist") from None
     except (OSError, ValueError) as err:
-        raise NetworkFileError(f"{path} is not a readable .npz {kind} file: {err}") from None
+        raise NetworkFileError(f"{name} is not a readable .npz {kind} file: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -208,12 +228,12 @@ class Network:
         return out
 
     def save(self, path: str | Path) -> None:
-        """Write the network as an ``.npz`` file (no pickled objects)."""
+        """Write the network as an ``.npz`` file (no pickled objects) at a path or a URL, atomically."""
         save_npz(path, self.to_arrays())
 
     @classmethod
     def load(cls, path: str | Path) -> Network:
-        """Read a network file, checking that its shapes chain and its values are finite."""
+        """Read a network file (a path or a URL), checking that its shapes chain and its values are finite."""
         return cls.from_arrays(read_arrays(path, "network", "W0..WL"), origin=str(path))
 
     @classmethod

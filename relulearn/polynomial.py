@@ -111,7 +111,7 @@ class PolynomialModel:
         return out
 
     def save(self, path: str | Path) -> None:
-        """Write the model as an ``.npz`` file (no pickled objects)."""
+        """Write the model as an ``.npz`` file (no pickled objects) at a path or a URL, atomically."""
         save_npz(path, self.to_arrays())
 
     @classmethod

@@ -285,6 +285,112 @@ def test_learn_from_s3_with_a_pass_stored_under_the_store(s3, tmp_path):
     assert open_store(url).samples == 100_000 and len(s3.generations("learn")) == 1
 
 
+# ------------------------------------------------------------- outputs on s3:// and file://
+
+#: a small planted run: the networks compared are learned from the same local store, so equal bit for bit
+OUTPUTS = {
+    "seed": 3,
+    "samples": 20_000,
+    "chunk_size": 10_000,
+    "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 3}, "noise_std": 0.0},
+    "statistics": {"contracted": {"orders": [2, 4], "directions": 6}},
+    "run": {"commit_interval": 1e9},
+}
+
+
+def _object(s3, url: str) -> bytes:
+    return s3.client.get_object(Bucket=BUCKET, Key=url.removeprefix(f"s3://{BUCKET}/"))["Body"].read()
+
+
+def _same_network(a, b) -> bool:
+    return a.activation == b.activation and all(np.array_equal(x, y) for x, y in zip(a.weights, b.weights))
+
+
+def test_models_predictions_and_reports_are_written_to_urls_and_read_back(s3, tmp_path):
+    """fit and learn --out s3://, --report s3://, predict of a model on S3 to s3:// and file://: each object's
+    bytes load back to the network (or the predictions) of a local run, bit for bit."""
+    import io
+
+    from relulearn.network import Network
+
+    cfg = write_yaml(tmp_path / "run.yaml", OUTPUTS)
+    store = str(tmp_path / "run.zarr")
+    fit = cli("fit", cfg, "--store", store, "--width", 2, "--in-process", "--quiet", "--out", s3.url("out/fit.npz"))
+    assert fit.returncode == 0, fit.stderr
+    local = cli("learn", store, "--width", 2, "--in-process", "--quiet", "--out", tmp_path / "local.npz")
+    assert local.returncode == 0, local.stderr
+    net = Network.load(tmp_path / "local.npz")
+    learned = cli(
+        "learn", store, "--width", 2, "--in-process", "--json", "--out", s3.url("out/learn.npz"),
+        "--report", s3.url("out/learn.json"),
+    )  # fmt: skip
+    assert learned.returncode == 0, learned.stderr
+    for name in ("fit.npz", "learn.npz"):
+        with np.load(io.BytesIO(_object(s3, s3.url(f"out/{name}")))) as arrays:
+            assert _same_network(Network.from_arrays(dict(arrays)), net), name
+    assert json.loads(_object(s3, s3.url("out/learn.json"))) == json.loads(learned.stdout)
+    # predict reads the model and its inputs from S3 and writes to s3:// and to file://
+    x = np.random.default_rng(0).standard_normal((50, 6))
+    np.save(tmp_path / "x.npy", x)
+    s3.client.put_object(Bucket=BUCKET, Key="out/x.npy", Body=(tmp_path / "x.npy").read_bytes())
+    for out in (s3.url("out/y.npy"), f"file://{tmp_path}/y.npy"):
+        done = cli("predict", s3.url("out/learn.npz"), "--input", s3.url("out/x.npy"), "--out", out)
+        assert done.returncode == 0, done.stderr
+    expected = net.forward(x)[:, 0]
+    assert np.array_equal(np.load(io.BytesIO(_object(s3, s3.url("out/y.npy")))), expected)
+    assert np.array_equal(np.load(tmp_path / "y.npy"), expected)
+    # a model at a file:// URL, written and read
+    assert (
+        cli("learn", store, "--width", 2, "--in-process", "--quiet", "--out", f"file://{tmp_path}/f.npz").returncode
+        == 0
+    )
+    assert _same_network(Network.load(f"file://{tmp_path}/f.npz"), net)
+
+
+@pytest.mark.extra("report")
+def test_a_report_is_written_to_s3(s3, tmp_path):
+    """The report of a model on S3, written to s3://, is the bytes of the same report written locally."""
+    model, store = s3.url("report/model.npz"), str(tmp_path / "run.zarr")
+    api.fit(config_from_dict(OUTPUTS), store, "moments", width=2, out=model, client="local", progress=None)
+    for out in (s3.url("report/report.html"), str(tmp_path / "report.html")):
+        done = cli("report", store, "--model", model, "--out", out)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.startswith(f"wrote {out} ("), done.stdout
+    assert _object(s3, s3.url("report/report.html")) == (tmp_path / "report.html").read_bytes()
+
+
+WRITER = """
+import sys
+import numpy as np
+from relulearn.network import Network
+rng = np.random.default_rng(7)
+nets = [Network((rng.standard_normal((1500, 1500)), np.ones((1, 1500))), activation="relu") for _ in range(2)]
+nets[0].save(sys.argv[1])
+print("ready", flush=True)
+while True:
+    for net in nets[::-1]:
+        net.save(sys.argv[1])
+"""
+
+
+def test_a_model_upload_killed_mid_put_leaves_a_whole_object(s3, tmp_path):
+    """A process saving two 18 MB networks in turn to s3:// is SIGKILLed at 4 moments (each upload takes about
+    0.2 s): after each kill the object loads and is bitwise one of the two networks, never a part of one."""
+    from relulearn.network import Network
+
+    url = s3.url("killed/model.npz")
+    rng = np.random.default_rng(7)
+    written = [rng.standard_normal((1500, 1500)) for _ in range(2)]
+    for trial in range(4):
+        proc = subprocess.Popen([PYTHON, "-c", WRITER, url], stdout=subprocess.PIPE, env=cli_env())
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(0.05 + 0.2 * trial)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        got = Network.load(url).weights[0]
+        assert any(np.array_equal(got, w) for w in written), trial
+
+
 # ------------------------------------------------------------------------ crashes
 
 

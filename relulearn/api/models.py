@@ -3,12 +3,14 @@ inputs (``exact_arbitrary``) and a teacher's Hermite shadows (``shadow``)."""
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ..atomic import read_bytes, save_npy
 from ..config import ConfigError, load_config
 from ..network import Network
 from ..pipeline.sources import data_of
@@ -175,7 +177,7 @@ def predict(model: str | Path, inputs: str | Path, out: str | Path | None = None
     y = net.forward(x)
     y = y[:, 0] if y.shape[1] == 1 else y
     if out is not None:
-        np.save(Path(out), y)
+        save_npy(out, y)
     return {
         "model": str(model),
         "kind": model_shape(net)["kind"],
@@ -189,22 +191,20 @@ def predict(model: str | Path, inputs: str | Path, out: str | Path | None = None
 
 def _load_matrix(path: str | Path, what: str) -> np.ndarray:
     """A 2-d float array from a ``.npy`` file (a vector becomes one column), or an error naming the file."""
-    path = Path(path)
     try:
-        arr = np.load(path, allow_pickle=False)
+        raw = read_bytes(path)
     except FileNotFoundError:
         raise ValueError(f"{what} file {path} does not exist") from None
+    except OSError as err:  # a folder, no permission, an unreachable store
+        raise ValueError(f"{what} file {path} cannot be read: {err}") from None
+    if not raw.startswith(b"\x93NUMPY"):  # np.load reads any other bytes as a pickle, and says so
+        raise ValueError(
+            f"{what} file {path} is not a .npy file (it lacks numpy's header); save the array with "
+            "np.save(PATH, x) and give that file"
+        )
+    try:
+        arr = np.load(io.BytesIO(raw), allow_pickle=False)
     except (OSError, ValueError) as err:
-        try:
-            with open(path, "rb") as fh:
-                head = fh.read(6)
-        except OSError:  # a folder, no permission: the error says it
-            head = b"\x93NUMPY"
-        if head != b"\x93NUMPY":  # np.load reads any other bytes as a pickle, and says so
-            raise ValueError(
-                f"{what} file {path} is not a .npy file (it lacks numpy's header); save the array with "
-                "np.save(PATH, x) and give that file"
-            ) from None
         raise ValueError(f"{what} file {path} is not a readable .npy array of numbers: {err}") from None
     if not isinstance(arr, np.ndarray) or arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.number):
         raise ValueError(

@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from .. import api
-from ..atomic import write_text
+from ..atomic import is_remote, local_path, write_text
 from ..config import ConfigError
 from ..methods import OPTIONS
 from .codes import EXIT_DAMAGED
@@ -19,17 +18,27 @@ from .output import print_demo, print_result, print_shadow, print_status, print_
 
 
 def _check_file_path(flag: str, path: str | None, example: str) -> None:
-    """Refuse, before a long run, an output file path whose folder does not exist or that is a folder."""
+    """Refuse, before a long run, an output file path whose folder does not exist or that is a folder (a local
+    path or ``file://`` URL), or a URL whose protocol has no file system installed."""
     if path is None:
         return
-    p = Path(path)
+    if is_remote(path):
+        import fsspec
+
+        protocol = path.split("://", 1)[0]
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ImportError, ValueError) as err:
+            raise ValueError(f"{flag} {path}: {protocol}:// cannot be written here ({err})") from None
+        return
+    p = local_path(path)
     if p.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file path, e.g. {p / example}")
     if not p.parent.is_dir():
         raise ValueError(f"{flag} {path}: the folder {p.parent} does not exist; create it or choose another path")
 
 
-#: commands whose ``--out`` is a local file written when the work is done, and an example file name
+#: commands whose ``--out`` is a file (a path or a URL) written when the work is done, and an example file name
 _FILE_OUT = {
     "learn": "model.npz",
     "fit": "model.npz",
