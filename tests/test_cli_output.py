@@ -128,6 +128,22 @@ def test_version():
     assert done.returncode == 0 and done.stdout.strip() == f"relulearn {__version__}"
 
 
+def test_python_dash_m_relulearn_is_the_command_line(tmp_path):
+    """``python -m relulearn`` runs the same ``main`` as the ``relulearn`` script: its version, and a user's
+    mistake as the one-line error with exit code 2."""
+    from relulearn import __version__
+
+    version = subprocess.run([PYTHON, "-m", "relulearn", "--version"], env=cli_env(), capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout == f"relulearn {__version__}\n", version
+    missing = tmp_path / "missing.zarr"
+    status = subprocess.run(
+        [PYTHON, "-m", "relulearn", "status", str(missing)], env=cli_env(), capture_output=True, text=True
+    )
+    assert status.returncode == 2 and status.stdout == "", status
+    assert status.stderr.startswith("relulearn: error: ") and str(missing) in status.stderr, status.stderr
+    assert status.stderr == cli("status", str(missing)).stderr
+
+
 def test_status_and_verify_read_a_store_without_importing_what_runs_passes(tmp_path):
     """`relulearn status` and `verify` need the store (zarr) and the configuration, not the pipeline: neither
     imports Dask, scipy or the statistic families (a third of a command's start)."""
