@@ -128,6 +128,34 @@ def test_version():
     assert done.returncode == 0 and done.stdout.strip() == f"relulearn {__version__}"
 
 
+def test_the_version_is_the_builds_generated_file_else_the_fallback(tmp_path):
+    """relulearn._version reads the module setuptools-scm writes at build time (gitignored), and without it (a
+    tree never built) the fallback, which is also the build's fallback_version for a tree without git."""
+    import re
+    import shutil
+    import sys
+    from pathlib import Path
+
+    from relulearn import _version
+
+    root = Path(__file__).resolve().parents[1]
+    pyproject = (root / "pyproject.toml").read_text()  # (tomllib is Python 3.11+)
+    assert re.findall(r'^fallback_version = "(.*)"$', pyproject, re.M) == [_version.FALLBACK]
+    assert re.findall(r'^version_file = "(.*)"$', pyproject, re.M) == ["relulearn/_scm_version.py"]
+    assert "relulearn/_scm_version.py" in (root / ".gitignore").read_text().splitlines()
+    pkg = tmp_path / "relulearn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    shutil.copy(_version.__file__, pkg)
+    read = [sys.executable, "-c", "from relulearn._version import __version__; print(__version__)"]
+    env = {"PYTHONPATH": str(tmp_path)}  # and the folder run in: `python -c` reads the current folder first
+    assert (
+        subprocess.run(read, env=env, cwd=tmp_path, capture_output=True, text=True).stdout == f"{_version.FALLBACK}\n"
+    )
+    (pkg / "_scm_version.py").write_text('version = "0.2.0.dev7+g1234abc"\n')
+    assert subprocess.run(read, env=env, cwd=tmp_path, capture_output=True, text=True).stdout == "0.2.0.dev7+g1234abc\n"
+
+
 def test_python_dash_m_relulearn_is_the_command_line(tmp_path):
     """``python -m relulearn`` runs the same ``main`` as the ``relulearn`` script: its version, and a user's
     mistake as the one-line error with exit code 2."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -316,11 +317,16 @@ def prepare(client: Any) -> dict[str, dict]:
                 f"but this driver has relulearn {__version__}"
             )
     if problems:
+        # a development version (0.1.0.devN+gHASH: built from a git checkout) is no release pip could fetch
+        install = (
+            f"pip install relulearn=={__version__}, or the same source tree"
+            if re.fullmatch(r"[\d.]+", __version__)
+            else "the same source tree at the same commit, installed with pip install"
+        )
         raise ClusterError(
             "the cluster's workers cannot run this relulearn: "
             + "; ".join(problems)
-            + ". Install the driver's version on every worker (pip install relulearn=="
-            f"{__version__}, or the same source tree) and restart the workers; no block was run"
+            + f". Install the driver's version on every worker ({install}) and restart the workers; no block was run"
         )
     plugin = worker_setup_plugin()
     client.register_plugin(plugin, name=plugin.name)
