@@ -13,6 +13,7 @@ previous file or object as it was, never a truncated model or report.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ import numpy as np
 __all__ = ["is_remote", "local_path", "read_bytes", "save_npy", "save_npz", "write_bytes", "write_text"]
 
 Target = str | Path
+
+log = logging.getLogger(__name__)
 
 
 def is_remote(target: Target) -> bool:
@@ -119,9 +122,9 @@ def write_bytes(target: Target, data: bytes) -> Target:
         As the file system or the object store raises it (no space, no permission, no such bucket), naming
         ``target``; ``target`` is then unchanged and no temporary file is left behind.
     """
-    if is_remote(target):
-        return _write_remote(cast(str, target), data)
-    return _write_local(local_path(target), data)
+    written = _write_remote(cast(str, target), data) if is_remote(target) else _write_local(local_path(target), data)
+    log.info("wrote %s (%s bytes)", written, f"{len(data):,}")
+    return written
 
 
 def write_text(target: Target, text: str) -> Target:

@@ -110,14 +110,16 @@ class RunPlan:
             )
             + (f", method {self.method}" if self.method else "")
         ]
-        head = f"{'pass':<16}{'families (form)':<40}{'Gflop/sample':>13}{'per worker':>12}{'projected':>12}"
+        rows = [(p.name + (" *" if p.optional else ""), ", ".join(f.form for f in p.families), p) for p in self.passes]
+        # the columns as wide as their longest entry: a pass's families are never cut
+        wn = max([len("pass"), *(len(r[0]) for r in rows)]) + 2
+        wf = max([len("families (form)"), *(len(r[1]) for r in rows)]) + 2
+        head = f"{'pass':<{wn}}{'families (form)':<{wf}}{'Gflop/sample':>13}{'per worker':>12}{'projected':>12}"
         out += ["", head, "-" * len(head)]
-        for p in self.passes:
-            fams = ", ".join(f.form for f in p.families)
+        for name, fams, p in rows:
             gflop = sum(f.flops_per_sample for f in p.families) / 1e9
-            name = p.name + (" *" if p.optional else "")
             out.append(
-                f"{name:<16}{fams[:39]:<40}{gflop:>13.3g}{format_bytes(p.worker_bytes):>12}"
+                f"{name:<{wn}}{fams:<{wf}}{gflop:>13.3g}{format_bytes(p.worker_bytes):>12}"
                 f"{format_seconds(p.projected_seconds):>12}"
             )
         total = f"{format_seconds(self.projected_seconds)}"

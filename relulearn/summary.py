@@ -127,7 +127,9 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
     head = f"{result.get('method', '?')}: {_model(result)}{where}"
     est = result.get("estimate")
     samples = f"{result['samples']:,}" if isinstance(result.get("samples"), int) else None
-    if isinstance(est, Mapping) and samples:
+    if isinstance(est, Mapping) and samples and not est.get("blocks_run"):
+        samples += " (all in the store already)"
+    elif isinstance(est, Mapping) and samples:
         samples += f" (this run estimated {est.get('blocks_run', 0):,} blocks in {_num(est.get('seconds', 0))} s" + (
             f", {_num(est['samples_per_second'])} samples/s)" if est.get("samples_per_second") else ")"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import numpy as np
 import yaml
 
 from conftest import PYTHON, cli_env, relulearn
@@ -273,3 +274,128 @@ def test_report_without_matplotlib_is_the_documented_error(tmp_path):
         assert "pip install 'relulearn[report]'" in done.stderr
         if extra:
             assert json.loads(done.stdout)["kind"] == "MissingDependencyError"
+
+
+# ------------------------------------------------------------------ -v / -q and the logging of the library
+
+SMALL = {
+    "seed": 3,
+    "samples": 20_000,
+    "chunk_size": 10_000,
+    "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 3}, "noise_std": 0.0},
+    "statistics": {"contracted": {"orders": [2, 4], "directions": 6}},
+    "run": {"commit_interval": 1e9},
+}
+
+
+def test_every_command_takes_verbose_and_quiet_but_not_both():
+    from relulearn.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    for name, p in sub.choices.items():
+        flags = {s for a in p._actions for s in a.option_strings}
+        assert {"-v", "--verbose", "-q", "--quiet"} <= flags, name
+    both = cli("status", "x.zarr", "-v", "-q")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr, both.stderr
+
+
+def test_verbose_logs_what_the_run_does_and_quiet_prints_the_result_only(tmp_path):
+    """-v: the commit (store, generation, samples) and the model written (its size in bytes), as log lines; -vv:
+    the lease too; -q: nothing on stderr and the same result on stdout; the logger is left as it was found."""
+    import logging
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
+    store, model = tmp_path / "s.zarr", tmp_path / "m.npz"
+    fit = cli("fit", tmp_path / "c.yaml", "--store", store, "--width", 2, "--in-process", "--out", model, "-vv")
+    assert fit.returncode == 0, fit.stderr
+    err = fit.stderr.splitlines()
+    assert f"relulearn: committed {store}: generation g000000, 20,000 samples" in err, fit.stderr
+    assert f"relulearn: wrote {model} ({model.stat().st_size:,} bytes)" in err, fit.stderr
+    assert f"relulearn.storage.lease: took the lease of {store}" in err, fit.stderr
+    default = cli("learn", store, "--width", 2, "--in-process", "--out", model, "--json")
+    verbose = cli("learn", store, "--width", 2, "--in-process", "--out", model, "--json", "-v")
+    quiet = cli("learn", store, "--width", 2, "--in-process", "--out", model, "--json", "-q")
+    assert default.stderr and "relulearn: wrote" not in default.stderr  # progress only
+    assert f"relulearn: wrote {model}" in verbose.stderr and "relulearn.storage" not in verbose.stderr
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    drop = ("seconds", "report")  # timings
+    results = [{k: v for k, v in json.loads(p.stdout).items() if k not in drop} for p in (default, verbose, quiet)]
+    assert results[0] == results[1] == results[2]
+    log = logging.getLogger("relulearn")
+    assert log.handlers == [] and log.level == logging.NOTSET and log.propagate
+
+
+def test_the_library_configures_no_logging_handlers():
+    """Only the command line (relulearn/cli/logs.py) attaches a handler or sets a level of relulearn's loggers."""
+    from pathlib import Path
+
+    import relulearn
+
+    root = Path(relulearn.__file__).parent
+    offenders = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.name != "logs.py" and any(s in p.read_text() for s in ("addHandler", "basicConfig", "dictConfig"))
+    ]
+    assert offenders == []
+
+
+def test_a_finished_store_is_learned_from_at_once_and_verify_of_it_is_a_summary(tmp_path):
+    """fit on a store that holds the samples says so (no plan of a pass, no progress line at 0 samples/s) and
+    learns the same network; estimate says there is nothing to do; verify of an intact store is two lines,
+    its table with -v (a row per array --json lists)."""
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
+    store, model = tmp_path / "s.zarr", tmp_path / "m.npz"
+    first = cli("fit", tmp_path / "c.yaml", "--store", store, "--width", 2, "--in-process", "--out", model)
+    assert first.returncode == 0 and first.stderr.startswith("plan: 1 pass of 20,000 samples"), first.stderr
+    from relulearn.network import Network
+
+    before = Network.load(model)
+    again = cli("fit", tmp_path / "c.yaml", "--store", store, "--width", 2, "--in-process", "--out", model)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.splitlines()[0] == f"{store} already holds 20,000 samples: learning from them"
+    assert "plan:" not in again.stderr and "samples/s" not in again.stderr, again.stderr
+    assert again.stdout.splitlines()[1] == "  samples        20,000 (all in the store already)", again.stdout
+    assert again.stdout.splitlines()[2:-2] == first.stdout.splitlines()[2:-2]  # all but the samples and the time
+    after = Network.load(model)
+    assert all(np.array_equal(a, b) for a, b in zip(before.weights, after.weights))
+    estimate = cli("estimate", tmp_path / "c.yaml", "--store", store, "--in-process")
+    assert estimate.stderr == f"{store} already holds 20,000 samples: nothing to estimate\n", estimate.stderr
+    verify, verbose, as_json = (cli("verify", store, *flags) for flags in ((), ("-v",), ("--json",)))
+    arrays = json.loads(as_json.stdout)["arrays"]
+    lines = verify.stdout.splitlines()
+    assert verify.returncode == 0 and len(lines) == 2 and lines[1].startswith(f"intact: {len(arrays)} chunks of "), (
+        lines
+    )
+    rows = {line.split()[0] for line in verbose.stdout.splitlines()[2:] if line.endswith("  ok")}
+    assert {a["array"] for a in arrays} <= rows and verbose.stdout.splitlines()[-1].startswith("intact: ")
+
+
+def test_plan_shows_each_pass_s_families_whole(tmp_path):
+    """The families column is as wide as its longest entry (it was cut at 39 characters)."""
+    import pathlib
+
+    example = pathlib.Path(__file__).resolve().parents[1] / "examples" / "small.yaml"
+    table, as_json = cli("plan", example), cli("plan", example, "--json")
+    assert table.returncode == 0, table.stderr
+    for p in json.loads(as_json.stdout)["passes"]:
+        forms = ", ".join(f["form"] for f in p["families"])
+        (row,) = [line for line in table.stdout.splitlines() if line.startswith(p["name"] + " ")]
+        assert f"  {forms}  " in row, (forms, row)
+    assert len(forms) > 39
+
+
+def test_estimate_names_the_dashboard_while_the_cluster_runs_not_after(tmp_path):
+    """The dashboard's address once on stderr when the local cluster starts, not in the result table printed
+    after it stopped (--json keeps it, as a record); -q: nothing on stderr."""
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
+    store = tmp_path / "s.zarr"
+    done = cli("estimate", tmp_path / "c.yaml", "--store", store, "--workers", 1, "--samples", 10_000)
+    assert done.returncode == 0, done.stderr
+    shown = [line for line in done.stderr.splitlines() if "dashboard" in line]
+    assert len(shown) == 1 and shown[0].startswith("dashboard: http://127.0.0.1:"), done.stderr
+    assert "dashboard" not in done.stdout and "samples" in done.stdout, done.stdout
+    quiet = cli("estimate", tmp_path / "c.yaml", "--store", store, "--workers", 1, "-q", "--json")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert json.loads(quiet.stdout)["dashboard"].startswith("http://127.0.0.1:")

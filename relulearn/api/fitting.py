@@ -85,7 +85,12 @@ def fit(
     in_process = choose and run_plan.runs_in == "in process"
     check_script(client, scheduler, in_process)  # an unguarded script is refused before anything is written
     if progress is not None:
-        print(run_plan.summary(), file=progress)
+        # a finished store is learned from at once: its plan (a pass of samples already held) is not the work
+        done = samples_to_run(store, run_plan.samples) == 0
+        print(
+            f"{store} already holds {run_plan.samples:,} samples: learning from them" if done else run_plan.summary(),
+            file=progress,
+        )
 
     projected = {p.name: p.projected_seconds for p in run_plan.passes}
 

@@ -13,6 +13,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..errors import MissingDependencyError
 from ..storage.errors import StoreError
@@ -78,10 +79,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the library is imported once the arguments are read, a locked store has been refused and the configuration
     # checked: a second writer or a mistyped key is turned away at once (numpy, zarr, dask and the methods take
     # most of a second to import)
+    from . import commands
+    from .logs import logging_to_stderr
+
+    with logging_to_stderr(args.verbose, args.quiet):
+        return _run(args, argv, commands)
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str] | None, commands: Any) -> int:
+    """Run the command and print its outcome (inside the command's logging, :mod:`.logs`)."""
+    from ..config import ConfigError
     from ..network import NetworkFileError
     from ..pipeline.cluster import ClusterLostError
     from ..pipeline.sources import SourceDataError
-    from . import commands
 
     try:
         outcome = commands.run(args)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import Any
 
@@ -15,6 +16,8 @@ from ..config import ConfigError
 from ..methods import OPTIONS
 from .codes import EXIT_DAMAGED
 from .output import print_demo, print_result, print_shadow, print_status, print_verify
+
+log = logging.getLogger(__name__)
 
 
 def _check_file_path(flag: str, path: str | None, example: str) -> None:
@@ -80,17 +83,21 @@ def _method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
     def on_start(info: dict) -> None:
+        if info.get("set_aside"):  # a notice, not progress: a warning (-q silences it)
+            moved = info["set_aside"]
+            log.warning(
+                "set aside the damaged store's data (%s) in %s; nothing was deleted",
+                ", ".join(moved["moved"]),
+                moved["folder"],
+            )
         if args.quiet:
             return
         if info["dashboard"]:
             print(f"dashboard: {info['dashboard']}", file=sys.stderr)
-        if info.get("set_aside"):
-            moved = info["set_aside"]
-            print(
-                f"set aside the damaged store's data ({', '.join(moved['moved'])}) in {moved['folder']}; nothing "
-                "was deleted",
-                file=sys.stderr,
-            )
+        if not info["blocks"]:
+            print(f"{info['store']} already holds {info['resumed_from_samples']:,} samples: nothing to estimate",
+                  file=sys.stderr)  # fmt: skip
+            return
         verb = "resuming" if info["resumed_from_samples"] else "starting"
         print(
             f"{verb} run in {info['store']}: {info['resumed_from_samples']:,} -> {info['target_samples']:,} "
@@ -132,7 +139,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print_verify(result)
+        print_verify(result, verbose=args.verbose > 0)
     sys.stdout.flush()
     return 0 if result["intact"] else EXIT_DAMAGED
 

@@ -139,8 +139,9 @@ def print_status(st: dict[str, Any]) -> None:
     print("(the fingerprint and the rest: --json)")
 
 
-def print_verify(r: dict[str, Any]) -> None:
-    """The table of `relulearn verify`: one row per array (chunks checked, status), then the metadata."""
+def print_verify(r: dict[str, Any], verbose: bool = False) -> None:
+    """What `relulearn verify` found: for an intact store a summary line (with ``verbose``, the table below
+    first); for a damaged one the table, one row per array (chunks checked, status) and the metadata."""
 
     def rows(rep: dict[str, Any], prefix: str = "") -> list[tuple[str, str, str]]:
         problems: dict[str, list[str]] = {}
@@ -181,17 +182,20 @@ def print_verify(r: dict[str, Any]) -> None:
     table = rows(r)
     for p in r["passes"]:
         table += rows(p, prefix=p["store"].removeprefix(r["store"].rstrip("/") + "/") + "/")
-    width = max(len(a) for a, _, _ in table + [("array", "", "")])
-    print(f"{'array':<{width}}  {'chunks':>6}  status")
-    for array, chunks, state in table:
-        print(f"{array:<{width}}  {chunks:>6}  {state}")
+    if verbose or not r["intact"]:  # an intact store's rows all say ok: -v (or --json) lists them
+        width = max(len(a) for a, _, _ in table + [("array", "", "")])
+        print(f"{'array':<{width}}  {'chunks':>6}  status")
+        for array, chunks, state in table:
+            print(f"{array:<{width}}  {chunks:>6}  {state}")
     if r.get("found"):
         print(f"found: {r['found'].removeprefix('it holds ')} (not checked: the manifest was in the root metadata)")
     damaged = r["damaged"] + [d for p in r["passes"] for d in p["damaged"]]
     if r["intact"]:
+        passes = f" (and {len(r['passes'])} pass store(s) under it)" if r["passes"] else ""
         print(
             f"intact: {sum(a['chunks'] for a in r['arrays'])} chunks of {len(r['arrays'])} arrays and "
-            f"{r['documents']} metadata documents checked in {r['seconds']:.2f} s"
+            f"{r['documents']} metadata documents checked in {r['seconds']:.2f} s{passes}"
+            + ("" if verbose else "; each array: -v or --json")
         )
     else:
         arrays = {d["array"] for d in damaged}
@@ -220,7 +224,8 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
             isinstance(v, list) and 0 < len(v) <= 12 and all(isinstance(e, (int, float)) for e in v)
         )
 
-    rows = [(k, _format(v)) for k, v in result.items() if short(v) and k != "passes"]
+    # the dashboard's address was printed when the cluster started; the cluster is gone by now
+    rows = [(k, _format(v)) for k, v in result.items() if short(v) and k not in ("passes", "dashboard")]
     summary = result.get("report", {}).get("summary", {}) if isinstance(result.get("report"), dict) else {}
     rows += [(k, _format(v)) for k, v in summary.items()]
     if result.get("passes"):

@@ -96,7 +96,28 @@ def build_parser() -> argparse.ArgumentParser:
     _evaluate(sub)
     _shadow(sub)
     _demo(sub)
+    for p in sub.choices.values():
+        add_output_options(p)
     return parser
+
+
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    """``-v``/``--verbose`` and ``-q``/``--quiet``, the same on every command (relulearn.cli.logs)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="say more on stderr: what the command does (stores opened and committed, files written, workers "
+        "checked) and, for verify, every array checked; -vv: also the details (debug)",
+    )
+    g.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines and no notices or warnings on stderr: only the result (and errors)",
+    )
 
 
 def _estimate(sub: Any) -> None:
@@ -143,7 +164,6 @@ def _estimate(sub: Any) -> None:
         "into STORE/set-aside-<time>/, never deleted (a readable store is resumed as without it)",
     )
     p.add_argument("--dashboard", metavar="HOST:PORT", type=_dashboard, help=_DASHBOARD_HELP)
-    p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
 
 
@@ -358,7 +378,6 @@ def _demo(sub: Any) -> None:
     p.add_argument("--samples", type=_positive, default=1_000_000, help="samples to estimate on (default 1e6)")
     p.add_argument("--seed", type=int, default=0, help="seed of the teacher and of the run (default 0)")
     add_cluster_options(p)
-    p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_report_option(p)
 
@@ -402,7 +421,6 @@ def add_learn_options(q: argparse.ArgumentParser) -> None:
         help=_BREAK_LOCK_HELP + "; learn: on the stores of the "
         "extra passes it writes (learn only reads STORE), fit: on STORE and those",
     )
-    q.add_argument("--quiet", action="store_true", help="no progress output")
     q.add_argument("--json", action="store_true", help="print the full result as JSON (default: a short summary)")
     add_report_option(q)
 

@@ -298,8 +298,12 @@ def prepare(client: Any) -> dict[str, dict]:
     missing), refuses workers that cannot import relulearn or have another version than
     this driver, then registers the worker setup plugin (one BLAS thread, adaptive malloc).
     """
+    import logging
+
     from .._version import __version__
     from .worker import make_probe, worker_setup_plugin
+
+    log = logging.getLogger(__name__)
 
     infos = client.run(make_probe(), on_error="return")
     problems = []
@@ -328,6 +332,10 @@ def prepare(client: Any) -> dict[str, dict]:
             + "; ".join(problems)
             + f". Install the driver's version on every worker ({install}) and restart the workers; no block was run"
         )
+    for addr, info in sorted(infos.items()):
+        log.debug("worker %s: relulearn %s at %s, python %s", addr, __version__, info.get("relulearn_path"),
+                  info.get("executable"))  # fmt: skip
+    log.info("%d workers checked: each runs relulearn %s", len(infos), __version__)
     plugin = worker_setup_plugin()
     client.register_plugin(plugin, name=plugin.name)
     return infos

@@ -233,7 +233,8 @@ def _estimate(
             }
         )
 
-    bar = ProgressLine(target * cfg.chunk_size, done0 * cfg.chunk_size, progress, projected)
+    # a store that already holds the samples runs no block: no progress line (it would say 0 samples/s)
+    bar = ProgressLine(target * cfg.chunk_size, done0 * cfg.chunk_size, progress if blocks else None, projected)
     run = _Accumulation(cfg, store, store_url, lease, fp, stats, state, ledger, target, bar, interval)
     _run_blocks(run, blocks, client, source, max_blocks_in_flight)
     if run.behind():

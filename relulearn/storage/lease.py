@@ -38,6 +38,7 @@ import contextlib
 import datetime as _dt
 import getpass
 import json
+import logging
 import os
 import socket
 import sys
@@ -62,6 +63,8 @@ __all__ = [
     "read_lease",
     "writing",
 ]
+
+log = logging.getLogger(__name__)
 
 #: seconds between two heartbeats of a live lease
 HEARTBEAT_SECONDS = 5.0
@@ -409,6 +412,7 @@ class Lease:
             doc = _document(url)
             for _ in range(3):  # a lease released or broken between the attempt and the read is retried
                 if doc.create(data, token):
+                    log.debug("took the lease of %s", url)
                     return cls(url, info, doc, heartbeat)
                 raw = doc.read()
                 if raw is None:
@@ -418,6 +422,7 @@ class Lease:
                 if stale is None or not break_lock:
                     raise StoreLockedError(url, found, stale)
                 if doc.read() == raw:  # still the stale document read above: remove it and try again
+                    log.info("%s: breaking a stale lease (%s)", url, stale)
                     doc.remove()
             raise StoreLockedError(url, found, stale, broken=True)
 
@@ -426,7 +431,8 @@ class Lease:
         while not self._stop.wait(interval):
             try:
                 self._refresh()
-            except Exception:  # noqa: BLE001 - a failed heartbeat (network) is tried again next time
+            except Exception as err:  # noqa: BLE001 - a failed heartbeat (network) is tried again next time
+                log.debug("heartbeat of the lease of %s failed, tried again in %.0f s: %s", self.url, interval, err)
                 continue
             if self._lost_flag:
                 return

@@ -78,6 +78,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ from .location import (
     storage_options,
 )
 from .reading import _read_generation
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -415,6 +418,7 @@ class RunStore:
             # (3) the generation just replaced stays until the next commit: a reader that started on it has a
             # whole commit's time to finish (:meth:`clean` removes it when the writer is done)
             self._clean(keep={gen_name, (previous or {}).get("head", gen_name)}, store=store)
+        log.info("committed %s: generation %s, %s samples", self.url, gen_name, f"{meta.get('samples', 0):,}")
         return gen_name
 
     @staticmethod
