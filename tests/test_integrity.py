@@ -268,6 +268,24 @@ def test_a_lost_root_is_refused_then_set_aside_never_deleted(copy, tmp_path):
     assert_bitwise_equal(url, str(clean))
 
 
+def test_the_command_line_warns_of_what_it_set_aside_unless_quiet(copy, tmp_path):
+    """estimate --new-store-here on a store without its root: a warning names what was moved and where
+    (the progress lines beside it); with -q, nothing on stderr."""
+    head = _head(copy)
+    (copy / "zarr.json").unlink()
+    quiet = tmp_path / "quiet.zarr"
+    shutil.copytree(copy, quiet)
+    cfg = write_yaml(tmp_path / "run.yaml", RUN)
+    loud = cli("estimate", cfg, "--store", copy, "--in-process", "--new-store-here")
+    assert loud.returncode == 0, loud.stderr
+    (folder,) = [p for p in copy.iterdir() if p.name.startswith("set-aside-")]
+    warning = f"relulearn: warning: set aside the damaged store's data ({head}) in {folder}; nothing was deleted"
+    assert loud.stderr.splitlines()[0] == warning, loud.stderr
+    done = cli("estimate", cfg, "--store", quiet, "--in-process", "--new-store-here", "-q")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert len([p for p in quiet.iterdir() if p.name.startswith("set-aside-")]) == 1
+
+
 def test_a_single_commit_store_without_root_is_damaged_but_an_interrupted_first_commit_is_not(tmp_path):
     """A store with one commit holds only g000000: without its root it is refused. A first commit that
     never completed (its generation's group document is written last) or whose writer left its lease (killed
