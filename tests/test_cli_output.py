@@ -327,7 +327,7 @@ def test_verbose_logs_what_the_run_does_and_quiet_prints_the_result_only(tmp_pat
 
 
 def test_the_library_configures_no_logging_handlers():
-    """Only the command line (relulearn/cli/logs.py) attaches a handler or sets a level of relulearn's loggers."""
+    """Only the command line (relulearn/cli/logs.py) attaches a handler to the library's loggers."""
     from pathlib import Path
 
     import relulearn
