@@ -87,9 +87,10 @@ def spectra(stats: dict) -> Figure:
         ax.set_xlabel("eigenvalue index (by |λ|)", fontsize=8)
         ax.set_ylabel("eigenvalue ± error bar", fontsize=8)
         integer_axis(ax.xaxis)
+    chosen = " (those with the largest |λ| over their noise floor)" if len(found) < len(mats) else ""
     caption = (
-        f"{len(found)} of {len(mats)} matrices (those with the largest |λ| over their noise floor); dashed: ± the "
-        "noise floor; points outside it are the directions the spectral stage keeps"
+        f"{len(found)} of {len(mats)} matrices{chosen}; dashed: ± the noise floor; points outside it are the "
+        "directions the spectral stage keeps"
     )
     return Figure("spectra", title, caption, *drawn(fig))
 
