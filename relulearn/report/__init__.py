@@ -6,8 +6,9 @@ Every store gets the common figures (each drawn when its inputs exist, else a li
    Hermite ``T_2``, the output moments' ``T_2``), largest in magnitude first, with error bars and the noise floor.
 2. **τ grid**: the thresholds of the filtered family against ``P[|y| > τ]``.
 3. **Learning curves**: the stages of the last learn on the store.
-4. **Units** (``--model`` and ``--teacher``): per teacher unit, the angle to its matched learned unit and the
-   output weights side by side.
+4. **Units** (``--model`` and ``--teacher``, one-hidden-layer networks; :mod:`.units`): per teacher unit, the
+   angle to its matched learned unit, the output weights of every output side by side, and where either network
+   has biases the offsets ``b/‖u‖`` and the output biases.
 5. **Samples**: every learn on the store against the samples it held (the store extended): the test error of the
    network it learned on fresh samples of ``--teacher``, or else the held-out loss it reported.
 
@@ -28,14 +29,13 @@ from typing import Any
 import numpy as np
 
 from ..atomic import write_text
-from . import common
+from . import common, units
 from ._plot import Figure, plt
 from .methods import METHOD_FIGURES, method_figures
 
 __all__ = [
     "Figure",
     "FIGURES",
-    "FRAME_COLOURS",
     "METHOD_FIGURES",
     "method_figures",
     "report_figures",
@@ -56,28 +56,12 @@ FIGURES = (
 #: fresh teacher samples on which every recorded network's test error is measured
 TEST_SAMPLES = 50_000
 
-#: a distinct frame colour per figure (a screenshot test finds every figure by it)
-FRAME_COLOURS = {
-    "spectra": "#d62728",
-    "tau": "#2ca02c",
-    "learning": "#1f77b4",
-    "units": "#9467bd",
-    "samples": "#ff7f0e",
-    "degree": "#8c564b",
-    "objective": "#e377c2",
-    "angles": "#17becf",
-    "decomposition": "#bcbd22",
-    "outputs": "#7f7f7f",
-    "filtered": "#393b79",
-    "passes": "#637939",
-}
-
-
 # ------------------------------------------------------------------- html
 
 
 def render_html(figures: list[Figure], heading: str, facts: list[tuple[str, str]]) -> str:
-    """One self-contained page: a table of facts, then every figure (PNG as a data URL) with its caption."""
+    """One self-contained page: a table of facts, then every figure (PNG as a data URL) with its caption, each
+    drawn in a ``<figure>`` whose id is the figure's name."""
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(heading)}</title>",
         "<style>body{font-family:sans-serif;margin:24px;max-width:1100px}td{padding:2px 12px}"
@@ -94,9 +78,8 @@ def render_html(figures: list[Figure], heading: str, facts: list[tuple[str, str]
             continue
         data = base64.b64encode(f.png).decode()
         parts.append(
-            f"<figure id='{f.name}'><img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}' "
-            f"style='border:6px solid {FRAME_COLOURS[f.name]}'><figcaption>{html.escape(f.caption)}"
-            "</figcaption></figure>"
+            f"<figure id='{f.name}'><img alt='{html.escape(f.title)}' src='data:image/png;base64,{data}'>"
+            f"<figcaption>{html.escape(f.caption)}</figcaption></figure>"
         )
     parts.append("</body></html>")
     return "".join(parts)
@@ -122,7 +105,7 @@ def report_figures(
         common.tau(stats),
         *method_figures(last),
         common.learning(last),
-        common.units(model, teacher),
+        units.figure(model, teacher),
         common.samples(records, teacher, test),
     ]
 

@@ -1,5 +1,5 @@
 """The figures every store may have, whatever the method: spectra of its second-moment families, the filter's τ
-grid, the stages of the last learn, learned against teacher units, and the learns against the samples held."""
+grid, the stages of the last learn, and the learns against the samples held (the units figure: :mod:`.units`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from ._plot import Figure, drawn, integer_axis, log_bars, matched_angles, panels
+from ._plot import Figure, drawn, integer_axis, panels
 
 #: the spectra figure shows at most this many matrices (the strongest evidence first)
 MAX_SPECTRA = 6
@@ -15,7 +15,8 @@ MAX_SPECTRA = 6
 
 def second_moments(stats: dict) -> tuple[list, list, list[str]]:
     """Every stored symmetric d × d estimate with its standard errors: contracted ``M_l^g``, filtered ``M_τ``,
-    the Hermite ``T_2`` (of ``hermite``, or of each output in ``output_moments``)."""
+    the Hermite ``T_2`` (of ``hermite``, or of each output in ``output_moments``); a store of a label vector
+    gives each output's (named ``y<j>:``)."""
     from ..estimators.stored_matrices import filtered_matrices, matrices_from_store
     from ..hermite import unpack
 
@@ -23,20 +24,21 @@ def second_moments(stats: dict) -> tuple[list, list, list[str]]:
     ses: list = []
     names: list[str] = []
     if "contracted" in stats:
-        m, s, n = matrices_from_store(stats["contracted"])
-        mats, ses, names = mats + m, ses + s, names + n
+        for label, arrays in _outputs(stats["contracted"], {"M": 3, "M_se": 3}):
+            m, s, n = matrices_from_store(arrays)
+            mats, ses, names = mats + m, ses + s, names + [label + x for x in n]
     if "filtered" in stats:
-        try:
+        try:  # a vector's M_τ[j][i] are named by output j, then threshold i
             m, s, n, _ = filtered_matrices(stats["filtered"], "M_tau", "")
             mats, ses, names = mats + m, ses + s, names + n
         except ValueError:
             pass
     if "hermite" in stats and "T2" in stats["hermite"]:
-        t2 = np.asarray(stats["hermite"]["T2"], dtype=float)
         d = int(np.asarray(stats["hermite"]["T1"]).shape[-1])
-        mats.append(unpack(t2, d, 2))
-        ses.append(unpack(np.asarray(stats["hermite"]["T2_se"], dtype=float), d, 2))
-        names.append("T_2")
+        for label, arrays in _outputs(stats["hermite"], {"T2": 1, "T2_se": 1}):
+            mats.append(unpack(np.asarray(arrays["T2"], dtype=float), d, 2))
+            ses.append(unpack(np.asarray(arrays["T2_se"], dtype=float), d, 2))
+            names.append(label + "T_2")
     if "output_moments" in stats:
         t2 = np.asarray(stats["output_moments"]["T2"], dtype=float)
         se = np.asarray(stats["output_moments"]["T2_se"], dtype=float)
@@ -45,6 +47,17 @@ def second_moments(stats: dict) -> tuple[list, list, list[str]]:
             ses.append(se[j])
             names.append(f"T_2 of output {j}")
     return mats, ses, names
+
+
+def _outputs(arrays: dict, ndim: dict[str, int]) -> list[tuple[str, dict]]:
+    """A family's arrays per output, with a name prefix: one ``("", arrays)`` for a scalar label; for a label
+    vector (the arrays in ``ndim`` stacked along a leading output axis) one ``("y<j>:", arrays of output j)``
+    per output."""
+    key = next(iter(ndim))
+    stacked = np.asarray(arrays[key])
+    if stacked.ndim == ndim[key]:
+        return [("", arrays)]
+    return [(f"y{j}:", {**arrays, **{k: np.asarray(arrays[k])[j] for k in ndim}}) for j in range(stacked.shape[0])]
 
 
 def spectra(stats: dict) -> Figure:
@@ -56,7 +69,11 @@ def spectra(stats: dict) -> Figure:
         return Figure(
             "spectra", title, "no second-moment family in the store (contracted, filtered, hermite or output_moments)"
         )
-    found = spectral.relevant_subspace(mats, ses, names=names).to_dict().get("spectra", [])[:MAX_SPECTRA]
+    found = spectral.relevant_subspace(mats, ses, names=names).to_dict().get("spectra", [])
+    # the strongest evidence first (the largest |λ| over its floor): in store order a label vector's first
+    # output alone could fill the figure
+    found = sorted(found, key=lambda sp: -float(np.max(np.abs(sp["eigenvalues"]))) / max(sp["floor"], 1e-300))
+    found = found[:MAX_SPECTRA]
     fig, axes = panels(len(found))
     for ax, sp in zip(axes, found):
         ev = np.asarray(sp["eigenvalues"], dtype=float)
@@ -70,8 +87,9 @@ def spectra(stats: dict) -> Figure:
         ax.set_xlabel("eigenvalue index (by |λ|)", fontsize=8)
         ax.set_ylabel("eigenvalue ± error bar", fontsize=8)
         integer_axis(ax.xaxis)
+    chosen = " (those with the largest |λ| over their noise floor)" if len(found) < len(mats) else ""
     caption = (
-        f"{len(found)} of {len(mats)} matrices; dashed: ± the noise floor; points outside it are the "
+        f"{len(found)} of {len(mats)} matrices{chosen}; dashed: ± the noise floor; points outside it are the "
         "directions the spectral stage keeps"
     )
     return Figure("spectra", title, caption, *drawn(fig))
@@ -82,19 +100,26 @@ def tau(stats: dict) -> Figure:
     if "filtered" not in stats:
         return Figure("tau", title, "no filtered statistic in the store (statistics.filtered)")
     arrays = stats["filtered"]
-    grid = np.asarray(arrays["tau"], dtype=float).reshape(-1)
-    prob = np.asarray(arrays["prob"], dtype=float).reshape(-1)
-    se = np.asarray(arrays["prob_se"], dtype=float).reshape(-1) if "prob_se" in arrays else None
+    # a label vector's grid is one row per output (τ from each output's |y| quantiles)
+    prob = np.atleast_2d(np.asarray(arrays["prob"], dtype=float))
+    grid = np.broadcast_to(np.asarray(arrays["tau"], dtype=float), prob.shape)
+    se = np.broadcast_to(np.asarray(arrays["prob_se"], dtype=float), prob.shape) if "prob_se" in arrays else None
     fig, axes = panels(1, width=5.0)
     ax = axes[0]
-    ax.errorbar(grid, prob, yerr=se, fmt="o-", ms=4, capsize=2, color="C2")
+    for j in range(len(prob)):
+        label = f"output {j}" if len(prob) > 1 else None
+        err = None if se is None else se[j]
+        ax.errorbar(grid[j], prob[j], yerr=err, fmt="o-", ms=4, capsize=2, color=f"C{(2 + j) % 10}", label=label)
     ax.set_xlabel("threshold τ")
     ax.set_ylabel("P[|y| > τ]")
     ax.set_ylim(0, 1)
+    if len(prob) > 1:
+        ax.legend(fontsize=7)
+    outputs = f", for each of {len(prob)} outputs" if len(prob) > 1 else ""
     return Figure(
         "tau",
         title,
-        f"{len(grid)} thresholds of the filtered second moment M_τ = E[1{{|y| > τ}} (xxᵀ − I)]",
+        f"{grid.shape[1]} thresholds of the filtered second moment M_τ = E[1{{|y| > τ}} (xxᵀ − I)]{outputs}",
         *drawn(fig),
     )
 
@@ -121,10 +146,30 @@ def curves(record: dict | None) -> list[tuple[str, list[float]]]:
     rounds = rep.get("validation_relative_loss")
     if isinstance(rounds, dict) and len(rounds) > 1:  # e.g. an answer and its polish, in turn
         out.append(("answers in turn: " + ", ".join(rounds), [v for v in rounds.values() if v is not None]))
+    residuals = _stage_residuals(rep)
+    if residuals:
+        out.append(("stages: " + ", ".join(residuals), list(residuals.values())))
     cands = [c.get("heldout_loss") for c in rep.get("candidates", []) if c.get("heldout_loss") is not None]
     if cands:
         out.append(("candidate networks (held-out)", cands))
     return out
+
+
+def _stage_residuals(rep: dict) -> dict[str, float]:
+    """The relative residual of each stage of a decomposition's learn (tensor): the CP decomposition, then the
+    network's orientation and polishes on samples, in turn."""
+    out: dict[str, float] = {}
+    residual = (rep.get("decomposition") or {}).get("relative_residual")
+    if residual is not None:
+        out["decomposition"] = float(residual)
+    network = rep.get("network")
+    if not isinstance(network, dict):  # a learn that records the network's weights under this key
+        return {}
+    for key in ("orientation", "affine_polish", "polish"):
+        residual = (network.get(key) or {}).get("relative_residual")
+        if residual is not None:
+            out[key.replace("_", " ")] = float(residual)
+    return out if len(out) > 1 else {}
 
 
 def learning(record: dict | None) -> Figure:
@@ -143,63 +188,6 @@ def learning(record: dict | None) -> Figure:
     ax.legend(fontsize=8)
     return Figure(
         "learning", title, f"method {record.get('method')}, {record.get('samples', 0):,} samples", *drawn(fig)
-    )
-
-
-def _unit_rows(net: Any) -> np.ndarray:
-    w = net.weights[0] if net.biases is None else np.column_stack([net.weights[0], net.biases[0]])
-    return w / np.linalg.norm(w, axis=1, keepdims=True)
-
-
-def units(model: Any | None, teacher: Any | None) -> Figure:
-    title = "Learned vs teacher units"
-    if model is None or teacher is None:
-        return Figure(
-            "units",
-            title,
-            "give --model and --teacher (a network .npz or a config with a network teacher) to compare units",
-        )
-    from ..network import Network, compare
-
-    if not isinstance(model, Network) or model.depth != 1 or teacher.depth != 1:
-        return Figure("units", title, "units are compared for one-hidden-layer networks")
-    ut, ul = _unit_rows(teacher), _unit_rows(model)
-    try:
-        error = (
-            f"parameter error {compare(teacher, model).relative_error:.3g} (up to permutation and positive rescaling)"
-        )
-    except ValueError:  # defined for ReLU networks only; the angles are defined for any
-        error = f"{teacher.activation} units matched by angle"
-    from ..network import RELU_POWERS
-
-    # output weights times the unit's norm to the activation's degree: what a positively homogeneous unit
-    # contributes, per output
-    power = RELU_POWERS.get(getattr(teacher, "activation", "relu"), 1)
-    lt = teacher.weights[1] * np.linalg.norm(teacher.weights[0], axis=1) ** power
-    ll = model.weights[1] * np.linalg.norm(model.weights[0], axis=1) ** power
-    angles, lam_l = matched_angles(ut, ul), np.full(lt.shape, np.nan)
-    if ul.shape[1] == ut.shape[1] and ll.shape[0] == lt.shape[0]:
-        from scipy.optimize import linear_sum_assignment
-
-        for i, j in zip(*linear_sum_assignment(-(ut @ ul.T))):  # the same matching as the angles'
-            lam_l[:, i] = ll[:, j]
-    fig, (a1, a2) = panels(2, width=4.2, height=3.2)
-    clipped = log_bars(a1, angles, color="C4")
-    a1.set_xlabel("teacher unit")
-    a1.set_ylabel("angle to learned unit (rad)")
-    if clipped:
-        a1.legend(fontsize=7, loc="upper right")
-    lim = float(np.nanmax(np.abs(np.r_[lt.ravel(), lam_l.ravel()]))) * 1.15
-    a2.plot([-lim, lim], [-lim, lim], color="0.6", lw=0.8)
-    a2.scatter(lt.ravel(), lam_l.ravel(), color="C4", zorder=3, s=14)
-    sup = {1: "", 2: "²", 3: "³"}.get(power, f"^{power}")
-    a2.set_xlabel(f"teacher λ‖u‖{sup}")
-    a2.set_ylabel(f"learned λ‖u‖{sup}")
-    return Figure(
-        "units",
-        title,
-        f"{error}; unmatched units have no bar; {clipped} angle(s) at or below 10⁻¹⁵ drawn hatched",
-        *drawn(fig),
     )
 
 
