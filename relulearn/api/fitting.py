@@ -54,28 +54,7 @@ def fit(
     """
     options = checked_options(method, **method_arguments(locals()))
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    setting = setting_source(cfg)
-    check_setting(method, setting, options)  # before anything is written
-    kept = _stored_statistics(store) if "statistics" not in cfg.model_fields_set else None
-    if kept is not None:
-        # a run to resume or extend keeps the statistics it was started with: the form chosen by projected
-        # time depends on the machine, and another choice would not match the store
-        from ..config import config_from_dict
-
-        cfg = config_from_dict(dict(cfg.to_dict(), statistics=kept), base_dir=cfg.base_dir)
-    run_plan = _plan_fit(cfg, method, setting, width, options, samples, planned_workers(client, workers))
-    memory = None
-    if "statistics" not in cfg.model_fields_set:
-        from ..config import config_from_dict
-
-        mod = method_module(method)
-        if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
-            from ..pipeline.plan import plan_families
-
-            memory = plan_families(
-                cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
-            )
-        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
+    cfg, run_plan, memory = fit_config(cfg, store, method, options, samples, planned_workers(client, workers))
     if dry_run:
         return {"method": method, "dry_run": True, "plan": run_plan.to_dict(), "plan_lines": run_plan.lines()}
     if progress is not None:
@@ -102,6 +81,37 @@ def fit(
             return run(client, lease)
         with connect(workers=workers, scheduler=scheduler, dashboard_address=dashboard or cfg.run.dashboard) as c:
             return run(c, lease)
+
+
+def fit_config(
+    cfg: RunConfig, store: str, method: str, options: dict[str, Any], samples: int | None, workers: int
+) -> tuple[RunConfig, Any, dict | None]:
+    """The configuration a fit of ``method`` runs (its statistics: the configuration's, the store's, or the
+    method's planned for ``samples`` on ``workers``), its plan, and the memory plan of the method's dense
+    families (None when the configuration names its statistics); the source is checked against the method's
+    setting before anything is written."""
+    from ..config import config_from_dict
+
+    width = options.get("width")
+    setting = setting_source(cfg)
+    check_setting(method, setting, options)  # before anything is written
+    kept = _stored_statistics(store) if "statistics" not in cfg.model_fields_set else None
+    if kept is not None:
+        # a run to resume or extend keeps the statistics it was started with: the form chosen by projected
+        # time depends on the machine, and another choice would not match the store
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=kept), base_dir=cfg.base_dir)
+    run_plan = _plan_fit(cfg, method, setting, width, options, samples, workers)
+    memory = None
+    if "statistics" not in cfg.model_fields_set:
+        mod = method_module(method)
+        if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
+            from ..pipeline.plan import plan_families
+
+            memory = plan_families(
+                cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
+            )
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
+    return cfg, run_plan, memory
 
 
 def _stored_statistics(store: str) -> dict | None:
