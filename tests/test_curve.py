@@ -10,19 +10,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import relulearn
 
 from relulearn.api.curves import EXACT_FLOOR, STATED_SLOPE, fit_slope, rounded_counts
 from relulearn.storage import RunStore
+
+from conftest import relulearn
 
 #: the noisy teacher's curve: 1.5 decades, doubling
 NOISY_COUNTS = "2e5,4e5,8e5,1.6e6,3.2e6,6.4e6"
 
 
-def _config(tmp_path: Path, name: str, *, d: int, weights: list[float], noise: float, chunk: int, seed: int = 1) -> Path:
+def _config(tmp_path: Path, name: str, *, d: int, weights: list[float], noise: float, chunk: int) -> Path:
     path = tmp_path / f"{name}.yaml"
     cfg = {
-        "seed": seed,
+        "seed": 1,
         "samples": chunk * 2,
         "chunk_size": chunk,
         "source": {
@@ -154,7 +155,8 @@ def test_a_noisy_teacher_s_parameter_error_falls_as_one_over_root_n(tmp_path):
     rows = table.stdout.splitlines()
     assert rows[1].split() == ["samples", "parameter", "error", "test", "error", "seconds"]
     for row, p in zip(rows[2:8], result["points"]):
-        assert row.split()[:3] == [f"{p['samples']:,}", f"{p['parameter_error']:.3e}", f"{p['relative_test_error']:.3e}"]
+        want = [f"{p['samples']:,}", f"{p['parameter_error']:.3e}", f"{p['relative_test_error']:.3e}"]
+        assert row.split()[:3] == want
         assert row.endswith("(recorded)")
     assert f"slope of the parameter error: {fit['slope']:.3f} ± {fit['slope_se']:.2f} over 6 points" in rows[8]
 

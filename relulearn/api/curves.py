@@ -31,8 +31,8 @@ __all__ = ["curve", "fit_slope", "EXACT_FLOOR", "STATED_SLOPE", "rounded_counts"
 #: sample counts stays above 1e-5): such points are marked and left out of the slope
 EXACT_FLOOR = 1e-10
 
-#: the rate the methods' papers state for the parameter error under label noise: error ~ n^{-1/2} (each method
-#: ends in a least-squares fit of the network on the samples, whose error is that of a regression's estimate)
+#: the rate the methods' papers state for the parameter error under label noise: error ~ n^{-1/2} (``moments``
+#: ends in a least-squares fit of the network on every sample the store holds, whose error is a regression's)
 STATED_SLOPE = -0.5
 
 #: the store's record of each learned point (``records/curve-<time>.json``)

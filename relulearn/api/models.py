@@ -19,9 +19,7 @@ if TYPE_CHECKING:
     from ..pipeline.sources import RunSource
 
 
-def evaluate(
-    model: str | Path | Network, teacher: str | Path | RunConfig, *, samples: int = 200_000
-) -> dict[str, Any]:
+def evaluate(model: str | Path | Network, teacher: str | Path | RunConfig, *, samples: int = 200_000) -> dict[str, Any]:
     """Relative test error ``E[|y − f̂(x)|²] / E[|y|²]`` on fresh samples (per output too, for
     vector labels); the largest principal angle between the subspace a scalar ReLU teacher
     depends on (row space of its first layer) and the one the model depends on

@@ -16,6 +16,7 @@ examples:
   relulearn verify run.zarr                                      # check every chunk's checksum
   relulearn merge a.zarr b.zarr --out ab.zarr
   relulearn plan examples/small.yaml --method moments            # passes, forms, projected time
+  relulearn curve examples/small.yaml --method moments --samples 1e5,3e5,1e6 --plot curve.png   # error vs samples
 """
 
 
@@ -282,7 +283,10 @@ def _curve(sub: Any) -> None:
         "rate and the exact-recovery point (needs matplotlib: pip install 'relulearn[report]')",
     )
     p.add_argument(
-        "--test-samples", type=_positive, default=200_000, help="fresh samples each model is measured on (default 200000)"
+        "--test-samples",
+        type=_positive,
+        default=200_000,
+        help="fresh samples each model is measured on (default 200000)",
     )
     add_learn_options(p, out=False, report=False)
 

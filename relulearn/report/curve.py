@@ -68,9 +68,8 @@ def curve_axes(result: dict[str, Any]) -> Any:
         nf = np.array(fit["fitted"], dtype=float)
         line = np.geomspace(nf.min(), nf.max(), 50)
         se = "" if fit["slope_se"] is None else f" ± {fit['slope_se']:.2f}"
-        left.loglog(
-            line, fit["constant"] * line ** fit["slope"], "-", color=COLOURS["fit"], label=f"fit: slope {fit['slope']:.2f}{se}"
-        )
+        label = f"fit: slope {fit['slope']:.2f}{se}"
+        left.loglog(line, fit["constant"] * line ** fit["slope"], "-", color=COLOURS["fit"], label=label)
         centre = np.exp(np.mean(np.log(nf)))
         at = np.exp(np.mean(np.log(err[np.isin(n, nf)])))
         left.loglog(
