@@ -5,6 +5,7 @@ resuming from the points recorded in the store."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ import yaml
 from relulearn.api.curves import EXACT_FLOOR, STATED_SLOPE, fit_slope, rounded_counts
 from relulearn.storage import RunStore
 
-from conftest import relulearn
+from conftest import PYTHON, cli_env, relulearn
 
 #: the noisy teacher's curve: 1.5 decades, doubling
 NOISY_COUNTS = "2e5,4e5,8e5,1.6e6,3.2e6,6.4e6"
@@ -90,6 +91,25 @@ def test_decreasing_counts_are_refused_by_the_parser(tmp_path):
     cfg = _config(tmp_path, "c", d=4, weights=[1.0], noise=0.0, chunk=1000)
     done = relulearn("curve", cfg, "--samples", "1e4,5e3", "--store", tmp_path / "s.zarr")
     assert done.returncode == 2 and "sample counts must increase: 10,000 then 5,000" in done.stderr
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_plot_without_matplotlib_is_refused_before_any_work(tmp_path):
+    """Without matplotlib `relulearn curve --plot` names the extra to install, as `relulearn: error:` with exit code
+    2, before any store is made (a process of its own: the blocked import is set up by its PYTHONPATH)."""
+    blocked = tmp_path / "blocked" / "matplotlib"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ImportError('matplotlib is not installed here')\n")
+    env = cli_env()
+    env["PYTHONPATH"] = str(tmp_path / "blocked") + ":" + env["PYTHONPATH"]
+    cfg = _config(tmp_path, "c", d=4, weights=[1.0], noise=0.0, chunk=1000)
+    args = ["curve", str(cfg), "--samples", "2e3,4e3", "--store", str(tmp_path / "s.zarr"), "--plot", "c.png"]
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.splitlines() == [
+        "relulearn: error: relulearn curve --plot draws with matplotlib, which is not installed: "
+        "pip install 'relulearn[report]' (or pip install matplotlib)"
+    ]
     assert not (tmp_path / "s.zarr").exists()
 
 

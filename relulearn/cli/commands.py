@@ -184,7 +184,7 @@ def _curve(args: argparse.Namespace) -> dict[str, Any] | int:
     if args.plot:
         from ..report import plt
 
-        plt()  # matplotlib installed, before any work
+        plt("relulearn curve --plot")  # matplotlib installed, before any work
     result = api.curve(
         args.config,
         _curve_store(args),
