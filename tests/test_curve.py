@@ -17,8 +17,9 @@ from relulearn.storage import RunStore
 
 from conftest import PYTHON, cli_env, relulearn
 
-#: the noisy teacher's curve: 1.5 decades, doubling
-NOISY_COUNTS = "2e5,4e5,8e5,1.6e6,3.2e6,6.4e6"
+#: the noisy teacher's curve: 2.1 decades, doubling (seeds 1-8 gave slopes -0.505 on average, standard deviation
+#: 0.078, 6 of 8 within 0.1 of -1/2; seed 1, the configuration's, gives -0.462)
+NOISY_COUNTS = "5e4,1e5,2e5,4e5,8e5,1.6e6,3.2e6,6.4e6"
 
 
 def _config(tmp_path: Path, name: str, *, d: int, weights: list[float], noise: float, chunk: int) -> Path:
@@ -117,14 +118,14 @@ def test_a_plot_without_matplotlib_is_refused_before_any_work(tmp_path):
 
 
 def test_a_noisy_teacher_s_parameter_error_falls_as_one_over_root_n(tmp_path):
-    """Label noise σ = 0.5 on a planted width-2 network in d = 8: from 2·10⁵ to 6.4·10⁶ samples the parameter error
+    """Label noise σ = 0.5 on a planted width-2 network in d = 8: from 5·10⁴ to 6.4·10⁶ samples the parameter error
     falls with slope -1/2 ± 0.1 on log-log axes (the moments method's streamed refinement is a least-squares fit
     on every sample). The JSON on stdout and in the file agree, the slope is the least-squares fit of the points
     printed, and the PNG is the figure of these points: each drawn where the data put it, in its colour."""
     from relulearn.report._plot import drawn
     from relulearn.report.curve import COLOURS, curve_axes, curve_png
 
-    cfg = _config(tmp_path, "noisy", d=8, weights=[1.0, -0.6], noise=0.5, chunk=50_000)
+    cfg = _config(tmp_path, "noisy", d=8, weights=[1.0, -0.6], noise=0.5, chunk=25_000)
     store, out, png = tmp_path / "s.zarr", tmp_path / "curve.json", tmp_path / "curve.png"
     done = relulearn(
         "curve", cfg, "--method", "moments", "--samples", NOISY_COUNTS, "--store", store, "--in-process",
@@ -133,7 +134,7 @@ def test_a_noisy_teacher_s_parameter_error_falls_as_one_over_root_n(tmp_path):
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert json.loads(out.read_text()) == result
-    counts = [200_000, 400_000, 800_000, 1_600_000, 3_200_000, 6_400_000]
+    counts = [50_000, 100_000, 200_000, 400_000, 800_000, 1_600_000, 3_200_000, 6_400_000]
     assert result["samples"] == counts and [p["samples"] for p in result["points"]] == counts
     errors = [p["parameter_error"] for p in result["points"]]
     assert all(1e-4 < e < 3e-2 for e in errors), errors  # noisy: far above the exact floor
@@ -174,11 +175,11 @@ def test_a_noisy_teacher_s_parameter_error_falls_as_one_over_root_n(tmp_path):
     assert table.returncode == 0, table.stderr
     rows = table.stdout.splitlines()
     assert rows[1].split() == ["samples", "parameter", "error", "test", "error", "seconds"]
-    for row, p in zip(rows[2:8], result["points"]):
+    for row, p in zip(rows[2:10], result["points"]):
         want = [f"{p['samples']:,}", f"{p['parameter_error']:.3e}", f"{p['relative_test_error']:.3e}"]
         assert row.split()[:3] == want
         assert row.endswith("(recorded)")
-    assert f"slope of the parameter error: {fit['slope']:.3f} ± {fit['slope_se']:.2f} over 6 points" in rows[8]
+    assert f"slope of the parameter error: {fit['slope']:.3f} ± {fit['slope_se']:.2f} over 8 points" in rows[10]
 
 
 def _noiseless(tmp_path: Path) -> Path:

@@ -123,7 +123,7 @@ def _stored_samples(store: str) -> int:
         meta = RunStore(store).meta()
     except (StoreError, OSError, ValueError):
         return 0
-    return int((meta or {}).get("samples", 0) or 0) if meta else 0
+    return int(meta.get("samples") or 0) if meta else 0
 
 
 def curve(
