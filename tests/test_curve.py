@@ -182,6 +182,25 @@ def test_a_noisy_teacher_s_parameter_error_falls_as_one_over_root_n(tmp_path):
     assert f"slope of the parameter error: {fit['slope']:.3f} ± {fit['slope_se']:.2f} over 8 points" in rows[10]
 
 
+def test_a_count_too_small_for_the_method_is_a_point_with_the_reason(tmp_path):
+    """Label noise σ = 20 on 2,000 and 4,000 samples: the spectral stage finds no direction above the noise floor.
+    Each count is a point without errors that says why, no slope is fitted, and the table says so."""
+    cfg = _config(tmp_path, "lost", d=8, weights=[1.0, -0.6], noise=20.0, chunk=1000)
+    store = tmp_path / "s.zarr"
+    done = relulearn("curve", cfg, "--samples", "2e3,4e3", "--store", store, "--in-process", "--quiet", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    for p in result["points"]:
+        assert p["parameter_error"] is None and p["relative_test_error"] is None
+        assert p["error"].startswith("the spectral stage found no direction above the noise floor")
+    assert result["fit"]["slope"] is None and result["fit"]["fitted"] == [] and result["store_samples"] == 4_000
+    table = relulearn("curve", cfg, "--samples", "2e3,4e3", "--store", store, "--in-process", "--quiet")
+    rows = table.stdout.splitlines()
+    assert rows[2].split()[:3] == ["2,000", "—", "—"] and "(recorded)  nothing learned: the spectral" in rows[2]
+    assert rows[4].startswith("slope: not fitted (0 point(s) with a parameter error above the exact floor 1e-10")
+    assert rows[5].startswith("this run: 0 new point(s), 0 block(s) estimated")
+
+
 def _noiseless(tmp_path: Path) -> Path:
     # width 4 in d = 10 with a weak fourth unit: 2,000 samples do not resolve it, 5,000 do
     return _config(tmp_path, "exact", d=10, weights=[1.0, -0.8, 0.6, -0.3], noise=0.0, chunk=1000)

@@ -251,7 +251,10 @@ def print_curve(r: dict[str, Any]) -> None:
         )
     fit = r["fit"]
     if fit["slope"] is None:
-        print(f"slope: not fitted ({len(fit['fitted'])} point(s) above the exact floor {fit['floor']:g}; two needed)")
+        print(
+            f"slope: not fitted ({len(fit['fitted'])} point(s) with a parameter error above the exact floor "
+            f"{fit['floor']:g}; two needed)"
+        )
     else:
         se = "" if fit["slope_se"] is None else f" ± {fit['slope_se']:.2f}"
         print(
@@ -264,7 +267,7 @@ def print_curve(r: dict[str, Any]) -> None:
             "left out of the slope)"
         )
     print(
-        f"this run: {r['learned']} point(s) learned, {r['blocks_run']} block(s) estimated, {r['seconds']:.1f} s; "
+        f"this run: {r['learned']} new point(s), {r['blocks_run']} block(s) estimated, {r['seconds']:.1f} s; "
         f"the store holds {r['store_samples']:,} samples"
     )
     if r.get("plot"):
