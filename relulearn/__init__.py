@@ -13,7 +13,7 @@ from .methods import METHODS
 #: locked store) without importing numpy, zarr, dask and the methods first
 _PUBLIC = {
     **dict.fromkeys(
-        ("estimate", "evaluate", "fit", "learn", "merge", "open_store", "predict", "status", "verify"), "api"
+        ("curve", "estimate", "evaluate", "fit", "learn", "merge", "open_store", "predict", "status", "verify"), "api"
     ),
     **dict.fromkeys(("ConfigError", "RunConfig", "load_config"), "config"),
     "Network": "network",
@@ -35,6 +35,7 @@ __all__ = [
     "verify",
     "learn",
     "fit",
+    "curve",
     "evaluate",
     "predict",
     "load_config",

@@ -4,7 +4,7 @@ Functions here take plain arguments (paths, counts) and return plain data; the c
 arguments and prints what these return. The work is in modules of one job each: running a configuration's
 estimation and reading stores (:mod:`.runs`), learning from a store (:mod:`.learning`), where a method's work
 runs (:mod:`.execution`), estimate-then-learn and plans (:mod:`.fitting`), using and measuring models
-(:mod:`.models`), the demo (:mod:`.demo`).
+(:mod:`.models`), learning curves (:mod:`.curves`), the demo (:mod:`.demo`).
 
 The names are imported on first use (PEP 562): ``relulearn status`` or ``verify`` does not import the methods,
 Dask and scipy that ``fit`` needs (a third of the command's start).
@@ -19,6 +19,7 @@ from ..methods import METHODS
 
 if TYPE_CHECKING:
     from ..storage import open_store
+    from .curves import curve
     from .demo import demo
     from .fitting import fit, plan
     from .learning import learn
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 #: where each name lives (relative to this package)
 _LAZY = {
     "open_store": "..storage",
+    "curve": ".curves",
     "demo": ".demo",
     **dict.fromkeys(["fit", "plan"], ".fitting"),
     "learn": ".learning",
@@ -45,6 +47,7 @@ __all__ = [
     "open_store",
     "learn",
     "fit",
+    "curve",
     "evaluate",
     "predict",
     "exact_arbitrary",

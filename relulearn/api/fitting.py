@@ -55,31 +55,10 @@ def fit(
     """
     options = checked_options(method, **method_arguments(locals()))
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    setting = setting_source(cfg)
-    check_setting(method, setting, options)  # before anything is written
-    kept = _stored_statistics(store) if "statistics" not in cfg.model_fields_set else None
-    if kept is not None:
-        # a run to resume or extend keeps the statistics it was started with: the form chosen by projected
-        # time depends on the machine, and another choice would not match the store
-        from ..config import config_from_dict
-
-        cfg = config_from_dict(dict(cfg.to_dict(), statistics=kept), base_dir=cfg.base_dir)
     choose = not cluster_forced(client, workers, scheduler)
-    run_plan = _plan_fit(
-        cfg, method, setting, width, options, samples, planned_workers(client, workers), choose, store=store
+    cfg, run_plan, memory = fit_config(
+        cfg, store, method, options, samples, planned_workers(client, workers), choose_where=choose
     )
-    memory = None
-    if "statistics" not in cfg.model_fields_set:
-        from ..config import config_from_dict
-
-        mod = method_module(method)
-        if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
-            from ..pipeline.plan import plan_families
-
-            memory = plan_families(
-                cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
-            )
-        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
     if dry_run:
         return {"method": method, "dry_run": True, "plan": run_plan.to_dict(), "plan_lines": run_plan.lines()}
     in_process = choose and run_plan.runs_in == "in process"
@@ -114,6 +93,45 @@ def fit(
     with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
         with running(client, workers, scheduler, dashboard or cfg.run.dashboard, in_process=in_process) as where:
             return run(where, lease)
+
+
+def fit_config(
+    cfg: RunConfig,
+    store: str,
+    method: str,
+    options: dict[str, Any],
+    samples: int | None,
+    workers: int,
+    *,
+    choose_where: bool = False,
+) -> tuple[RunConfig, Any, dict | None]:
+    """The configuration a fit of ``method`` runs (its statistics: the configuration's, the store's, or the
+    method's planned for ``samples`` on ``workers``), its plan, and the memory plan of the method's dense
+    families (None when the configuration names its statistics); the source is checked against the method's
+    setting before anything is written. ``choose_where``: the plan also chooses between this process and a local
+    cluster, by the samples ``store`` still lacks."""
+    from ..config import config_from_dict
+
+    width = options.get("width")
+    setting = setting_source(cfg)
+    check_setting(method, setting, options)  # before anything is written
+    kept = _stored_statistics(store) if "statistics" not in cfg.model_fields_set else None
+    if kept is not None:
+        # a run to resume or extend keeps the statistics it was started with: the form chosen by projected
+        # time depends on the machine, and another choice would not match the store
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=kept), base_dir=cfg.base_dir)
+    run_plan = _plan_fit(cfg, method, setting, width, options, samples, workers, choose_where, store=store)
+    memory = None
+    if "statistics" not in cfg.model_fields_set:
+        mod = method_module(method)
+        if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
+            from ..pipeline.plan import plan_families
+
+            memory = plan_families(
+                cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
+            )
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
+    return cfg, run_plan, memory
 
 
 def _stored_statistics(store: str) -> dict | None:

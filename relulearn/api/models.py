@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from ..atomic import read_bytes, save_npy
-from ..config import ConfigError, load_config
+from ..config import ConfigError, RunConfig, load_config
 from ..network import Network
 from ..pipeline.sources import data_of
 from .learning import model_shape
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..pipeline.sources import RunSource
 
 
-def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int = 200_000) -> dict[str, Any]:
+def evaluate(model: str | Path | Network, teacher: str | Path | RunConfig, *, samples: int = 200_000) -> dict[str, Any]:
     """Relative test error ``E[|y − f̂(x)|²] / E[|y|²]`` on fresh samples (per output too, for
     vector labels); the largest principal angle between the subspace a scalar ReLU teacher
     depends on (row space of its first layer) and the one the model depends on
@@ -31,14 +31,15 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     ``U f(V x)`` with ``f = max(z, 0)^c`` and any number of outputs, where rescaling ``v_i`` by
     ``s`` scales ``u_i`` by ``s^{-c}`` (:func:`~relulearn.network.compare_two_layer`).
 
-    ``teacher`` is a run configuration (its source, noise included, with samples from a
-    stream the estimation never uses) or a network ``.npz`` (noiseless, every output).
+    ``teacher`` is a run configuration (a path or a :class:`~relulearn.config.RunConfig`: its source, noise
+    included, with samples from a stream the estimation never uses) or a network ``.npz`` (noiseless, every
+    output).
     """
     from ..pipeline.sources import Stream, draw
     from ..polynomial import PolynomialModel, load_model
 
     net = model if isinstance(model, (Network, PolynomialModel)) else load_model(model)
-    source, seed = _teacher_source(Path(teacher))
+    source, seed = _teacher_source(teacher if isinstance(teacher, RunConfig) else Path(teacher))
     if net.input_dim != source.d:
         raise ValueError(f"the model has input dimension {net.input_dim} but the teacher has {source.d}")
     if data_of(source) is not None:  # data: its last rows, raw (the model maps raw inputs)
@@ -85,11 +86,13 @@ def evaluate(model: str | Path | Network, teacher: str | Path, *, samples: int =
     return out
 
 
-def _teacher_source(teacher: Path) -> tuple[RunSource, int]:
+def _teacher_source(teacher: Path | RunConfig) -> tuple[RunSource, int]:
     """The source ``evaluate`` draws its test samples from, and its seed: a network file (noiseless) or a run
     configuration's source."""
     from ..pipeline.sources import TeacherSource, make_source
 
+    if isinstance(teacher, RunConfig):
+        return make_source(teacher), teacher.seed
     if teacher.suffix == ".npz":
         return TeacherSource(Network.load(teacher)), 0
     if teacher.suffix.lower() in (".yaml", ".yml", ".json", ""):

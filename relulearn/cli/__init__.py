@@ -23,7 +23,7 @@ from .parser import build_parser
 __all__ = ["EXIT_DAMAGED", "EXIT_INTERRUPTED", "EXIT_USER_ERROR", "build_parser", "main"]
 
 #: the store each writing command writes (the argument naming it)
-_WRITES = {"estimate": "store", "fit": "store", "merge": "out"}
+_WRITES = {"estimate": "store", "fit": "store", "curve": "store", "merge": "out"}
 
 
 def _refuse_if_locked(args: argparse.Namespace) -> None:
@@ -57,6 +57,7 @@ def _check_config(args: argparse.Namespace) -> None:
 _INTERRUPTED: dict[str | None, str] = {
     "estimate": "every merged block was committed. Run the same command to resume.",
     "fit": "every merged block was committed. Run the same command to resume.",
+    "curve": "every merged block and every point learned was kept. Run the same command to resume.",
     "learn": "the blocks of the passes it ran were committed; run the same command to continue from them.",
     "merge": "the output store keeps its last commit; run the same command again.",
 }

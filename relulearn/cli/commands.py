@@ -15,7 +15,7 @@ from ..atomic import is_remote, local_path, write_text
 from ..config import ConfigError
 from ..methods import OPTIONS
 from .codes import EXIT_DAMAGED
-from .output import print_demo, print_result, print_shadow, print_status, print_verify
+from .output import print_curve, print_demo, print_result, print_shadow, print_status, print_verify
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,11 @@ _FILE_OUT = {
 }
 
 
+def _curve_store(args: argparse.Namespace) -> str:
+    """The curve's store: ``--store``, or the configuration's name with the method, in the current folder."""
+    return args.store or f"{Path(args.config).stem}-{args.method}-curve.zarr"
+
+
 def _check_output_paths(args: argparse.Namespace) -> None:
     """Every file a command writes after its work, checked before the work starts."""
     _check_file_path("--report", getattr(args, "report", None), "report.json")
@@ -61,6 +66,9 @@ def _check_output_paths(args: argparse.Namespace) -> None:
         )
     if args.command in _FILE_OUT:
         _check_file_path("--out", getattr(args, "out", None), _FILE_OUT[args.command])
+    if args.command == "curve":
+        _check_file_path("--out-json", args.out_json, "curve.json")
+        _check_file_path("--plot", args.plot, "curve.png")
 
 
 def _write_report(path: str, result: dict[str, Any]) -> None:
@@ -188,6 +196,35 @@ def _fit(args: argparse.Namespace) -> dict[str, Any] | int:
     return 0
 
 
+def _curve(args: argparse.Namespace) -> dict[str, Any] | int:
+    if args.plot:
+        from ..report import plt
+
+        plt("relulearn curve --plot")  # matplotlib installed, before any work
+    result = api.curve(
+        args.config,
+        _curve_store(args),
+        args.method,
+        samples=args.samples,
+        test_samples=args.test_samples,
+        break_lock=args.break_lock,
+        **_method_kwargs(args),
+        **_cluster_kwargs(args),
+    )
+    result["plot"] = None
+    if args.plot:
+        from ..report.curve import write_curve_png
+
+        write_curve_png(result, args.plot)
+        result["plot"] = args.plot
+    if args.out_json:
+        _write_report(args.out_json, result)
+    if args.json:
+        return result
+    print_curve(result)
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     result = api.plan(args.config, args.method, samples=args.samples, width=args.width, workers=args.workers)
     if args.json:
@@ -214,6 +251,7 @@ COMMANDS: dict[str, Any] = {
     "merge": lambda a: api.merge(a.a, a.b, a.out, break_lock=a.break_lock),
     "learn": _learn,
     "fit": _fit,
+    "curve": _curve,
     "plan": _plan,
     "exact-arbitrary": lambda a: api.exact_arbitrary(a.inputs, a.labels, a.width, activation=a.activation, out=a.out),
     "predict": lambda a: api.predict(a.model, a.input, a.out),

@@ -236,3 +236,44 @@ def print_result(result: dict[str, Any], as_json: bool) -> None:
     hidden = [k for k, v in result.items() if not short(v) and k != "passes" and v]
     if hidden:
         print(f"(also {', '.join(hidden)}: --json)")
+
+
+def print_curve(r: dict[str, Any]) -> None:
+    """The table of `relulearn curve`: per sample count the errors and seconds, then the slope and exact recovery."""
+
+    def num(v: Any) -> str:
+        return "—" if v is None else f"{v:.3e}"
+
+    print(f"learning curve of {r['method']} on {r['store']}")
+    print(f"{'samples':>12}  {'parameter error':>15}  {'test error':>10}  {'seconds':>8}")
+    for p in r["points"]:
+        note = "  (recorded)" if p["reused"] else ""
+        if p.get("error"):
+            note += f"  nothing learned: {p['error'].split(';')[0]}"
+        print(
+            f"{p['samples']:>12,}  {num(p['parameter_error']):>15}  {num(p['relative_test_error']):>10}  "
+            f"{p['seconds']:>8.1f}{note}"
+        )
+    fit = r["fit"]
+    if fit["slope"] is None:
+        print(
+            f"slope: not fitted ({len(fit['fitted'])} point(s) with a parameter error above the exact floor "
+            f"{fit['floor']:g}; two needed)"
+        )
+    else:
+        se = "" if fit["slope_se"] is None else f" ± {fit['slope_se']:.2f}"
+        print(
+            f"slope of the parameter error: {fit['slope']:.3f}{se} over {len(fit['fitted'])} points "
+            f"(the papers' rate under label noise: {r['stated_slope']:g})"
+        )
+    if r["exact_recovery_samples"] is not None:
+        print(
+            f"exact recovery from {r['exact_recovery_samples']:,} samples (parameter error below {fit['floor']:g}; "
+            "left out of the slope)"
+        )
+    print(
+        f"this run: {r['learned']} new point(s), {r['blocks_run']} block(s) estimated, {r['seconds']:.1f} s; "
+        f"the store holds {r['store_samples']:,} samples"
+    )
+    if r.get("plot"):
+        print(f"plot: {r['plot']}")

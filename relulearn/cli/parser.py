@@ -16,6 +16,7 @@ examples:
   relulearn verify run.zarr                                      # check every chunk's checksum
   relulearn merge a.zarr b.zarr --out ab.zarr
   relulearn plan examples/small.yaml --method moments            # passes, forms, projected time
+  relulearn curve examples/small.yaml --method moments --samples 1e5,3e5,1e6 --plot curve.png   # error vs samples
 """
 
 
@@ -35,6 +36,17 @@ def _whole(minimum: int):
 
 
 _positive, _nonnegative = _whole(1), _whole(0)
+
+
+def _counts(text: str) -> list[int]:
+    """An argparse type: increasing sample counts separated by commas (``1e5,1e6``)."""
+    counts = [_positive(part.strip()) for part in text.split(",") if part.strip()]
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected sample counts separated by commas, e.g. 1e5,1e6, got {text!r}")
+    for a, b in zip(counts, counts[1:]):
+        if b <= a:
+            raise argparse.ArgumentTypeError(f"sample counts must increase: {a:,} then {b:,}")
+    return counts
 
 
 def _non_negative_float(text: str) -> float:
@@ -90,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     _merge(sub)
     _learn(sub)
     _fit(sub)
+    _curve(sub)
     _plan(sub)
     _exact_arbitrary(sub)
     _predict(sub)
@@ -260,6 +273,47 @@ def _fit(sub: Any) -> None:
     add_learn_options(p)
 
 
+def _curve(sub: Any) -> None:
+    p = sub.add_parser(
+        "curve",
+        help="a learning curve: error against samples on one store, with its slope",
+        description="Extend one store through increasing sample counts, learn with the method at each, and "
+        "measure the model against the configuration's teacher (as `relulearn evaluate` does: parameter error "
+        "up to the symmetries, relative test error on fresh samples). Fits the slope of the parameter error "
+        "against the samples on log-log axes (least squares over the points above the exact-recovery floor, "
+        "1e-10) beside the papers' rate, -1/2 under label noise, and marks the first count recovered exactly. "
+        "Each point is recorded in the store: the same command again reuses the points learned and only "
+        "extends and learns the rest (an interrupted curve resumes). Without --json prints a table and the "
+        "slope.",
+    )
+    p.add_argument("config", help="run configuration (YAML) whose source is the teacher")
+    p.add_argument(
+        "--samples",
+        type=_counts,
+        required=True,
+        help="increasing sample counts, separated by commas (1e5,1e6,1e7); each rounded up to whole chunks",
+    )
+    p.add_argument(
+        "--store",
+        help="store location: one store extended through the counts (default: CONFIG's name with "
+        "-METHOD-curve.zarr, in the current folder)",
+    )
+    p.add_argument("--out-json", metavar="FILE", help="also write the result (the --json output) to FILE")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="draw the curve to a PNG: errors against samples on log-log axes, the fitted slope, the papers' "
+        "rate and the exact-recovery point (needs matplotlib: pip install 'relulearn[report]')",
+    )
+    p.add_argument(
+        "--test-samples",
+        type=_positive,
+        default=200_000,
+        help="fresh samples each model is measured on (default 200000)",
+    )
+    add_learn_options(p, out=False, report=False)
+
+
 def _plan(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
@@ -401,7 +455,7 @@ def add_cluster_options(q: argparse.ArgumentParser) -> None:
     q.add_argument("--dashboard", metavar="HOST:PORT", type=_dashboard, help=_DASHBOARD_HELP)
 
 
-def add_learn_options(q: argparse.ArgumentParser) -> None:
+def add_learn_options(q: argparse.ArgumentParser, *, out: bool = True, report: bool = True) -> None:
     q.add_argument(
         "--method",
         default="moments",
@@ -409,11 +463,12 @@ def add_learn_options(q: argparse.ArgumentParser) -> None:
         help="learning method (default moments): " + "; ".join(f"{m.name} = {m.summary}" for m in METHODS.values()),
     )
     add_method_options(q)
-    q.add_argument(
-        "--out",
-        help="where to write the learned model (.npz: a network, or a polynomial model for "
-        "--method polynomial); required but with fit --dry-run",
-    )
+    if out:
+        q.add_argument(
+            "--out",
+            help="where to write the learned model (.npz: a network, or a polynomial model for "
+            "--method polynomial); required but with fit --dry-run",
+        )
     add_cluster_options(q)
     q.add_argument(
         "--break-lock",
@@ -422,7 +477,8 @@ def add_learn_options(q: argparse.ArgumentParser) -> None:
         "extra passes it writes (learn only reads STORE), fit: on STORE and those",
     )
     q.add_argument("--json", action="store_true", help="print the full result as JSON (default: a short summary)")
-    add_report_option(q)
+    if report:
+        add_report_option(q)
 
 
 def _option_help(name: str) -> str:

@@ -26,9 +26,9 @@ class Figure:
     overlaps: tuple[str, ...] = ()  # pairs of texts drawn over each other (none in a good figure)
 
 
-def plt() -> Any:
+def plt(user: str = "relulearn report") -> Any:
     """``matplotlib.pyplot`` on the Agg backend, or :class:`~relulearn.errors.MissingDependencyError` naming the
-    extra that installs it."""
+    extra that installs it (and ``user``, what draws)."""
     try:
         import matplotlib
 
@@ -38,7 +38,7 @@ def plt() -> Any:
         from ..errors import MissingDependencyError
 
         raise MissingDependencyError(
-            "relulearn report draws with matplotlib, which is not installed: "
+            f"{user} draws with matplotlib, which is not installed: "
             "pip install 'relulearn[report]' (or pip install matplotlib)"
         ) from None
     return pyplot
