@@ -19,7 +19,7 @@ from ..config import RunConfig, load_config
 from ..estimators.base import BudgetError, NoSignalError, TooFewSamplesError
 from ..pipeline.run import estimate as _estimate
 from ..storage import RunStore, StoreError, writing
-from .execution import Where, check_script, cluster_forced, running
+from .execution import Where, check_script, cluster_forced, running, stored_samples
 from .fitting import fit_config
 from .learning import checked_options, learn_with, method_arguments
 from .models import evaluate
@@ -117,15 +117,6 @@ def _run_digest(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _stored_samples(store: str) -> int:
-    """Samples the store holds (0 for no store yet)."""
-    try:
-        meta = RunStore(store).meta()
-    except (StoreError, OSError, ValueError):
-        return 0
-    return int(meta.get("samples") or 0) if meta else 0
-
-
 def curve(
     config: str | Path | RunConfig,
     store: str,
@@ -184,7 +175,7 @@ def curve(
     key = {"method": method, "options": options, "test_samples": test_samples, "run": _run_digest(cfg)}
     done = {r["samples"]: r for r in RunStore(store).records(RECORD) if r.get("key") == key} if _has(store) else {}
     todo = [n for n in counts if n not in done]
-    held = _stored_samples(store)
+    held = stored_samples(store)
     if todo and held > todo[0]:
         raise ValueError(
             f"the store {store} holds {held:,} samples, more than {todo[0]:,} (a count of the curve not yet learned "
@@ -231,7 +222,7 @@ def curve(
         fit=fitted,
         stated_slope=STATED_SLOPE,
         exact_recovery_samples=fitted["exact_recovery_samples"],
-        store_samples=_stored_samples(store),
+        store_samples=stored_samples(store),
         learned=len(learned),
         blocks_run=blocks,
         seconds=time.perf_counter() - t0,

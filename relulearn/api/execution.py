@@ -166,13 +166,18 @@ def check_script(client: Any, scheduler: str | None, in_process: bool) -> None:
         check_main_guard()
 
 
-def samples_to_run(store: str, target: int) -> int:
-    """Samples a run of ``target`` samples still has to draw into ``store`` (all of them for a store that holds
-    no run yet or cannot be read: the run itself then says why)."""
+def stored_samples(store: str) -> int:
+    """Samples ``store`` holds (0 for a store that holds no run yet or cannot be read: the run itself then says
+    why)."""
     from ..storage import RunStore, StoreError
 
     try:
         meta = RunStore(store).meta() or {}
     except (StoreError, OSError, ValueError):
-        meta = {}
-    return max(0, int(target) - int(meta.get("samples", 0) or 0))
+        return 0
+    return int(meta.get("samples", 0) or 0)
+
+
+def samples_to_run(store: str, target: int) -> int:
+    """Samples a run of ``target`` samples still has to draw into ``store``."""
+    return max(0, int(target) - stored_samples(store))
