@@ -1,8 +1,8 @@
 """The getting-started page runs as written: its shell blocks, in order, in one shell, in a fresh virtual environment
 made by the page's own first lines from a copy of this source tree (``pip install '.[report]'``: the page installs
-the extras it uses), with its Python block run by that environment's interpreter where it stands. Nothing of the
-test environment leaks in (no PYTHONPATH, no editable install): it is what a new user with a checkout or a wheel
-does. pip may use its cache and PyPI.
+the extras it uses), with its Python block run by that environment's interpreter as the script the page says it
+is. Nothing of the test environment leaks in (no PYTHONPATH, no editable install): it is what a new user with a
+checkout or a wheel does. pip may use its cache and PyPI.
 
 Minutes (the install is most of it), so it runs with the examples, alone (``-m examples``)."""
 
@@ -24,10 +24,11 @@ pytestmark = [pytest.mark.examples, pytest.mark.slow]
 
 
 def page_script(text: str) -> str:
-    """The page's ``bash`` blocks as they stand, and its ``python`` blocks fed to ``python`` where they stand."""
+    """The page's ``bash`` blocks as they stand, and its ``python`` block as the script ``run.py`` it says it is,
+    run with ``python run.py`` where it stands."""
     parts = ["set -euo pipefail"]
     for lang, body in re.findall(r"^```(bash|python)\n(.*?)^```", text, flags=re.S | re.M):
-        parts.append(body if lang == "bash" else f"python - <<'PYTHON'\n{body}PYTHON\n")
+        parts.append(body if lang == "bash" else f"cat > run.py <<'PYTHON'\n{body}PYTHON\npython run.py\n")
     return "\n".join(parts)
 
 
@@ -45,7 +46,9 @@ def test_the_getting_started_page_runs_literally_in_a_fresh_environment(tmp_path
         ROOT,
         checkout,
         symlinks=True,
-        ignore=shutil.ignore_patterns(".git", ".venv", "*.zarr", "_build", "build", "dist", "*.egg-info", "__pycache__"),
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "*.zarr", "_build", "build", "dist", "*.egg-info", "__pycache__"
+        ),
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     start = time.perf_counter()
@@ -60,8 +63,12 @@ def test_the_getting_started_page_runs_literally_in_a_fresh_environment(tmp_path
     seconds = time.perf_counter() - start
     assert out.returncode == 0, f"the page failed after {seconds:.0f} s:\n{out.stdout[-3000:]}\n{out.stderr[-4000:]}"
     venv_python = checkout / ".venv" / "bin" / "python"
-    where = subprocess.run(
-        [str(venv_python), "-c", "import relulearn; print(relulearn.__file__)"], env=env, capture_output=True, text=True
+    where = subprocess.run(  # from outside the checkout, whose source folder would come first on sys.path
+        [str(venv_python), "-c", "import relulearn; print(relulearn.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert ".venv" in where.stdout, where.stdout  # the page's environment ran it, not the test's
     assert (checkout / "small.yaml").read_bytes() == (ROOT / "relulearn" / "examples" / "small.yaml").read_bytes()
