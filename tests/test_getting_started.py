@@ -4,7 +4,8 @@ the extras it uses), with its Python block run by that environment's interpreter
 is. Nothing of the test environment leaks in (no PYTHONPATH, no editable install): it is what a new user with a
 checkout or a wheel does. pip may use its cache and PyPI.
 
-Minutes (the install is most of it), so it runs with the examples, alone (``-m examples``)."""
+72 s on two cores with pip's cache warm, 16 min on two cores loaded by other jobs (load average about 20): it
+runs with the examples, alone (``-m examples``)."""
 
 from __future__ import annotations
 
