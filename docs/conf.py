@@ -42,4 +42,8 @@ html_theme_options = {
     "show_toc_level": 2,
     "footer_start": ["copyright"],
 }
-html_static_path: list[str] = []
+# the left sidebar lists the pages of the current section (index.md's hidden toctree: the user guide, the
+# methods, the reference, the project) on every page of it
+html_sidebars = {"**": ["sidebar-nav-bs"], "index": []}
+html_static_path = ["_static"]
+html_css_files = ["relulearn.css"]  # code blocks wrap instead of scrolling sideways

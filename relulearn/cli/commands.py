@@ -16,7 +16,7 @@ from ..atomic import is_remote, local_path, write_text
 from ..config import ConfigError
 from ..methods import OPTIONS
 from .codes import EXIT_DAMAGED
-from .output import print_curve, print_demo, print_result, print_shadow, print_status, print_verify
+from .output import print_curve, print_demo, print_examples, print_result, print_shadow, print_status, print_verify
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +243,23 @@ def _shadow(args: argparse.Namespace) -> dict[str, Any] | int:
     return 0
 
 
+def _example(args: argparse.Namespace) -> dict[str, Any] | int:
+    # the shipped configurations: read with the configuration package, no cluster or store involved
+    from ..config.examples import example_description, example_names, example_text
+
+    if args.name is not None:
+        text = example_text(args.name)
+        if args.json:
+            return {"name": args.name, "text": text}
+        sys.stdout.write(text)  # exactly the file, so that `> NAME.yaml` writes the shipped bytes
+        return 0
+    listed = {name: example_description(name) for name in example_names()}
+    if args.json:
+        return {"examples": listed}
+    print_examples(listed)
+    return 0
+
+
 #: each command's handler: what to print (a dict), or the exit code once it has printed
 COMMANDS: dict[str, Any] = {
     "estimate": _cmd_estimate,
@@ -259,6 +276,7 @@ COMMANDS: dict[str, Any] = {
     "evaluate": lambda a: api.evaluate(a.model, a.teacher, samples=a.samples),
     "shadow": _shadow,
     "demo": lambda a: api.demo(d=a.d, width=a.width, samples=a.samples, seed=a.seed, **_cluster_kwargs(a)),
+    "example": _example,
 }
 
 

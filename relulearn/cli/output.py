@@ -85,6 +85,14 @@ def print_shadow(r: dict[str, Any]) -> None:
         print(f"{k:<{width}}  {v}")
 
 
+def print_examples(listed: dict[str, str]) -> None:
+    """The shipped examples, one a line, and how to write one to a file."""
+    width = max(len(name) for name in listed)
+    for name, description in listed.items():
+        print(f"{name:<{width}}  {description}")
+    print("(`relulearn example NAME > NAME.yaml` writes one; its comment says what to run)")
+
+
 def print_status(st: dict[str, Any]) -> None:
     state = "complete" if st["complete"] else "incomplete (run `relulearn estimate` with its configuration to resume)"
     print(f"store        {st['store']}")

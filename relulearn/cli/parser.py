@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _evaluate(sub)
     _shadow(sub)
     _demo(sub)
+    _example(sub)
     for p in sub.choices.values():
         add_output_options(p)
     return parser
@@ -434,6 +435,18 @@ def _demo(sub: Any) -> None:
     add_cluster_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_report_option(p)
+
+
+def _example(sub: Any) -> None:
+    p = sub.add_parser(
+        "example",
+        help="list the shipped example configurations, or print one",
+        description="Without NAME, list the example configurations shipped with relulearn; with NAME, print "
+        "that configuration (its leading comment says the commands to run, their time and their result), "
+        "e.g. `relulearn example small > small.yaml`.",
+    )
+    p.add_argument("name", nargs="?", help="the example to print (default: list them)")
+    p.add_argument("--json", action="store_true", help="print the list, or the example's name and text, as JSON")
 
 
 def add_cluster_options(q: argparse.ArgumentParser) -> None:
