@@ -148,7 +148,9 @@ def test_the_version_is_the_builds_generated_file_else_the_fallback(tmp_path):
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     shutil.copy(_version.__file__, pkg)
-    read = [sys.executable, "-c", "from relulearn._version import __version__; print(__version__)"]
+    # -S: without site-packages, whose editable install of this tree (a finder by name) would find the
+    # checkout's own generated file for the copy
+    read = [sys.executable, "-S", "-c", "from relulearn._version import __version__; print(__version__)"]
     env = {"PYTHONPATH": str(tmp_path)}  # and the folder run in: `python -c` reads the current folder first
     assert (
         subprocess.run(read, env=env, cwd=tmp_path, capture_output=True, text=True).stdout == f"{_version.FALLBACK}\n"
