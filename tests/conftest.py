@@ -105,6 +105,18 @@ def make_config(**overrides) -> RunConfig:
     return config_from_dict(data)
 
 
+#: a planted run of two units in d = 6 that moments learns exactly in a second (20,000 samples): for the tests of
+#: what commands print and where they write, not of the methods
+TWO_UNITS = {
+    "seed": 3,
+    "samples": 20_000,
+    "chunk_size": 10_000,
+    "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 3}, "noise_std": 0.0},
+    "statistics": {"contracted": {"orders": [2, 4], "directions": 6}},
+    "run": {"commit_interval": 1e9},
+}
+
+
 @pytest.fixture
 def small_config() -> RunConfig:
     return make_config()

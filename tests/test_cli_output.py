@@ -8,7 +8,7 @@ import subprocess
 import numpy as np
 import yaml
 
-from conftest import PYTHON, cli_env, relulearn
+from conftest import PYTHON, TWO_UNITS, cli_env, relulearn
 
 CONFIG = {
     "seed": 1,
@@ -280,15 +280,6 @@ def test_report_without_matplotlib_is_the_documented_error(tmp_path):
 
 # ------------------------------------------------------------------ -v / -q and the logging of the library
 
-SMALL = {
-    "seed": 3,
-    "samples": 20_000,
-    "chunk_size": 10_000,
-    "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 3}, "noise_std": 0.0},
-    "statistics": {"contracted": {"orders": [2, 4], "directions": 6}},
-    "run": {"commit_interval": 1e9},
-}
-
 
 def test_every_command_takes_verbose_and_quiet_but_not_both():
     from relulearn.cli import build_parser
@@ -307,7 +298,7 @@ def test_verbose_logs_what_the_run_does_and_quiet_prints_the_result_only(tmp_pat
     the lease too; -q: nothing on stderr and the same result on stdout; the logger is left as it was found."""
     import logging
 
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(TWO_UNITS))
     store, model = tmp_path / "s.zarr", tmp_path / "m.npz"
     fit = cli("fit", tmp_path / "c.yaml", "--store", store, "--width", 2, "--in-process", "--out", model, "-vv")
     assert fit.returncode == 0, fit.stderr
@@ -347,7 +338,7 @@ def test_a_finished_store_is_learned_from_at_once_and_verify_of_it_is_a_summary(
     """fit on a store that holds the samples says so (no plan of a pass, no progress line at 0 samples/s) and
     learns the same network; estimate says there is nothing to do; verify of an intact store is two lines,
     its table with -v (a row per array --json lists)."""
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(TWO_UNITS))
     store, model = tmp_path / "s.zarr", tmp_path / "m.npz"
     first = cli("fit", tmp_path / "c.yaml", "--store", store, "--width", 2, "--in-process", "--out", model)
     assert first.returncode == 0 and first.stderr.startswith("plan: 1 pass of 20,000 samples"), first.stderr
@@ -391,7 +382,7 @@ def test_plan_shows_each_pass_s_families_whole(tmp_path):
 def test_estimate_names_the_dashboard_while_the_cluster_runs_not_after(tmp_path):
     """The dashboard's address once on stderr when the local cluster starts, not in the result table printed
     after it stopped (--json keeps it, as a record); -q: nothing on stderr."""
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(SMALL))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(TWO_UNITS))
     store = tmp_path / "s.zarr"
     done = cli("estimate", tmp_path / "c.yaml", "--store", store, "--workers", 1, "--samples", 10_000)
     assert done.returncode == 0, done.stderr

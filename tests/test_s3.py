@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import PYTHON, cli_env, relulearn, require
+from conftest import PYTHON, TWO_UNITS, cli_env, relulearn, require
 
 require("s3")
 
@@ -287,15 +287,7 @@ def test_learn_from_s3_with_a_pass_stored_under_the_store(s3, tmp_path):
 
 # ------------------------------------------------------------- outputs on s3:// and file://
 
-#: a small planted run: the networks compared are learned from the same local store, so equal bit for bit
-OUTPUTS = {
-    "seed": 3,
-    "samples": 20_000,
-    "chunk_size": 10_000,
-    "source": {"d": 6, "teacher": {"kind": "one_hidden_relu", "width": 2, "seed": 3}, "noise_std": 0.0},
-    "statistics": {"contracted": {"orders": [2, 4], "directions": 6}},
-    "run": {"commit_interval": 1e9},
-}
+# the networks compared are learned from the same local store (conftest.TWO_UNITS), so equal bit for bit
 
 
 def _object(s3, url: str) -> bytes:
@@ -313,7 +305,7 @@ def test_models_predictions_and_reports_are_written_to_urls_and_read_back(s3, tm
 
     from relulearn.network import Network
 
-    cfg = write_yaml(tmp_path / "run.yaml", OUTPUTS)
+    cfg = write_yaml(tmp_path / "run.yaml", TWO_UNITS)
     store = str(tmp_path / "run.zarr")
     fit = cli("fit", cfg, "--store", store, "--width", 2, "--in-process", "--quiet", "--out", s3.url("out/fit.npz"))
     assert fit.returncode == 0, fit.stderr
@@ -351,7 +343,7 @@ def test_models_predictions_and_reports_are_written_to_urls_and_read_back(s3, tm
 def test_a_report_is_written_to_s3(s3, tmp_path):
     """The report of a model on S3, written to s3://, is the bytes of the same report written locally."""
     model, store = s3.url("report/model.npz"), str(tmp_path / "run.zarr")
-    api.fit(config_from_dict(OUTPUTS), store, "moments", width=2, out=model, client="local", progress=None)
+    api.fit(config_from_dict(TWO_UNITS), store, "moments", width=2, out=model, client="local", progress=None)
     for out in (s3.url("report/report.html"), str(tmp_path / "report.html")):
         done = cli("report", store, "--model", model, "--out", out)
         assert done.returncode == 0, done.stderr
