@@ -78,6 +78,9 @@ def test_the_getting_started_page_runs_literally_in_a_fresh_environment(tmp_path
     )
     assert float(evaluated["relative_test_error"]) < 1e-25 and float(evaluated["parameter_error"]) < 1e-12
     assert "<img" in (checkout / "report.html").read_text()
+    # the learning curve of the noiseless example: exact from its first count on, drawn
+    assert "exact recovery from 100,000 samples" in out.stdout
+    assert (checkout / "curve.png").read_bytes().startswith(b"\x89PNG")
     alone = [line for line in out.stdout.splitlines() if re.fullmatch(r"[0-9.e+-]+", line.strip())]
     assert alone and float(alone[-1]) < 1e-12  # the Python block's parameter error
     print(f"the getting-started page ran in {seconds:.0f} s")

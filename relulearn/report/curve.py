@@ -93,7 +93,10 @@ def curve_axes(result: dict[str, Any]) -> Any:
         )
         left.axhline(fit["floor"], color=COLOURS["exact"], lw=0.8, ls=":", label="exact floor")
     _log_ticks(left.xaxis, n)
-    _log_ticks(left.yaxis, err)
+    _log_ticks(left.yaxis, err if exact is None else np.r_[err, fit["floor"]])
+    if exact is not None:  # the floor in view: the exact points lie decades under it
+        lo, hi = left.get_ylim()
+        left.set_ylim(min(lo, fit["floor"] / 3), max(hi, fit["floor"] * 3))
     left.set_xlabel("samples")
     left.set_ylabel("parameter error (up to symmetries)")
     left.set_title(f"{result['method']}: parameter error", fontsize=10)
