@@ -159,6 +159,24 @@ def test_the_version_is_the_builds_generated_file_else_the_fallback(tmp_path):
     assert subprocess.run(read, env=env, cwd=tmp_path, capture_output=True, text=True).stdout == "0.2.0.dev7+g1234abc\n"
 
 
+def test_a_reader_that_closes_the_pipe_early_gets_no_error(tmp_path):
+    """`relulearn status STORE | head -1`: the reader closed its end before the command printed; the command ends
+    quietly with exit code 0, as `cat` does (its stdout is closed before it prints: the import takes a second)."""
+    store = tmp_path / "s.zarr"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(TWO_UNITS))
+    assert relulearn("estimate", tmp_path / "c.yaml", "--store", store, "--in-process", "-q").returncode == 0
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "relulearn", "status", str(store)],
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 0 and err == "", err
+
+
 def test_python_dash_m_relulearn_is_the_command_line(tmp_path):
     """``python -m relulearn`` runs the same ``main`` as the ``relulearn`` script: its version, and a user's
     mistake as the one-line error with exit code 2."""

@@ -96,6 +96,9 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, commands: Any) ->
 
     try:
         outcome = commands.run(args)
+    except BrokenPipeError:  # a command that prints as it goes, read by `| head`: the reader has what it wanted
+        _stdout_to_devnull()
+        return 0
     except ClusterLostError as err:
         resume = "relulearn " + shlex.join(sys.argv[1:] if argv is None else list(argv))
         return _error(
@@ -125,11 +128,17 @@ def _run(args: argparse.Namespace, argv: Sequence[str] | None, commands: Any) ->
     try:
         commands.show(args, outcome)
         sys.stdout.flush()
-    except BrokenPipeError:  # e.g. `relulearn status run.zarr | head -3`
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError:  # e.g. `relulearn plan small.yaml | head -3`
+        _stdout_to_devnull()
     return 0
+
+
+def _stdout_to_devnull() -> None:
+    """Standard output to /dev/null, so that the interpreter's last flush at exit does not fail again on the
+    closed pipe (Python's documented handling of SIGPIPE)."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _error(args: argparse.Namespace, message: str, err: BaseException) -> int:
