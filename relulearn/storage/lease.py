@@ -41,7 +41,8 @@ Taking a stale lease is a compare-and-swap: the writer first creates a guard fil
 document (``O_CREAT | O_EXCL``: of writers breaking the same lease, one goes on), checks that ``lease.json`` is
 still that document, renames it aside, checks the renamed file is the one it read (else links it back) and
 creates its own lease as above. Of two writers taking one stale lease, one holds it and the other is refused,
-naming it. On an object store the stale document is read again, removed and the lease created exclusively.
+naming it. On an object store the guard is an object created exclusively, and the stale document is
+read again, removed and the lease created exclusively under it.
 """
 
 from __future__ import annotations
@@ -293,9 +294,7 @@ class _Local:
     def take(self, stale: LeaseInfo | BadLease, data: bytes, token: str) -> bool:
         """Replace the stale lease ``stale`` by ``data`` if ``lease.json`` is still that lease (compare-and-swap);
         False when another writer changed it first."""
-        key = stale.raw if isinstance(stale, BadLease) else json.dumps(asdict(stale), sort_keys=True).encode()
-        digest = hashlib.md5((key or b"") + str(getattr(stale, "problem", "")).encode(), usedforsecurity=False)
-        guard = self.dir / f"{LEASE_KEY}.{digest.hexdigest()}.tmp"  # one guard per stale document
+        guard = self.dir / f"{LEASE_KEY}.{_digest(stale)}.tmp"  # one guard per stale document
         try:
             os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
@@ -384,12 +383,33 @@ class _Remote:
         return _too_large(len(data)) if len(data) > MAX_LEASE_BYTES else bytes(data)
 
     def take(self, stale: LeaseInfo | BadLease, data: bytes, token: str) -> bool:
-        """Replace the stale lease ``stale`` by ``data`` if ``lease.json`` is still that lease; on an object store
-        the document is read again just before it is removed, and the new one is created exclusively."""
-        if _parse_found(self.read(), self.path) != stale:
+        """Replace the stale lease ``stale`` by ``data`` if ``lease.json`` is still that lease: under a guard
+        object named after the stale document, created exclusively (of writers taking the same stale lease, one
+        goes on), the document is read again, removed, and the new one created exclusively."""
+        guard = f"{self.path}.{_digest(stale)}.tmp"
+        try:
+            with self.fs.open(guard, "xb") as f:
+                f.write(token.encode())
+        except FileExistsError:
+            with contextlib.suppress(Exception):  # left by a writer that died while taking this lease
+                if _now().timestamp() - self.fs.modified(guard).timestamp() > _GUARD_SECONDS:
+                    self.fs.rm_file(guard)
             return False
-        self.remove()
-        return self.create(data, token)
+        except (ValueError, NotImplementedError):  # no exclusive mode: no guard (the gap is narrowed, not closed)
+            guard = ""
+        except OSError:  # S3 answers a PUT with If-None-Match on an existing object with 412
+            if self.fs.exists(guard):
+                return False
+            raise
+        try:
+            if _parse_found(self.read(), self.path) != stale:
+                return False
+            self.remove()
+            return self.create(data, token)
+        finally:
+            if guard:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(guard)
 
     def create(self, data: bytes, token: str) -> bool:  # noqa: ARG002 - same signature as _Local.create
         # read first: a server that ignores If-None-Match must not overwrite a held lease; read back after:
@@ -419,6 +439,13 @@ class _Remote:
 
 def _document(url: str):
     return _Local(url) if _is_local(url) else _Remote(url)
+
+
+def _digest(stale: LeaseInfo | BadLease) -> str:
+    """32 hex digits naming a stale lease document (its guard's name: ``lease.json.<digest>.tmp``)."""
+    key = stale.raw if isinstance(stale, BadLease) else json.dumps(asdict(stale), sort_keys=True).encode()
+    extra = stale.problem if isinstance(stale, BadLease) else ""
+    return hashlib.md5((key or b"") + extra.encode(), usedforsecurity=False).hexdigest()
 
 
 def _too_large(size: int) -> str:
