@@ -126,17 +126,17 @@ def status(store: str) -> dict[str, Any]:
         found = read_lease(store) if "no relulearn store" in str(err) else None
         if not isinstance(found, LeaseInfo):
             raise
-        raise StoreError(f"{err}; its first run is being written by {found.describe()}") from None
+        stale = found.stale_reason()
+        if stale is None:
+            raise StoreError(f"{err}; its first run is being written by {found.describe()}") from None
+        how = "run the same command to resume it" if found.holder_gone() else "run it again with --break-lock"
+        raise StoreError(
+            f"{err}; its first run was started by {found.describe()}, stale because {stale}: {how}"
+        ) from None
     sizes = RunStore(store).check_sizes()
     out["damaged"] = None if sizes is None else [d.to_dict() for d in sizes]
     found = read_lease(store)
-    out["lease"] = (
-        found.to_dict()
-        if isinstance(found, LeaseInfo)
-        else None
-        if found is None
-        else {"holder": None, "stale": "its lease document cannot be read"}
-    )
+    out["lease"] = None if found is None else found.to_dict()
     return out
 
 

@@ -12,7 +12,6 @@ import json
 import shlex
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ..errors import MissingDependencyError
@@ -28,19 +27,18 @@ _WRITES = {"estimate": "store", "fit": "store", "curve": "store", "merge": "out"
 
 def _refuse_if_locked(args: argparse.Namespace) -> None:
     """Raise the lease's refusal before anything is imported or read, when the store a writing command names is a
-    local folder whose lease another writer holds (without ``--break-lock``); the command itself refuses the
-    same way later, this only makes it immediate."""
+    local folder whose lease another writer holds (live, or stale but not provably gone, without
+    ``--break-lock``); the command itself refuses the same way later, this only makes it immediate."""
     where = _WRITES.get(args.command)
     url = getattr(args, where, None) if where else None
     if url is None or getattr(args, "break_lock", False) or "://" in str(url):
         return
-    from ..storage.lease import LEASE_KEY, LeaseInfo, StoreLockedError, read_lease
+    from ..storage.lease import StoreLockedError, read_lease
 
-    if not (Path(url) / LEASE_KEY).is_file():
-        return
-    info = read_lease(str(url))
-    if isinstance(info, LeaseInfo):
-        raise StoreLockedError(str(url), info, info.stale_reason())
+    found = read_lease(str(url))  # (never opens anything but a small regular file)
+    if found is not None and not found.holder_gone():
+        stale = found.stale_reason()
+        raise StoreLockedError(str(url), found, stale)
 
 
 def _check_config(args: argparse.Namespace) -> None:

@@ -135,7 +135,7 @@ def print_status(st: dict[str, Any]) -> None:
     lease = st.get("lease")
     if lease is not None:
         if lease.get("holder") is None:
-            print("locked       by a lease whose document cannot be read (stale; --break-lock breaks it)")
+            print(f"locked       by a lease whose holder is unknown: {lease['stale']} (--break-lock takes it)")
         else:
             who = f"process {lease['pid']}" + (f" ({lease['command']})" if lease.get("command") else "")
             print(
@@ -143,7 +143,8 @@ def print_status(st: dict[str, Any]) -> None:
                 f"{lease['heartbeat']}"
             )
             if lease["stale"]:
-                print(f"             stale: {lease['stale']} (the next writer needs --break-lock)")
+                then = "takes it over" if lease.get("holder_gone") else "needs --break-lock"
+                print(f"             stale: {lease['stale']} (the next writer {then})")
     print("(the fingerprint and the rest: --json)")
 
 

@@ -70,9 +70,10 @@ def _dashboard(text: str) -> str:
 
 
 _BREAK_LOCK_HELP = (
-    "break a stale lease on the store: one whose process is no longer running on this host, or "
+    "take a stale lease on the store whose holder is unknown (a lease.json that is no writer's document) "
+    "or whose heartbeat is in the future; a lease whose process is no longer running on this host, or "
     "without a heartbeat for RELULEARN_LEASE_TIMEOUT seconds (default 600), as a writer killed with "
-    "SIGKILL or on a lost machine leaves; a live lease is never broken"
+    "SIGKILL or on a lost machine leaves, is taken over without it; a live lease is never broken"
 )
 _DASHBOARD_HELP = (
     "HOST:PORT where the local cluster's Dask dashboard listens (default: the config's run.dashboard, "

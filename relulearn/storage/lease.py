@@ -26,10 +26,23 @@ Stale leases
 ------------
 A writer killed with SIGKILL, or on a machine that died, leaves its lease behind. A lease is *stale* when its
 process is no longer running on this host (same host name; a process id taken over by another process counts
-as not running), when its document cannot be read, or when its heartbeat is older than :data:`LEASE_TIMEOUT`
-seconds (environment variable ``RELULEARN_LEASE_TIMEOUT``, default 600; hosts sharing a store need clocks
-that agree within that). A stale lease is refused like a live one, saying it is stale; ``--break-lock``
-(``break_lock=True``) removes a stale lease and takes it. A live lease is never broken.
+as not running: the lease records its process's start time), when its heartbeat is older than
+:data:`LEASE_TIMEOUT` seconds (environment variable ``RELULEARN_LEASE_TIMEOUT``, default 600; hosts sharing a
+store need clocks that agree within that), when its heartbeat is more than that far in the future, or when
+``lease.json`` is no writer's document (not JSON, fields of the wrong type or out of range, larger than
+:data:`MAX_LEASE_BYTES`, or not a regular file: a symbolic link, a FIFO, a device or a folder is never opened).
+
+A lease whose holder is provably gone -- its process is no longer running on this host, or its heartbeat is
+older than the timeout -- is taken over by the next writer, which says so in one warning: a killed run resumes
+with the same command. The other stale leases (a heartbeat in the future, a document whose holder is unknown)
+are refused, saying why; ``--break-lock`` (``break_lock=True``) takes them. A live lease is never broken.
+
+Taking a stale lease is a compare-and-swap: the writer first creates a guard file named after the stale
+document (``O_CREAT | O_EXCL``: of writers breaking the same lease, one goes on), checks that ``lease.json`` is
+still that document, renames it aside, checks the renamed file is the one it read (else links it back) and
+creates its own lease as above. Of two writers taking one stale lease, one holds it and the other is refused,
+naming it. On an object store the guard is an object created exclusively, and the stale document is
+read again, removed and the lease created exclusively under it.
 """
 
 from __future__ import annotations
@@ -37,10 +50,13 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import getpass
+import hashlib
 import json
 import logging
+import math
 import os
 import socket
+import stat
 import sys
 import threading
 import uuid
@@ -54,12 +70,14 @@ from .folder import LEASE_KEY
 from .location import _is_local, _local_path, _object_store_errors, storage_options
 
 __all__ = [
+    "BadLease",
     "HEARTBEAT_SECONDS",
     "LEASE_TIMEOUT",
     "Lease",
     "LeaseInfo",
     "StoreLockedError",
     "LeaseLostError",
+    "MAX_LEASE_BYTES",
     "read_lease",
     "writing",
 ]
@@ -70,6 +88,12 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5.0
 #: seconds without a heartbeat after which a lease is stale
 LEASE_TIMEOUT = float(os.environ.get("RELULEARN_LEASE_TIMEOUT", "600"))
+#: the largest ``lease.json`` read (a writer's document is under 1 kB): a larger one is no writer's
+MAX_LEASE_BYTES = 64 * 1024
+#: the largest process id a lease may name (``kill(2)`` takes a C int)
+_PID_MAX = 2**31 - 1
+#: seconds after which a guard left by a writer that died while breaking a lease is removed
+_GUARD_SECONDS = 30.0
 
 
 def _now() -> _dt.datetime:
@@ -95,7 +119,7 @@ def _gone(pid: int, process_start: int | None) -> str | None:
         os.kill(pid, 0)
     except ProcessLookupError:
         return "is no longer running"
-    except PermissionError:  # another user's process
+    except (PermissionError, OverflowError, ValueError):  # another user's process (the range is checked on reading)
         pass
     if process_start is not None:
         now = _process_start(pid)
@@ -135,26 +159,66 @@ class LeaseInfo:
         timeout
             Seconds without a heartbeat after which a lease is stale (default :data:`LEASE_TIMEOUT`).
         """
+        return self._verdict(timeout)[0]
+
+    def holder_gone(self, timeout: float | None = None) -> bool:
+        """Whether the holder is provably gone: its process is no longer running on this host, or its heartbeat
+        is older than ``timeout`` (default :data:`LEASE_TIMEOUT`). The next writer takes such a lease over."""
+        return self._verdict(timeout)[1]
+
+    def _verdict(self, timeout: float | None) -> tuple[str | None, bool]:
+        """Why the lease is stale (or None), and whether its holder is provably gone."""
         timeout = LEASE_TIMEOUT if timeout is None else timeout
         gone = _gone(self.pid, self.process_start) if self.host == socket.gethostname() else None
         if gone is not None:
-            return f"process {self.pid} on {self.host} {gone}"
+            return f"process {self.pid} on {self.host} {gone}", True
         age = self.seconds_since_heartbeat()
         if age > timeout:
-            return f"no heartbeat for {age:.0f} s (a lease is stale after {timeout:.0f} s)"
-        return None
+            return f"no heartbeat for {age:.0f} s (a lease is stale after {timeout:.0f} s)", True
+        if age < -timeout:  # clocks agree within the timeout: no live writer wrote this heartbeat
+            return (
+                f"its heartbeat is {-age:.0f} s in the future (the hosts' clocks disagree by more than the "
+                f"{timeout:.0f} s timeout, or no writer wrote it)"
+            ), False
+        return None, False
 
     def describe(self) -> str:
         """``process 4711 (relulearn estimate) of ana on node-3, since ..., last heartbeat ... (3 s ago)``"""
         who = f"process {self.pid}" + (f" ({self.command})" if self.command else "")
         who += f" of {self.user}" if self.user else ""
         age = self.seconds_since_heartbeat()
-        ago = "" if age == float("inf") else f" ({age:.0f} s ago)"
+        ago = "" if age == float("inf") else f" ({age:.0f} s ago)" if age >= 0 else f" ({-age:.0f} s in the future)"
         return f"{who} on {self.host}, since {self.started}, last heartbeat {self.heartbeat}{ago}"
 
     def to_dict(self, timeout: float | None = None) -> dict[str, Any]:
-        """The stored fields, with ``stale``: the reason the lease is stale, or None."""
-        return dict(asdict(self), stale=self.stale_reason(timeout))
+        """The stored fields, with ``stale``: the reason the lease is stale, or None, and ``holder_gone``: whether
+        the next writer takes it over (:meth:`holder_gone`)."""
+        stale, gone = self._verdict(timeout)
+        return dict(asdict(self), stale=stale, holder_gone=gone)
+
+
+@dataclass(frozen=True)
+class BadLease:
+    """A ``lease.json`` that is no writer's document: its holder is unknown (:func:`read_lease`)."""
+
+    #: the file
+    path: str
+    #: what is wrong with it: ``"is a FIFO"``, ``"has a pid that is not a whole number from 1 to 2**31 - 1"``, ...
+    problem: str
+    #: its bytes (None when it is not a regular file or too large to read)
+    raw: bytes | None = None
+
+    def stale_reason(self, timeout: float | None = None) -> str:  # noqa: ARG002 - LeaseInfo's signature
+        """Why the lease is stale: the file and what is wrong with it."""
+        return f"{self.path} {self.problem}, so its holder is unknown"
+
+    def holder_gone(self, timeout: float | None = None) -> bool:  # noqa: ARG002 - LeaseInfo's signature
+        """False: a holder that is unknown is not provably gone (take the lease with ``--break-lock``)."""
+        return False
+
+    def to_dict(self, timeout: float | None = None) -> dict[str, Any]:
+        """``holder`` None, ``path`` and ``stale``, as ``status`` shows them."""
+        return {"holder": None, "path": self.path, "stale": self.stale_reason(timeout), "holder_gone": False}
 
 
 class StoreLockedError(StoreError):
@@ -170,10 +234,16 @@ class StoreLockedError(StoreError):
         Why the lease is stale, or None when its holder is live.
     """
 
-    def __init__(self, url: str, lease: LeaseInfo | None, stale: str | None, *, broken: bool = False):
+    def __init__(self, url: str, lease: LeaseInfo | BadLease | None, stale: str | None, *, broken: bool = False):
         self.url, self.lease, self.stale = url, lease, stale
-        holder = lease.describe() if lease is not None else "a writer whose lease document cannot be read"
-        if stale is None:
+        holder = lease.describe() if isinstance(lease, LeaseInfo) else "a writer whose lease document cannot be read"
+        if isinstance(lease, BadLease) and not broken:
+            message = (
+                f"{url} is locked by a lease whose holder is unknown: {lease.path} {lease.problem}. Check that no "
+                "writer is still running on the store, then run again with --break-lock (Python: break_lock=True) "
+                "to take it; the store reads as its last commit"
+            )
+        elif stale is None:
             message = (
                 f"{url} is locked: {holder} is writing it. Only one writer may write a store at a time; "
                 "wait for it to finish or stop it, then run again (a live lease is never broken)"
@@ -197,8 +267,9 @@ class LeaseLostError(StoreLockedError):
         holder = lease.describe() if lease is not None else "nobody (the lease document is gone)"
         StoreError.__init__(
             self,
-            f"{url}: this writer's lease was broken (--break-lock) and is now held by {holder}; this run "
-            "stopped without committing more. Make sure one writer runs on the store, then resume it",
+            f"{url}: this writer's lease was taken by another writer (its heartbeat had stopped, or --break-lock) "
+            f"and is now held by {holder}; this run stopped without committing more. Make sure one writer runs "
+            "on the store, then resume it",
         )
 
 
@@ -214,11 +285,43 @@ class _Local:
         #: the folders this writer created to hold the lease (removed again when left empty)
         self.created: list[Path] = []
 
-    def read(self) -> bytes | None:
+    def read(self) -> bytes | str | None:
+        """The document's bytes; what is wrong with the file when it is no regular file of at most
+        :data:`MAX_LEASE_BYTES` (such a file is never opened: a FIFO would block, a device never end); None
+        when there is none."""
+        return _read_capped(self.path)
+
+    def take(self, stale: LeaseInfo | BadLease, data: bytes, token: str) -> bool:
+        """Replace the stale lease ``stale`` by ``data`` if ``lease.json`` is still that lease (compare-and-swap);
+        False when another writer changed it first."""
+        guard = self.dir / f"{LEASE_KEY}.{_digest(stale)}.tmp"  # one guard per stale document
         try:
-            return self.path.read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+            os.close(os.open(guard, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            with contextlib.suppress(OSError):  # left by a writer that died while breaking this lease
+                if _now().timestamp() - guard.lstat().st_mtime > _GUARD_SECONDS:
+                    guard.unlink()
+            return False
+        aside = self.dir / f"{LEASE_KEY}.{uuid.uuid4().hex}.tmp"
+        try:
+            if _parse_found(self.read(), str(self.path)) != stale:
+                return False  # taken or released meanwhile
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                return False
+            if _parse_found(_read_capped(aside), str(self.path)) != stale:  # not the one read: put it back
+                with contextlib.suppress(OSError):
+                    os.link(aside, self.path, follow_symlinks=False)
+                return False
+            return self.create(data, token)
+        finally:
+            with contextlib.suppress(OSError):
+                if aside.is_dir() and not aside.is_symlink():
+                    aside.rmdir()  # an empty folder named lease.json (one with files in it stays, named)
+                else:
+                    aside.unlink()
+            guard.unlink(missing_ok=True)
 
     def create(self, data: bytes, token: str) -> bool:
         missing = []
@@ -270,11 +373,43 @@ class _Remote:
         self.fs, root = fsspec.core.url_to_fs(url, **(storage_options(url) or {}))
         self.path = f"{root.rstrip('/')}/{LEASE_KEY}"
 
-    def read(self) -> bytes | None:
+    def read(self) -> bytes | str | None:
         try:
-            return self.fs.cat_file(self.path)
+            data = self.fs.cat_file(self.path, start=0, end=MAX_LEASE_BYTES + 1)
         except FileNotFoundError:
             return None
+        except IsADirectoryError:
+            return "is a folder"
+        return _too_large(len(data)) if len(data) > MAX_LEASE_BYTES else bytes(data)
+
+    def take(self, stale: LeaseInfo | BadLease, data: bytes, token: str) -> bool:
+        """Replace the stale lease ``stale`` by ``data`` if ``lease.json`` is still that lease: under a guard
+        object named after the stale document, created exclusively (of writers taking the same stale lease, one
+        goes on), the document is read again, removed, and the new one created exclusively."""
+        guard = f"{self.path}.{_digest(stale)}.tmp"
+        try:
+            with self.fs.open(guard, "xb") as f:
+                f.write(token.encode())
+        except FileExistsError:
+            with contextlib.suppress(Exception):  # left by a writer that died while taking this lease
+                if _now().timestamp() - self.fs.modified(guard).timestamp() > _GUARD_SECONDS:
+                    self.fs.rm_file(guard)
+            return False
+        except (ValueError, NotImplementedError):  # no exclusive mode: no guard (the gap is narrowed, not closed)
+            guard = ""
+        except OSError:  # S3 answers a PUT with If-None-Match on an existing object with 412
+            if self.fs.exists(guard):
+                return False
+            raise
+        try:
+            if _parse_found(self.read(), self.path) != stale:
+                return False
+            self.remove()
+            return self.create(data, token)
+        finally:
+            if guard:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(guard)
 
     def create(self, data: bytes, token: str) -> bool:  # noqa: ARG002 - same signature as _Local.create
         # read first: a server that ignores If-None-Match must not overwrite a held lease; read back after:
@@ -306,23 +441,125 @@ def _document(url: str):
     return _Local(url) if _is_local(url) else _Remote(url)
 
 
-def _parse(raw: bytes) -> LeaseInfo | None:
+def _digest(stale: LeaseInfo | BadLease) -> str:
+    """32 hex digits naming a stale lease document (its guard's name: ``lease.json.<digest>.tmp``)."""
+    key = stale.raw if isinstance(stale, BadLease) else json.dumps(asdict(stale), sort_keys=True).encode()
+    extra = stale.problem if isinstance(stale, BadLease) else ""
+    return hashlib.md5((key or b"") + extra.encode(), usedforsecurity=False).hexdigest()
+
+
+def _too_large(size: int) -> str:
+    return f"holds {size:,} bytes or more (a writer's lease is under {MAX_LEASE_BYTES // 1024} kB)"
+
+
+#: what a file that is not a regular file is, by its type
+_KINDS = {
+    stat.S_IFLNK: "is a symbolic link",
+    stat.S_IFIFO: "is a FIFO",
+    stat.S_IFCHR: "is a character device",
+    stat.S_IFBLK: "is a block device",
+    stat.S_IFSOCK: "is a socket",
+    stat.S_IFDIR: "is a folder",
+}
+
+
+def _read_capped(path: Path) -> bytes | str | None:
+    """The bytes of the regular file ``path``, or what is wrong with it (its type, its size); None when absent.
+    The type is checked before the file is opened, and again on the open file (it may have been replaced)."""
     try:
-        doc = json.loads(raw)
-        return LeaseInfo(**{k: doc[k] for k in LeaseInfo.__dataclass_fields__ if k in doc})
-    except (ValueError, TypeError, KeyError):
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    kind = _KINDS.get(stat.S_IFMT(st.st_mode), "is not a regular file")
+    if not stat.S_ISREG(st.st_mode):
+        return kind
+    if st.st_size > MAX_LEASE_BYTES:
+        return _too_large(st.st_size)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as err:  # replaced by a symbolic link (ELOOP) or something unreadable
+        return f"cannot be read ({err.strerror or err})"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "is not a regular file"
+        chunks, size = [], 0
+        while size <= MAX_LEASE_BYTES:
+            chunk = os.read(fd, MAX_LEASE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return _too_large(size) if size > MAX_LEASE_BYTES else b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
-def read_lease(url: str) -> LeaseInfo | bytes | None:
-    """The lease on the store at ``url``: a :class:`LeaseInfo`, the raw bytes of a document that cannot be
-    read as one, or None when the store is not locked. Readers (``status``) use it; it takes nothing."""
+def _timestamp(value: Any) -> bool:
+    if not isinstance(value, str) or len(value) > 64:
+        return False
+    try:
+        _dt.datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+#: the check of each field of a lease document, and what a field failing it is said to be
+_FIELDS: dict[str, tuple[Any, str]] = {
+    "holder": (lambda v: isinstance(v, str) and 0 < len(v) <= 256, "a holder token that is not a short string"),
+    "host": (lambda v: isinstance(v, str) and 0 < len(v) <= 256, "a host that is not a short string"),
+    "pid": (
+        lambda v: type(v) is int and 1 <= v <= _PID_MAX,
+        f"a pid that is not a whole number from 1 to {_PID_MAX}",
+    ),
+    "started": (_timestamp, "a start time that is not an ISO 8601 time"),
+    "heartbeat": (_timestamp, "a heartbeat that is not an ISO 8601 time"),
+    "user": (lambda v: isinstance(v, str), "a user that is not a string"),
+    "command": (lambda v: isinstance(v, str), "a command that is not a string"),
+    "process_start": (
+        lambda v: v is None or (type(v) is int and 0 <= v < 2**63),
+        "a process start time that is not a whole number",
+    ),
+}
+_REQUIRED = ("holder", "host", "pid", "started", "heartbeat")
+
+
+def _parse(raw: bytes) -> LeaseInfo | str:
+    """The lease in ``raw``, or what is wrong with it."""
+    try:
+        doc = json.loads(raw, parse_constant=lambda c: math.nan)
+    except (ValueError, RecursionError):  # (UnicodeDecodeError is a ValueError)
+        return "is not a JSON document"
+    if not isinstance(doc, dict):
+        return "is not a JSON object"
+    missing = [k for k in _REQUIRED if k not in doc]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    for key, (ok, what) in _FIELDS.items():
+        if key in doc and not ok(doc[key]):
+            return f"has {what}"
+    return LeaseInfo(**{k: doc[k] for k in LeaseInfo.__dataclass_fields__ if k in doc})
+
+
+def _parse_found(found: bytes | str | None, path: str) -> LeaseInfo | BadLease | None:
+    """What a lease document's ``read()`` found: a lease, a file that is no writer's lease, or None."""
+    if found is None:
+        return None
+    if isinstance(found, str):
+        return BadLease(path, found)
+    info = _parse(found)
+    return BadLease(path, info, found) if isinstance(info, str) else info
+
+
+def read_lease(url: str) -> LeaseInfo | BadLease | None:
+    """The lease on the store at ``url``: a :class:`LeaseInfo`, a :class:`BadLease` for a file that is no
+    writer's lease (its holder unknown), or None when the store is not locked. Readers (``status``) use it; it
+    takes nothing, and never opens anything but a regular file of at most :data:`MAX_LEASE_BYTES`."""
     with _object_store_errors(url, "read"):
-        raw = _document(url).read()
-    if raw is None:
-        return None
-    info = _parse(raw)
-    return raw if info is None else info
+        doc = _document(url)
+        return _parse_found(doc.read(), str(doc.path))
 
 
 # ---------------------------------------------------------------------------- the lease
@@ -334,7 +571,7 @@ class Lease:
     def __init__(self, url: str, info: LeaseInfo, doc: Any, heartbeat: float):
         self.url, self.info, self._doc = url, info, doc
         self._stop = threading.Event()
-        self._lost: LeaseInfo | bytes | None = None
+        self._lost: LeaseInfo | BadLease | None = None
         self._lost_flag = False
         self._released = False
         self._lock = threading.Lock()
@@ -362,7 +599,9 @@ class Lease:
         url
             The store: a local directory (created when missing) or an fsspec URL.
         break_lock
-            Remove a stale lease first (see :meth:`LeaseInfo.stale_reason`); a live lease is refused anyway.
+            Take a stale lease whose holder is not provably gone too (a heartbeat in the future, a document whose
+            holder is unknown: see :meth:`LeaseInfo.stale_reason`); a lease whose holder is provably gone
+            (:meth:`LeaseInfo.holder_gone`) is taken over without it, a live lease is refused anyway.
         heartbeat
             Seconds between heartbeats (0: none).
         timeout
@@ -375,7 +614,8 @@ class Lease:
         Raises
         ------
         StoreLockedError
-            When another writer holds the lease (live, or stale without ``break_lock``), naming it.
+            When another writer holds the lease (live, or stale but not provably gone without ``break_lock``),
+            naming it.
         StoreDamagedError
             When the store's root metadata is damaged (unless ``new_store_here``); nothing is written then.
         StoreError
@@ -406,24 +646,33 @@ class Lease:
                 raise
         if _is_local(url):
             store.check_writable()
-        found: LeaseInfo | None = None
+        found: LeaseInfo | BadLease | None = None
         stale: str | None = None
         with _object_store_errors(url, "write"):
             doc = _document(url)
-            for _ in range(3):  # a lease released or broken between the attempt and the read is retried
+            for _ in range(3):  # a lease released or taken between the attempt and the read is retried
                 if doc.create(data, token):
                     log.debug("took the lease of %s", url)
                     return cls(url, info, doc, heartbeat)
-                raw = doc.read()
-                if raw is None:
+                found = _parse_found(doc.read(), str(doc.path))
+                if found is None:
                     continue
-                found = _parse(raw)
-                stale = "its lease document cannot be read" if found is None else found.stale_reason(timeout)
-                if stale is None or not break_lock:
+                stale = found.stale_reason(timeout)
+                if stale is None:
+                    raise StoreLockedError(url, found, None)
+                gone = found.holder_gone(timeout)
+                if not (gone or break_lock):
                     raise StoreLockedError(url, found, stale)
-                if doc.read() == raw:  # still the stale document read above: remove it and try again
-                    log.info("%s: breaking a stale lease (%s)", url, stale)
-                    doc.remove()
+                if doc.take(found, data, token):  # compare-and-swap: of two writers, one takes it
+                    who = f"the lease of {found.describe()}" if isinstance(found, LeaseInfo) else "the lease"
+                    log.warning(
+                        "%s: took over %s: stale because %s%s",
+                        url,
+                        who,
+                        stale,
+                        "; its last commit is resumed" if gone else " (--break-lock)",
+                    )
+                    return cls(url, info, doc, heartbeat)
             raise StoreLockedError(url, found, stale, broken=True)
 
     # ---------------------------------------------------------------- while held
@@ -449,11 +698,10 @@ class Lease:
 
     def _mine(self) -> bool:
         """Whether ``lease.json`` is still this writer's (records who took it when not)."""
-        raw = self._doc.read()
-        found = None if raw is None else _parse(raw)
-        if found is not None and found.holder == self.info.holder:
+        found = _parse_found(self._doc.read(), str(self._doc.path))
+        if isinstance(found, LeaseInfo) and found.holder == self.info.holder:
             return True
-        self._lost, self._lost_flag = (found if found is not None else raw), True
+        self._lost, self._lost_flag = found, True
         return False
 
     def check(self) -> None:

@@ -80,7 +80,7 @@ import datetime as _dt
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -410,11 +410,16 @@ class RunStore:
             if lease is not None:
                 lease.check()
             store = self._store(read_only=False)
-            sync(store.delete_dir(gen_name))  # leftover of a crashed commit with the same number
-            nodes, manifest = sync(_write_generation(store, gen_name, groups))  # (1) the new generation
-            if lease is not None:
-                lease.check()  # a writer whose lease was broken switches no head (its generation is an orphan)
-            self._switch_head(store, dict(full, integrity=manifest), nodes)  # (2) one atomic write of zarr.json
+            try:
+                sync(store.delete_dir(gen_name))  # leftover of a crashed commit with the same number
+                nodes, manifest = sync(_write_generation(store, gen_name, groups))  # (1) the new generation
+            except OSError:
+                if lease is not None:  # a writer that took the lease meanwhile writes the same generation
+                    lease.check()
+                raise
+            # (2) one atomic write of zarr.json; a writer whose lease was taken switches no head (its generation
+            # is an orphan): the lease is checked once the document is ready, just before it is written
+            self._switch_head(store, dict(full, integrity=manifest), nodes, None if lease is None else lease.check)
             # (3) the generation just replaced stays until the next commit: a reader that started on it has a
             # whole commit's time to finish (:meth:`clean` removes it when the writer is done)
             self._clean(keep={gen_name, (previous or {}).get("head", gen_name)}, store=store)
@@ -422,12 +427,18 @@ class RunStore:
         return gen_name
 
     @staticmethod
-    def _switch_head(store: Store, meta: dict, nodes: Mapping[str, Mapping[str, Any]]) -> None:
+    def _switch_head(
+        store: Store, meta: dict, nodes: Mapping[str, Mapping[str, Any]], check: Callable[[], None] | None = None
+    ) -> None:
         """Write the root document: ``meta`` (with the generation's manifest, ``meta["integrity"]``), the
-        consolidated metadata of ``nodes``, and the document's own digest."""
+        consolidated metadata of ``nodes``, and the document's own digest; ``check`` (the writer's lease check)
+        runs once the document is ready, right before it is written."""
         root = dict(_group_doc({"relulearn": meta}), consolidated_metadata=_consolidated(nodes))
         integrity.seal_root(root)
-        sync(store.set("zarr.json", _json_buffer(root, indent=None)))
+        buffer = _json_buffer(root, indent=None)
+        if check is not None:
+            check()
+        sync(store.set("zarr.json", buffer))
 
     def _clean(self, keep: set[str], store: Store | None = None) -> None:
         store = store or self._store(read_only=False)
