@@ -1,0 +1,92 @@
+"""A store's records (``records/<kind>-<time>.json``): a damaged record, one that is not a JSON object and a write
+left unfinished by a kill are named and skipped by every reader (``report``, the curve's points), never a crash."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from relulearn import api
+from relulearn.config import config_from_dict
+from relulearn.storage import RunStore
+
+from conftest import TWO_UNITS, relulearn
+
+
+@pytest.fixture
+def learned(tmp_path) -> Path:
+    """A store of TWO_UNITS with two learn records and one curve record."""
+    store = tmp_path / "s.zarr"
+    cfg = config_from_dict(TWO_UNITS)
+    for n in (20_000, 40_000):
+        api.fit(cfg, str(store), "moments", width=2, samples=n, client="local", progress=None)
+    RunStore(str(store)).add_record("curve", {"key": {"method": "moments"}, "samples": 20_000})
+    return store
+
+
+def _damage(store: Path) -> dict[str, str]:
+    """A truncated learn record, a learn record that is a JSON list, and the temporary file a learn killed while
+    writing its record leaves (zarr writes ``<key>.<uuid hex>.partial``, then renames it); their names."""
+    records = store / "records"
+    good = sorted(records.glob("learn-*.json"))
+    text = good[-1].read_text()
+    truncated = records / "learn-20990101T000000.000001Z.json"
+    truncated.write_text(text[: len(text) // 2])
+    listed = records / "learn-20990101T000000.000002Z.json"
+    listed.write_text(json.dumps([1, 2, 3]))
+    partial = records / f"learn-20990101T000000.000003Z.{'a' * 32}.partial"
+    partial.write_text(text[:100])
+    curve = records / "curve-20990101T000000.000001Z.json"
+    curve.write_text('{"samples": ')
+    return {"truncated": truncated.name, "listed": listed.name, "partial": partial.name, "curve": curve.name}
+
+
+def test_damaged_records_are_named_and_skipped_and_a_partial_write_is_ignored(learned, caplog):
+    """The store's reader returns the whole records only, in order, and warns once per damaged record naming its
+    file and what is wrong with it; the leftover of a killed write is not a record at all."""
+    before = RunStore(str(learned)).records("learn")
+    curves = RunStore(str(learned)).records("curve")
+    names = _damage(learned)
+    with caplog.at_level(logging.WARNING, logger="relulearn"):
+        assert RunStore(str(learned)).records("learn") == before
+        assert RunStore(str(learned)).records("curve") == curves
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 3, warned
+    assert any(names["truncated"] in w and "not readable JSON" in w for w in warned)
+    assert any(names["listed"] in w and "not a JSON object" in w and "a list" in w for w in warned)
+    assert any(names["curve"] in w for w in warned)
+    assert not any(names["partial"] in w for w in warned)
+    assert all(str(learned) in w and "skipped" in w for w in warned)
+
+
+@pytest.mark.slow
+@pytest.mark.extra("report")
+def test_report_reads_past_damaged_records_naming_each(learned, tmp_path):
+    """`relulearn report` on a store with damaged records: exit 0, the figures of the last whole learn record, one
+    warning line per damaged record naming its file; no traceback."""
+    names = _damage(learned)
+    out = tmp_path / "r.html"
+    done = relulearn("report", learned, "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    warnings = [line for line in lines if line.startswith("relulearn: warning:")]
+    assert len(warnings) == 2, done.stderr
+    assert any(names["truncated"] in w for w in warnings) and any(names["listed"] in w for w in warnings)
+    assert "figures spectra, learning, samples" in done.stdout  # the learn records that are whole are drawn
+
+
+def test_verify_mentions_an_unfinished_record_write(learned):
+    """`verify` of a store whose records hold the leftover of a killed write: intact (the statistics are), and the
+    leftover named as an unfinished write that readers ignore."""
+    names = _damage(learned)
+    done = relulearn("verify", learned, "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert got["intact"] is True
+    assert got["unfinished"] == [f"records/{names['partial']}"]
+    text = relulearn("verify", learned)
+    assert text.returncode == 0 and f"records/{names['partial']}" in text.stdout
