@@ -1,5 +1,6 @@
-"""A store's records (``records/<kind>-<time>.json``): a damaged record, one that is not a JSON object and a write
-left unfinished by a kill are named and skipped by every reader (``report``, the curve's points), never a crash."""
+"""A store's records (``records/<kind>-<time>.json``) and its place: a damaged record, one that is not a JSON object
+and a write left unfinished by a kill are named and skipped by every reader (``report``, the curve's points), never a
+crash; a store is never created inside another store (whose commits would delete it)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ import pytest
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.storage import RunStore
+from relulearn.storage import RunStore, StoreError
+from relulearn.storage.nesting import check_not_inside_a_store
 
 from conftest import TWO_UNITS, relulearn
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
@@ -90,3 +97,30 @@ def test_verify_mentions_an_unfinished_record_write(learned):
     assert got["unfinished"] == [f"records/{names['partial']}"]
     text = relulearn("verify", learned)
     assert text.returncode == 0 and f"records/{names['partial']}" in text.stdout
+
+
+# ------------------------------------------------------------------ a store inside another store
+
+
+@pytest.mark.parametrize("inner", ["g000099", "records/x.zarr", "deep/er/run.zarr", "passes/a/b"])
+def test_a_store_inside_another_store_is_refused_and_the_outer_store_unchanged(learned, inner):
+    """`estimate --store OUTER/...` (a generation-like name the outer store's next commit would delete, or any
+    path below it): exit 2, one line naming the outer store and the fix; not a byte of the outer store changed."""
+    (learned.parent / "c.json").write_text(json.dumps(TWO_UNITS))
+    before = _files(learned)
+    done = relulearn("estimate", learned.parent / "c.json", "--store", learned / inner)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert f"inside the relulearn store {learned}" in done.stderr and f"choose a path outside {learned}" in done.stderr
+    assert _files(learned) == before
+
+
+def test_the_extra_passes_of_a_store_are_allowed_under_it(learned):
+    """``STORE/passes/<name>`` is where a learning method keeps its extra passes (stores of their own): allowed;
+    the same check refuses a path below a pass and a path beside the passes."""
+    check_not_inside_a_store(f"{learned}/passes/sketch-0123456789ab")
+    check_not_inside_a_store(str(learned.parent / "elsewhere.zarr"))
+    with pytest.raises(StoreError, match="inside the relulearn store"):
+        check_not_inside_a_store(f"{learned}/passes")
+    with pytest.raises(StoreError, match="inside the relulearn store"):
+        check_not_inside_a_store(f"{learned}/../{learned.name}/g000001")

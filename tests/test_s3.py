@@ -317,6 +317,18 @@ def test_a_data_file_on_s3_read_through_nested_storage_options(s3, fmt, tmp_path
         assert np.array_equal(remote_arrays[name], arr, equal_nan=True), name
 
 
+def test_a_store_inside_a_store_on_s3_is_refused_and_its_objects_unchanged(s3, base, tmp_path):
+    """``--store s3://bucket/base/g000099`` (a generation-like name the outer store's next commit deletes): exit 2,
+    one line naming the outer store; not an object of the bucket changed."""
+    cfg = write_yaml(tmp_path / "run.yaml", RUN)
+    prefix = base.removeprefix(f"s3://{BUCKET}/")
+    before = s3.objects(prefix)
+    done = cli("estimate", cfg, "--store", f"{base}/g000099", "--samples", 12_000, "--in-process")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and f"inside the relulearn store {base}" in done.stderr
+    assert s3.objects(prefix) == before
+
+
 # ------------------------------------------------------------- outputs on s3:// and file://
 
 # the networks compared are learned from the same local store (conftest.TWO_UNITS), so equal bit for bit

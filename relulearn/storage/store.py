@@ -9,7 +9,8 @@ Layout::
     STORE/g000007/<stat>/    the committed generation: one subgroup per statistic,
                              arrays with dimension names (xarray.open_zarr(..., group=...))
     STORE/g000007/ledger/    the blocks counted in this generation
-    STORE/passes/<name>-<digest>/   extra passes of a learning method, each a store of its own
+    STORE/passes/<name>-<digest>/   extra passes of a learning method, each a store of its own (the only
+                             stores allowed inside a store: :mod:`~relulearn.storage.nesting`)
     STORE/records/<kind>-<time>.json   what a learn or a curve's point found (:meth:`RunStore.add_record`)
 
 The location is a local directory or any fsspec URL zarr accepts (``s3://bucket/path``
@@ -71,7 +72,8 @@ Stores hold arrays and JSON only.
 
 Its parts: :mod:`~relulearn.storage.location` (opening a path or URL, errors of object stores),
 :mod:`~relulearn.storage.folder` (what the folder holds; the root document refused),
-:mod:`~relulearn.storage.generation` (writing a generation) and :mod:`~relulearn.storage.reading` (reading one).
+:mod:`~relulearn.storage.generation` (writing a generation), :mod:`~relulearn.storage.reading` (reading one) and
+:mod:`~relulearn.storage.nesting` (no store inside another).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ from .location import (
     _open_store,
     storage_options,
 )
+from .nesting import check_not_inside_a_store
 from .reading import _read_generation
 
 log = logging.getLogger(__name__)
@@ -442,6 +445,8 @@ class RunStore:
         switches (:class:`~relulearn.storage.lease.LeaseLostError` when another writer took it).
         """
         previous = self.meta()
+        if previous is None:  # a first commit (a writer with a lease checked this when it took it)
+            check_not_inside_a_store(self.url)
         number = 0 if previous is None else int(previous.get("commits", 0)) + 1
         gen_name = f"g{number:06d}"
         full = dict(meta, head=gen_name, commits=number, format_version=FORMAT_VERSION, updated=_now())
