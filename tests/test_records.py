@@ -46,9 +46,17 @@ def _damage(store: Path) -> dict[str, str]:
     listed.write_text(json.dumps([1, 2, 3]))
     partial = records / f"learn-20990101T000000.000003Z.{'a' * 32}.partial"
     partial.write_text(text[:100])
+    typed = records / "learn-20990101T000000.000004Z.json"
+    typed.write_text(json.dumps({"method": "moments", "samples": "many", "report": 5}))
     curve = records / "curve-20990101T000000.000001Z.json"
     curve.write_text('{"samples": ')
-    return {"truncated": truncated.name, "listed": listed.name, "partial": partial.name, "curve": curve.name}
+    return {
+        "truncated": truncated.name,
+        "listed": listed.name,
+        "partial": partial.name,
+        "typed": typed.name,
+        "curve": curve.name,
+    }
 
 
 def test_damaged_records_are_named_and_skipped_and_a_partial_write_is_ignored(learned, caplog):
@@ -61,9 +69,10 @@ def test_damaged_records_are_named_and_skipped_and_a_partial_write_is_ignored(le
         assert RunStore(str(learned)).records("learn") == before
         assert RunStore(str(learned)).records("curve") == curves
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 3, warned
+    assert len(warned) == 4, warned
     assert any(names["truncated"] in w and "not readable JSON" in w for w in warned)
     assert any(names["listed"] in w and "not a JSON object" in w and "a list" in w for w in warned)
+    assert any(names["typed"] in w and "field 'samples' is not a whole number" in w for w in warned)
     assert any(names["curve"] in w for w in warned)
     assert not any(names["partial"] in w for w in warned)
     assert all(str(learned) in w and "skipped" in w for w in warned)
@@ -73,17 +82,29 @@ def test_damaged_records_are_named_and_skipped_and_a_partial_write_is_ignored(le
 @pytest.mark.extra("report")
 def test_report_reads_past_damaged_records_naming_each(learned, tmp_path):
     """`relulearn report` on a store with damaged records: exit 0, the figures of the last whole learn record, one
-    warning line per damaged record naming its file; no traceback."""
+    warning line per damaged record naming its file; no traceback. A last record whose fields are right at the top
+    but whose report holds something else: its figures not drawn, naming the record; the others drawn."""
     names = _damage(learned)
     out = tmp_path / "r.html"
     done = relulearn("report", learned, "--out", out)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
-    lines = done.stderr.strip().splitlines()
-    warnings = [line for line in lines if line.startswith("relulearn: warning:")]
-    assert len(warnings) == 2, done.stderr
-    assert any(names["truncated"] in w for w in warnings) and any(names["listed"] in w for w in warnings)
+    warnings = [line for line in done.stderr.strip().splitlines() if line.startswith("relulearn: warning:")]
+    assert len(warnings) == 3, done.stderr
+    assert all(any(names[k] in w for w in warnings) for k in ("truncated", "listed", "typed"))
     assert "figures spectra, learning, samples" in done.stdout  # the learn records that are whole are drawn
+
+    stamp = "20990101T000000.000005Z"  # (add_record keeps the time of a record's name in it)
+    odd = learned / "records" / f"learn-{stamp}.json"
+    odd.write_text(
+        json.dumps({"method": "moments", "samples": 40_000, "report": {"enumeration": 5}, "recorded": stamp})
+    )
+    done = relulearn("report", learned, "--out", out)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "figures spectra, samples" in done.stdout
+    assert f"not drawn: learning: the learn record records/{odd.name} does not hold what the learning figure" in (
+        done.stdout
+    )
 
 
 def test_verify_mentions_an_unfinished_record_write(learned):

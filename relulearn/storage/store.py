@@ -166,6 +166,20 @@ def diff_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
 _RECORD_STAMP = r"\d{8}T\d{6}\.\d{6}Z"
 
 
+#: the fields records share and what each must hold where present (readers use them without checking again)
+_RECORD_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "method": ("a string", (str,)),
+    "kind": ("a string", (str,)),
+    "recorded": ("a string", (str,)),
+    "samples": ("a whole number", (int,)),
+    "seconds": ("a number", (int, float)),
+    "validation_relative_loss": ("a number or null", (int, float, type(None))),
+    "report": ("a JSON object", (dict,)),
+    "network": ("a JSON object", (dict,)),
+    "key": ("a JSON object", (dict,)),
+}
+
+
 def _parse_record(raw: bytes) -> tuple[dict | None, str]:
     """A record's document, or None and what is wrong with it."""
     try:
@@ -174,6 +188,10 @@ def _parse_record(raw: bytes) -> tuple[dict | None, str]:
         return None, f"not readable JSON ({err})"
     if not isinstance(doc, dict):
         return None, f"not a JSON object (it holds a {type(doc).__name__.replace('dict', 'object')})"
+    for name, (what, types) in _RECORD_FIELDS.items():
+        value = doc.get(name)
+        if name in doc and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            return None, f"its field {name!r} is not {what} ({json.dumps(value)[:40]})"
     return doc, ""
 
 
