@@ -145,3 +145,24 @@ def test_the_extra_passes_of_a_store_are_allowed_under_it(learned):
         check_not_inside_a_store(f"{learned}/passes")
     with pytest.raises(StoreError, match="inside the relulearn store"):
         check_not_inside_a_store(f"{learned}/../{learned.name}/g000001")
+
+
+@pytest.mark.slow
+def test_the_curve_learns_a_point_again_whose_record_is_damaged(tmp_path):
+    """`relulearn curve` run again on its store after one of its point records was truncated: exit 0, a warning
+    naming that record, the point learned again with the same numbers bit for bit, the other point reused."""
+    (tmp_path / "c.json").write_text(json.dumps(TWO_UNITS))
+    store = tmp_path / "s.zarr"
+    args = ("curve", tmp_path / "c.json", "--method", "moments", "--width", 2, "--samples", "2e4,4e4")
+    first = relulearn(*args, "--store", store, "--in-process", "--quiet", "--json")
+    assert first.returncode == 0, first.stderr
+    damaged = sorted((store / "records").glob("curve-*.json"))[-1]  # the point at 40,000 samples
+    damaged.write_text(damaged.read_text()[:40])
+    again = relulearn(*args, "--store", store, "--in-process", "--json")
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr
+    assert f"skipped the damaged curve record {store}/records/{damaged.name}" in again.stderr
+    a, b = json.loads(first.stdout), json.loads(again.stdout)
+    assert b["learned"] == 1 and [p["reused"] for p in b["points"]] == [True, False]
+    timing = ("reused", "seconds", "estimate_seconds", "learn_seconds", "evaluate_seconds")
+    same = [{k: v for k, v in p.items() if k not in timing} for p in a["points"]]
+    assert [{k: v for k, v in p.items() if k not in timing} for p in b["points"]] == same
