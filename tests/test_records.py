@@ -147,6 +147,20 @@ def test_the_extra_passes_of_a_store_are_allowed_under_it(learned):
         check_not_inside_a_store(f"{learned}/../{learned.name}/g000001")
 
 
+def test_a_first_run_under_way_is_a_store_and_another_tool_s_lease_json_is_not(tmp_path):
+    """A folder holding a writer's lease and no root document yet (its first commit not done) is a store: refused
+    below it. A ``lease.json`` that is not a relulearn lease (another tool's) does not make its folder one."""
+    from relulearn.storage.lease import Lease
+
+    first = tmp_path / "first.zarr"
+    with Lease.acquire(str(first), heartbeat=0):
+        with pytest.raises(StoreError, match=f"inside the relulearn store {first}"):
+            check_not_inside_a_store(str(first / "g000001"))
+    (tmp_path / "tool").mkdir()
+    (tmp_path / "tool" / "lease.json").write_text(json.dumps({"owner": "someone", "until": 5}))
+    check_not_inside_a_store(str(tmp_path / "tool" / "run.zarr"))
+
+
 @pytest.mark.slow
 def test_the_curve_learns_a_point_again_whose_record_is_damaged(tmp_path):
     """`relulearn curve` run again on its store after one of its point records was truncated: exit 0, a warning

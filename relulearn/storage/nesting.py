@@ -30,14 +30,38 @@ def _is_store_doc(raw: bytes | None) -> bool:
     return isinstance(doc, dict) and isinstance(doc.get("attributes"), dict) and "relulearn" in doc["attributes"]
 
 
+def _is_lease_doc(raw: bytes | None) -> bool:
+    """Whether ``raw`` is a relulearn writer's lease (:mod:`~relulearn.storage.lease`): a first run under way
+    has one before its root document (another tool's ``lease.json`` is not one)."""
+    if raw is None or len(raw) > _LEASE_BYTES:
+        return False
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(doc, dict) and {"holder", "heartbeat"} <= set(doc)
+
+
+#: a lease document is a few hundred bytes; a larger file named lease.json is not read
+_LEASE_BYTES = 1 << 16
+
+
+def _read_local(path: Path, most: int | None = None) -> bytes | None:
+    """The bytes of a regular file (at most ``most``), or None (missing, a folder, a device, a FIFO)."""
+    try:
+        if not path.is_file():
+            return None
+        with path.open("rb") as f:
+            return f.read() if most is None else f.read(most + 1)
+    except OSError:
+        return None
+
+
 def _local_store(folder: Path) -> bool:
     """Whether ``folder`` is a relulearn store: its root document, or a writer's lease (a first run under way)."""
-    doc = folder / "zarr.json"
-    try:
-        raw = doc.read_bytes() if doc.is_file() else None
-    except OSError:
-        raw = None
-    return _is_store_doc(raw) or (folder / LEASE_KEY).is_file()
+    return _is_store_doc(_read_local(folder / "zarr.json")) or _is_lease_doc(
+        _read_local(folder / LEASE_KEY, _LEASE_BYTES)
+    )
 
 
 def _remote_store(url: str) -> bool:
@@ -45,8 +69,10 @@ def _remote_store(url: str) -> bool:
     from .location import _open_store
 
     store = _open_store(url, read_only=True)
-    raw = _get(store, "zarr.json")
-    return _is_store_doc(None if raw is None else raw.to_bytes()) or _get(store, LEASE_KEY) is not None
+    raw, lease = _get(store, "zarr.json"), _get(store, LEASE_KEY)
+    return _is_store_doc(None if raw is None else raw.to_bytes()) or _is_lease_doc(
+        None if lease is None else lease.to_bytes()
+    )
 
 
 def _ancestors(url: str) -> list[tuple[str, tuple[str, ...]]]:
