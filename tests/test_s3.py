@@ -32,7 +32,7 @@ from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.storage import RunStore  # noqa: E402
 
-from test_resume import assert_bitwise_equal, assert_each_chunk_once  # noqa: E402
+from test_resume import assert_bitwise_equal, assert_each_chunk_once, store_arrays  # noqa: E402
 
 BUCKET = "relulearn-test"
 #: the path of a chunk object (zarr's default key encoding with separator ".": c.0.1, or c for a 0-d array)
@@ -283,6 +283,50 @@ def test_learn_from_s3_with_a_pass_stored_under_the_store(s3, tmp_path):
     assert set(s3.generations(pass_prefix)) == {open_store(p["store"]).head}
     # the main store is untouched by the pass below it, and still reads
     assert open_store(url).samples == 100_000 and len(s3.generations("learn")) == 1
+
+
+@pytest.mark.parametrize("fmt", ["npy", pytest.param("parquet", marks=pytest.mark.extra("data"))])
+def test_a_data_file_on_s3_read_through_nested_storage_options(s3, fmt, tmp_path, monkeypatch):
+    """``source.data.storage_options: {client_kwargs: {endpoint_url: ...}}`` (nested: the usual way to reach an S3
+    endpoint) reaches the server with no AWS_ENDPOINT_URL set; the statistics equal bit for bit those of the same
+    file read from a local path."""
+    from test_data import planted_data, write
+
+    *_, x, y = planted_data(seed=4, rows=20_000, d=4)
+    local = write(fmt, tmp_path, x, y)
+    remote = dict(local)
+    for key in ("x", "y"):
+        name = f"nested-{fmt}/{Path(local[key]).name}"
+        s3.client.put_object(Bucket=BUCKET, Key=name, Body=Path(local[key]).read_bytes())
+        remote[key] = s3.url(name)
+    remote["storage_options"] = {"client_kwargs": {"endpoint_url": s3.endpoint}}
+    run = {"seed": 0, "samples": 20_000, "chunk_size": 5_000, "source": {"d": 4}}
+    api.estimate(
+        config_from_dict({**run, "source": {"d": 4, "data": local}}),
+        str(tmp_path / "local.zarr"),
+        client="local",
+        progress=None,
+    )
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # the endpoint comes from the nested options only
+    cfg = config_from_dict({**run, "source": {"d": 4, "data": remote}})
+    got = api.estimate(cfg, str(tmp_path / "s3.zarr"), client="local", progress=None)
+    assert got.samples == 20_000
+    remote_arrays, local_arrays = store_arrays(str(tmp_path / "s3.zarr")), store_arrays(str(tmp_path / "local.zarr"))
+    assert sorted(remote_arrays) == sorted(local_arrays)
+    for name, arr in local_arrays.items():  # (the fingerprints differ: they stamp an object's ETag, a file's mtime)
+        assert np.array_equal(remote_arrays[name], arr, equal_nan=True), name
+
+
+def test_a_store_inside_a_store_on_s3_is_refused_and_its_objects_unchanged(s3, base, tmp_path):
+    """``--store s3://bucket/base/g000099`` (a generation-like name the outer store's next commit deletes): exit 2,
+    one line naming the outer store; not an object of the bucket changed."""
+    cfg = write_yaml(tmp_path / "run.yaml", RUN)
+    prefix = base.removeprefix(f"s3://{BUCKET}/")
+    before = s3.objects(prefix)
+    done = cli("estimate", cfg, "--store", f"{base}/g000099", "--samples", 12_000, "--in-process")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and f"inside the relulearn store {base}" in done.stderr
+    assert s3.objects(prefix) == before
 
 
 # ------------------------------------------------------------- outputs on s3:// and file://

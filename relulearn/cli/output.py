@@ -209,6 +209,11 @@ def print_verify(r: dict[str, Any], verbose: bool = False) -> None:
     else:
         arrays = {d["array"] for d in damaged}
         print(f"DAMAGED: {len(damaged)} damaged object(s) in {len(arrays)} array(s) or document(s); {RESTORE_HINT}")
+    if r.get("unfinished"):
+        print(
+            f"unfinished record writes (a writer killed while writing; readers ignore them, safe to delete): "
+            f"{', '.join(r['unfinished'])}"
+        )
 
 
 def _format(v: Any) -> str:

@@ -8,6 +8,7 @@ reopens what it reads, once per process).
 from __future__ import annotations
 
 import ast
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -44,7 +45,8 @@ class ArrayReader:
     kind: str
     shape: tuple[int, ...]
     columns: tuple[str, ...] | None = None
-    storage_options: tuple[tuple[str, Any], ...] = ()
+    #: the fsspec options as canonical JSON (:func:`_options`): hashable, nested options included
+    storage_options: str = "{}"
     #: the files' sizes and modification times when opened: a rewritten file is another reader (caches key on it)
     stamp: str = ""
 
@@ -66,8 +68,15 @@ class ArrayReader:
         return np.ascontiguousarray(out, dtype=np.float64)
 
 
-def _options(storage_options: dict | None) -> tuple[tuple[str, Any], ...]:
-    return tuple(sorted((storage_options or {}).items()))
+def _options(storage_options: dict | None) -> str:
+    """The fsspec options as canonical JSON: a key of the readers' caches that nested options
+    (``{client_kwargs: {endpoint_url: ...}}``) can be, and one that equal options always give."""
+    return json.dumps(storage_options or {}, sort_keys=True, separators=(",", ":"))
+
+
+def _kwargs(opts: str) -> dict[str, Any]:
+    """The fsspec options :func:`_options` encoded."""
+    return dict(json.loads(opts))
 
 
 def open_reader(
@@ -128,24 +137,24 @@ def open_reader(
     return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp)
 
 
-def _is_file(url: str, opts: tuple) -> bool:
+def _is_file(url: str, opts: str) -> bool:
     """Whether ``url`` is an existing file (not a folder)."""
     import fsspec
 
     try:
-        fs, path = fsspec.core.url_to_fs(url, **dict(opts))
+        fs, path = fsspec.core.url_to_fs(url, **_kwargs(opts))
         return bool(fs.isfile(path))
     except Exception:  # noqa: BLE001 - only to choose the message
         return False
 
 
-def _stamp(url: str, opts: tuple) -> str:
+def _stamp(url: str, opts: str) -> str:
     """Sizes and modification times of the file, or of every file of a zarr array's folder."""
     import hashlib
 
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(url, **dict(opts))
+    fs, path = fsspec.core.url_to_fs(url, **_kwargs(opts))
     info = fs.info(path)
     entries = fs.find(path, detail=True) if info.get("type") == "directory" else {path: info}
     keys = ("size", "mtime", "created", "ETag", "LastModified", "last_modified")
@@ -156,14 +165,14 @@ def _stamp(url: str, opts: tuple) -> str:
 # ------------------------------------------------------------------------- npy
 
 
-def _open(url: str, opts: tuple):
+def _open(url: str, opts: str):
     import fsspec
 
-    return fsspec.open(url, "rb", **dict(opts)).open()
+    return fsspec.open(url, "rb", **_kwargs(opts)).open()
 
 
 @lru_cache(maxsize=64)
-def _npy_header(url: str, opts: tuple, stamp: str) -> tuple[tuple[int, ...], np.dtype, int]:
+def _npy_header(url: str, opts: str, stamp: str) -> tuple[tuple[int, ...], np.dtype, int]:
     """Shape, dtype and data offset of a ``.npy`` file (C order only: rows are contiguous)."""
     with _open(url, opts) as f:
         magic = f.read(6)
@@ -186,7 +195,7 @@ def _npy_header(url: str, opts: tuple, stamp: str) -> tuple[tuple[int, ...], np.
     return tuple(header["shape"]), dtype, offset
 
 
-def _read_npy(url: str, opts: tuple, stamp: str, start: int, stop: int) -> np.ndarray:
+def _read_npy(url: str, opts: str, stamp: str, start: int, stop: int) -> np.ndarray:
     shape, dtype, offset = _npy_header(url, opts, stamp)
     row_items = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
     row_bytes = row_items * dtype.itemsize
@@ -200,10 +209,11 @@ def _read_npy(url: str, opts: tuple, stamp: str, start: int, stop: int) -> np.nd
 
 
 @lru_cache(maxsize=64)
-def _zarr(url: str, opts: tuple, stamp: str):
+def _zarr(url: str, opts: str, stamp: str):
     import zarr
 
-    kwargs: dict[str, Any] = {"storage_options": dict(opts)} if opts else {}
+    options = _kwargs(opts)
+    kwargs: dict[str, Any] = {"storage_options": options} if options else {}
     return zarr.open_array(url, mode="r", **kwargs)
 
 
@@ -219,12 +229,12 @@ def _pyarrow():
 
 
 @lru_cache(maxsize=64)
-def _parquet_file(url: str, opts: tuple, stamp: str):
+def _parquet_file(url: str, opts: str, stamp: str):
     return _pyarrow().ParquetFile(_open(url, opts))
 
 
 @lru_cache(maxsize=64)
-def _parquet_schema(url: str, opts: tuple, stamp: str) -> tuple[int, tuple[str, ...], dict[str, bool]]:
+def _parquet_schema(url: str, opts: str, stamp: str) -> tuple[int, tuple[str, ...], dict[str, bool]]:
     import pyarrow as pa
 
     pf = _parquet_file(url, opts, stamp)
@@ -234,7 +244,7 @@ def _parquet_schema(url: str, opts: tuple, stamp: str) -> tuple[int, tuple[str, 
 
 
 def _read_parquet(
-    url: str, opts: tuple, stamp: str, columns: tuple[str, ...] | None, start: int, stop: int
+    url: str, opts: str, stamp: str, columns: tuple[str, ...] | None, start: int, stop: int
 ) -> np.ndarray:
     """Rows ``[start, stop)`` of ``columns``: the row groups that overlap them, sliced."""
     pf = _parquet_file(url, opts, stamp)

@@ -30,7 +30,7 @@ import numpy as np
 
 from ..atomic import write_text
 from . import common, units
-from ._plot import Figure, plt
+from ._plot import Figure, from_records, plt
 from .methods import METHOD_FIGURES, method_figures
 
 __all__ = [
@@ -104,9 +104,9 @@ def report_figures(
         common.spectra(stats),
         common.tau(stats),
         *method_figures(last),
-        common.learning(last),
+        from_records("learning", lambda: common.learning(last), last),
         units.figure(model, teacher),
-        common.samples(records, teacher, test),
+        from_records("samples", lambda: common.samples(records, teacher, test)),
     ]
 
 

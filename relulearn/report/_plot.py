@@ -4,10 +4,14 @@ at most three, integer axes for counts, and log bars that say where they are cli
 from __future__ import annotations
 
 import io
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 #: a log bar below this is drawn at it and labelled exact: double precision cannot tell it from zero
 EXACT = 1e-15
@@ -24,6 +28,20 @@ class Figure:
     caption: str
     png: bytes | None = None
     overlaps: tuple[str, ...] = ()  # pairs of texts drawn over each other (none in a good figure)
+
+
+def from_records(name: str, draw: Callable[[], Figure], record: dict | None = None) -> Figure:
+    """``draw()``, a figure drawn from learn records; or, when the records do not hold what it reads (a record
+    edited or written by another tool: the store checks their top-level fields only), the figure not drawn,
+    saying which record (``record``, else the store's learn records) and why, with a warning."""
+    try:
+        return draw()
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as err:
+        stamp = record.get("recorded") if isinstance(record, dict) else None
+        which = f"the learn record records/learn-{stamp}.json" if stamp else "the store's learn records"
+        why = f"{which} does not hold what the {name} figure reads ({type(err).__name__}: {err})"
+        log.warning("%s; the figure is not drawn", why)
+        return Figure(name, name, why)
 
 
 def plt(user: str = "relulearn report") -> Any:

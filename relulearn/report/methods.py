@@ -5,12 +5,13 @@ pictures are the common ones (spectra, learning curves, units)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
 
 from ..methods import METHODS
-from ._plot import EXACT, Figure, drawn, integer_axis, log_bars, matched_angles, panels
+from ._plot import EXACT, Figure, drawn, from_records, integer_axis, log_bars, matched_angles, panels
 from .common import recorded_network
 
 #: how many residual passes and τ matrices a figure shows at most
@@ -296,5 +297,5 @@ METHOD_FIGURES: dict[str, tuple[Callable[[dict | None], Figure], ...]] = {
 
 def method_figures(record: dict | None) -> list[Figure]:
     """The figures of the method of ``record`` (a learn's record; none for a method without its own)."""
-    method = (record or {}).get("method")
-    return [fn(record) for fn in METHOD_FIGURES.get(str(method), ())]
+    method = METHODS.get(str((record or {}).get("method")))
+    return [from_records(f, functools.partial(FIGURES[f], record), record) for f in (method.figures if method else ())]

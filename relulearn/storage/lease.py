@@ -68,6 +68,7 @@ from typing import Any
 from .errors import StoreDamagedError, StoreError
 from .folder import LEASE_KEY
 from .location import _is_local, _local_path, _object_store_errors, storage_options
+from .nesting import check_not_inside_a_store
 
 __all__ = [
     "BadLease",
@@ -619,8 +620,9 @@ class Lease:
         StoreDamagedError
             When the store's root metadata is damaged (unless ``new_store_here``); nothing is written then.
         StoreError
-            When the location cannot be written, or holds something that is not a relulearn store
-            (nothing is written there then).
+            When the location cannot be written, holds something that is not a relulearn store, or is a new
+            store inside another store (:func:`~relulearn.storage.nesting.check_not_inside_a_store`); nothing is
+            written there then.
         """
         from .store import RunStore
 
@@ -640,10 +642,13 @@ class Lease:
         data = json.dumps(asdict(info), indent=1).encode()
         store = RunStore(url, allow_foreign=new_store_here)
         try:  # something that is not a store (or of a newer format) is refused before a lease is written
-            store.meta()
+            new = store.meta() is None
         except StoreDamagedError as err:
             if not (new_store_here and err.root):
                 raise
+            new = False
+        if new:  # nor is a new store inside another one, whose commits would delete it
+            check_not_inside_a_store(url)
         if _is_local(url):
             store.check_writable()
         found: LeaseInfo | BadLease | None = None

@@ -9,7 +9,9 @@ Layout::
     STORE/g000007/<stat>/    the committed generation: one subgroup per statistic,
                              arrays with dimension names (xarray.open_zarr(..., group=...))
     STORE/g000007/ledger/    the blocks counted in this generation
-    STORE/passes/<name>-<digest>/   extra passes of a learning method, each a store of its own
+    STORE/passes/<name>-<digest>/   extra passes of a learning method, each a store of its own (the only
+                             stores allowed inside a store: :mod:`~relulearn.storage.nesting`)
+    STORE/records/<kind>-<time>.json   what a learn or a curve's point found (:meth:`RunStore.add_record`)
 
 The location is a local directory or any fsspec URL zarr accepts (``s3://bucket/path``
 through s3fs; credentials and endpoint come from the usual AWS variables, e.g.
@@ -70,7 +72,8 @@ Stores hold arrays and JSON only.
 
 Its parts: :mod:`~relulearn.storage.location` (opening a path or URL, errors of object stores),
 :mod:`~relulearn.storage.folder` (what the folder holds; the root document refused),
-:mod:`~relulearn.storage.generation` (writing a generation) and :mod:`~relulearn.storage.reading` (reading one).
+:mod:`~relulearn.storage.generation` (writing a generation), :mod:`~relulearn.storage.reading` (reading one) and
+:mod:`~relulearn.storage.nesting` (no store inside another).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ import datetime as _dt
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -114,6 +118,7 @@ from .location import (
     _open_store,
     storage_options,
 )
+from .nesting import check_not_inside_a_store
 from .reading import _read_generation
 
 log = logging.getLogger(__name__)
@@ -155,6 +160,39 @@ def diff_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """Dotted names of the fields where two (nested) fingerprints differ."""
     fa, fb = flatten(a), flatten(b)
     return sorted(k for k in set(fa) | set(fb) if fa.get(k, "<absent>") != fb.get(k, "<absent>"))
+
+
+#: the UTC time in a record's name (:meth:`RunStore.add_record`)
+_RECORD_STAMP = r"\d{8}T\d{6}\.\d{6}Z"
+
+
+#: the fields records share and what each must hold where present (readers use them without checking again)
+_RECORD_FIELDS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "method": ("a string", (str,)),
+    "kind": ("a string", (str,)),
+    "recorded": ("a string", (str,)),
+    "samples": ("a whole number", (int,)),
+    "seconds": ("a number", (int, float)),
+    "validation_relative_loss": ("a number or null", (int, float, type(None))),
+    "report": ("a JSON object", (dict,)),
+    "network": ("a JSON object", (dict,)),
+    "key": ("a JSON object", (dict,)),
+}
+
+
+def _parse_record(raw: bytes) -> tuple[dict | None, str]:
+    """A record's document, or None and what is wrong with it."""
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        return None, f"not readable JSON ({err})"
+    if not isinstance(doc, dict):
+        return None, f"not a JSON object (it holds a {type(doc).__name__.replace('dict', 'object')})"
+    for name, (what, types) in _RECORD_FIELDS.items():
+        value = doc.get(name)
+        if name in doc and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            return None, f"its field {name!r} is not {what} ({json.dumps(value)[:40]})"
+    return doc, ""
 
 
 def _now() -> str:
@@ -366,7 +404,8 @@ class RunStore:
     def add_record(self, kind: str, doc: Mapping[str, Any]) -> str:
         """Keep a JSON document beside the statistics (``records/<kind>-<UTC time>.json``; e.g. what a learn on
         the store found, for ``relulearn report``). Records are outside every generation: a commit never
-        touches them."""
+        touches them. A record is written whole or not at all: zarr writes a local key to a temporary
+        ``<key>.<uuid hex>.partial`` file and renames it, and an object store's PUT is atomic."""
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         key = f"records/{kind}-{stamp}.json"
         with _object_store_errors(self.url, "write"):
@@ -374,20 +413,43 @@ class RunStore:
         return key
 
     def records(self, kind: str) -> list[dict]:
-        """The records of ``kind``, oldest first (empty for a store without any)."""
+        """The records of ``kind``, oldest first (empty for a store without any).
 
-        async def read() -> list[dict]:
+        Only whole records are read: a record that is not readable JSON, or not a JSON object, is skipped with a
+        warning naming its file (a record is kept for people and figures, never needed to read the statistics),
+        and the temporary file of a write that was killed (``<key>.<uuid hex>.partial``: zarr writes a key there
+        and renames it) is not a record at all (``relulearn verify`` lists it).
+        """
+        pattern = re.compile(rf"records/{re.escape(kind)}-{_RECORD_STAMP}\.json")
+
+        async def read() -> list[tuple[str, bytes | None]]:
             store = self._store(read_only=True)
-            keys = sorted([k async for k in store.list_prefix("records/") if k.startswith(f"records/{kind}-")])
+            keys = sorted([k async for k in store.list_prefix("records/") if pattern.fullmatch(k)])
             out = []
             for k in keys:
                 buf = await store.get(k, default_buffer_prototype())
-                if buf is not None:
-                    out.append(json.loads(buf.to_bytes()))
+                out.append((k, None if buf is None else buf.to_bytes()))
             return out
 
         with _object_store_errors(self.url, "read"):
-            return sync(read())
+            found = sync(read())
+        out = []
+        for key, raw in found:
+            if raw is None:  # removed since it was listed
+                continue
+            doc, problem = _parse_record(raw)
+            if doc is None:
+                log.warning(
+                    "skipped the damaged %s record %s/%s: %s; delete it (or restore it from a copy) to read the "
+                    "store without this warning",
+                    kind,
+                    self.url.rstrip("/"),
+                    key,
+                    problem,
+                )
+                continue
+            out.append(doc)
+        return out
 
     # ------------------------------------------------------------------ writing
     def commit(self, meta: dict, groups: Mapping[str, Mapping[str, ArrayData]], *, lease: Any = None) -> str:
@@ -401,6 +463,8 @@ class RunStore:
         switches (:class:`~relulearn.storage.lease.LeaseLostError` when another writer took it).
         """
         previous = self.meta()
+        if previous is None:  # a first commit (a writer with a lease checked this when it took it)
+            check_not_inside_a_store(self.url)
         number = 0 if previous is None else int(previous.get("commits", 0)) + 1
         gen_name = f"g{number:06d}"
         full = dict(meta, head=gen_name, commits=number, format_version=FORMAT_VERSION, updated=_now())

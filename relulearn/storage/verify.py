@@ -13,6 +13,7 @@ from zarr.core.sync import sync
 
 from . import integrity
 from .errors import RESTORE_HINT, Damage, StoreDamagedError, StoreError
+from .folder import _PARTIAL
 from .location import _children, _is_local, _local_path, _object_store_errors
 from .store import RunStore
 
@@ -41,7 +42,9 @@ def verify_store(url: str, *, attempts: int = 10) -> dict[str, Any]:
         checked for missing and truncated chunks only), ``intact``, ``arrays`` (per array: ``array``,
         ``chunks`` checked, ``status`` ``ok`` or ``damaged``), ``documents`` (metadata documents checked),
         ``root`` (``ok`` or ``damaged``), ``damaged`` (every damaged object: ``array``, ``chunk``, ``key`` —
-        its file under the store — and ``problem``), ``passes`` (the same for each extra pass) and ``seconds``.
+        its file under the store — and ``problem``), ``unfinished`` (temporary files of record writes that were
+        killed, ``records/<key>.<uuid hex>.partial``: not records, ignored by every reader, safe to delete),
+        ``passes`` (the same for each extra pass) and ``seconds``.
 
     Raises
     ------
@@ -51,6 +54,7 @@ def verify_store(url: str, *, attempts: int = 10) -> dict[str, Any]:
     """
     t0 = time.perf_counter()
     report = _verify(url, attempts)
+    report["unfinished"] = _unfinished_records(url)
     report["passes"] = [_verify(p, attempts) for p in _pass_stores(url)]
     report["intact"] = report["intact"] and all(p["intact"] for p in report["passes"])
     report["seconds"] = time.perf_counter() - t0
@@ -160,6 +164,17 @@ def _report(
         "damaged": [d.to_dict() for d in damages],
         "advice": None if not damages else RESTORE_HINT,
     }
+
+
+def _unfinished_records(url: str) -> list[str]:
+    """The temporary files of record writes that did not finish (a writer killed while writing a record)."""
+
+    async def listed() -> list[str]:
+        store = RunStore(url)._store(read_only=True)
+        return sorted([k async for k in store.list_prefix("records/")])
+
+    with _object_store_errors(url, "read"):
+        return [k for k in sync(listed()) if _PARTIAL.fullmatch(k.removeprefix("records/"))]
 
 
 def _pass_stores(url: str) -> list[str]:
