@@ -178,6 +178,10 @@ WRONG_VALUES = [  # (changes, needles)
     ({"source": {"d": "x"}}, ["'source.d'", "valid integer", "'x'"]),
     ({"samples": -5}, ["'samples'", "greater than or equal to 1", "-5"]),
     ({"chunk_size": 1}, ["'chunk_size'", "greater than or equal to 2", "(got 1)"]),
+    # the store's ledger keeps seeds and counts in int64 columns: a larger one failed at the first commit
+    ({"seed": 2**63}, ["'seed'", "less than or equal to 9223372036854775807", "(got 9223372036854775808)"]),
+    ({"samples": 10**30}, ["'samples'", "less than or equal to 9223372036854775807"]),
+    ({"source.teacher.seed": -1}, ["'source.teacher.seed'", "greater than or equal to 0"]),
     ({"statistics": 5}, ["'statistics' must be a mapping of keys (got 5)"]),
     ({"statistics.hermite": 4}, ["'statistics.hermite' must be a mapping of keys (got 4)"]),
     ({"source.teacher": 5}, ["'source.teacher' must be a mapping of keys (got 5)"]),
@@ -226,10 +230,47 @@ def test_a_count_of_directions_past_the_memory_budget_is_refused_before_the_bank
     assert not target.exists()
 
 
+class _Started(Exception):
+    pass
+
+
+def test_the_blocks_of_a_huge_run_are_planned_lazily(tmp_path):
+    """10^11 samples are 500,000 blocks: planned as a lazy sequence (a list of their ranges took 6 GB at 10^13
+    samples and ended in MemoryError before the first block); the plan is the blocks the run would make."""
+    import tracemalloc
+
+    from relulearn.pipeline.blocks import plan_blocks
+
+    started: list[dict] = []
+
+    def stop(info: dict) -> None:
+        started.append(info)
+        raise _Started
+
+    cfg = load_config(write_yaml(tmp_path / "c.yaml", config()))
+    estimate(cfg, str(tmp_path / "warm.zarr"), client="local", progress=None)  # the modules a run imports
+    tracemalloc.start()
+    try:
+        with pytest.raises(_Started):
+            estimate(cfg, str(tmp_path / "s.zarr"), samples=10**11, client="local", progress=None, on_start=stop)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert started[0]["blocks"] == 10**11 // 5_000 // 2 and started[0]["target_samples"] == 10**11
+    assert peak < 2**20, f"{peak:,} bytes"  # a list of the blocks' ranges alone is 60 MB
+    blocks = plan_blocks(3, 12, 4)
+    assert list(blocks) == [(3, 7), (7, 11), (11, 12)] and blocks[-1] == (11, 12) and blocks[1:] == [(7, 11), (11, 12)]
+
+
 def test_bad_sample_counts_on_the_command_line(store, tmp_path):
     path, before = store
     cfg = write_yaml(tmp_path / "run.yaml", config())
-    cases = [("-5", "must be at least 1, got -5"), ("many", "expected a whole number, got 'many'")]
+    cases = [
+        ("-5", "must be at least 1, got -5"),
+        ("many", "expected a whole number, got 'many'"),
+        ("1e999", "expected a whole number, got '1e999'"),
+        ("1e30", "must be at most 9,223,372,036,854,775,807, got 1e30"),
+    ]
     procs = cli_each(*(("estimate", cfg, "--store", path, "--in-process", "--samples", v) for v, _ in cases))
     for proc, (_, needle) in zip(procs, cases):
         assert_user_error(proc, "argument --samples", needle)
@@ -258,6 +299,23 @@ def test_unreadable_configuration_files(store, tmp_path):
     assert_user_error(procs[3], str(twice), "the key 'seed' is given twice")  # YAML alone keeps the last silently
     assert_user_error(procs[4], str(binary), "not a text file", "byte 10")
     assert_user_error(procs[5], "teacher.pkl", "a .pkl file is not a teacher", ".npz", ".yaml")
+    assert_intact(path, before)
+
+
+@pytest.mark.parametrize("flow", [False, True])
+def test_a_configuration_nested_thousands_deep_is_refused_naming_the_file_and_the_depth(flow, store, tmp_path):
+    """YAML nested 5,000 deep (block mappings or flow lists) is refused in one line naming the file and the depth,
+    before the parser recurses into it (it raised RecursionError)."""
+    path, before = store
+    deep = tmp_path / "deep.yaml"
+    depth = 5_000
+    if flow:
+        deep.write_text("seed: 3\nsamples: " + "[" * depth + "]" * depth + "\n")
+    else:
+        deep.write_text("seed: 3\nsource:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, depth)) + "\n")
+    proc = cli("estimate", deep, "--store", path, "--in-process")
+    err = assert_user_error(proc, str(deep), "nested more than 100 levels deep", "line ")
+    assert len(err.strip().splitlines()) == 1, err
     assert_intact(path, before)
 
 

@@ -20,16 +20,22 @@ examples:
 """
 
 
+#: the largest count a command takes: stores keep counts in int64 columns
+_MAXIMUM = 2**63 - 1
+
+
 def _whole(minimum: int):
-    """An argparse type: a whole number (``1e6`` allowed) of at least ``minimum``."""
+    """An argparse type: a whole number (``1e6`` allowed) from ``minimum`` to 2^63 - 1."""
 
     def parse(text: str) -> int:
         try:
             value = int(float(text)) if "e" in text.lower() else int(text)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: 1e999 is inf as a float
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > _MAXIMUM:
+            raise argparse.ArgumentTypeError(f"must be at most {_MAXIMUM:,}, got {text}")
         return value
 
     return parse
