@@ -10,6 +10,7 @@ its directory) and still readable by ``relulearn status``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -228,6 +229,36 @@ def test_a_count_of_directions_past_the_memory_budget_is_refused_before_the_bank
         "Nothing was written",
     )
     assert not target.exists()
+
+
+def test_sizes_no_machine_holds_are_refused_before_allocation_naming_the_bytes(store, tmp_path):
+    """source.d = 10^9 (the d × d sums: 16 EB; it grew to 14.7 GB before it was killed) and 10^12 (one row of
+    inputs: 8 TB) are refused from the configuration, before a teacher, a batch or a store is made; `plan` refuses
+    what a worker would hold; a store given stays bitwise intact."""
+    path, before = store
+    huge = write_yaml(tmp_path / "huge.yaml", config(**{"source.d": 10**9}))
+    wide = write_yaml(tmp_path / "wide.yaml", config(**{"source.d": 10**12}))
+    new = tmp_path / "new.zarr"
+    # a budget no machine has: the plan's projection of what a worker holds is what refuses
+    roomy = write_yaml(tmp_path / "roomy.yaml", config(**{"source.d": 10**6, "run.worker_memory": 10**20}))
+    procs = cli_each(
+        ("estimate", huge, "--store", new, "--in-process"),
+        ("estimate", wide, "--store", new),
+        ("plan", huge),
+        ("plan", roomy),
+        ("estimate", huge, "--store", path, "--in-process"),
+    )
+    d = 10**9  # BASE's families: float64 sums and error terms of He_0..He_3, 2 × 2 M_l^g, 2 thresholds, basic
+    entries = sum(math.comb(d + j - 1, j) for j in range(4)) + 4 * (d * d + d + 1) + 2 * (d * d + 1) + d * d + 2 * d + 2
+    partial = f"needs {16 * entries:,} bytes (hermite: 2.67e+15 TB, "
+    assert_user_error(procs[0], "source.d = 1,000,000,000", partial, "run.worker_memory", "Nothing was written")
+    assert_user_error(procs[1], "one batch of inputs would take 24,000,000,000,000 bytes", "this machine's memory")
+    assert_user_error(procs[2], partial)
+    assert_user_error(procs[3], "the estimate pass at source.d = 1,000,000 would hold ", "this machine's memory")
+    assert_user_error(procs[4], partial)
+    assert all(len(p.stderr.strip().splitlines()) == 1 for p in procs), [p.stderr for p in procs]
+    assert not new.exists()
+    assert_intact(path, before)
 
 
 class _Started(Exception):

@@ -27,6 +27,7 @@ __all__ = [
     "plan_families",
     "partial_bytes",
     "check_partial_bytes",
+    "check_directions",
 ]
 
 _FLOAT = 8
@@ -175,3 +176,19 @@ def check_partial_bytes(stats: Any, budget_bytes: int, where: str) -> dict[str, 
             "subspace passes'). Nothing was written"
         )
     return shares
+
+
+def check_directions(cfg: Any, d: int, m: int | None, budget: int) -> None:
+    """Refuse a count of directions of ``statistics.contracted`` whose matrices alone (one d × d sum per order,
+    direction and output) exceed ``budget`` bytes, before the bank itself is drawn (10¹² directions would be a
+    116 TiB array)."""
+    if not isinstance(cfg.directions, int):
+        return
+    need = 8 * cfg.directions * len(cfg.orders) * d * d * (m or 1)
+    if need > budget:
+        raise MemoryBudgetError(
+            f"statistics.contracted.directions = {cfg.directions:,}: one d × d matrix per order, direction and "
+            f"output is {need:,} bytes per block partial, more than run.worker_memory = {budget:,} bytes; give "
+            f"fewer directions (at most {max(1, budget // (8 * len(cfg.orders) * d * d * (m or 1))):,} fit) or "
+            "sketch the family (statistics.sketch). Nothing was written"
+        )
