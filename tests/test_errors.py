@@ -308,6 +308,14 @@ def test_bad_sample_counts_on_the_command_line(store, tmp_path):
     assert_intact(path, before)
 
 
+def test_seeds_on_the_command_line_are_bounded_as_in_a_configuration():
+    """`--seed` of `demo` and `shadow` takes 0 to 2^63 - 1, as every seed of a configuration does."""
+    cases = [("demo", "-1", "must be at least 0, got -1"), ("shadow", str(2**63), "must be at most 9,223,372,036")]
+    for command, seed, needle in cases:
+        extra = ["teacher.npz", "--degree", "2"] if command == "shadow" else []
+        assert_user_error(cli(command, *extra, "--seed", seed), "argument --seed", needle)
+
+
 def test_unreadable_configuration_files(store, tmp_path):
     path, before = store
     missing = tmp_path / "nothere.yaml"

@@ -422,7 +422,7 @@ def _shadow(sub: Any) -> None:
     p.add_argument("teacher", help="a network file (.npz) or a run configuration (YAML) whose teacher to use")
     p.add_argument("--degree", type=int, required=True, help="degree n of the Hermite truncation (0..100)")
     p.add_argument("--samples", type=_positive, default=200_000, help="Gaussian inputs (default 200000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
+    p.add_argument("--seed", type=_nonnegative, default=0, help="seed of the inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -437,7 +437,7 @@ def _demo(sub: Any) -> None:
     p.add_argument("--d", type=_positive, default=20, help="input dimension (default 20)")
     p.add_argument("--width", type=_positive, default=3, help="hidden units of the planted network (default 3)")
     p.add_argument("--samples", type=_positive, default=1_000_000, help="samples to estimate on (default 1e6)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the teacher and of the run (default 0)")
+    p.add_argument("--seed", type=_nonnegative, default=0, help="seed of the teacher and of the run (default 0)")
     add_cluster_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_report_option(p)
