@@ -250,8 +250,9 @@ def test_sizes_no_machine_holds_are_refused_before_allocation_naming_the_bytes(s
     )
     d = 10**9  # BASE's families: float64 sums and error terms of He_0..He_3, 2 × 2 M_l^g, 2 thresholds, basic
     entries = sum(math.comb(d + j - 1, j) for j in range(4)) + 4 * (d * d + d + 1) + 2 * (d * d + 1) + d * d + 2 * d + 2
-    partial = f"needs {16 * entries:,} bytes (hermite: 2.67e+15 TB, "
-    assert_user_error(procs[0], "source.d = 1,000,000,000", partial, "run.worker_memory", "Nothing was written")
+    hermite = sum(math.comb(d + j - 1, j) for j in range(4))
+    partial = f"needs {16 * entries:,} bytes (hermite: {16 * hermite:,}, "
+    assert_user_error(procs[0], str(new), partial, "run.worker_memory", "lower source.d", "Nothing was written")
     assert_user_error(procs[1], "one batch of inputs would take 24,000,000,000,000 bytes", "this machine's memory")
     assert_user_error(procs[2], partial)
     assert_user_error(procs[3], "the estimate pass at source.d = 1,000,000 would hold ", "this machine's memory")

@@ -77,7 +77,7 @@ def estimate(
     from ..pipeline.sizes import check_source_sizes
 
     check_source_sizes(cfg.source)  # sizes before anything is allocated, planned or written
-    check_statistics_sizes(cfg)
+    check_statistics_sizes(cfg, store)
     if cfg.run.max_hours is not None:  # projected before any work (the projection is skipped without a limit)
         from ..runplan import plan_run
 

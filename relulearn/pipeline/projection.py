@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
-from .plan import MemoryBudgetError, check_directions
+from .plan import check_directions, check_partial_shares
 from .sizes import BATCH_COPIES, format_bytes
 
 __all__ = [
@@ -263,9 +263,10 @@ def _outputs(source: Any) -> int | None:
     return None
 
 
-def check_statistics_sizes(cfg: Any) -> None:
+def check_statistics_sizes(cfg: Any, where: str = "the configuration") -> None:
     """Refuse statistics whose block partial, counted from the configuration, exceeds ``run.worker_memory``,
-    before the source or the statistics are built (:func:`.plan.check_partial_bytes` checks the built ones).
+    before the source or the statistics are built (:func:`.plan.check_partial_bytes` checks the built ones);
+    ``where`` names the run (its store) in the message.
 
     Raises
     ------
@@ -277,14 +278,5 @@ def check_statistics_sizes(cfg: Any) -> None:
     if contracted is not None and 8 * len(contracted.orders) * d * d * (m or 1) <= budget:
         # one direction fits: the count of directions is what to lower, and its own message names the count that fits
         check_directions(contracted, d, m, budget)
-    entries = sums_entries(cfg.statistics, int(cfg.source.d), _outputs(cfg.source))
-    shares = {name: _F * (sums + terms) for name, (sums, terms) in entries.items()}
-    total, budget = sum(shares.values()), int(cfg.run.worker_memory)
-    if total > budget:
-        parts = ", ".join(f"{k}: {format_bytes(v)}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
-        raise MemoryBudgetError(
-            f"one block partial of the statistics at source.d = {int(cfg.source.d):,} needs {total:,} bytes "
-            f"({parts}), more than run.worker_memory = {budget:,} bytes; lower source.d, give each worker more "
-            "(run.worker_memory) or replace the d × d families by their sketch (statistics.sketch, with basic: "
-            "null). Nothing was written"
-        )
+    entries = sums_entries(cfg.statistics, d, m)
+    check_partial_shares({name: _F * (sums + terms) for name, (sums, terms) in entries.items()}, budget, where)
