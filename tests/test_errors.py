@@ -239,6 +239,8 @@ def test_sizes_no_machine_holds_are_refused_before_allocation_naming_the_bytes(s
     huge = write_yaml(tmp_path / "huge.yaml", config(**{"source.d": 10**9}))
     wide = write_yaml(tmp_path / "wide.yaml", config(**{"source.d": 10**12}))
     new = tmp_path / "new.zarr"
+    # a hidden layer of 10^8 units is 3.3 TB on one batch of 4096 rows
+    deep = write_yaml(tmp_path / "deep.yaml", config(**{"source.teacher": {"kind": "deep_relu", "widths": [3, 10**8]}}))
     # a budget no machine has: the plan's projection of what a worker holds is what refuses
     roomy = write_yaml(tmp_path / "roomy.yaml", config(**{"source.d": 10**6, "run.worker_memory": 10**20}))
     procs = cli_each(
@@ -246,6 +248,7 @@ def test_sizes_no_machine_holds_are_refused_before_allocation_naming_the_bytes(s
         ("estimate", wide, "--store", new),
         ("plan", huge),
         ("plan", roomy),
+        ("plan", deep),
         ("estimate", huge, "--store", path, "--in-process"),
     )
     d = 10**9  # BASE's families: float64 sums and error terms of He_0..He_3, 2 × 2 M_l^g, 2 thresholds, basic
@@ -253,10 +256,15 @@ def test_sizes_no_machine_holds_are_refused_before_allocation_naming_the_bytes(s
     hermite = sum(math.comb(d + j - 1, j) for j in range(4))
     partial = f"needs {16 * entries:,} bytes (hermite: {16 * hermite:,}, "
     assert_user_error(procs[0], str(new), partial, "run.worker_memory", "lower source.d", "Nothing was written")
-    assert_user_error(procs[1], "one batch of inputs would take 24,000,000,000,000 bytes", "this machine's memory")
+    batch = "one batch of inputs (1 row × source.d = 1,000,000,000,000, 3 copies) would take 24,000,000,000,000 bytes"
+    assert_user_error(procs[1], batch, "this machine's memory", "lower source.d")
     assert_user_error(procs[2], partial)
     assert_user_error(procs[3], "the estimate pass at source.d = 1,000,000 would hold ", "this machine's memory")
-    assert_user_error(procs[4], partial)
+    hidden = (
+        "the teacher's hidden units on one batch (4,096 rows × 100,000,000 units) would take 3,276,800,000,000 bytes"
+    )
+    assert_user_error(procs[4], hidden, "lower source.teacher.widths")
+    assert_user_error(procs[5], partial)
     assert all(len(p.stderr.strip().splitlines()) == 1 for p in procs), [p.stderr for p in procs]
     assert not new.exists()
     assert_intact(path, before)

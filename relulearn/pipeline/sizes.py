@@ -39,30 +39,43 @@ def machine_memory() -> int | None:
         return None
 
 
-def _weights(teacher: Any, d: int) -> tuple[int, str]:
-    """float64 entries of a planted teacher's weights and the keys that size them (0 for files and black boxes:
-    their sizes are the files' own)."""
+def _teacher(teacher: Any, d: int) -> tuple[int, int, str]:
+    """float64 entries of a planted teacher's weights, its widest hidden layer, and the keys that size them
+    (0, 0 for files and black boxes: their sizes are the files' own)."""
     kind = getattr(teacher, "kind", None)
     if kind == "one_hidden_relu":
-        return int(teacher.width) * (d + 1), "source.teacher.width"
+        return int(teacher.width) * (d + 1), int(teacher.width), "source.teacher.width"
     if kind in ("deep_relu", "random_xavier"):
         widths = [int(w) for w in teacher.widths]
         layers = [d, *widths, 1]
-        return sum(a * b for a, b in zip(layers, layers[1:])), "source.teacher.widths"
+        return sum(a * b for a, b in zip(layers, layers[1:])), max(widths), "source.teacher.widths"
     if kind == "two_layer":
-        return int(teacher.width) * (d + int(teacher.outputs)), "source.teacher.width and outputs"
-    return 0, ""
+        width, outputs = int(teacher.width), int(teacher.outputs)
+        return width * (d + outputs), max(width, outputs), "source.teacher.width and outputs"
+    return 0, 0, ""
 
 
 def source_bytes(source: Any) -> dict[str, tuple[int, str]]:
-    """The largest arrays of a source section (:class:`relulearn.config.SourceConfig`) before any sample: one
-    batch of inputs as a worker holds it and a planted teacher's weights, each with the keys that size it."""
+    """The largest arrays of a source section (:class:`relulearn.config.SourceConfig`) before any sample, each
+    with the keys that size it: one batch of inputs as a worker holds it, a planted teacher's weights and its
+    hidden units' values on one batch."""
     d = int(source.d)
-    out = {"one batch of inputs": (BATCH_COPIES * _F * batch_rows(d) * d, "source.d")}
+    rows = batch_rows(d)
+    of_rows = f"{rows:,} row{'s' if rows > 1 else ''}"
+    out = {
+        f"one batch of inputs ({of_rows} × source.d = {d:,}, {BATCH_COPIES} copies)": (
+            BATCH_COPIES * _F * rows * d,
+            "source.d",
+        )
+    }
     if source.data is None:
-        entries, keys = _weights(source.teacher, d)
+        entries, widest, keys = _teacher(source.teacher, d)
         if entries:
-            out["the planted teacher's weights"] = (_F * entries, f"source.d and {keys}")
+            out[f"the planted teacher's weights ({entries:,} numbers)"] = (_F * entries, f"source.d or {keys}")
+            out[f"the teacher's hidden units on one batch ({of_rows} × {widest:,} units)"] = (
+                _F * rows * widest,
+                keys,
+            )
     return out
 
 
@@ -80,6 +93,6 @@ def check_source_sizes(source: Any) -> None:
     for what, (need, keys) in source_bytes(source).items():
         if need > memory:
             raise MemoryBudgetError(
-                f"source.d = {int(source.d):,}: {what} would take {need:,} bytes ({format_bytes(need)}), more than "
-                f"this machine's memory ({format_bytes(memory)}); lower {keys}. Nothing was written"
+                f"{what} would take {need:,} bytes ({format_bytes(need)}), more than this machine's memory "
+                f"({format_bytes(memory)}); lower {keys}. Nothing was written"
             )
