@@ -288,10 +288,17 @@ def plan_run(
     Raises
     ------
     MemoryBudgetError
-        When no form's block partial fits ``run.worker_memory`` (the bytes each form needs).
+        When no form's block partial fits ``run.worker_memory`` (the bytes each form needs), or a source's array,
+        a worker's or the driver's memory would exceed this machine's (:mod:`.pipeline.sizes`).
     TooLongError
         When the passes that always run are projected past ``run.max_hours``.
     """
+    from .pipeline.projection import check_statistics_sizes
+    from .pipeline.sizes import check_source_sizes
+
+    check_source_sizes(cfg.source)  # sizes first: projecting some families costs O(d) memory
+    if method is None or "statistics" in cfg.model_fields_set:
+        check_statistics_sizes(cfg)
     rates = rates or calibrate()
     workers = int(workers or os.cpu_count() or 1)
     n = int(cfg.samples if samples is None else samples)
@@ -327,8 +334,27 @@ def plan_run(
     plan = RunPlan(
         method, int(cfg.source.d), n, workers, statistics, tuple(passes), rates, choice, tuple(notes), where, why
     )
+    _check_memory(plan)
     _check_hours(cfg, plan)
     return plan
+
+
+def _check_memory(plan: RunPlan) -> None:
+    """Refuse a plan whose worker or driver would hold more than this machine's memory (the bytes named)."""
+    from .pipeline.plan import MemoryBudgetError
+    from .pipeline.sizes import machine_memory
+
+    memory = machine_memory()
+    if memory is None:
+        return
+    for p in plan.passes:
+        for who, need in (("a worker", p.worker_bytes), ("the driver", p.driver_bytes)):
+            if need > memory:
+                raise MemoryBudgetError(
+                    f"the {p.name} pass at source.d = {plan.d:,} would hold {need:,} bytes ({format_bytes(need)}) on "
+                    f"{who}, more than this machine's memory ({format_bytes(memory)}); lower source.d, or sketch the "
+                    "d × d families (statistics.sketch, with basic: null). Nothing was written"
+                )
 
 
 #: what a local cluster costs before its first block: the scheduler and the nannies, then each worker process

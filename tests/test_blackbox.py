@@ -62,6 +62,13 @@ def nan_above(x):
     return y
 
 
+def centring(x):  # the teacher's labels, then the batch changed in place, as a careless user's code may
+    y = teacher(x)
+    x -= x.mean(0)
+    x /= 10
+    return y
+
+
 NOT_A_FUNCTION = 3
 """
 
@@ -186,6 +193,23 @@ def test_the_inputs_are_the_chunks_of_a_planted_run_and_the_store_names_the_func
     sys.modules.pop(name)
     with pytest.raises(StoreError, match=r"different fingerprint; differing fields: source.teacher_sha256"):
         api.estimate(config_from_dict(config(name, samples=100_000)), url, client="local", progress=None)
+
+
+def test_a_callable_that_changes_its_batch_in_place_leaves_the_statistics_unchanged(module, tmp_path):
+    """The statistics never see an array the user's function can touch: a function that centres and scales its
+    batch in place after answering gives statistics bitwise equal to the same function that does not."""
+    from relulearn import open_store
+
+    name, _ = module
+    stores = {}
+    for function in ("teacher", "centring"):
+        url = str(tmp_path / f"{function}.zarr")
+        api.estimate(config_from_dict(config(name, function, samples=50_000)), url, client=None, progress=None)
+        stores[function] = open_store(url)
+    for key in ("xx", "yx", "sum_y"):
+        ref, got = stores["teacher"].arrays("basic")[key], stores["centring"].arrays("basic")[key]
+        assert np.array_equal(ref, got), key
+    assert np.allclose(np.diag(stores["teacher"].arrays("basic")["xx"]), 1.0, atol=0.05)  # E x x^T = I
 
 
 def test_vector_outputs_and_source_output(module):

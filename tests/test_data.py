@@ -56,8 +56,8 @@ def write(fmt: str, folder, x: np.ndarray, y: np.ndarray) -> dict:
     return {"x": str(folder / "d.parquet"), "y": str(folder / "d.parquet"), "x_columns": names, "y_column": "target"}
 
 
-def data_config(data: dict, samples: int = ROWS, d: int = D, **extra) -> dict:
-    return {"seed": 0, "samples": samples, "chunk_size": 50_000, "source": {"d": d, "data": data}, **extra}
+def data_config(data: dict, samples: int = ROWS, d: int = D, chunk_size: int = 50_000, **extra) -> dict:
+    return {"seed": 0, "samples": samples, "chunk_size": chunk_size, "source": {"d": d, "data": data}, **extra}
 
 
 def raw_test_error(teacher: Network, learned: Network, mean: np.ndarray, chol: np.ndarray) -> float:
@@ -278,3 +278,28 @@ def test_a_rewritten_dataset_cannot_resume_its_store(tmp_path):
             client="local",
             progress=None,
         )
+
+
+@pytest.mark.extra("data")
+@pytest.mark.parametrize("x_columns", [None, ["f0"], ["f1", "f1"]])
+def test_duplicate_parquet_columns_are_refused_in_one_line_naming_the_file_and_the_column(x_columns, tmp_path):
+    """A Parquet file with two columns of one name (pandas and pyarrow write them), or x_columns naming one
+    column twice: `estimate` exits 2 with one line naming the file and the column; no store is made."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    cols = [pa.array(rng.standard_normal(100)) for _ in range(3)]
+    names = ["f0", "f0", "target"] if x_columns != ["f1", "f1"] else ["f0", "f1", "target"]
+    pq.write_table(pa.Table.from_arrays(cols, names=names), tmp_path / "d.parquet")
+    data = {"x": str(tmp_path / "d.parquet"), "y": str(tmp_path / "d.parquet"), "y_column": "target"}
+    if x_columns is not None:
+        data["x_columns"] = x_columns
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data_config(data, samples=100, d=len(x_columns or names), chunk_size=50)))
+    done = relulearn("estimate", cfg, "--store", tmp_path / "s.zarr", "--in-process", "--quiet")
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    column = "f1" if x_columns == ["f1", "f1"] else "f0"
+    assert "d.parquet" in line and f"'{column}'" in line and "twice" in line, line
+    assert not (tmp_path / "s.zarr").exists()

@@ -10,6 +10,7 @@ its directory) and still readable by ``relulearn status``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -178,6 +179,10 @@ WRONG_VALUES = [  # (changes, needles)
     ({"source": {"d": "x"}}, ["'source.d'", "valid integer", "'x'"]),
     ({"samples": -5}, ["'samples'", "greater than or equal to 1", "-5"]),
     ({"chunk_size": 1}, ["'chunk_size'", "greater than or equal to 2", "(got 1)"]),
+    # the store's ledger keeps seeds and counts in int64 columns: a larger one failed at the first commit
+    ({"seed": 2**63}, ["'seed'", "less than or equal to 9223372036854775807", "(got 9223372036854775808)"]),
+    ({"samples": 10**30}, ["'samples'", "less than or equal to 9223372036854775807"]),
+    ({"source.teacher.seed": -1}, ["'source.teacher.seed'", "greater than or equal to 0"]),
     ({"statistics": 5}, ["'statistics' must be a mapping of keys (got 5)"]),
     ({"statistics.hermite": 4}, ["'statistics.hermite' must be a mapping of keys (got 4)"]),
     ({"source.teacher": 5}, ["'source.teacher' must be a mapping of keys (got 5)"]),
@@ -226,14 +231,98 @@ def test_a_count_of_directions_past_the_memory_budget_is_refused_before_the_bank
     assert not target.exists()
 
 
+def test_sizes_no_machine_holds_are_refused_before_allocation_naming_the_bytes(store, tmp_path):
+    """source.d = 10^9 (the d × d sums: 16 EB; it grew to 14.7 GB before it was killed) and 10^12 (one row of
+    inputs: 8 TB) are refused from the configuration, before a teacher, a batch or a store is made; `plan` refuses
+    what a worker would hold; a store given stays bitwise intact."""
+    path, before = store
+    huge = write_yaml(tmp_path / "huge.yaml", config(**{"source.d": 10**9}))
+    wide = write_yaml(tmp_path / "wide.yaml", config(**{"source.d": 10**12}))
+    new = tmp_path / "new.zarr"
+    # a hidden layer of 10^8 units is 3.3 TB on one batch of 4096 rows
+    deep = write_yaml(tmp_path / "deep.yaml", config(**{"source.teacher": {"kind": "deep_relu", "widths": [3, 10**8]}}))
+    # a budget no machine has: the plan's projection of what a worker holds is what refuses
+    roomy = write_yaml(tmp_path / "roomy.yaml", config(**{"source.d": 10**6, "run.worker_memory": 10**20}))
+    procs = cli_each(
+        ("estimate", huge, "--store", new, "--in-process"),
+        ("estimate", wide, "--store", new),
+        ("plan", huge),
+        ("plan", roomy),
+        ("plan", deep),
+        ("estimate", huge, "--store", path, "--in-process"),
+    )
+    d = 10**9  # BASE's families: float64 sums and error terms of He_0..He_3, 2 × 2 M_l^g, 2 thresholds, basic
+    entries = sum(math.comb(d + j - 1, j) for j in range(4)) + 4 * (d * d + d + 1) + 2 * (d * d + 1) + d * d + 2 * d + 2
+    hermite = sum(math.comb(d + j - 1, j) for j in range(4))
+    partial = f"needs {16 * entries:,} bytes (hermite: {16 * hermite:,}, "
+    assert_user_error(procs[0], str(new), partial, "run.worker_memory", "lower source.d", "Nothing was written")
+    batch = "one batch of inputs (1 row × source.d = 1,000,000,000,000, 3 copies) would take 24,000,000,000,000 bytes"
+    assert_user_error(procs[1], batch, "this machine's memory", "lower source.d")
+    assert_user_error(procs[2], partial)
+    assert_user_error(procs[3], "the estimate pass at source.d = 1,000,000 would hold ", "this machine's memory")
+    hidden = (
+        "the teacher's hidden units on one batch (4,096 rows × 100,000,000 units) would take 3,276,800,000,000 bytes"
+    )
+    assert_user_error(procs[4], hidden, "lower source.teacher.widths")
+    assert_user_error(procs[5], partial)
+    assert all(len(p.stderr.strip().splitlines()) == 1 for p in procs), [p.stderr for p in procs]
+    assert not new.exists()
+    assert_intact(path, before)
+
+
+class _Started(Exception):
+    pass
+
+
+def test_the_blocks_of_a_huge_run_are_planned_lazily(tmp_path):
+    """10^11 samples are 500,000 blocks: planned as a lazy sequence (a list of their ranges took 6 GB at 10^13
+    samples and ended in MemoryError before the first block); the plan is the blocks the run would make."""
+    import tracemalloc
+
+    from relulearn.pipeline.blocks import plan_blocks
+
+    started: list[dict] = []
+
+    def stop(info: dict) -> None:
+        started.append(info)
+        raise _Started
+
+    cfg = load_config(write_yaml(tmp_path / "c.yaml", config()))
+    estimate(cfg, str(tmp_path / "warm.zarr"), client="local", progress=None)  # the modules a run imports
+    tracemalloc.start()
+    try:
+        with pytest.raises(_Started):
+            estimate(cfg, str(tmp_path / "s.zarr"), samples=10**11, client="local", progress=None, on_start=stop)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert started[0]["blocks"] == 10**11 // 5_000 // 2 and started[0]["target_samples"] == 10**11
+    assert peak < 2**20, f"{peak:,} bytes"  # a list of the blocks' ranges alone is 60 MB
+    blocks = plan_blocks(3, 12, 4)
+    assert list(blocks) == [(3, 7), (7, 11), (11, 12)] and blocks[-1] == (11, 12) and blocks[1:] == [(7, 11), (11, 12)]
+
+
 def test_bad_sample_counts_on_the_command_line(store, tmp_path):
     path, before = store
     cfg = write_yaml(tmp_path / "run.yaml", config())
-    cases = [("-5", "must be at least 1, got -5"), ("many", "expected a whole number, got 'many'")]
+    cases = [
+        ("-5", "must be at least 1, got -5"),
+        ("many", "expected a whole number, got 'many'"),
+        ("1e999", "expected a whole number, got '1e999'"),
+        ("1e30", "must be at most 9,223,372,036,854,775,807, got 1e30"),
+    ]
     procs = cli_each(*(("estimate", cfg, "--store", path, "--in-process", "--samples", v) for v, _ in cases))
     for proc, (_, needle) in zip(procs, cases):
         assert_user_error(proc, "argument --samples", needle)
     assert_intact(path, before)
+
+
+def test_seeds_on_the_command_line_are_bounded_as_in_a_configuration():
+    """`--seed` of `demo` and `shadow` takes 0 to 2^63 - 1, as every seed of a configuration does."""
+    cases = [("demo", "-1", "must be at least 0, got -1"), ("shadow", str(2**63), "must be at most 9,223,372,036")]
+    for command, seed, needle in cases:
+        extra = ["teacher.npz", "--degree", "2"] if command == "shadow" else []
+        assert_user_error(cli(command, *extra, "--seed", seed), "argument --seed", needle)
 
 
 def test_unreadable_configuration_files(store, tmp_path):
@@ -258,6 +347,23 @@ def test_unreadable_configuration_files(store, tmp_path):
     assert_user_error(procs[3], str(twice), "the key 'seed' is given twice")  # YAML alone keeps the last silently
     assert_user_error(procs[4], str(binary), "not a text file", "byte 10")
     assert_user_error(procs[5], "teacher.pkl", "a .pkl file is not a teacher", ".npz", ".yaml")
+    assert_intact(path, before)
+
+
+@pytest.mark.parametrize("flow", [False, True])
+def test_a_configuration_nested_thousands_deep_is_refused_naming_the_file_and_the_depth(flow, store, tmp_path):
+    """YAML nested 5,000 deep (block mappings or flow lists) is refused in one line naming the file and the depth,
+    before the parser recurses into it (it raised RecursionError)."""
+    path, before = store
+    deep = tmp_path / "deep.yaml"
+    depth = 5_000
+    if flow:
+        deep.write_text("seed: 3\nsamples: " + "[" * depth + "]" * depth + "\n")
+    else:
+        deep.write_text("seed: 3\nsource:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, depth)) + "\n")
+    proc = cli("estimate", deep, "--store", path, "--in-process")
+    err = assert_user_error(proc, str(deep), "nested more than 100 levels deep", "line ")
+    assert len(err.strip().splitlines()) == 1, err
     assert_intact(path, before)
 
 

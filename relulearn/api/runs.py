@@ -73,6 +73,11 @@ def estimate(
         When ``run.max_hours`` is set and the run is projected to take longer (:mod:`relulearn.runplan`).
     """
     cfg = config if isinstance(config, RunConfig) else load_config(config)
+    from ..pipeline.projection import check_statistics_sizes
+    from ..pipeline.sizes import check_source_sizes
+
+    check_source_sizes(cfg.source)  # sizes before anything is allocated, planned or written
+    check_statistics_sizes(cfg, store)
     if cfg.run.max_hours is not None:  # projected before any work (the projection is skipped without a limit)
         from ..runplan import plan_run
 

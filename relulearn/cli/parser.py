@@ -20,16 +20,22 @@ examples:
 """
 
 
+#: the largest count a command takes: stores keep counts in int64 columns
+_MAXIMUM = 2**63 - 1
+
+
 def _whole(minimum: int):
-    """An argparse type: a whole number (``1e6`` allowed) of at least ``minimum``."""
+    """An argparse type: a whole number (``1e6`` allowed) from ``minimum`` to 2^63 - 1."""
 
     def parse(text: str) -> int:
         try:
             value = int(float(text)) if "e" in text.lower() else int(text)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: 1e999 is inf as a float
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        if value > _MAXIMUM:
+            raise argparse.ArgumentTypeError(f"must be at most {_MAXIMUM:,}, got {text}")
         return value
 
     return parse
@@ -417,7 +423,7 @@ def _shadow(sub: Any) -> None:
     p.add_argument("teacher", help="a network file (.npz) or a run configuration (YAML) whose teacher to use")
     p.add_argument("--degree", type=int, required=True, help="degree n of the Hermite truncation (0..100)")
     p.add_argument("--samples", type=_positive, default=200_000, help="Gaussian inputs (default 200000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
+    p.add_argument("--seed", type=_nonnegative, default=0, help="seed of the inputs (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -432,7 +438,7 @@ def _demo(sub: Any) -> None:
     p.add_argument("--d", type=_positive, default=20, help="input dimension (default 20)")
     p.add_argument("--width", type=_positive, default=3, help="hidden units of the planted network (default 3)")
     p.add_argument("--samples", type=_positive, default=1_000_000, help="samples to estimate on (default 1e6)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the teacher and of the run (default 0)")
+    p.add_argument("--seed", type=_nonnegative, default=0, help="seed of the teacher and of the run (default 0)")
     add_cluster_options(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     add_report_option(p)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ConfigError"]
+__all__ = ["ConfigError", "SEED_MAX", "SAMPLES_MAX"]
+
+#: the largest seed: the store's ledger keeps the run's seed in an int64 column (numpy's SeedSequence would take
+#: any size); every seed of a configuration has the same range
+SEED_MAX = 2**63 - 1
+#: the most samples a run can count: the ledger's sample and chunk columns are int64 too
+SAMPLES_MAX = 2**63 - 1
 
 
 class ConfigError(ValueError):

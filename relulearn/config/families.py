@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import _Section
+from .base import SEED_MAX, _Section
 
 __all__ = [
     "BasicConfig",
@@ -80,7 +80,7 @@ class ContractedConfig(_Section):
         8, description="number of random unit directions g, or the directions themselves (rows of length d)"
     )
     directions_seed: int | None = Field(
-        None, ge=0, description="seed of the random direction bank (default: the run's seed)"
+        None, ge=0, le=SEED_MAX, description="seed of the random direction bank (default: the run's seed)"
     )
     control: bool | None = Field(
         None,

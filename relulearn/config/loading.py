@@ -47,13 +47,41 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+#: the deepest nesting of mappings and lists a configuration may have (a real one is 4 levels deep): PyYAML's
+#: composer recurses once per level and raised RecursionError at about a thousand
+MAX_DEPTH = 100
+_OPEN = (
+    yaml.BlockMappingStartToken,
+    yaml.BlockSequenceStartToken,
+    yaml.FlowMappingStartToken,
+    yaml.FlowSequenceStartToken,
+)
+_CLOSE = (yaml.BlockEndToken, yaml.FlowMappingEndToken, yaml.FlowSequenceEndToken)
+
+
+def _check_depth(text: str, path: Path) -> None:
+    """Refuse YAML nested deeper than :data:`MAX_DEPTH`, from its tokens (the scanner does not recurse)."""
+    depth = 0
+    for token in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(token, _OPEN):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigError(
+                    f"configuration file {path} is nested more than {MAX_DEPTH} levels deep (line "
+                    f"{token.start_mark.line + 1}); a run's configuration is a few levels deep: check the file"
+                )
+        elif isinstance(token, _CLOSE):
+            depth -= 1
+
+
 def load_config(path: str | Path) -> RunConfig:
     """Read and validate a run configuration from a YAML file.
 
     Raises
     ------
     ConfigError
-        If the file is missing, is not YAML, or does not satisfy the schema. The
+        If the file is missing, is not YAML, is nested more than :data:`MAX_DEPTH` levels deep, or does not
+        satisfy the schema. The
         message names each offending key and, for unknown keys, the closest valid one.
     """
     path = Path(path)
@@ -67,6 +95,7 @@ def load_config(path: str | Path) -> RunConfig:
             "run's YAML configuration (examples/small.yaml in the source tree is one)"
         ) from None
     try:
+        _check_depth(text, path)
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as err:
         raise ConfigError(f"configuration file {path} is not valid YAML: {err}") from None

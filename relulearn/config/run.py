@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from .base import _Section
+from .base import SAMPLES_MAX, SEED_MAX, _Section
 from .families import (
     BasicConfig,
     ContractedConfig,
@@ -85,8 +85,8 @@ class RunOptions(_Section):
 
 
 class RunConfig(_Section):
-    seed: int = Field(..., ge=0, description="chunk i of this run uses a generator keyed by (seed, i)")
-    samples: int = Field(..., ge=1, description="samples wanted (rounded up to whole chunks)")
+    seed: int = Field(..., ge=0, le=SEED_MAX, description="chunk i of this run uses a generator keyed by (seed, i)")
+    samples: int = Field(..., ge=1, le=SAMPLES_MAX, description="samples wanted (rounded up to whole chunks)")
     chunk_size: int = Field(50_000, ge=2, description="samples per chunk")
     source: SourceConfig
     statistics: StatisticsConfig = Field(default_factory=StatisticsConfig)

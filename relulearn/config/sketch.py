@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from .base import ConfigError, _Section
+from .base import SEED_MAX, ConfigError, _Section
 from .families import ContractedConfig, ExpansionConfig, FilteredConfig, ResidualConfig
 
 __all__ = [
@@ -88,7 +88,7 @@ class SketchConfig(_Section):
         description=f"columns r of the Gaussian test matrix Ω (d × r); default {SKETCH_DEFAULT_RANK}, "
         "or the number of basis rows",
     )
-    seed: int | None = Field(None, ge=0, description="seed of Ω (default: the run's seed)")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="seed of Ω (default: the run's seed)")
     basis: list[list[float]] | None = Field(
         None, min_length=1, description="orthonormal rows B (r × d): a subspace pass (Ω = Bᵀ, and B M Bᵀ is stored)"
     )

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import _Section
+from .base import SEED_MAX, _Section
 
 __all__ = [
     "OneHiddenReluTeacher",
@@ -36,7 +36,9 @@ class OneHiddenReluTeacher(_Section):
     weights: list[list[float]] | None = Field(
         default=None, description="k rows u_i of length d (normalized to unit length); random unit vectors when omitted"
     )
-    seed: int = Field(default=0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+    seed: int = Field(
+        default=0, ge=0, le=SEED_MAX, description="seed of the planted weights (independent of the run's seed)"
+    )
 
     @model_validator(mode="after")
     def _lengths(self) -> OneHiddenReluTeacher:
@@ -61,7 +63,7 @@ class DeepReluTeacher(_Section):
 
     kind: Literal["deep_relu"]
     widths: list[int] = Field(..., min_length=1, description="hidden widths; widths[0] = k rows of the first layer")
-    seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the planted weights (independent of the run's seed)")
 
     @field_validator("widths")
     @classmethod
@@ -89,7 +91,9 @@ class TwoLayerTeacher(_Section):
     activation: Literal["relu", "relu2", "relu3"] = Field(
         "relu", description="hidden activation f(z) = max(z, 0)^c: relu (c = 1), relu2 (c = 2) or relu3 (c = 3)"
     )
-    weights_seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+    weights_seed: int = Field(
+        0, ge=0, le=SEED_MAX, description="seed of the planted weights (independent of the run's seed)"
+    )
     v_norms: list[float] = Field(
         [0.5, 2.0], description="[lo, hi]: the norms of the rows of V are uniform in [lo, hi], 0 < lo <= hi"
     )
@@ -140,7 +144,7 @@ class RandomXavierTeacher(_Section):
     activation: Literal["relu", "erf", "erf_relu", "tanh"] = Field(
         "relu", description="hidden activation σ before normalisation: relu, erf, erf_relu or tanh"
     )
-    seed: int = Field(0, ge=0, description="seed of the planted weights (independent of the run's seed)")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="seed of the planted weights (independent of the run's seed)")
 
     @field_validator("widths")
     @classmethod

@@ -125,6 +125,16 @@ def open_reader(
         missing = [c for c in cols if c not in names]
         if missing:
             raise ArrayFileError(f"{what}: {url} has no column(s) {missing}; its columns are {list(names)}")
+        # a column is read by its name: a name the file holds twice is ambiguous, one selected twice a copy
+        twice = [c for c in dict.fromkeys(cols) if names.count(c) > 1]
+        if twice:
+            raise ArrayFileError(
+                f"{what}: {url} has the column name '{twice[0]}' twice; rename one of them in the file (columns "
+                "are read by name), or choose other columns (source.data.x_columns, y_column)"
+            )
+        twice = [c for c in dict.fromkeys(cols) if cols.count(c) > 1]
+        if twice:
+            raise ArrayFileError(f"{what}: the column '{twice[0]}' of {url} is chosen twice; name each column once")
         bad = [c for c in cols if not types[c]]
         if bad:
             raise ArrayFileError(f"{what}: column(s) {bad} of {url} are not numeric; choose numeric columns")

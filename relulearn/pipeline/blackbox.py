@@ -120,7 +120,8 @@ class _BlackBox:
                 f"{self.label} returned shape {shape} for a batch of {rows} rows; it "
                 f"must return {want}, one label per row, as it did for the probe batch"
             )
-        return out.astype(np.float64, copy=False)
+        # a copy: an array the black box keeps (a buffer it reuses for every batch) cannot change the labels later
+        return np.array(out, dtype=np.float64)
 
     def labels(self, x: np.ndarray) -> np.ndarray:
         out = self.answers(x)
@@ -160,7 +161,11 @@ class CallableSource(_BlackBox):
         return _fingerprint(self.name)
 
     def raw_answers(self, x: np.ndarray) -> Any:
-        return load_callable(self.name)(x)
+        # The statistics accumulate from x: the function gets a copy it may change in place. Measured at d = 64
+        # (batches of 4096 rows): the copy costs 47 µs a batch, 1.2 % of a pass of `basic` (a block of 200,000
+        # samples, 49 batches: 190 ms with it and without it, best of 5); a read-only view costs 0.3 µs but
+        # refuses functions that work in place, and checking the batch afterwards (copy and compare) 103 µs.
+        return load_callable(self.name)(x.copy())
 
 
 def _probe_width(call: Callable[[np.ndarray], Any], label: str, d: int, output: int | None) -> int:
@@ -252,6 +257,7 @@ class OnnxSource(_BlackBox):
         return hashlib.sha256(self.model).hexdigest()
 
     def raw_answers(self, x: np.ndarray) -> Any:
+        # astype copies (always, even to the same type): the model never holds the array the statistics read
         return _session(self.model).run([self.output_name], {self.input_name: x.astype(self.input_type)})[0]
 
     def activations(self) -> list[str] | None:

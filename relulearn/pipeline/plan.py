@@ -27,6 +27,8 @@ __all__ = [
     "plan_families",
     "partial_bytes",
     "check_partial_bytes",
+    "check_partial_shares",
+    "check_directions",
 ]
 
 _FLOAT = 8
@@ -165,13 +167,34 @@ def check_partial_bytes(stats: Any, budget_bytes: int, where: str) -> dict[str, 
     """Refuse statistics whose block partial exceeds ``budget_bytes`` (``run.worker_memory``), naming the
     bytes needed and each statistic's share; returns the shares."""
     shares = partial_bytes(stats)
+    check_partial_shares(shares, budget_bytes, where)
+    return shares
+
+
+def check_partial_shares(shares: Mapping[str, int], budget_bytes: int, where: str) -> None:
+    """Refuse a block partial of ``shares`` (bytes by statistic) past ``budget_bytes``, naming the bytes."""
     total = sum(shares.values())
     if total > budget_bytes:
         parts = ", ".join(f"{k}: {v:,}" for k, v in sorted(shares.items(), key=lambda kv: -kv[1]))
         raise MemoryBudgetError(
             f"one block partial of the statistics of {where} needs {total:,} bytes ({parts}), more than "
-            f"run.worker_memory = {budget_bytes:,} bytes; give each worker more (run.worker_memory: {total}) or "
-            "replace the d × d families by their sketch (statistics.sketch, with basic: null; README 'Sketches and "
-            "subspace passes'). Nothing was written"
+            f"run.worker_memory = {budget_bytes:,} bytes; give each worker more (run.worker_memory: {total}), "
+            "lower source.d, or replace the d × d families by their sketch (statistics.sketch, with basic: null; "
+            "README 'Sketches and subspace passes'). Nothing was written"
         )
-    return shares
+
+
+def check_directions(cfg: Any, d: int, m: int | None, budget: int) -> None:
+    """Refuse a count of directions of ``statistics.contracted`` whose matrices alone (one d × d sum per order,
+    direction and output) exceed ``budget`` bytes, before the bank itself is drawn (10¹² directions would be a
+    116 TiB array)."""
+    if not isinstance(cfg.directions, int):
+        return
+    need = 8 * cfg.directions * len(cfg.orders) * d * d * (m or 1)
+    if need > budget:
+        raise MemoryBudgetError(
+            f"statistics.contracted.directions = {cfg.directions:,}: one d × d matrix per order, direction and "
+            f"output is {need:,} bytes per block partial, more than run.worker_memory = {budget:,} bytes; give "
+            f"fewer directions (at most {max(1, budget // (8 * len(cfg.orders) * d * d * (m or 1))):,} fit) or "
+            "sketch the family (statistics.sketch). Nothing was written"
+        )

@@ -16,8 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
+from .plan import check_directions, check_partial_shares
+from .sizes import BATCH_COPIES, format_bytes
 
-__all__ = ["FamilyCost", "PassPlan", "project_pass", "makespan", "format_seconds", "format_bytes"]
+__all__ = [
+    "FamilyCost",
+    "PassPlan",
+    "project_pass",
+    "makespan",
+    "format_seconds",
+    "format_bytes",
+    "check_statistics_sizes",
+]
 
 _F = 8
 
@@ -26,9 +36,6 @@ MERGE_COPIES = 6
 
 #: passes over a chunk's accumulator: zeroed, added into the partial, its terms formed, squared and added
 CHUNK_COPIES = 5
-
-#: rows of an input batch in a worker's memory (a batch, its weighted copy and the product's operand)
-BATCH_COPIES = 3
 
 
 @dataclass(frozen=True)
@@ -239,14 +246,6 @@ def format_seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
-def format_bytes(b: float) -> str:
-    """``512 MB``, ``4.6 GB``: bytes in decimal units."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= size:
-            return f"{b / size:.3g} {unit}"
-    return f"{b:.0f} B"
-
-
 def seconds_split(plans: list[PassPlan]) -> dict[str, float]:
     """Where the time of ``plans`` goes, summed over them."""
     out: dict[str, float] = {}
@@ -254,3 +253,30 @@ def seconds_split(plans: list[PassPlan]) -> dict[str, float]:
         for k, v in p.seconds.items():
             out[k] = out.get(k, 0.0) + v
     return out
+
+
+def _outputs(source: Any) -> int | None:
+    """The label vector's length as the configuration states it (a black box's is known only once it answers)."""
+    teacher = source.teacher
+    if source.data is None and getattr(teacher, "kind", None) == "two_layer" and source.output is None:
+        return int(teacher.outputs)
+    return None
+
+
+def check_statistics_sizes(cfg: Any, where: str = "the configuration") -> None:
+    """Refuse statistics whose block partial, counted from the configuration, exceeds ``run.worker_memory``,
+    before the source or the statistics are built (:func:`.plan.check_partial_bytes` checks the built ones);
+    ``where`` names the run (its store) in the message.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the bytes needed, each family's share and what to change.
+    """
+    d, m, budget = int(cfg.source.d), _outputs(cfg.source), int(cfg.run.worker_memory)
+    contracted = cfg.statistics.contracted
+    if contracted is not None and 8 * len(contracted.orders) * d * d * (m or 1) <= budget:
+        # one direction fits: the count of directions is what to lower, and its own message names the count that fits
+        check_directions(contracted, d, m, budget)
+    entries = sums_entries(cfg.statistics, d, m)
+    check_partial_shares({name: _F * (sums + terms) for name, (sums, terms) in entries.items()}, budget, where)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -349,7 +349,7 @@ class _Accumulation:
 
 
 def _run_blocks(
-    run: _Accumulation, blocks: list[tuple[int, int]], client: Any, source: Source, max_blocks_in_flight: int | None
+    run: _Accumulation, blocks: Sequence[tuple[int, int]], client: Any, source: Source, max_blocks_in_flight: int | None
 ) -> None:
     """Compute and merge the blocks, in this process (``client`` None) or on the cluster.
 

@@ -356,8 +356,11 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
     ValueError
         With a message naming the config key or file at fault.
     """
+    from .sizes import check_source_sizes
+
     run = cfg if isinstance(cfg, RunConfig) else base
     src = cfg.source if isinstance(cfg, RunConfig) else cfg
+    check_source_sizes(src)  # before a batch or a teacher's weights is allocated
     if src.data is not None:
         return _data_source(src, run)
     teacher = src.teacher

@@ -11,7 +11,7 @@ import numpy as np
 
 from ... import hermite
 from ...config import ContractedConfig
-from ..plan import MemoryBudgetError
+from ..plan import check_directions
 from ..sources import Source, Stream, check_finite, generator, pilot_batches
 from .base import Statistic, Var
 from .build import FamilyContext
@@ -19,21 +19,6 @@ from .expansion import low_rank_expansion, output_expansion
 from .per_output import of_output
 
 __all__ = ["ContractedMoments", "direction_bank", "linear_control"]
-
-
-def _check_bank(cfg: ContractedConfig, d: int, m: int | None, budget: int) -> None:
-    """Refuse a count of directions whose matrices alone (one d × d sum per order, direction and output) exceed
-    ``budget`` bytes, before the bank itself is drawn (10¹² directions would be a 116 TiB array)."""
-    if not isinstance(cfg.directions, int):
-        return
-    need = 8 * cfg.directions * len(cfg.orders) * d * d * (m or 1)
-    if need > budget:
-        raise MemoryBudgetError(
-            f"statistics.contracted.directions = {cfg.directions:,}: one d × d matrix per order, direction and "
-            f"output is {need:,} bytes per block partial, more than run.worker_memory = {budget:,} bytes; give "
-            f"fewer directions (at most {max(1, budget // (8 * len(cfg.orders) * d * d * (m or 1))):,} fit) or "
-            "sketch the family (statistics.sketch). Nothing was written"
-        )
 
 
 def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
@@ -89,7 +74,7 @@ class ContractedMoments(Statistic):
         bank's size is checked against ``run.worker_memory``), or read from the store."""
         cfg, d, m, stored = ctx.cfg, ctx.d, ctx.outputs, ctx.stored
         if not stored:
-            _check_bank(section, d, m, cfg.run.worker_memory)
+            check_directions(section, d, m, cfg.run.worker_memory)
         g = stored(cls.name)["direction"] if stored else direction_bank(section, d, cfg.seed)
         control = None
         if section.control:

@@ -1,0 +1,98 @@
+"""Sizes checked before allocation: the arrays a configuration's source and statistics need, from the
+configuration alone, against this machine's memory (the statistics' block partial against
+``run.worker_memory``: :func:`.projection.check_statistics_sizes`).
+
+A configuration can ask for arrays no machine holds (``source.d: 10^9``: one row of inputs is 8 GB, a planted
+teacher's weights 24 GB, the d × d sums 8 EB); numpy then fails deep inside, or the kernel's overcommit lets the
+process grow until it is killed. These checks are arithmetic on the configuration and run first.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .batches import batch_rows
+from .plan import MemoryBudgetError
+
+__all__ = ["BATCH_COPIES", "machine_memory", "format_bytes", "source_bytes", "check_source_sizes"]
+
+_F = 8
+
+#: rows of an input batch in a worker's memory (a batch, its weighted copy and the product's operand)
+BATCH_COPIES = 3
+
+
+def format_bytes(b: float) -> str:
+    """``512 MB``, ``4.6 GB``: bytes in decimal units."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+def machine_memory() -> int | None:
+    """Bytes of this machine's physical memory, or None where the system does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _teacher(teacher: Any, d: int) -> tuple[int, int, str]:
+    """float64 entries of a planted teacher's weights, its widest hidden layer, and the keys that size them
+    (0, 0 for files and black boxes: their sizes are the files' own)."""
+    kind = getattr(teacher, "kind", None)
+    if kind == "one_hidden_relu":
+        return int(teacher.width) * (d + 1), int(teacher.width), "source.teacher.width"
+    if kind in ("deep_relu", "random_xavier"):
+        widths = [int(w) for w in teacher.widths]
+        layers = [d, *widths, 1]
+        return sum(a * b for a, b in zip(layers, layers[1:])), max(widths), "source.teacher.widths"
+    if kind == "two_layer":
+        width, outputs = int(teacher.width), int(teacher.outputs)
+        return width * (d + outputs), max(width, outputs), "source.teacher.width and outputs"
+    return 0, 0, ""
+
+
+def source_bytes(source: Any) -> dict[str, tuple[int, str]]:
+    """The largest arrays of a source section (:class:`relulearn.config.SourceConfig`) before any sample, each
+    with the keys that size it: one batch of inputs as a worker holds it, a planted teacher's weights and its
+    hidden units' values on one batch."""
+    d = int(source.d)
+    rows = batch_rows(d)
+    of_rows = f"{rows:,} row{'s' if rows > 1 else ''}"
+    out = {
+        f"one batch of inputs ({of_rows} × source.d = {d:,}, {BATCH_COPIES} copies)": (
+            BATCH_COPIES * _F * rows * d,
+            "source.d",
+        )
+    }
+    if source.data is None:
+        entries, widest, keys = _teacher(source.teacher, d)
+        if entries:
+            out[f"the planted teacher's weights ({entries:,} numbers)"] = (_F * entries, f"source.d or {keys}")
+            out[f"the teacher's hidden units on one batch ({of_rows} × {widest:,} units)"] = (
+                _F * rows * widest,
+                keys,
+            )
+    return out
+
+
+def check_source_sizes(source: Any) -> None:
+    """Refuse a source whose arrays exceed this machine's memory, before any is allocated.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the array, its bytes, the machine's memory and the keys to lower.
+    """
+    memory = machine_memory()
+    if memory is None:
+        return
+    for what, (need, keys) in source_bytes(source).items():
+        if need > memory:
+            raise MemoryBudgetError(
+                f"{what} would take {need:,} bytes ({format_bytes(need)}), more than this machine's memory "
+                f"({format_bytes(memory)}); lower {keys}. Nothing was written"
+            )
