@@ -10,13 +10,15 @@ from ..methods import METHODS, OPTIONS
 
 _EPILOG = """\
 examples:
-  relulearn estimate examples/small.yaml --store run.zarr          # start or resume
-  relulearn estimate examples/small.yaml --store run.zarr --samples 4000000   # extend
+  relulearn example small > small.yaml                           # a shipped configuration
+  relulearn plan small.yaml --method moments                     # passes, forms, projected time, where
+  relulearn estimate small.yaml --store run.zarr                 # start or resume
+  relulearn estimate small.yaml --store run.zarr --samples 4000000   # extend
+  relulearn learn run.zarr --method moments --out model.npz
   relulearn status run.zarr --json
   relulearn verify run.zarr                                      # check every chunk's checksum
   relulearn merge a.zarr b.zarr --out ab.zarr
-  relulearn plan examples/small.yaml --method moments            # passes, forms, projected time
-  relulearn curve examples/small.yaml --method moments --samples 1e5,3e5,1e6 --plot curve.png   # error vs samples
+  relulearn curve small.yaml --method moments --samples 1e5,3e5,1e6 --plot curve.png   # error vs samples
 """
 
 
