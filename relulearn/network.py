@@ -19,6 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from .atomic import is_remote, local_path, read_bytes, save_npz
+from .npyfile import ArrayHeaderError, load_npz
 
 __all__ = [
     "Network",
@@ -132,11 +133,12 @@ def read_arrays(path: str | Path, kind: str, holds: str) -> dict[str, np.ndarray
     if remote:
         source.seek(0)
     try:
-        with np.load(source, allow_pickle=False) as arrays:
-            return {k: arrays[k] for k in arrays.files}
+        return load_npz(source, name)  # every member's header and size checked before it is inflated
+    except ArrayHeaderError as err:
+        raise NetworkFileError(f"{kind} file {err}") from None
     except FileNotFoundError:
         raise NetworkFileError(f"{kind} file {name} does not exist") from None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
         raise NetworkFileError(f"{name} is not a readable .npz {kind} file: {err}") from None
 
 

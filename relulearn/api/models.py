@@ -3,7 +3,6 @@ inputs (``exact_arbitrary``) and a teacher's Hermite shadows (``shadow``)."""
 
 from __future__ import annotations
 
-import io
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -13,6 +12,7 @@ import numpy as np
 from ..atomic import read_bytes, save_npy
 from ..config import ConfigError, RunConfig, load_config
 from ..network import Network
+from ..npyfile import ArrayHeaderError, load_npy_bytes
 from ..pipeline.sources import data_of
 from .learning import model_shape
 
@@ -206,7 +206,9 @@ def _load_matrix(path: str | Path, what: str) -> np.ndarray:
             "np.save(PATH, x) and give that file"
         )
     try:
-        arr = np.load(io.BytesIO(raw), allow_pickle=False)
+        arr = load_npy_bytes(raw, f"{what} file {path}")  # sized from its header before numpy allocates
+    except ArrayHeaderError as err:
+        raise ValueError(str(err)) from None
     except (OSError, ValueError) as err:
         raise ValueError(f"{what} file {path} is not a readable .npy array of numbers: {err}") from None
     if not isinstance(arr, np.ndarray) or arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.number):

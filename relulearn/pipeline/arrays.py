@@ -7,13 +7,14 @@ reopens what it reads, once per process).
 
 from __future__ import annotations
 
-import ast
 import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
+
+from ..npyfile import ArrayHeaderError, check_data_bytes, read_npy_header
 
 __all__ = ["ArrayFileError", "ArrayReader", "array_kind", "open_reader"]
 
@@ -183,17 +184,20 @@ def _open(url: str, opts: str):
 
 @lru_cache(maxsize=64)
 def _npy_header(url: str, opts: str, stamp: str) -> tuple[tuple[int, ...], np.dtype, int]:
-    """Shape, dtype and data offset of a ``.npy`` file (C order only: rows are contiguous)."""
+    """Shape, dtype and data offset of a ``.npy`` file (C order only: rows are contiguous), its header checked
+    against the file's size: a truncated file is refused here, not met as a short read in some chunk."""
     with _open(url, opts) as f:
-        magic = f.read(6)
-        if magic != b"\x93NUMPY":
+        if f.read(6) != b"\x93NUMPY":
             raise ArrayFileError(f"{url} is not a .npy file (no NUMPY magic); save it with numpy.save")
-        major = f.read(2)[0]
-        size = int.from_bytes(f.read(2 if major == 1 else 4), "little")
-        header = ast.literal_eval(f.read(size).decode("latin1"))
-        offset = 6 + 2 + (2 if major == 1 else 4) + size
-    dtype = np.dtype(header["descr"]) if not isinstance(header["descr"], list) else np.dtype(object)
-    if header.get("fortran_order") and len(header["shape"]) == 2:
+        f.seek(0)
+        try:
+            header = read_npy_header(f, url)
+            size = f.seek(0, 2)  # the file's size: rows are read by offset, never the whole array at once
+            check_data_bytes(header, size - header.offset, url, None, "")
+        except ArrayHeaderError as err:
+            raise ArrayFileError(str(err)) from None
+    dtype, offset = header.dtype, header.offset
+    if header.fortran_order and len(header.shape) == 2:
         raise ArrayFileError(
             f"{url} is stored in Fortran order: its rows are not contiguous; save numpy.ascontiguousarray(x)"
         )
@@ -202,7 +206,7 @@ def _npy_header(url: str, opts: str, stamp: str) -> tuple[tuple[int, ...], np.dt
             f"{url} holds Python objects (a pickle inside the .npy); relulearn never loads "
             "pickles: save a numeric array"
         )
-    return tuple(header["shape"]), dtype, offset
+    return header.shape, dtype, offset
 
 
 def _read_npy(url: str, opts: str, stamp: str, start: int, stop: int) -> np.ndarray:
