@@ -9,9 +9,9 @@ process grow until it is killed. These checks are arithmetic on the configuratio
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from ..npyfile import machine_memory
 from .batches import batch_rows
 from .plan import MemoryBudgetError
 
@@ -29,14 +29,6 @@ def format_bytes(b: float) -> str:
         if b >= size:
             return f"{b / size:.3g} {unit}"
     return f"{b:.0f} B"
-
-
-def machine_memory() -> int | None:
-    """Bytes of this machine's physical memory, or None where the system does not say."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _teacher(teacher: Any, d: int) -> tuple[int, int, str]:
