@@ -339,3 +339,4 @@ def test_estimate_on_a_zarr_array_with_a_missing_chunk_exits_2_in_one_line(tmp_p
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line, line
+    assert not (tmp_path / "s.zarr").exists()  # refused by the scan before any work
