@@ -142,6 +142,18 @@ def read_arrays(path: str | Path, kind: str, holds: str) -> dict[str, np.ndarray
         raise NetworkFileError(f"{name} is not a readable .npz {kind} file: {err}") from None
 
 
+def _real(values: Any, name: str, where: str) -> np.ndarray:
+    """``values`` as float64, refusing what is not real numbers: numpy would drop a complex array's imaginary
+    parts with only a warning, and read an array of strings such as ``"1"`` as numbers."""
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "biuf":
+        raise NetworkFileError(
+            f"{where}: {name} holds {arr.dtype} values; weights and biases are real numbers: save a float array "
+            f"(e.g. {name}.real if its imaginary parts are zero)"
+        )
+    return np.asarray(arr, dtype=np.float64)
+
+
 @dataclass(frozen=True)
 class Network:
     """A feed-forward network ``W_L act(... act(W_0 x + b_0) ...) + b_L``.
@@ -168,7 +180,7 @@ class Network:
             raise NetworkFileError(f"{where}: a network needs at least one weight matrix W0")
         if self.activation not in ACTIVATIONS:
             raise NetworkFileError(f"{where}: unknown activation {self.activation!r}; use one of {sorted(ACTIVATIONS)}")
-        ws = tuple(np.asarray(w, dtype=np.float64) for w in self.weights)
+        ws = tuple(_real(w, f"W{j}", where) for j, w in enumerate(self.weights))
         for j, w in enumerate(ws):
             if w.ndim != 2:
                 raise NetworkFileError(f"{where}: W{j} must be a 2-d matrix, got shape {w.shape}")
@@ -181,7 +193,7 @@ class Network:
                 raise NetworkFileError(f"{where}: W{j} contains NaN or inf")
         object.__setattr__(self, "weights", ws)
         if self.biases is not None:
-            bs = tuple(np.asarray(b, dtype=np.float64) for b in self.biases)
+            bs = tuple(_real(b, f"b{j}", where) for j, b in enumerate(self.biases))
             if len(bs) != len(ws):
                 raise NetworkFileError(f"{where}: {len(bs)} biases for {len(ws)} layers; give b0..b{len(ws) - 1}")
             for j, (b, w) in enumerate(zip(bs, ws)):

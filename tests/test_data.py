@@ -11,7 +11,7 @@ import yaml
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
 from relulearn.network import Network, compare
-from relulearn.pipeline.arrays import ArrayFileError
+from relulearn.pipeline.arrays import ArrayFileError, open_reader
 from relulearn.pipeline.data import DataSizeError
 from relulearn.pipeline.sources import make_source
 
@@ -303,3 +303,40 @@ def test_duplicate_parquet_columns_are_refused_in_one_line_naming_the_file_and_t
     column = "f1" if x_columns == ["f1", "f1"] else "f0"
     assert "d.parquet" in line and f"'{column}'" in line and "twice" in line, line
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_zarr_array_with_a_missing_chunk_file_is_refused_naming_the_chunk_and_rows(zarr_format, tmp_path):
+    """A zarr data array whose chunk file is gone reads as zeros (zarr's fill value); the reader refuses the
+    rows of that chunk in one line naming the array, the chunk and the rows, and still reads the others."""
+    import zarr
+
+    x = np.arange(1.0, 1.0 + 100 * 3).reshape(100, 3)
+    zarr.create_array(str(tmp_path / "x.zarr"), data=x, chunks=(25, 3), zarr_format=zarr_format)
+    chunk = tmp_path / "x.zarr" / ("1.0" if zarr_format == 2 else "c/1/0")
+    chunk.unlink()
+    reader = open_reader(str(tmp_path / "x.zarr"))
+    assert np.array_equal(reader.read(0, 25), x[:25])  # the chunks that exist are read as written
+    assert np.array_equal(reader.read(50, 100), x[50:])
+    with pytest.raises(ArrayFileError) as err:
+        reader.read(10, 60)
+    (line,) = str(err.value).splitlines()
+    assert "x.zarr" in line and "chunk (1, 0)" in line and "rows 25..49" in line and "incomplete" in line, line
+
+
+def test_estimate_on_a_zarr_array_with_a_missing_chunk_exits_2_in_one_line(tmp_path):
+    import zarr
+
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((400, 4)), rng.standard_normal(400)
+    zarr.create_array(str(tmp_path / "x.zarr"), data=x, chunks=(100, 4))
+    zarr.create_array(str(tmp_path / "y.zarr"), data=y, chunks=(100,))
+    (tmp_path / "x.zarr" / "c" / "2" / "0").unlink()
+    cfg = tmp_path / "c.yaml"
+    data = {"x": str(tmp_path / "x.zarr"), "y": str(tmp_path / "y.zarr")}
+    cfg.write_text(yaml.safe_dump(data_config(data, samples=400, d=4, chunk_size=400)))
+    done = relulearn("estimate", cfg, "--store", tmp_path / "s.zarr", "--in-process", "--quiet")
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line, line
+    assert not (tmp_path / "s.zarr").exists()  # refused by the scan before any work

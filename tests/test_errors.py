@@ -200,6 +200,9 @@ WRONG_VALUES = [  # (changes, needles)
         ],
     ),
     ({"source.teacher": {"kind": "deep_rel"}}, ["unknown teacher kind 'deep_rel' — did you mean 'deep_relu'?"]),
+    # every number of a configuration is finite: a NaN threshold was stored as a real statistic
+    ({"statistics.filtered": {"thresholds": [math.nan]}}, ["'statistics.filtered.thresholds", "finite number"]),
+    ({"source.noise_std": math.inf}, ["'source.noise_std'", "finite number"]),
 ]
 
 
@@ -566,6 +569,13 @@ BAD_TEACHERS = [  # (arrays, source.d, needles)
     ({"W0": np.array([[np.nan, 1.0, 1.0, 1.0]]), "W1": np.ones((1, 1))}, 4, ["W0 contains NaN or inf"]),
     (None, 4, ["does not exist", "source.teacher.file"]),
     ("text", 4, ["is not an .npz network file"]),
+    # numpy would drop the imaginary parts with only a warning, and parse strings as numbers
+    ({"W0": np.ones((3, 4)) + 1j, "W1": np.ones((1, 3))}, 4, ["W0 holds complex128 values", "real numbers"]),
+    (
+        {"W0": np.ones((3, 4)), "W1": np.ones((1, 3)), "b0": np.array(["1", "1", "1"]), "b1": np.zeros(1)},
+        4,
+        ["b0 holds <U1 values"],
+    ),
 ]
 
 

@@ -63,7 +63,9 @@ class ArrayReader:
         if self.kind == "npy":
             out = _read_npy(self.url, self.storage_options, self.stamp, start, stop)
         elif self.kind == "zarr":
-            out = np.asarray(_zarr(self.url, self.storage_options, self.stamp)[start:stop])
+            arr = _zarr(self.url, self.storage_options, self.stamp)
+            _check_chunks(self.url, arr, _present(self.url, self.storage_options, self.stamp), start, stop)
+            out = np.asarray(arr[start:stop])
         else:
             out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
         return np.ascontiguousarray(out, dtype=np.float64)
@@ -229,6 +231,39 @@ def _zarr(url: str, opts: str, stamp: str):
     options = _kwargs(opts)
     kwargs: dict[str, Any] = {"storage_options": options} if options else {}
     return zarr.open_array(url, mode="r", **kwargs)
+
+
+@lru_cache(maxsize=64)
+def _present(url: str, opts: str, stamp: str) -> set[str]:
+    """The chunk keys of one array (one version: ``stamp``) already seen to exist: each is asked of the store once."""
+    return set()
+
+
+def _check_chunks(url: str, arr: Any, present: set[str], start: int, stop: int) -> None:
+    """Refuse rows ``[start, stop)`` if a chunk (a shard, when sharded) holding them has no file: zarr would read
+    it as its fill value, rows that were never written."""
+    import itertools
+
+    from zarr.core.sync import sync
+
+    meta = arr.metadata
+    grid = meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape  # the chunks that are files
+    rows = grid[0]
+    spans = [range(start // rows, (stop - 1) // rows + 1)]
+    spans += [range(-(-n // c)) for n, c in zip(arr.shape[1:], grid[1:])]
+    for coords in itertools.product(*spans):
+        key = meta.encode_chunk_key(coords)
+        if key in present:
+            continue
+        if not sync((arr.store_path / key).exists()):
+            first = coords[0] * rows
+            last = min(first + rows, arr.shape[0]) - 1
+            raise ArrayFileError(
+                f"{url}: chunk {coords} (file {key}, rows {first}..{last}) is missing: the data is incomplete "
+                "(zarr would read it as its fill value); write those rows again, or write the array with "
+                "zarr's config array.write_empty_chunks=True if they are all the fill value"
+            )
+        present.add(key)
 
 
 # --------------------------------------------------------------------- parquet
