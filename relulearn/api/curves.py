@@ -18,7 +18,7 @@ import numpy as np
 from ..config import RunConfig, load_config
 from ..estimators.base import BudgetError, NoSignalError, TooFewSamplesError
 from ..pipeline.run import estimate as _estimate
-from ..storage import RunStore, StoreError, writing
+from ..storage import RunStore, writing
 from .execution import Where, check_script, cluster_forced, running, stored_samples
 from .fitting import fit_config
 from .learning import checked_options, learn_with, method_arguments
@@ -173,9 +173,9 @@ def curve(
     )
     in_process = choose and run_plan.runs_in == "in process"
     key = {"method": method, "options": options, "test_samples": test_samples, "run": _run_digest(cfg)}
-    done = {r["samples"]: r for r in RunStore(store).records(RECORD) if r.get("key") == key} if _has(store) else {}
+    held = stored_samples(store)  # 0: no run there yet, so no records
+    done = {r["samples"]: r for r in RunStore(store).records(RECORD) if r.get("key") == key} if held else {}
     todo = [n for n in counts if n not in done]
-    held = stored_samples(store)
     if todo and held > todo[0]:
         raise ValueError(
             f"the store {store} holds {held:,} samples, more than {todo[0]:,} (a count of the curve not yet learned "
@@ -228,14 +228,6 @@ def curve(
         seconds=time.perf_counter() - t0,
     )
     return result
-
-
-def _has(store: str) -> bool:
-    """Whether a store is there to hold records (a new location has none)."""
-    try:
-        return RunStore(store).meta() is not None
-    except (StoreError, OSError, ValueError):
-        return False
 
 
 #: the fields of a point, as recorded and returned

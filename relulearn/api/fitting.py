@@ -165,15 +165,16 @@ def _plan_fit(
     extra = {k: options.get(k) for k in METHODS[method].fit_options}
     extra.update({k: getattr(setting, k, None) for k in METHODS[method].source_options})
     kw: dict[str, Any] = dict(width=width, workers=workers, extra=extra, outputs=getattr(setting, "outputs", None))
-    plan = plan_run(cfg, method, samples=samples, **kw)
-    if not choose_where:
+    target = -(-int(cfg.samples if samples is None else samples) // cfg.chunk_size) * cfg.chunk_size
+    todo = target if store is None or not choose_where else samples_to_run(store, target)
+    plan = plan_run(cfg, method, samples=samples, choose_where=choose_where and todo == target, **kw)
+    if not choose_where or todo == target:  # a new store: the plan of the run chose where it runs
         return plan
-    target = plan.samples
-    todo = target if store is None else samples_to_run(store, target)
     if todo <= 0:
         return replace(plan, runs_in="in process", runs_in_reason=f"the store already holds its {target:,} samples")
+    # a run resumed or extended: where by the samples it still lacks
     chosen = plan_run(cfg, method, samples=todo, choose_where=True, **kw)
-    return replace(plan, runs_in=chosen.runs_in, runs_in_reason=chosen.runs_in_reason) if todo != target else chosen
+    return replace(plan, runs_in=chosen.runs_in, runs_in_reason=chosen.runs_in_reason)
 
 
 def plan(
