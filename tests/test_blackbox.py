@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import warnings
@@ -67,6 +68,24 @@ def centring(x):  # the teacher's labels, then the batch changed in place, as a 
     x -= x.mean(0)
     x /= 10
     return y
+
+
+def exits(x):  # answers the two-row probe, then ends the program as a script's helper may
+    if len(x) > 2:
+        raise SystemExit(4)
+    return teacher(x)
+
+
+def exits_at_probe(x):
+    raise SystemExit(4)
+
+
+class Stop(BaseException):
+    pass
+
+
+def stops(x):
+    raise Stop("no more")
 
 
 NOT_A_FUNCTION = 3
@@ -254,6 +273,51 @@ def test_nan_answers_name_the_chunk_and_the_row(module, tmp_path):
             break
     with pytest.raises(SourceDataError, match=rf"chunk {chunk}, row {rows[0]} "):
         api.estimate(cfg, str(tmp_path / "s.zarr"), client="local", progress=None)
+
+
+@pytest.mark.parametrize(
+    "function, said",
+    [
+        ("exits", "exited with code 4 on a batch x of shape"),
+        ("exits_at_probe", r"exited with code 4 when called on a probe batch x of shape \(2, 10\)"),
+        ("stops", "raised Stop, which ends a program, when called on a probe batch"),
+    ],
+)
+def test_a_callable_that_ends_the_program_is_named_and_refused(module, tmp_path, function, said):
+    """SystemExit(4) (or another BaseException but Ctrl-C) in the user's function ended relulearn with code 4
+    and no word: it is one line naming the callable, exit 2, and no store is written."""
+    name, _ = module
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config(name, function, samples=50_000)))
+    store = tmp_path / "s.zarr"
+    done = relulearn("estimate", cfg, "--store", store, "--quiet")
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("relulearn: error: "), done.stderr
+    assert f"source.teacher.callable '{name}:{function}'" in lines[0]
+    assert re.search(said, lines[0]) and "not end the process" in lines[0], lines[0]
+    assert not store.exists()
+
+
+@pytest.mark.slow
+def test_a_callable_that_exits_on_a_worker_is_named_and_refused(module, tmp_path):
+    """The same on two worker processes: the worker's SystemExit is the driver's one line, exit 2."""
+    name, folder = module
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config(name, "exits", samples=50_000)))
+    env = cli_env()
+    env["PYTHONPATH"] = str(folder) + os.pathsep + env["PYTHONPATH"]
+    store = tmp_path / "s.zarr"
+    args = ["estimate", str(cfg), "--store", str(store), "--workers", "2", "--quiet"]
+    done = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"source.teacher.callable '{name}:exits' exited with code 4 on a batch x of shape (4096, 10)" in (
+        done.stderr
+    )
+    assert "Traceback" not in done.stderr
+    assert not store.exists()
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,9 @@ def load_callable(name: str) -> Callable[[np.ndarray], Any]:
         raise ValueError(f"{WHERE} is '{name}'; write it as 'package.module:function'")
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as err:  # noqa: BLE001 - any import failure is the user's module's, named below
+    except KeyboardInterrupt:
+        raise
+    except BaseException as err:  # noqa: BLE001 - any import failure (a SystemExit too) is the user's module's
         raise ValueError(
             f"{WHERE} '{name}': module '{module_name}' cannot be imported ({type(err).__name__}: {err}); install "
             "it or put its folder on PYTHONPATH, on the driver and on every worker"
@@ -71,6 +73,20 @@ def _fingerprint(name: str) -> str:
     if path is not None and Path(path).is_file():
         h.update(Path(path).read_bytes())
     return h.hexdigest()
+
+
+def _ending(err: BaseException, label: str, on: str) -> str:
+    """The message for a black box that tried to end the program (``SystemExit``, or another ``BaseException``
+    that is not Ctrl-C) instead of answering: relulearn would otherwise end with the function's exit code and
+    no word."""
+    if isinstance(err, SystemExit):
+        what = f"exited with code {err.code}" if err.code is not None else "exited (SystemExit)"
+    else:
+        what = f"raised {type(err).__name__}, which ends a program,"
+    return (
+        f"{label} {what} {on}; a teacher must return its labels, not end the process: remove the exit (or "
+        "raise an Exception) in the function. The store is as its last commit left it"
+    )
 
 
 class _BlackBox:
@@ -103,12 +119,14 @@ class _BlackBox:
         try:
             with np.errstate(all="ignore"):  # NaN / inf are named by chunk and row by check_finite
                 out = np.asarray(self.raw_answers(x))
-        except LabelShapeError:
+        except (LabelShapeError, KeyboardInterrupt):
             raise
         except Exception as err:  # noqa: BLE001 - the user's model failed: say where and on what
             raise LabelShapeError(
                 f"{self.label} raised {type(err).__name__}: {err} on a batch x of shape {x.shape}"
             ) from err
+        except BaseException as err:  # SystemExit(4) in the user's code would end relulearn with 4, silently
+            raise LabelShapeError(_ending(err, self.label, f"on a batch x of shape {x.shape}")) from None
         if not (np.issubdtype(out.dtype, np.number) or out.dtype == bool) or np.iscomplexobj(out):
             raise LabelShapeError(f"{self.label} returned {out.dtype} values; it must return real numbers")
         shape = out.shape
@@ -174,11 +192,15 @@ def _probe_width(call: Callable[[np.ndarray], Any], label: str, d: int, output: 
     try:
         with np.errstate(all="ignore"):
             probe = np.asarray(call(np.zeros((2, d))))
+    except KeyboardInterrupt:
+        raise
     except Exception as err:  # noqa: BLE001 - the user's model failed: say on what
         raise ValueError(
             f"{label} raised {type(err).__name__}: {str(err).strip()[:300]} when called on a probe "
             f"batch x of shape (2, {d}); it must take a (rows, d) array with d = source.d = {d}"
         ) from None
+    except BaseException as err:  # SystemExit in the user's code: named, not relulearn's own exit
+        raise ValueError(_ending(err, label, f"when called on a probe batch x of shape (2, {d})")) from None
     if probe.ndim == 2 and probe.shape[1] == 1 and probe.shape[0] > 2 and probe.shape[0] % 2 == 0:
         m = probe.shape[0] // 2
         raise ValueError(
