@@ -304,6 +304,11 @@ def plan_run(
     n = int(cfg.samples if samples is None else samples)
     n = -(-n // cfg.chunk_size) * cfg.chunk_size
     src = source or source_cost(cfg, rates)
+    if outputs is None and cfg.source.output is None and src.answers > 1:
+        # a black box's label vector: its length is known from its probe only
+        outputs = src.answers
+        if method is None or "statistics" in cfg.model_fields_set:
+            check_statistics_sizes(cfg, outputs=outputs)
     notes: list[str] = []
     choice = None
     if method is None or "statistics" in cfg.model_fields_set:

@@ -88,6 +88,14 @@ def stops(x):
     raise Stop("no more")
 
 
+def thousand(x):  # a label vector of 1,000 outputs
+    return np.repeat(teacher(x)[:, None], 1000, axis=1)
+
+
+def billion(x):  # 10^9 outputs per row, answered without memory (a broadcast view); a batch of them is 33 TB
+    return np.broadcast_to(teacher(x)[:, None], (len(x), 10**9))
+
+
 NOT_A_FUNCTION = 3
 """
 
@@ -309,14 +317,47 @@ def test_a_callable_that_exits_on_a_worker_is_named_and_refused(module, tmp_path
     env["PYTHONPATH"] = str(folder) + os.pathsep + env["PYTHONPATH"]
     store = tmp_path / "s.zarr"
     args = ["estimate", str(cfg), "--store", str(store), "--workers", "2", "--quiet"]
-    done = subprocess.run(
-        [PYTHON, "-m", "relulearn.cli", *args], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert f"source.teacher.callable '{name}:exits' exited with code 4 on a batch x of shape (4096, 10)" in (
         done.stderr
     )
     assert "Traceback" not in done.stderr
+    assert not store.exists()
+
+
+def test_the_plan_counts_a_callables_outputs_from_its_probe(module):
+    """A callable's outputs per row are known only from its probe: the plan's memory per worker counts its answers
+    to a batch and the label vector's sums (it projected 12 kB for a function of 10^5 outputs that took 7.6 GB)."""
+    from relulearn.pipeline.sizes import ANSWER_COPIES, BATCH_COPIES
+
+    name, _ = module
+    got = api.plan(config_from_dict(config(name, "thousand", samples=50_000)), workers=1)
+    (estimate,) = got["passes"]
+    assert [f["name"] for f in estimate["families"]] == ["basic"]
+    m, rows = 1000, 4096
+    sums = (D * D + 2 * D + 2) * m  # basic's sums per output: xx, yx, sum_x, sum_y, count
+    # the block partial (sums and terms), a chunk's sums, a batch of inputs and the answers to it
+    want = 8 * (2 * sums + sums) + BATCH_COPIES * 8 * rows * D + ANSWER_COPIES * 8 * rows * m
+    assert estimate["worker_bytes"] == want
+
+
+def test_a_callable_whose_answers_to_a_batch_exceed_the_machine_is_refused_before_any_batch(module, tmp_path):
+    """10^9 outputs per row: plan and estimate refuse in one line naming the callable and the bytes; no store."""
+    name, _ = module
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config(name, "billion", samples=50_000)))
+    store = tmp_path / "s.zarr"
+    for args in (("plan", cfg), ("estimate", cfg, "--store", store, "--quiet")):
+        done = relulearn(*args)
+        assert done.returncode == 2, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, done.stderr
+        assert (
+            f"source.teacher.callable '{name}:billion' returns 1,000,000,000 outputs per row: its answers to one "
+            "batch (4,096 rows × 1,000,000,000 outputs, 2 copies) would take 65,536,000,000,000 bytes (65.5 TB)"
+        ) in lines[0]
+        assert "make the function return fewer outputs per row" in lines[0]
     assert not store.exists()
 
 

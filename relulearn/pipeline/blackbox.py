@@ -224,7 +224,10 @@ def _probe_width(call: Callable[[np.ndarray], Any], label: str, d: int, output: 
 
 def callable_source(name: str, d: int, noise_std: float, output: int | None) -> CallableSource:
     """The source of ``source.teacher.callable``, its number of outputs read from a probe call."""
+    from .sizes import check_answer_sizes
+
     width = _probe_width(load_callable(name), f"{WHERE} '{name}'", d, output)
+    check_answer_sizes(f"{WHERE} '{name}'", d, width)  # before it is asked for a whole batch
     return CallableSource(name, d, width, float(noise_std), output)
 
 
@@ -369,6 +372,9 @@ def onnx_source(path: Path, d: int, noise_std: float, output: int | None) -> Onn
     out = outputs[0]
     input_type = "float32" if _ONNX_TYPES[inp.type] == np.float32 else "float64"
     width = _probe_width(lambda x: sess.run([out.name], {inp.name: x.astype(input_type)})[0], where, d, output)
+    from .sizes import check_answer_sizes
+
+    check_answer_sizes(where, d, width)
     # a float32 input rounds the inputs, a float32 output the answers: either limits the labels to float32
     precision = "float32" if input_type == "float32" or out.type == "tensor(float)" else "float64"
     return OnnxSource(str(path), model, d, width, float(noise_std), output, inp.name, out.name, input_type, precision)

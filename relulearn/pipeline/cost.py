@@ -479,6 +479,8 @@ class SourceCost:
     teacher: float
     probed: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the teacher's outputs per row (a black box's from its probe): a worker holds its answers to a whole batch
+    answers: int = 1
 
 
 def source_cost(cfg: Any, rates: Rates, *, probe: bool = True) -> SourceCost:
@@ -499,8 +501,8 @@ def source_cost(cfg: Any, rates: Rates, *, probe: bool = True) -> SourceCost:
         return SourceCost(gen + t, gen, t)
     if not probe:
         return SourceCost(gen, gen, 0.0, False, ("the black-box teacher's time is not counted",))
-    total = probe_source_seconds(cfg)
-    return SourceCost(max(total, gen), gen, max(total - gen, 0.0), True)
+    total, answers = _probe_black_box(cfg)
+    return SourceCost(max(total, gen), gen, max(total - gen, 0.0), True, answers=answers)
 
 
 #: rows of the probe batch a black-box source is timed on
@@ -510,6 +512,17 @@ PROBE_ROWS = 4096
 def probe_source_seconds(cfg: Any, rows: int = PROBE_ROWS) -> float:
     """Seconds per sample of the configured source on one BLAS thread, timed on a pilot-stream batch of ``rows``
     samples after one warm-up batch (an ONNX session's first call is slow)."""
+    return _time_source(cfg, rows)[0]
+
+
+def _probe_black_box(cfg: Any, rows: int = PROBE_ROWS) -> tuple[float, int]:
+    """Seconds per sample of a black-box teacher and its outputs per row (read by its probe on two rows, and its
+    answers to a batch checked against this machine's memory, before the timed batches)."""
+    seconds, source = _time_source(cfg, rows)
+    return seconds, int(getattr(source, "width", 1))
+
+
+def _time_source(cfg: Any, rows: int) -> tuple[float, Any]:
     from threadpoolctl import threadpool_limits
 
     from .sources import make_source, pilot_batches
@@ -522,4 +535,4 @@ def probe_source_seconds(cfg: Any, rows: int = PROBE_ROWS) -> float:
         n = 0
         for x, _ in pilot_batches(source, cfg.seed, rows):
             n += len(x)
-        return (time.perf_counter() - t0) / max(n, 1)
+        return (time.perf_counter() - t0) / max(n, 1), source

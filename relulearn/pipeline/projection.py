@@ -17,7 +17,7 @@ from typing import Any
 
 from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
 from .plan import check_directions, check_partial_shares
-from .sizes import BATCH_COPIES, format_bytes
+from .sizes import BATCH_COPIES, answers_bytes, format_bytes
 
 __all__ = [
     "FamilyCost",
@@ -207,7 +207,8 @@ def project_pass(
     )
     from .sources import batch_rows
 
-    batch = BATCH_COPIES * _F * batch_rows(d) * d
+    # a batch of inputs, and the teacher's answers to it (a black box's outputs per row, from its probe)
+    batch = BATCH_COPIES * _F * batch_rows(d) * d + answers_bytes(d, max(src.answers, outputs or 1))
     in_flight = cfg.run.max_blocks_in_flight or 2 * workers + 1
     return PassPlan(
         name,
@@ -263,17 +264,18 @@ def _outputs(source: Any) -> int | None:
     return None
 
 
-def check_statistics_sizes(cfg: Any, where: str = "the configuration") -> None:
+def check_statistics_sizes(cfg: Any, where: str = "the configuration", outputs: int | None = None) -> None:
     """Refuse statistics whose block partial, counted from the configuration, exceeds ``run.worker_memory``,
     before the source or the statistics are built (:func:`.plan.check_partial_bytes` checks the built ones);
-    ``where`` names the run (its store) in the message.
+    ``where`` names the run (its store) in the message; ``outputs`` the label vector's length where the
+    configuration does not state it (a black box's, from its probe).
 
     Raises
     ------
     MemoryBudgetError
         Naming the bytes needed, each family's share and what to change.
     """
-    d, m, budget = int(cfg.source.d), _outputs(cfg.source), int(cfg.run.worker_memory)
+    d, m, budget = int(cfg.source.d), outputs or _outputs(cfg.source), int(cfg.run.worker_memory)
     contracted = cfg.statistics.contracted
     if contracted is not None and 8 * len(contracted.orders) * d * d * (m or 1) <= budget:
         # one direction fits: the count of directions is what to lower, and its own message names the count that fits

@@ -15,12 +15,23 @@ from ..npyfile import machine_memory
 from .batches import batch_rows
 from .plan import MemoryBudgetError
 
-__all__ = ["BATCH_COPIES", "machine_memory", "format_bytes", "source_bytes", "check_source_sizes"]
+__all__ = [
+    "BATCH_COPIES",
+    "ANSWER_COPIES",
+    "machine_memory",
+    "format_bytes",
+    "source_bytes",
+    "answers_bytes",
+    "check_source_sizes",
+    "check_answer_sizes",
+]
 
 _F = 8
 
 #: rows of an input batch in a worker's memory (a batch, its weighted copy and the product's operand)
 BATCH_COPIES = 3
+#: a black box's answers to one batch in a worker's memory: the array it returns and relulearn's float64 copy
+ANSWER_COPIES = 2
 
 
 def format_bytes(b: float) -> str:
@@ -88,3 +99,30 @@ def check_source_sizes(source: Any) -> None:
                 f"{what} would take {need:,} bytes ({format_bytes(need)}), more than this machine's memory "
                 f"({format_bytes(memory)}); lower {keys}. Nothing was written"
             )
+
+
+def answers_bytes(d: int, outputs: int) -> int:
+    """Bytes of a teacher's answers to one batch of inputs at ``source.d = d`` as a worker holds them
+    (:data:`ANSWER_COPIES` of batch rows × ``outputs`` float64 numbers)."""
+    return ANSWER_COPIES * _F * batch_rows(int(d)) * int(outputs)
+
+
+def check_answer_sizes(label: str, d: int, outputs: int) -> None:
+    """Refuse a black-box teacher whose answers to one batch would exceed this machine's memory, once its probe
+    (two rows) has told its outputs per row and before any batch is asked of it.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the teacher, its outputs per row, the bytes and the fix.
+    """
+    memory = machine_memory()
+    need = answers_bytes(d, outputs)
+    if memory is not None and need > memory:
+        rows = batch_rows(int(d))
+        raise MemoryBudgetError(
+            f"{label} returns {outputs:,} outputs per row: its answers to one batch ({rows:,} rows × "
+            f"{outputs:,} outputs, {ANSWER_COPIES} copies) would take {need:,} bytes ({format_bytes(need)}), "
+            f"more than this machine's memory ({format_bytes(memory)}); make the function return fewer outputs "
+            "per row (a teacher answers (rows,) or (rows, m)). Nothing was written"
+        )
