@@ -19,6 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from .atomic import is_remote, local_path, read_bytes, save_npz
+from .filekind import not_a_file
 from .npyfile import ArrayHeaderError, load_npz
 
 __all__ = [
@@ -110,6 +111,9 @@ def read_arrays(path: str | Path, kind: str, holds: str) -> dict[str, np.ndarray
     ``"network"``, ``"W0..WL"``)."""
     remote = is_remote(path)
     name = str(path)
+    found = not_a_file(path)  # never opened when a folder or a device: /dev/zero would be read for ever
+    if found is not None:
+        raise NetworkFileError(f"{kind} file {name} {found}; give an .npz {kind} file ({holds}; np.savez)")
     try:
         if remote:  # the whole object in one read; np.load reads an archive from memory as from a file
             data: bytes | None = read_bytes(path)

@@ -581,6 +581,20 @@ def test_the_local_cluster_listens_on_loopback_only_unless_the_dashboard_is_expo
     assert len(exposed) == 1 and exposed[0][0] == driver and exposed[0][1][1] == urlsplit(link).port, exposed
 
 
+@pytest.mark.slow
+def test_a_dashboard_on_every_interface_is_printed_as_such(tmp_path):
+    """`--dashboard :0` listens on 0.0.0.0: the printed line says so, with the port it listens on (it printed
+    http://127.0.0.1:PORT/status alone, as if on loopback)."""
+    from urllib.parse import urlsplit
+
+    listening, line = _listeners_of_a_running_estimate(tmp_path / "every", "--dashboard", ":0")
+    exposed = [a for addrs in listening.values() for a in addrs if not _loopback(a[0])]
+    assert len(exposed) == 1 and exposed[0][0] == "0.0.0.0", exposed
+    port = exposed[0][1]
+    assert line == f"http://127.0.0.1:{port}/status (listening on every interface: 0.0.0.0:{port})", line
+    assert urlsplit(line).port == port
+
+
 def test_a_dashboard_address_is_checked():
     from relulearn.config import ConfigError, config_from_dict
     from relulearn.pipeline.cluster import check_dashboard

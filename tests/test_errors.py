@@ -353,6 +353,84 @@ def test_unreadable_configuration_files(store, tmp_path):
     assert_intact(path, before)
 
 
+@pytest.fixture
+def not_files(tmp_path) -> dict[str, tuple[Path, str]]:
+    """A folder, a character device and a named pipe, each where a file is expected, with what it is."""
+    folder = tmp_path / "folder.npy"
+    folder.mkdir()
+    fifo = tmp_path / "pipe.npy"
+    os.mkfifo(fifo)
+    return {
+        "folder": (folder, "is a directory"),
+        "device": (Path("/dev/zero"), "is not a regular file (a character device)"),
+        "fifo": (fifo, "is not a regular file (a named pipe)"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["folder", "device", "fifo"])
+def test_a_folder_or_device_where_a_file_is_expected_is_named_as_what_it_is(not_files, tmp_path, kind):
+    """Each route that reads a file (a configuration, a data file, a teacher file, an ONNX file, predict's model and
+    inputs, evaluate's model) says what the path is: "does not exist" was said of a folder, and /dev/zero or a
+    named pipe was read for ever (or waited for a writer). Nothing is opened, no store is written."""
+    path, words = not_files[kind]
+    model = tmp_path / "m.npz"
+    Network((np.eye(4), np.ones((1, 4))), activation="relu").save(model)
+    x = tmp_path / "x.npy"
+    np.save(x, np.zeros((10, 4)))
+    store = tmp_path / "s.zarr"
+    routes = {
+        "configuration file": ("plan", path),
+        "source.data.x:": (
+            "estimate",
+            write_yaml(
+                tmp_path / "data.yaml", config(**{"source.teacher": None, "source.data": {"x": str(path), "y": str(x)}})
+            ),
+            "--store",
+            store,
+        ),
+        "teacher file": (
+            "estimate",
+            write_yaml(tmp_path / "file.yaml", config(**{"source.teacher": {"file": str(path)}})),
+            "--store",
+            store,
+        ),
+        "source.teacher.onnx": (
+            "estimate",
+            write_yaml(tmp_path / "onnx.yaml", config(**{"source.teacher": {"onnx": str(path)}})),
+            "--store",
+            store,
+        ),
+        "model file": ("predict", path, "--input", x, "--out", tmp_path / "p.npy"),
+        "inputs file": ("predict", model, "--input", path, "--out", tmp_path / "p.npy"),
+    }
+    for what, args in routes.items():
+        done = cli(*args)
+        err = assert_user_error(done, f"{what} {path} {words};")
+        assert len(err.strip().splitlines()) == 1, err
+    evaluated = cli("evaluate", path, "--teacher", write_yaml(tmp_path / "t.yaml", config()))
+    assert_user_error(evaluated, f"model file {path} {words};")
+    assert not store.exists() and not (tmp_path / "p.npy").exists()
+
+
+@pytest.mark.slow
+def test_a_closed_port_given_as_the_scheduler_is_named_as_such(tmp_path, monkeypatch):
+    """`--scheduler tcp://127.0.0.1:PORT` where nothing listens: "nothing listens at", not a connection timeout."""
+    import socket
+
+    from relulearn.pipeline import cluster
+
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT", 1)  # the retries for a scheduler still starting: 1 s
+    with socket.socket() as s:  # a port that was free a moment ago, and closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = tmp_path / "s.zarr"
+    done = cli("estimate", write_yaml(tmp_path / "c.yaml", config()), "--store", store, "--scheduler",
+               f"tcp://127.0.0.1:{port}")  # fmt: skip
+    err = assert_user_error(done, f"nothing listens at tcp://127.0.0.1:{port} (the connection was refused for 1 s)")
+    assert len(err.strip().splitlines()) == 1, err
+    assert not store.exists()
+
+
 @pytest.mark.parametrize("flow", [False, True])
 def test_a_configuration_nested_thousands_deep_is_refused_naming_the_file_and_the_depth(flow, store, tmp_path):
     """YAML nested 5,000 deep (block mappings or flow lists) is refused in one line naming the file and the depth,

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..atomic import read_bytes, save_npy
 from ..config import ConfigError, RunConfig, load_config
+from ..filekind import not_a_file
 from ..network import Network
 from ..npyfile import ArrayHeaderError, load_npy_bytes
 from ..pipeline.sources import data_of
@@ -194,6 +195,9 @@ def predict(model: str | Path, inputs: str | Path, out: str | Path | None = None
 
 def _load_matrix(path: str | Path, what: str) -> np.ndarray:
     """A 2-d float array from a ``.npy`` file (a vector becomes one column), or an error naming the file."""
+    found = not_a_file(path)  # a folder or a device is said as what it is, never opened
+    if found is not None:
+        raise ValueError(f"{what} file {path} {found}; give a .npy file (np.save)")
     try:
         raw = read_bytes(path)
     except FileNotFoundError:
@@ -279,9 +283,10 @@ def shadow(teacher: str | Path | Network, degree: int, *, samples: int = 200_000
         net, name = teacher, "network"
     else:
         path = Path(teacher)
-        if not path.is_file():
+        found = not_a_file(path)
+        if found is not None:
             raise ValueError(
-                f"{path} does not exist (or is not a file); give a network file (.npz) or a run "
+                f"{path} {found}; give a network file (.npz) or a run "
                 "configuration (.yaml) whose source.teacher to compare with its shadow"
             )
         if path.suffix == ".npz":

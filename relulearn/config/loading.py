@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ..filekind import not_a_file
 from .base import ConfigError
 from .messages import _format_errors
 from .run import RunConfig
@@ -85,6 +86,9 @@ def load_config(path: str | Path) -> RunConfig:
         message names each offending key and, for unknown keys, the closest valid one.
     """
     path = Path(path)
+    kind = not_a_file(path)  # before it is opened: /dev/zero is read for ever, a FIFO waits for a writer
+    if kind is not None and not kind.startswith("does not exist"):  # a missing file: said by the read below
+        raise ConfigError(f"configuration file {path} {kind}; give the path of the run's YAML configuration file")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:

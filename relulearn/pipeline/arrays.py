@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..filekind import not_a_file
 from ..npyfile import ArrayHeaderError, check_data_bytes, read_npy_header
 
 __all__ = ["ArrayFileError", "ArrayReader", "array_kind", "open_reader"]
@@ -97,6 +98,11 @@ def open_reader(
     opts = _options(storage_options)
     if columns is not None and kind != "parquet":
         raise ArrayFileError(f"{what}: columns apply to Parquet files; {url} is read as a {kind} array")
+    # a folder where a file is expected, or a device (never opened: /dev/zero is read for ever); a zarr array is
+    # a folder, and a missing path is said below
+    found = not_a_file(url)
+    if found is not None and not found.startswith("does not exist") and (kind != "zarr" or found != "is a directory"):
+        raise ArrayFileError(f"{what}: {url} {found}; give a .npy file, a Parquet file or a zarr array's folder")
     try:
         stamp = _stamp(url, opts)
         if kind == "npy":
@@ -114,6 +120,11 @@ def open_reader(
                 f"{what}: {url} is a file but not a .npy file, a Parquet file or a zarr array "
                 "(read by its name: .npy, .parquet/.pq, else a zarr array's folder); save the "
                 'array with np.save("x.npy", x) and give that file'
+            ) from None
+        if not_a_file(url) == "is a directory":
+            raise ArrayFileError(
+                f"{what}: {url} is a directory but not a zarr array (no .zarray or zarr.json in it); give a .npy "
+                "file, a Parquet file or a zarr array's folder"
             ) from None
         raise ArrayFileError(
             f"{what}: {url} does not exist; a relative path is read from the configuration file's folder"

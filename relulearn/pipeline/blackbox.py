@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..filekind import not_a_file
 from .batches import LabelShapeError, gaussian_batches
 
 __all__ = ["CallableSource", "OnnxSource", "load_callable", "callable_source", "onnx_source"]
@@ -328,9 +329,10 @@ def onnx_source(path: Path, d: int, noise_std: float, output: int | None) -> Onn
         ``source.output`` beyond the model's outputs.
     """
     where = f"{ONNX_WHERE} {path}"
-    if not path.is_file():
+    found = not_a_file(path)  # a folder or a device is said as what it is, never opened
+    if found is not None:
         raise ValueError(
-            f"{where} does not exist; set source.teacher.onnx to an .onnx model file (a relative "
+            f"{where} {found}; set source.teacher.onnx to an .onnx model file (a relative "
             "path is read from the configuration file's folder)"
         )
     try:

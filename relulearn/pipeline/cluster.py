@@ -54,6 +54,7 @@ __all__ = [
     "DASK_SETTINGS",
     "DEFAULT_DASHBOARD",
     "check_dashboard",
+    "dashboard_link",
     "configured_scheduler",
     "connect",
     "default_workers",
@@ -136,6 +137,35 @@ def check_dashboard(address: str) -> str:
     return address
 
 
+def _refused(address: str) -> bool:
+    """Whether a TCP connection to ``address`` (``tcp://host:port`` or ``host:port``) is refused now: nothing
+    listens there (a timeout is another story: a firewall, a host down)."""
+    import socket
+
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    if not port.isdigit() or "://" in host:
+        return False
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+
+def dashboard_link(client: Any) -> str | None:
+    """The client's dashboard link, saying so when the dashboard listens on every interface (``--dashboard :8787``
+    or ``0.0.0.0:8787``): distributed's link names the scheduler's host, 127.0.0.1, whatever the dashboard's."""
+    link = getattr(client, "dashboard_link", None)
+    if not link:
+        return None
+    server = getattr(getattr(getattr(client, "cluster", None), "scheduler", None), "http_server", None)
+    bound = [s.getsockname() for s in getattr(server, "_sockets", {}).values()]  # a local cluster's own server
+    wide = [f"{host}:{port}" for host, port, *_ in bound if host in ("0.0.0.0", "::")]
+    return f"{link} (listening on every interface: {', '.join(wide)})" if wide else str(link)
+
+
 @contextlib.contextmanager
 def connect(
     workers: int | None = None,
@@ -188,6 +218,12 @@ def connect(
             try:
                 client = Client(timeout=CONNECT_TIMEOUT, **kwargs)
             except (OSError, TimeoutError) as err:
+                if "address" in kwargs and _refused(kwargs["address"]):
+                    raise ClusterError(
+                        f"nothing listens at {scheduler} (the connection was refused for {CONNECT_TIMEOUT:g} s): "
+                        "start the scheduler there (dask scheduler), check the address (e.g. tcp://host:8786), or "
+                        "run without --scheduler to start a local cluster"
+                    ) from None
                 raise ClusterError(
                     f"cannot reach the Dask scheduler at {scheduler}: {err}; check the address "
                     "(e.g. tcp://host:8786) or the scheduler file, or run without --scheduler to start a "

@@ -25,7 +25,7 @@ from ..config import RunConfig, config_from_dict
 from ..storage import RunStore, StoreError, diff_fields
 from ..storage.lease import Lease, StoreLockedError, writing
 from .blocks import compute_block, plan_blocks, run_distributed
-from .cluster import ClusterLostError
+from .cluster import ClusterLostError, dashboard_link
 from .families import build_statistics
 from .interrupts import Interrupts, signals_as_interrupts
 from .plan import check_partial_bytes
@@ -220,7 +220,7 @@ def _estimate(
     target = max(target, done0)
     blocks = plan_blocks(done0, target, cfg.run.chunks_per_block)
     interval = cfg.run.commit_interval if commit_interval is None else commit_interval
-    dashboard = getattr(client, "dashboard_link", None) if client is not None else None
+    dashboard = dashboard_link(client) if client is not None else None
     if on_start is not None:
         on_start(
             {

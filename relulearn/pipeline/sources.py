@@ -27,6 +27,7 @@ from ..config import (
     SourceConfig,
     TwoLayerTeacher,
 )
+from ..filekind import not_a_file
 from ..network import Network, NetworkFileError
 from .batches import (
     BATCH_BYTES,
@@ -376,9 +377,10 @@ def make_source(cfg: RunConfig | SourceConfig, base: RunConfig | None = None) ->
         )
     if isinstance(teacher, FileTeacher):
         path = run.resolve_path(teacher.file) if run is not None else teacher.file
-        if not Path(path).exists():
+        found = not_a_file(path)  # a folder or a device is said as what it is, never opened
+        if found is not None:
             raise NetworkFileError(
-                f"teacher file {path} does not exist; set source.teacher.file to a .npz network file "
+                f"teacher file {path} {found}; set source.teacher.file to a .npz network file "
                 "(a relative path is read from the configuration file's folder)"
             )
         net = Network.load(path)
