@@ -9,6 +9,7 @@ import numpy as np
 from ..config import config_from_dict
 from ..storage import RunStore, StoreError, diff_fields
 from ..storage.lease import writing
+from ..storage.location import disk_full_named
 from .state import commit_groups, commit_meta, load_partial, statistics_from_store
 
 __all__ = ["merge_stores"]
@@ -65,5 +66,6 @@ def merge_stores(a_url: str, b_url: str, out_url: str, *, break_lock: bool = Fal
             cfg, dict(ma["fingerprint"], seed=sorted(ma["seeds"] + mb["seeds"])), stats_a, ledger, pa.chunk_stop
         )
         meta["merged_from"] = [a_url, b_url]
-        out.commit(meta, commit_groups(stats_a, pa, cfg.chunk_size, ledger), lease=lease)
+        with disk_full_named(out_url, after="nothing was merged"):
+            out.commit(meta, commit_groups(stats_a, pa, cfg.chunk_size, ledger), lease=lease)
     return {"store": out_url, "seeds": meta["seeds"], "samples": meta["samples"], "chunks": meta["chunks"]}

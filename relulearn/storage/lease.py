@@ -67,7 +67,7 @@ from typing import Any
 
 from .errors import StoreDamagedError, StoreError
 from .folder import LEASE_KEY
-from .location import _is_local, _local_path, _object_store_errors, storage_options
+from .location import _DISK_FULL, _is_local, _local_path, _object_store_errors, storage_options
 from .nesting import check_not_inside_a_store
 
 __all__ = [
@@ -333,7 +333,11 @@ class _Local:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.created = missing  # deepest first
         tmp = self.dir / f"{LEASE_KEY}.{token}.tmp"
-        tmp.write_bytes(data)
+        try:
+            self._write(tmp, data)
+        except BaseException:
+            self.remove()  # the folders this writer created for it (lease.json is not there)
+            raise
         try:
             os.link(tmp, self.path)  # exclusive like O_CREAT | O_EXCL; the document is whole when it appears
             return True
@@ -352,8 +356,25 @@ class _Local:
 
     def replace(self, data: bytes, token: str) -> None:
         tmp = self.dir / f"{LEASE_KEY}.{token}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)  # atomic: a reader sees the old document or the new one
+        self._write(tmp, data)
+        try:
+            os.replace(tmp, self.path)  # atomic: a reader sees the old document or the new one
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _write(self, tmp: Path, data: bytes) -> None:
+        """``data`` into ``tmp``, or no ``tmp`` at all (a full disk left an empty ``lease.json.*.tmp`` behind),
+        the error naming the lease."""
+        try:
+            tmp.write_bytes(data)
+        except BaseException as err:
+            tmp.unlink(missing_ok=True)
+            if isinstance(err, OSError) and err.errno in _DISK_FULL:
+                raise StoreError(
+                    f"cannot write the lease {self.path}: no space left on its device; free space there and run the "
+                    "same command again"
+                ) from None
+            raise
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

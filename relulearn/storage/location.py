@@ -4,6 +4,7 @@ reach an object store (credentials, endpoint, bucket, permissions) turned into o
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,29 @@ def _object_store_error(url: str, err: BaseException, doing: str) -> StoreError 
             f"write it ({_S3_FIX}) or choose another --store location"
         )
     return None
+
+
+#: the errors of a write past a device's space or a user's quota
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+@contextlib.contextmanager
+def disk_full_named(
+    url: str, what: str = "the store", after: str = "the store is as its last commit left it"
+) -> Iterator[None]:
+    """A write to ``url`` that finds its device full (or the quota reached) raises :class:`StoreError` naming
+    ``what`` and ``url`` (and the file, when the error has one), and ``after``: ``[Errno 28] No space left on
+    device`` named nothing. A run's commits say more (:func:`relulearn.pipeline.state.write_failure`)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in _DISK_FULL:
+            raise
+        where = f" (writing {err.filename})" if err.filename else ""
+        raise StoreError(
+            f"cannot write {what} at {url}: no space left on its device{where}; free space there and run the same "
+            f"command again ({after})"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -116,6 +116,7 @@ from .location import (
     _local_path,
     _object_store_errors,
     _open_store,
+    disk_full_named,
     storage_options,
 )
 from .nesting import check_not_inside_a_store
@@ -408,7 +409,7 @@ class RunStore:
         ``<key>.<uuid hex>.partial`` file and renames it, and an object store's PUT is atomic."""
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
         key = f"records/{kind}-{stamp}.json"
-        with _object_store_errors(self.url, "write"):
+        with _object_store_errors(self.url, "write"), disk_full_named(self.url, f"the record {key} of the store"):
             sync(self._store(read_only=False).set(key, _json_buffer(dict(doc, recorded=stamp))))
         return key
 
