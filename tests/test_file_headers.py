@@ -126,3 +126,46 @@ def test_estimate_refuses_teacher_and_data_headers(tmp_path, case):
     if case == "truncated":
         assert "32000" in line.replace(",", "") and "31992" in line.replace(",", ""), line
     assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.parametrize("route", ["data y", "teacher file", "predict's model", "exact-arbitrary's labels"])
+def test_a_truncated_array_is_named_as_truncated_on_every_route(tmp_path, route):
+    """A truncated ``.npy`` (or ``.npz`` member) was a reshape error: each route that reads one names the file, the
+    member and the bytes its header claims beside those it holds; nothing is written."""
+    rng = np.random.default_rng(1)
+    np.save(tmp_path / "x.npy", rng.standard_normal((1000, 4)))
+    np.save(tmp_path / "y.npy", rng.standard_normal(1000))
+    good_net(tmp_path / "net.npz")
+    short = npy_bytes((3, 4), bytes(8 * 11))  # W0 one value short: 88 of its 96 bytes
+    network_npz(tmp_path / "cut.npz", {"W0": short, "W1": npy_bytes((1, 3), bytes(24))})
+    if route in ("data y", "exact-arbitrary's labels"):
+        raw = (tmp_path / "y.npy").read_bytes()
+        (tmp_path / "y.npy").write_bytes(raw[:-8])
+    store, out = tmp_path / "s.zarr", tmp_path / "p.npy"
+    if route == "data y":
+        source = {"d": 4, "data": {"x": str(tmp_path / "x.npy"), "y": str(tmp_path / "y.npy")}}
+    else:
+        source = {"d": 4, "teacher": {"file": str(tmp_path / "cut.npz")}}
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"seed": 0, "samples": 1000, "chunk_size": 500, "source": source}))
+    args = {
+        "data y": ("estimate", cfg, "--store", store),
+        "teacher file": ("estimate", cfg, "--store", store),
+        "predict's model": ("predict", tmp_path / "cut.npz", "--input", tmp_path / "x.npy", "--out", out),
+        "exact-arbitrary's labels": (
+            "exact-arbitrary",
+            tmp_path / "x.npy",
+            tmp_path / "y.npy",
+            "--width",
+            2,
+            "--out",
+            out,
+        ),
+    }[route]
+    if route in ("data y", "exact-arbitrary's labels"):
+        line = refused_one_line(relulearn(*args), "y.npy", "is truncated")
+        assert "8,000 bytes of data" in line and "7,992 bytes" in line, line
+    else:
+        line = refused_one_line(relulearn(*args), "cut.npz (member W0) is truncated")
+        assert "96 bytes of data" in line and "88 bytes" in line, line
+    assert not store.exists() and not out.exists()
