@@ -839,3 +839,37 @@ def test_every_chunk_bad_on_a_cluster_reports_the_first(tmp_path):
         f"{value} in label y at chunk 0, row {row}",
     )
     assert not path.exists()
+
+
+@pytest.mark.parametrize(
+    "method, statistic, section",
+    [
+        ("moments", "contracted", "{orders: [2, 4], directions: 8}"),
+        ("tensor", "contracted", "{orders: [2, 4], directions: 8, control: true}"),
+        ("filtered-pca", "filtered", "{quantiles: [0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.97]}"),
+        ("exact", "output_moments", "{}"),
+        ("landscape", "hermite", "{max_order: 2}"),
+        ("polynomial", "hermite", "{max_order: 4}"),
+    ],
+)
+def test_fit_refuses_a_statistics_section_lacking_what_the_method_needs_before_writing(
+    tmp_path, method, statistic, section
+):
+    """`fit --method M` with `statistics: {basic: {}}` estimated the whole store, then refused; it refuses first,
+    naming the statistic and the section to add, in one line; `plan --method M` says the same."""
+    # output weights of one sign: inside every method's setting (landscape assumes them ≥ 0)
+    cfg = write_yaml(
+        tmp_path / "c.yaml",
+        config(**{"statistics": {"basic": {}}, "source.teacher.output_weights": [1.0, 0.6]}),
+    )
+    store = tmp_path / "s.zarr"
+    for args in (("fit", cfg, "--store", store, "--method", method, "--out", tmp_path / "m.npz"), ("plan", cfg,
+                 "--method", method)):  # fmt: skip
+        err = assert_user_error(
+            cli(*args),
+            f"the '{method}' method needs the '{statistic}' statistic",
+            f"which the configuration's statistics section lacks; add `{statistic}: {section}` under statistics",
+            "Nothing was written",
+        )
+        assert len(err.strip().splitlines()) == 1, err
+    assert not store.exists() and not (tmp_path / "m.npz").exists()

@@ -95,6 +95,17 @@ def fit(
             return run(where, lease)
 
 
+def check_statistics_section(cfg: RunConfig, method: str, setting: Any) -> None:
+    """Refuse a configuration whose ``statistics`` section lacks what ``method`` needs (the method's ``lacks``),
+    before anything is written: the learn found it only after the whole store was estimated."""
+    if "statistics" not in cfg.model_fields_set:
+        return
+    lacks = getattr(method_module(method), "lacks", None)
+    lack = None if lacks is None else lacks(cfg.statistics.enabled(), getattr(setting, "outputs", None))
+    if lack is not None:
+        raise lack
+
+
 def fit_config(
     cfg: RunConfig,
     store: str,
@@ -115,6 +126,7 @@ def fit_config(
     width = options.get("width")
     setting = setting_source(cfg)
     check_setting(method, setting, options)  # before anything is written
+    check_statistics_section(cfg, method, setting)
     kept = _stored_statistics(store) if "statistics" not in cfg.model_fields_set else None
     if kept is not None:
         # a run to resume or extend keeps the statistics it was started with: the form chosen by projected
@@ -204,5 +216,6 @@ def plan(
         options = checked_options(method, width=width, **method_options)
         setting = setting_source(cfg)
         check_setting(method, setting, options)
+        check_statistics_section(cfg, method, setting)
         got = _plan_fit(cfg, method, setting, width, options, samples, n_workers, choose)
     return dict(got.to_dict(), lines=got.lines())

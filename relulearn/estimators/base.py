@@ -24,6 +24,8 @@ __all__ = [
     "BudgetError",
     "TooFewSamplesError",
     "MissingStatisticError",
+    "configured_lack",
+    "section_get",
     "NoSignalError",
     "PassRequest",
     "Samples",
@@ -46,6 +48,21 @@ class MissingStatisticError(ValueError):
             f"configuration\n  statistics:\n    {statistic}: {section}\nand estimate into a new store (or use "
             "`relulearn fit`, which chooses the statistics itself)"
         )
+
+
+def configured_lack(method: str, statistic: str, what: str, section: str) -> MissingStatisticError:
+    """The error for a configuration whose ``statistics`` section lacks ``statistic``, raised by ``fit`` before
+    anything is written (a store's lack is :meth:`MissingStatisticError.lacking`)."""
+    return MissingStatisticError(
+        f"the '{method}' method needs the '{statistic}' statistic ({what}), which the configuration's statistics "
+        f"section lacks; add `{statistic}: {section}` under statistics (or remove the section: fit then estimates "
+        "the method's own statistics). Nothing was written"
+    )
+
+
+def section_get(section: Any, key: str) -> Any:
+    """A key of a statistics section, given as a mapping or as its pydantic model."""
+    return section.get(key) if isinstance(section, Mapping) else getattr(section, key, None)
 
 
 class NoSignalError(ValueError):

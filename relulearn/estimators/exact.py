@@ -32,7 +32,15 @@ from . import exact_step as _exact_step
 from . import fixed_parameter as _fixed
 from . import refine as _refine
 from . import signs as _signs
-from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .base import (
+    Arrays,
+    LearnResult,
+    MissingStatisticError,
+    NoSignalError,
+    PassRequest,
+    Samples,
+    configured_lack,
+)
 from .joint_range import JointRange, joint_range
 from .rectified import Rectified, check_activation, check_on, output_weights, relative_loss
 
@@ -80,6 +88,13 @@ def sample_sizes(d: int, k: int) -> tuple[int, int]:
     uses the top 40 % of the samples; its inactive set is the bottom 2–20 % and needs ``≥ 4k`` samples;
     ``40 (d + k)`` leaves every system overdetermined many times over."""
     return max(4_000, 40 * (d + k)), max(2_000, 10 * (d + k))
+
+
+def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+    """What a configuration's statistics ``sections`` lack for this method, before anything is written."""
+    if "output_moments" in sections:
+        return None
+    return configured_lack("exact", "output_moments", "per-output E[A x] and E[A (x xᵀ − I)]", "{}")
 
 
 def _check(stats: Mapping[str, Arrays]) -> Arrays:

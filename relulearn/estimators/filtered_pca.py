@@ -46,7 +46,7 @@ import numpy as np
 from ..config import SKETCH_OVERSAMPLING
 from ..network import Network, gradient_subspace
 from . import deepfit, enumeration
-from .base import LearnResult, MissingStatisticError, PassRequest, Samples
+from .base import LearnResult, MissingStatisticError, PassRequest, Samples, configured_lack, section_get
 from .deepstream import refine_deep
 from .filtered_subspace import (
     SKETCH_PASSES,
@@ -123,6 +123,14 @@ def sample_sizes(d: int, depth: int, width: int) -> tuple[int, int]:
     if depth == 1:
         return max(50_000, 40 * width * d), max(20_000, 10 * width * d)
     return 50_000, 20_000
+
+
+def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+    """What a configuration's statistics ``sections`` lack for this method, before anything is written."""
+    sketch = sections.get("sketch")
+    if "filtered" in sections or (sketch is not None and section_get(sketch, "filtered") is not None):
+        return None
+    return configured_lack("filtered-pca", "filtered", "filtered second moments M_τ", f"{{quantiles: {QUANTILES}}}")
 
 
 def _check(stats: Mapping[str, Arrays]) -> None:

@@ -35,7 +35,16 @@ import numpy as np
 from .. import hermite
 from ..network import Network
 from . import base, spectral
-from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .base import (
+    Arrays,
+    LearnResult,
+    MissingStatisticError,
+    NoSignalError,
+    PassRequest,
+    Samples,
+    configured_lack,
+    section_get,
+)
 from .objective_g import GParameters, StartResult, best_start, distinct_rows, minimize_g
 from .polish import polish_and_select
 
@@ -86,6 +95,14 @@ def required_statistics(d: int, width: int | None = None) -> dict:
 def sample_sizes(d: int, width: int) -> tuple[int, int]:
     """Training and validation sample sizes of the polish (``k·d`` unknowns)."""
     return max(20_000, 40 * width * d), max(10_000, 10 * width * d)
+
+
+def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+    """What a configuration's statistics ``sections`` lack for this method, before anything is written."""
+    h = sections.get("hermite")
+    if h is not None and int(section_get(h, "max_order") or 4) >= 2:
+        return None
+    return configured_lack("landscape", "hermite", "T_0, T_1 and T_2", "{max_order: 2}")
 
 
 def _first_pass(stats: Mapping[str, Arrays]) -> tuple[float, np.ndarray, np.ndarray, np.ndarray, int]:

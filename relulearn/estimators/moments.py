@@ -27,7 +27,17 @@ import numpy as np
 from ..config import SKETCH_OVERSAMPLING, check_sketch_rank
 from ..network import Network
 from . import biased, enumeration, spectral, subspace
-from .base import Arrays, BudgetError, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .base import (
+    Arrays,
+    BudgetError,
+    LearnResult,
+    MissingStatisticError,
+    NoSignalError,
+    PassRequest,
+    Samples,
+    configured_lack,
+    section_get,
+)
 from .enumeration_search import EnumerationResult
 from .polish import polish_and_select
 from .stored_matrices import matrices_from_store
@@ -94,6 +104,19 @@ def sketch_passes(d: int, width: int | None) -> list[tuple[str, dict, bool]]:
 def sample_sizes(d: int, width: int) -> tuple[int, int]:
     """Training and validation sample sizes: polish solves for ``k·d`` unknowns."""
     return max(20_000, 40 * width * d), max(10_000, 10 * width * d)
+
+
+def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+    """What a configuration's statistics ``sections`` lack for this method (as :func:`_check` finds in a store),
+    before anything is written."""
+    sketch = sections.get("sketch")
+    if "contracted" not in sections and sketch is not None and section_get(sketch, "second") is not None:
+        return None
+    if "contracted" not in sections:
+        return configured_lack("moments", "contracted", "orders 2 and 4", "{orders: [2, 4], directions: 8}")
+    if not set(section_get(sections["contracted"], "orders") or [2, 4]) & {2, 4}:
+        return configured_lack("moments", "contracted", "orders 2 or 4", "{orders: [2, 4], directions: 8}")
+    return None
 
 
 def _check(stats: Mapping[str, Arrays]) -> None:

@@ -44,7 +44,7 @@ import numpy as np
 from .. import hermite
 from ..polynomial import PolynomialModel
 from . import spectral
-from .base import LearnResult, MissingStatisticError, PassRequest, Samples
+from .base import LearnResult, MissingStatisticError, PassRequest, Samples, configured_lack, section_get
 from .stored_matrices import FilterGridError, filtered_matrices
 
 __all__ = [
@@ -320,6 +320,16 @@ def _held_out_errors(model: PolynomialModel, samples: Any, n: int) -> tuple[list
     cum = np.cumsum(model.terms(x), axis=1)
     ey2 = float(np.mean(y**2))
     return (np.mean((y[:, None] - cum) ** 2, axis=0) / ey2).tolist(), ey2
+
+
+def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+    """What a configuration's statistics ``sections`` lack for this method, before anything is written."""
+    h = sections.get("hermite")
+    if h is not None and int(section_get(h, "max_order") or 4) >= 2:
+        return None
+    return configured_lack(
+        "polynomial", "hermite", "the Hermite tensors T_0..T_2 at least", f"{{max_order: {DEFAULT_DEGREE}}}"
+    )
 
 
 def learn(

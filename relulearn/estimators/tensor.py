@@ -53,7 +53,16 @@ from typing import Any
 import numpy as np
 
 from . import lifted, spectral
-from .base import Arrays, LearnResult, MissingStatisticError, NoSignalError, PassRequest, Samples
+from .base import (
+    Arrays,
+    LearnResult,
+    MissingStatisticError,
+    NoSignalError,
+    PassRequest,
+    Samples,
+    configured_lack,
+    section_get,
+)
 from .stored_matrices import matrices_from_store
 from .subspace_geometry import directions_in_subspace
 from .tensor_finish import _finish
@@ -102,6 +111,19 @@ def required_statistics(d: int, width: int | None = None, outputs: int | None = 
     if outputs_route(d, outputs):
         return {"basic": {}, "output_moments": {}}
     return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True}}
+
+
+def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+    """What a configuration's statistics ``sections`` lack for this method, before anything is written."""
+    if "contracted" not in sections and "output_moments" in sections and outputs:
+        return None
+    if "contracted" not in sections:
+        return configured_lack(
+            "tensor", "contracted", "orders 2 and 4", "{orders: [2, 4], directions: 8, control: true}"
+        )
+    if 2 not in set(section_get(sections["contracted"], "orders") or [2, 4]):
+        return configured_lack("tensor", "contracted", "order 2", "{orders: [2, 4], directions: 8, control: true}")
+    return None
 
 
 def _check(stats: Mapping[str, Arrays]) -> None:
