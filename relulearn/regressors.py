@@ -156,9 +156,9 @@ class _Regressor(RegressorMixin, BaseEstimator):
             except NoSignalError as err:  # nothing above the noise floor: the mean is all these rows support
                 # the error speaks to command-line users (`relulearn estimate ... --samples N`); here the fix is rows
                 why = str(err).split("; estimate with more samples")[0]
+                more = "fit on more rows to learn the network" if err.more_samples else "more rows will not help"
                 warnings.warn(
-                    f"{type(self).__name__}: {why}; the model is the constant mean(y) (n_samples = {n:,}: "
-                    "fit on more rows to learn the network)",
+                    f"{type(self).__name__}: {why}; the model is the constant mean(y) (n_samples = {n:,}: {more})",
                     UserWarning,
                     stacklevel=3,
                 )

@@ -88,6 +88,14 @@ def stops(x):
     raise Stop("no more")
 
 
+def constant(x):
+    return np.full(len(x), 1.5)
+
+
+def odd(x):  # an odd function: a linear part, no even-order moments
+    return np.tanh(x @ U[0] + 0.5 * x @ U[1])
+
+
 def thousand(x):  # a label vector of 1,000 outputs
     return np.repeat(teacher(x)[:, None], 1000, axis=1)
 
@@ -324,6 +332,47 @@ def test_a_callable_that_exits_on_a_worker_is_named_and_refused(module, tmp_path
     )
     assert "Traceback" not in done.stderr
     assert not store.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "function, said",
+    [
+        ("constant", "the labels are constant (y = 1.5 on every sample): there is nothing to learn but the mean"),
+        ("odd", "no even-order moment above the noise floor: a ReLU network's labels have both, so the teacher is "
+         "outside the '{method}' method's setting (an odd function such as tanh?) and more samples will not help; "
+         "use --method polynomial"),
+    ],
+)  # fmt: skip
+def test_a_teacher_no_sample_count_helps_is_not_told_to_add_samples(module, tmp_path, function, said):
+    """A constant teacher, and an odd one (tanh: a linear part, no even-order moment), were told to "estimate with
+    more samples" by moments and tensor: fit and learn say what the statistics show and what to use."""
+    name, _ = module
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(config(name, function, samples=100_000)))
+    store = tmp_path / "s.zarr"
+    fitted = relulearn("fit", cfg, "--store", store, "--method", "moments", "--out", tmp_path / "m.npz", "-q")
+    for method, done in (
+        ("moments", fitted),
+        ("tensor", relulearn("learn", store, "--method", "tensor", "--out", tmp_path / "m.npz", "-q")),
+    ):
+        assert done.returncode == 2, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and said.format(method=method) in lines[0], done.stderr
+        assert "estimate with more samples" not in lines[0]
+    assert not (tmp_path / "m.npz").exists()
+
+
+def test_a_relu_teacher_under_its_noise_floor_is_told_to_add_samples(module, tmp_path):
+    """The same words stay for a ReLU teacher whose signal is still under the noise floor (2,000 samples)."""
+    name, _ = module
+    data = config(name, samples=2_000, noise_std=3.0)
+    data["chunk_size"] = 1_000
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    done = relulearn("fit", cfg, "--store", tmp_path / "s.zarr", "--method", "moments", "--out", tmp_path / "m.npz",
+                     "-q")  # fmt: skip
+    assert done.returncode == 2 and "estimate with more samples" in done.stderr, done
 
 
 def test_the_plan_counts_a_callables_outputs_from_its_probe(module):

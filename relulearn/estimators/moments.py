@@ -40,6 +40,7 @@ from .base import (
 )
 from .enumeration_search import EnumerationResult
 from .polish import polish_and_select
+from .signal import no_signal
 from .stored_matrices import matrices_from_store
 from .streamed import projected_sample, refine_streamed, refine_unless_exact
 from .subspace_geometry import directions_in_subspace, principal_angles
@@ -197,10 +198,7 @@ def learn(
     sub = spectral.relevant_subspace(mats, ses, rank=width, names=names)
     report = {"subspace": sub.to_dict()}
     if sub.rank == 0:
-        raise NoSignalError(
-            "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
-            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
-        )
+        raise no_signal(stats, "moments")
     wanted = width or sub.rank
     if not passes and (sub.rank < wanted or not getattr(sub, "supported", True)):
         g = directions_in_subspace(sub.basis, max(4, 2 * sub.rank), seed)

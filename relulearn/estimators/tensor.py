@@ -63,6 +63,7 @@ from .base import (
     configured_lack,
     section_get,
 )
+from .signal import no_signal
 from .stored_matrices import matrices_from_store
 from .subspace_geometry import directions_in_subspace
 from .tensor_finish import _finish
@@ -248,10 +249,7 @@ def learn(
     check_width(width, d)
     sub = _subspace(outputs, width if width is None or width <= d else d)
     if sub.rank == 0:
-        raise NoSignalError(
-            "the spectral stage found no direction above the noise floor: the statistics are pure noise at this "
-            "sample count; estimate with more samples (`relulearn estimate ... --samples N`)"
-        )
+        raise no_signal(stats, "tensor")
     overcomplete = lifted.lifted_route(d) and ((width is not None and width > d) or (width is None and sub.rank == d))
     report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "lifted" if overcomplete else "complete"}
     if not overcomplete and sub.rank == d:
