@@ -16,7 +16,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TextIO
 
-__all__ = ["reporting", "step"]
+__all__ = ["clock", "reporting", "step"]
 
 #: seconds between two lines on a stream that is not a terminal (a log file, a CI log)
 INTERVAL = 10.0
@@ -47,7 +47,7 @@ class _Reporter:
                 self.stream.write("\n")
         line = f"{stage}: {done:,}" + (f"/{total:,}" if total else "")
         if total and done:
-            line += f"  ETA at most {_clock((now - self.started) / done * (total - done))}"
+            line += f"  ETA at most {clock((now - self.started) / done * (total - done))}"
         if detail:
             line += f"  ({detail})"
         first = stage not in self.shown
@@ -74,8 +74,10 @@ class _Reporter:
             self.stream.flush()
 
 
-def _clock(seconds: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(max(seconds, 0.0)))
+def clock(seconds: float) -> str:
+    """``HH:MM:SS`` with as many hours as it takes (``663:09:59``; a clock of the day wrapped at 24 h)."""
+    whole = int(max(seconds, 0.0))
+    return f"{whole // 3600:02d}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 _CURRENT: ContextVar[_Reporter | None] = ContextVar("relulearn_progress", default=None)

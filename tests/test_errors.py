@@ -273,6 +273,22 @@ def test_sizes_no_machine_holds_are_refused_before_allocation_naming_the_bytes(s
     assert_intact(path, before)
 
 
+def test_a_planted_teacher_too_wide_for_the_machine_is_refused_by_plan_and_estimate(tmp_path):
+    """`width: 10^9` (its weights: 40 GB at d = 4) and `widths: [3, 10^8]` (3.3 TB of hidden units on a batch):
+    `plan` and `estimate` each refuse in one line naming the key and the bytes; nothing is allocated or written."""
+    wide = write_yaml(tmp_path / "wide.yaml", config(**{"source.teacher": {"kind": "one_hidden_relu", "width": 10**9}}))
+    deep = write_yaml(tmp_path / "deep.yaml", config(**{"source.teacher": {"kind": "deep_relu", "widths": [3, 10**8]}}))
+    store = tmp_path / "s.zarr"
+    weights = "the planted teacher's weights (5,000,000,000 numbers) would take 40,000,000,000 bytes (40 GB)"
+    hidden = "the teacher's hidden units on one batch (4,096 rows × 100,000,000 units) would take 3,276,800,000,000"
+    for cfg, said, key in ((wide, weights, "lower source.d or source.teacher.width"),
+                           (deep, hidden, "lower source.teacher.widths")):  # fmt: skip
+        for args in (("plan", cfg), ("estimate", cfg, "--store", store)):
+            err = assert_user_error(cli(*args), said, key, "Nothing was written")
+            assert len(err.strip().splitlines()) == 1, err
+    assert not store.exists()
+
+
 class _Started(Exception):
     pass
 
@@ -303,6 +319,63 @@ def test_the_blocks_of_a_huge_run_are_planned_lazily(tmp_path):
     assert peak < 2**20, f"{peak:,} bytes"  # a list of the blocks' ranges alone is 60 MB
     blocks = plan_blocks(3, 12, 4)
     assert list(blocks) == [(3, 7), (7, 11), (11, 12)] and blocks[-1] == (11, 12) and blocks[1:] == [(7, 11), (11, 12)]
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of process ``pid``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads a process's memory from /proc")
+def test_a_run_of_ten_trillion_samples_says_its_projection_and_holds_flat_memory_until_ctrl_c(tmp_path):
+    """`estimate --samples 1e13`: its first line states the projected time and how to stop and resume; its memory
+    stays flat over hundreds of commits (no per-block or per-chunk structure grows); Ctrl-C ends it with its
+    samples committed."""
+    import signal
+
+    from relulearn import open_store
+
+    cfg = write_yaml(tmp_path / "c.yaml", config())
+    url = tmp_path / "s.zarr"
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", str(url), "--samples", "1e13",
+         "--in-process", "--commit-interval", "0.2"],
+        env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        first = proc.stderr.readline()
+        assert first.startswith(f"starting run in {url}: 0 -> 10,000,000,000,000 samples in 1,000,000,000 blocks; "
+                                "projected "), first  # fmt: skip
+        assert first.rstrip().endswith(" h: stop at any moment with Ctrl-C and resume with the same command"), first
+
+        def committed() -> int:
+            try:
+                return open_store(str(url)).samples
+            except Exception:  # noqa: BLE001 - no first commit yet
+                return 0
+
+        deadline = time.monotonic() + 60
+        while committed() < 200_000 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        before, at = _rss(proc.pid), committed()
+        while committed() < 20 * at and time.monotonic() < deadline:  # (measured: 0.8 MB over 20 commits)
+            time.sleep(0.05)
+        after = _rss(proc.pid)
+        assert committed() >= 20 * at > 0
+        assert after - before < 16 * 2**20, f"{before:,} -> {after:,} bytes over {at:,} -> {committed():,} samples"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    held = open_store(str(url)).samples
+    assert held >= 20 * at and held % 5_000 == 0
 
 
 def test_bad_sample_counts_on_the_command_line(store, tmp_path):

@@ -85,7 +85,10 @@ def estimate(
     from ..pipeline.run import estimate as _estimate
     from .execution import check_script, cluster_forced, running
 
-    in_process = not cluster_forced(client, workers, scheduler) and _small(cfg, store, samples)
+    forced = cluster_forced(client, workers, scheduler)
+    workers_planned = planned_workers(client, workers) if forced and scheduler is None else None
+    in_process, projected = _where(cfg, store, samples, workers_planned if forced else None)
+    in_process = in_process and not forced
     check_script(client, scheduler, in_process)  # an unguarded script is refused before anything is written
     # before a cluster starts: a refusal is immediate
     with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
@@ -96,20 +99,28 @@ def estimate(
             on_start=on_start,
             lease=lease,
             new_store_here=new_store_here,
+            projected=projected,
         )
         with running(client, workers, scheduler, dashboard or cfg.run.dashboard, in_process=in_process) as where:
             return _estimate(cfg, store, client=where.client, **kw)
 
 
-def _small(cfg: RunConfig, store: str, samples: int | None) -> bool:
+def _where(cfg: RunConfig, store: str, samples: int | None, forced: int | None) -> tuple[bool, float | None]:
     """Whether the samples ``store`` still lacks are projected to run sooner in this process than on a local
-    cluster with its start (:func:`relulearn.runplan.where_to_run`)."""
+    cluster with its start (:func:`relulearn.runplan.where_to_run`), and the projected seconds where they run
+    (None when there is nothing to run, or on a scheduler's cluster); ``forced``: the workers the caller
+    chose (then only the seconds are projected)."""
     from ..runplan import plan_run
     from .execution import samples_to_run
 
     target = int(cfg.samples if samples is None else samples)
     todo = samples_to_run(store, -(-target // cfg.chunk_size) * cfg.chunk_size)
-    return todo <= 0 or plan_run(cfg, None, samples=todo, choose_where=True).runs_in == "in process"
+    if todo <= 0:
+        return True, None
+    if forced is not None:
+        return False, plan_run(cfg, None, samples=todo, workers=forced).projected_seconds
+    chosen = plan_run(cfg, None, samples=todo, choose_where=True)
+    return chosen.runs_in == "in process", chosen.projected_seconds
 
 
 def status(store: str) -> dict[str, Any]:

@@ -21,6 +21,10 @@ from .output import print_curve, print_demo, print_examples, print_result, print
 log = logging.getLogger(__name__)
 
 
+#: a run projected at least this long says so as it starts, and how to stop and resume it
+LONG_RUN_SECONDS = 60.0
+
+
 def _check_file_path(flag: str, path: str | None, example: str) -> None:
     """Refuse, before a long run, an output file path whose folder does not exist or that is a folder (a local
     path or ``file://`` URL), or a URL whose protocol has no file system installed."""
@@ -108,11 +112,19 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
                   file=sys.stderr)  # fmt: skip
             return
         verb = "resuming" if info["resumed_from_samples"] else "starting"
-        print(
+        line = (
             f"{verb} run in {info['store']}: {info['resumed_from_samples']:,} -> {info['target_samples']:,} "
-            f"samples in {info['blocks']} blocks",
-            file=sys.stderr,
+            f"samples in {info['blocks']:,} blocks"
         )
+        projected = info.get("projected_seconds")
+        if projected is not None and projected >= LONG_RUN_SECONDS:  # a long run: say so, and how to stop it
+            from ..pipeline.projection import format_seconds
+
+            line += (
+                f"; projected {format_seconds(projected)}: stop at any moment with Ctrl-C and resume with the same "
+                "command"
+            )
+        print(line, file=sys.stderr)
 
     client = "local" if args.in_process else None
     summary = api.estimate(

@@ -6,6 +6,8 @@ import math
 import time
 from typing import TextIO
 
+from ..progress import clock
+
 __all__ = ["ProgressLine"]
 
 
@@ -35,7 +37,7 @@ class ProgressLine:
             eta, mark = max(self.projected - (now - self.t0), 0.0), "~"
         frac = done / self.total if self.total else 1.0
         bar = "#" * int(30 * frac)
-        eta_s = "--" if not math.isfinite(eta) else mark + time.strftime("%H:%M:%S", time.gmtime(eta))
+        eta_s = "--" if not math.isfinite(eta) else mark + clock(eta)
         line = f"[{bar:<30}] {done:,}/{self.total:,} samples  {rate:,.0f} samples/s  ETA {eta_s}"
         self.stream.write(("\r" + line) if self.tty else (line + "\n"))
         self.stream.flush()

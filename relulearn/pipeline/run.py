@@ -230,6 +230,7 @@ def _estimate(
                 "target_samples": target * cfg.chunk_size,
                 "blocks": len(blocks),
                 "set_aside": set_aside,
+                "projected_seconds": projected,
             }
         )
 
