@@ -117,8 +117,11 @@ def _where(cfg: RunConfig, store: str, samples: int | None, forced: int | None) 
     todo = samples_to_run(store, -(-target // cfg.chunk_size) * cfg.chunk_size)
     if todo <= 0:
         return True, None
-    if forced is not None:
-        return False, plan_run(cfg, None, samples=todo, workers=forced).projected_seconds
+    if forced is not None:  # for the starting line only: a black box or a data file is not run for it
+        from ..pipeline.cost import calibrate, source_cost
+
+        unprobed = source_cost(cfg, calibrate(), probe=False)
+        return False, plan_run(cfg, None, samples=todo, workers=forced, source=unprobed).projected_seconds
     chosen = plan_run(cfg, None, samples=todo, choose_where=True)
     return chosen.runs_in == "in process", chosen.projected_seconds
 
