@@ -487,7 +487,7 @@ def test_a_folder_or_device_where_a_file_is_expected_is_named_as_what_it_is(not_
 
 @pytest.mark.slow
 def test_a_closed_port_given_as_the_scheduler_is_named_as_such(tmp_path, monkeypatch):
-    """`--scheduler tcp://127.0.0.1:PORT` where nothing listens: "nothing listens at", not a connection timeout."""
+    """`--scheduler tcp://127.0.0.1:PORT` where nothing listens: "nothing listens there", not a connection timeout."""
     import socket
 
     from relulearn.pipeline import cluster
@@ -499,7 +499,11 @@ def test_a_closed_port_given_as_the_scheduler_is_named_as_such(tmp_path, monkeyp
     store = tmp_path / "s.zarr"
     done = cli("estimate", write_yaml(tmp_path / "c.yaml", config()), "--store", store, "--scheduler",
                f"tcp://127.0.0.1:{port}")  # fmt: skip
-    err = assert_user_error(done, f"nothing listens at tcp://127.0.0.1:{port} (the connection was refused for 1 s)")
+    err = assert_user_error(
+        done,
+        f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}: nothing listens there (the connection was "
+        "refused for 1 s); start the scheduler there",
+    )
     assert len(err.strip().splitlines()) == 1, err
     assert not store.exists()
 

@@ -220,7 +220,8 @@ def connect(
             except (OSError, TimeoutError) as err:
                 if "address" in kwargs and _refused(kwargs["address"]):
                     raise ClusterError(
-                        f"nothing listens at {scheduler} (the connection was refused for {CONNECT_TIMEOUT:g} s): "
+                        f"cannot reach the Dask scheduler at {scheduler}: nothing listens there (the connection was "
+                        f"refused for {CONNECT_TIMEOUT:g} s); "
                         "start the scheduler there (dask scheduler), check the address (e.g. tcp://host:8786), or "
                         "run without --scheduler to start a local cluster"
                     ) from None
