@@ -646,6 +646,123 @@ def bad_inputs(work: Path, cfg_data: dict, store: Path) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------------------- readers
+
+
+def _read_once(kind: str, url: str, chunk_size: int) -> tuple[str, int, str]:
+    """One read of ``url`` by one reader kind, the samples of the commit it read and what went wrong: ``whole``
+    (every family's ``count``, the ledger's rows for a handle, and the handle's or tree's ``samples`` agree, and the
+    sums are not zeros), ``refused`` (one line saying the store moved on), ``mixed`` (two commits, or zeros) or
+    ``traceback`` (anything else raised)."""
+    from relulearn import StoreMovedError, open_datatree, open_store
+
+    try:
+        if kind == "handle":  # open_store().all_arrays(), and the ledger through the same handle
+            run = open_store(url)
+            stats = run.all_arrays()
+            samples, basic = run.samples, stats["basic"]
+            counts = {int(a["count"]) for a in stats.values()}
+            ledger = run.ledger()
+            counts.add(int((ledger[:, 2] - ledger[:, 1]).sum()) * chunk_size)
+        else:  # open_datatree(...).load()
+            tree = open_datatree(url).load()
+            samples = int(tree.attrs["samples"])
+            counts = {int(tree[name]["count"].values) for name in tree.children}
+            basic = {k: tree["basic"][k].values for k in ("sum_xx", "xx")}
+        ok = counts == {samples} and np.any(basic["sum_xx"]) and np.array_equal(basic["xx"], basic["sum_xx"] / samples)
+        return ("whole", samples, "") if ok else ("mixed", samples, f"{samples} samples, counts {sorted(counts)}")
+    except StoreMovedError as err:
+        clear = "moved on to a newer commit" in str(err) and "\n" not in str(err)
+        return ("refused" if clear else "traceback"), 0, str(err)
+    except Exception as err:  # noqa: BLE001 - counted: a reader must never see one
+        return "traceback", 0, f"{type(err).__name__}: {err}"
+
+
+def readers(work: Path, cfg_data: dict, seconds: float) -> dict:
+    """Reader loops for ``seconds`` against a live writer committing after every chunk, and a second store whose
+    writer is SIGKILLed at random moments (mid-commit, most of its time) and started again, taking over the dead
+    writer's lease: every read through ``open_store().all_arrays()`` (with the ledger), ``open_datatree(...).load()``
+    and the ``relulearn report`` command is one whole commit or a clear one-line refusal, counted; mixed reads and
+    tracebacks must be 0."""
+    rng = np.random.default_rng(51)
+    chunk = int(cfg_data["chunk_size"])  # a commit after every chunk
+    data = dict(cfg_data, samples=10**8, run={"chunks_per_block": 1, "commit_interval": 0})
+    cfg = write_config(work / "readers.yaml", data)
+    live, killed = str(work / "readers-live.zarr"), str(work / "readers-killed.zarr")
+    writer = popen("estimate", cfg, "--store", live, "--in-process", "--quiet")
+    victim = popen("estimate", cfg, "--store", killed, "--in-process", "--quiet")
+    assert wait_for(lambda: committed(live) > 0, writer), writer.stderr.read()
+    outcomes = ("whole", "refused", "mixed", "traceback")
+    counts = {
+        f"{kind} {store}": dict.fromkeys(outcomes, 0) for kind in ("handle", "tree") for store in ("live", "killed")
+    }
+    reports = dict.fromkeys(("whole", "refused", "traceback"), 0)
+    commits: set[int] = set()
+    failures: list[str] = []
+    kills, base, kill_at = 0, 0, None
+    report: subprocess.Popen | None = None
+    next_report = time.monotonic()
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        now = time.monotonic()
+        if kill_at is None and committed(killed) > base:  # the second writer (again) commits: kill it soon
+            kill_at = now + rng.uniform(0, 1)
+        if kill_at is not None and now >= kill_at:  # wherever it is (mostly inside a commit), then start it again
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait()
+            kills += 1
+            base, kill_at = committed(killed), None
+            victim = popen("estimate", cfg, "--store", killed, "--in-process", "--quiet")
+        if victim.poll() is not None:  # a restarted writer must resume the killed one's store (no flag)
+            failures.append(f"the restarted writer stopped: {victim.stderr.read().strip()[-300:]}")
+            victim = popen("estimate", cfg, "--store", killed, "--in-process", "--quiet")
+        if report is None and now >= next_report:  # `relulearn report` a few times, beside the reads
+            report = subprocess.Popen(
+                [PYTHON, "-m", "relulearn.cli", "report", live, "--out", str(work / "readers-report.html")],
+                env=env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            next_report = now + seconds / 4
+        if report is not None and report.poll() is not None:
+            err = report.stderr.read()
+            if report.returncode == 0:
+                reports["whole"] += 1
+            elif report.returncode == 2 and "Traceback" not in err and "moved on to a newer commit" in err:
+                reports["refused"] += 1
+            else:
+                reports["traceback"] += 1
+            report = None
+        kind = ("handle", "tree")[i % 2]
+        store = "killed" if (i // 2) % 2 and committed(killed) > 0 else "live"
+        outcome, samples, detail = _read_once(kind, live if store == "live" else killed, chunk)
+        counts[f"{kind} {store}"][outcome] += 1
+        if outcome in ("mixed", "traceback") and len(failures) < 10:
+            failures.append(f"{kind} {store}: {detail}")
+        if store == "live" and samples:
+            commits.add(samples)
+        i += 1
+    if report is not None:
+        report.wait()
+        reports["whole" if report.returncode == 0 else "refused" if report.returncode == 2 else "traceback"] += 1
+    for p in (writer, victim):
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    total = {k: sum(c[k] for c in counts.values()) for k in outcomes}
+    return {
+        "seconds_of_reads": seconds,
+        "reads": sum(total.values()),
+        **total,
+        "by_reader": counts,
+        "reports": reports,
+        "writer_kills": kills,
+        "live_commits_read": len(commits),
+        "failures": failures,
+    }
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -657,11 +774,11 @@ def main() -> None:
         "--only",
         nargs="*",
         help="sections to run (default all): driver fit workers writers "
-        "corruption inputs; the other sections' results in --out are kept",
+        "corruption inputs readers; the other sections' results in --out are kept",
     )
     args = parser.parse_args()
     quick = args.quick
-    sections = set(args.only or ["driver", "fit", "workers", "writers", "corruption", "inputs"])
+    sections = set(args.only or ["driver", "fit", "workers", "writers", "corruption", "inputs", "readers"])
     rng = np.random.default_rng(20261205)
     from relulearn.api import estimate
     from relulearn.config import config_from_dict
@@ -681,6 +798,7 @@ def main() -> None:
             ("writers", lambda: two_writers(work, CONFIG, 5 if quick else 20)),
             ("corruption", lambda: corruption(work, cfg, ref)),
             ("inputs", lambda: bad_inputs(work, CONFIG, Path(ref))),
+            ("readers", lambda: readers(work, CONFIG, 15 if quick else 60)),
         ]
         for name, step in steps:
             if name not in sections:
@@ -731,6 +849,16 @@ def table(r: dict) -> None:
         print(
             f"| bad inputs (configurations, files, commands) | {b['inputs']} | {b['refused']} refused in one "
             f"line naming the cause, nothing written; store unchanged: {b['store_unchanged']} |"
+        )
+    if "readers" in r:
+        d = r["readers"]
+        n = d["reports"]
+        print(
+            f"| readers for {d['seconds_of_reads']:.0f} s against a live writer and one SIGKILLed mid-commit "
+            f"({d['writer_kills']} kills): `open_store().all_arrays()`, `open_datatree().load()`, `relulearn report` "
+            f"| {d['reads']} (+{sum(n.values())} reports) | {d['whole']} one whole commit, {d['refused']} refused in "
+            f"one line (the store moved on); {d['mixed']} mixed, {d['traceback']} tracebacks; reports: {n['whole']} "
+            f"whole, {n['refused']} refused, {n['traceback']} tracebacks |"
         )
 
 
