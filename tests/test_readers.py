@@ -90,6 +90,22 @@ def test_a_handle_reads_the_commit_it_opened_then_refuses_once_later_commits_del
     assert np.array_equal(open_datatree(url)["basic"]["sum_xx"].values, 4 * before["basic"]["sum_xx"])
 
 
+@pytest.mark.slow
+def test_a_tree_loaded_on_dask_workers_reads_its_commit_or_refuses_there(small, tmp_path, client):
+    """With a distributed client, a tree's values are read on the workers (the pinned view travels with the
+    tasks): the commit it opened, bitwise, then the refusal raised on a worker once later commits deleted it."""
+    url = str(tmp_path / "run.zarr")
+    shutil.copytree(small, url)
+    expected = open_store(url).arrays("contracted")
+    tree = open_datatree(url)
+    _commit_doubled(url)
+    got = client.compute(tree["contracted"].to_dataset()["M"].data).result()
+    assert np.array_equal(got, expected["M"])
+    _commit_doubled(url)
+    with pytest.raises(StoreMovedError, match=r"moved on to a newer commit \(g000000, 20,000 samples"):
+        client.compute(tree["contracted"].to_dataset()["M_se"].data).result()
+
+
 def test_a_damaged_chunk_of_the_pinned_commit_is_damage_not_a_move(small, tmp_path):
     """While the store is still at the pinned commit, a chunk missing from it is damage: the lazy view and the
     handle name the chunk (StoreDamagedError), never zeros."""
@@ -130,6 +146,28 @@ def test_a_read_of_one_commit_opens_the_store_again_when_it_moves_on(small, tmp_
         read_one_commit(url, always_moving, attempts=3)
 
     assert "\n" not in str(err.value)  # (the last read's refusal)
+
+
+def test_status_lists_no_damage_for_a_generation_a_later_commit_deleted(small, tmp_path):
+    """``status`` lists the objects of its commit that one listing shows missing: those of a generation that later
+    commits deleted under the listing are the store moving on (read again), not damage; a chunk missing from the
+    commit the store is at is."""
+    from relulearn.api.runs import _sizes
+
+    url = str(tmp_path / "run.zarr")
+    shutil.copytree(small, url)
+    run = open_store(url)
+    _commit_doubled(url)
+    _commit_doubled(url)
+    with pytest.raises(StoreMovedError, match="moved on to a newer commit"):
+        _sizes(run)
+    now = open_store(url)
+    chunk = next((Path(url) / now.head / "filtered" / "M").glob("c*"))
+    chunk.unlink()
+    assert [d.key for d in _sizes(now)[1]] == [f"{now.head}/filtered/M/{chunk.name}"]
+    from relulearn import api
+
+    assert [d["key"] for d in api.status(url)["damaged"]] == [f"{now.head}/filtered/M/{chunk.name}"]
 
 
 @pytest.mark.slow

@@ -74,8 +74,9 @@ Stores hold arrays and JSON only.
 
 Its parts: :mod:`~relulearn.storage.location` (opening a path or URL, errors of object stores),
 :mod:`~relulearn.storage.folder` (what the folder holds; the root document refused),
-:mod:`~relulearn.storage.generation` (writing a generation), :mod:`~relulearn.storage.reading` (reading one) and
-:mod:`~relulearn.storage.nesting` (no store inside another).
+:mod:`~relulearn.storage.generation` (writing a generation), :mod:`~relulearn.storage.reading` (reading one),
+:mod:`~relulearn.storage.pinned` (a reader's reads of the commit it opened) and :mod:`~relulearn.storage.nesting` (no
+store inside another).
 """
 
 from __future__ import annotations
