@@ -8,6 +8,7 @@ a memory limit and a timeout) and classified by what it proves:
   prediction equal to the reference one, a resumed run bitwise equal to an uninterrupted one);
 - ``silent``: exit code 0 and the truth fails, or a bad input accepted: a wrong result nobody was told about;
 - ``lost``: a refusal (or a crash) that changed or damaged a store or an output it was given;
+- ``untidy``: refused, the given paths unchanged, but a new store or output left behind half made;
 - ``unclear``: exit code 2 but not one line (or the wrong exit code for a refusal);
 - ``traceback``: a Python traceback, a crash or runaway memory (the memory limit hit);
 - ``hang``: no answer within the case's timeout.
@@ -38,7 +39,7 @@ import yaml
 
 #: the address-space limit of every case's process (runaway memory ends as a crash, not the machine's)
 MEMORY_LIMIT = 6 * 2**30
-OUTCOMES = ("refused", "ok", "silent", "lost", "unclear", "traceback", "hang")
+OUTCOMES = ("refused", "ok", "silent", "lost", "untidy", "unclear", "traceback", "hang")
 
 D = 6
 #: a small run: in process, two blocks, every family a case may touch
@@ -119,11 +120,12 @@ def run_case(case: Case, work: Path) -> dict[str, Any]:
     else:
         rc, err = done.returncode, done.stderr
         errors = [ln for ln in err.strip().splitlines() if ln.startswith("relulearn") and "error:" in ln]
-        kept = _state(case.guarded) == before and not any(p.exists() for p in case.new)
+        kept = _state(case.guarded) == before
+        tidy = not any(p.exists() for p in case.new)
         if "Traceback" in err or "MemoryError" in err or rc not in (0, 2):
             outcome = "traceback" if kept else "lost"
         elif rc == 2:
-            outcome = ("refused" if len(errors) == 1 else "unclear") if kept else "lost"
+            outcome = "lost" if not kept else "untidy" if not tidy else "refused" if len(errors) == 1 else "unclear"
         else:
             try:
                 good = case.truth is not None and case.truth(done)
@@ -958,7 +960,7 @@ def callable_cases(work: Path) -> list[Case]:
     return cases
 
 
-def disk_cases(work: Path, ref_model: Path) -> list[Case]:
+def disk_cases(work: Path, ref_model: Path, store: Path) -> list[Case]:
     """A full disk (a 3 MB tmpfs; root only): stores, models, predictions, reports and merges written there fail
     naming the path, and nothing already there is destroyed."""
     if os.geteuid() != 0:
@@ -1000,7 +1002,7 @@ def disk_cases(work: Path, ref_model: Path) -> list[Case]:
 
         return setup
 
-    old_pred, old_model = mnt / "keep" / "pred.npy", mnt / "keep" / "model.npz"
+    old_pred, old_report, merged = mnt / "keep" / "pred.npy", mnt / "keep" / "report.html", mnt / "merged.zarr"
     cases = [
         Case(
             "disk",
@@ -1018,10 +1020,18 @@ def disk_cases(work: Path, ref_model: Path) -> list[Case]:
         ),
         Case(
             "disk",
-            "a model written over an old one on a full disk",
-            ["predict", str(ref_model), "--input", str(root / "x.npy"), "--out", str(old_model)],
-            setup=prior(old_model, 100),
-            guarded=[old_model],
+            "a report written over an old one on a full disk",
+            ["report", str(store), "--out", str(old_report)],
+            setup=prior(old_report, 1000),
+            guarded=[old_report],
+        ),
+        Case(
+            "disk",
+            "a merge into a full disk",
+            ["merge", str(store), str(store.parent / "other.zarr"), "--out", str(merged)],
+            setup=fill(20_000),
+            guarded=[store, store.parent / "other.zarr"],
+            new=[merged],
         ),
     ]
 
@@ -1041,14 +1051,16 @@ def generated(work: Path, parallel: int = 2, groups: list[str] | None = None) ->
     halfdir = work / "half"
     halfdir.mkdir()
     cfg = _yaml(halfdir / "run.yaml", dict(BASE, samples=8000))
-    for store, extra in ((halfdir / "ref.zarr", []), (halfdir / "half.zarr", ["--samples", "4000"])):
+    _yaml(halfdir / "other.yaml", dict(BASE, seed=4, samples=8000))
+    runs = [(cfg, halfdir / "ref.zarr", []), (cfg, halfdir / "half.zarr", ["--samples", "4000"])]
+    for cfg_, store, extra in [*runs, (halfdir / "other.yaml", halfdir / "other.zarr", [])]:
         done = subprocess.run(
             [
                 sys.executable,
                 "-m",
                 "relulearn.cli",
                 "estimate",
-                str(cfg),
+                str(cfg_),
                 "--store",
                 str(store),
                 "--in-process",
@@ -1068,7 +1080,7 @@ def generated(work: Path, parallel: int = 2, groups: list[str] | None = None) ->
         "leases": lambda: lease_cases(work, halfdir / "half.zarr", halfdir / "ref.zarr"),
         "data": lambda: data_cases(work),
         "callables": lambda: callable_cases(work),
-        "disk": lambda: disk_cases(work, model),
+        "disk": lambda: disk_cases(work, model, halfdir / "ref.zarr"),
     }
     rows: list[dict[str, Any]] = []
     for name, build in builders.items():
