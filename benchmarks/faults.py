@@ -4,9 +4,12 @@ Every trial asserts its outcome — a result bitwise equal to an uninterrupted r
 cause with the store byte-for-byte unchanged — and the script counts them:
 
 - **driver kills**: ``relulearn estimate`` on a 2-worker LocalCluster, its process group sent SIGKILL or SIGINT
-  (a terminal's Ctrl-C) at random moments, resumed (``--break-lock`` after a SIGKILL) until done; then
+  (a terminal's Ctrl-C) at random moments, resumed by the same command (no flag) until done; then
   ``relulearn fit`` killed the same way and run again: the store and the model file bitwise equal to
   uninterrupted runs;
+- **a holder on another host**: SIGKILL, then the lease made another host's with a fresh heartbeat: the same
+  command refused naming that host until the heartbeat is older than ``RELULEARN_LEASE_TIMEOUT``, then taken over
+  and resumed, bitwise equal;
 - **worker kills** on an external cluster (``dask scheduler`` and two ``dask worker`` processes): a worker
   SIGKILLed mid-run and another started; the store bitwise equal;
 - **two writers**: a second ``relulearn estimate`` on a store being written, 20 times: refused within 1 s naming
@@ -16,6 +19,9 @@ cause with the store byte-for-byte unchanged — and the script counts them:
 - **bad inputs**: 40+ mistakes in configurations, files and commands: one line naming the cause, exit code 2,
   no traceback, the store unchanged;
 - **full disk** (root only: a small tmpfs): the failed commit named with the samples safe, resumed bitwise.
+- **generated cases** (:mod:`fault_cases`): about 360 bad configurations, ``.npy``/``.npz`` headers on every route,
+  lease documents, data files, misbehaving callables and full disks, each classified as refused, correct, silent
+  wrong, lost, untidy, unclear, traceback or hang, every case listed in the JSON.
 
 Writes ``benchmarks/results/faults.json`` and prints the README's reliability table. ``--quick``: fewer kills and
 trials (a minute or two).
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import io
 import json
 import os
@@ -146,7 +153,7 @@ def one_line_refusal(proc: subprocess.CompletedProcess) -> bool:
 def driver_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Generator) -> dict:
     """SIGKILL or SIGINT to the process group of `relulearn estimate` at random moments, then resume."""
     url = str(work / "killed.zarr")
-    cmd = ["estimate", cfg, "--store", url, "--workers", "2", "--quiet", "--break-lock"]
+    cmd = ["estimate", cfg, "--store", url, "--workers", "2", "--quiet"]  # the same command, no flag
     done, signals = 0, []
     while done < kills:
         before = committed(url)
@@ -175,6 +182,54 @@ def driver_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Gen
         "kills": len(signals),
         "survived": len(signals) if ok else 0,
         "trials": signals,
+        "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]},
+    }
+
+
+def other_host_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Generator) -> dict:
+    """SIGKILL at a random moment, the lease then made another host's with a fresh heartbeat (its machine died just
+    now): the same command is refused naming that host until the heartbeat is older than RELULEARN_LEASE_TIMEOUT
+    (here 4 s), then it takes the lease over and resumes, until the run is done: bitwise equal."""
+    url = str(work / "elsewhere.zarr")
+    timeout = 4.0
+    extra = {"RELULEARN_LEASE_TIMEOUT": str(timeout)}
+    cmd = ["estimate", cfg, "--store", url, "--workers", "2", "--quiet"]
+    trials = []
+    for _ in range(kills):
+        before = committed(url)
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "relulearn.cli", *map(str, cmd)],
+            env=dict(env(), **extra),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        wait_for(lambda before=before: committed(url) > before, proc)
+        time.sleep(float(rng.uniform(0.0, 1.5)))
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=120)
+        lease = Path(url) / "lease.json"
+        doc = json.loads(lease.read_text())
+        doc.update(host="node-elsewhere", heartbeat=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"))
+        lease.write_text(json.dumps(doc))
+        before_bytes = snapshot(Path(url))
+        early = subprocess.run(
+            [PYTHON, "-m", "relulearn.cli", *map(str, cmd)], env=dict(env(), **extra), capture_output=True, text=True
+        )
+        refused = one_line_refusal(early) and "node-elsewhere" in early.stderr and snapshot(Path(url)) == before_bytes
+        time.sleep(timeout)
+        trials.append({"committed": committed(url), "refused_while_recent": refused, "stderr": early.stderr[-300:]})
+    final = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *map(str, cmd)], env=dict(env(), **extra), capture_output=True, text=True
+    )
+    ok = final.returncode == 0 and bitwise_equal(url, ref) and all(t["refused_while_recent"] for t in trials)
+    return {
+        "kills": len(trials),
+        "survived": len(trials) if ok else 0,
+        "trials": trials,
         "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]},
     }
 
@@ -773,12 +828,15 @@ def main() -> None:
     parser.add_argument(
         "--only",
         nargs="*",
-        help="sections to run (default all): driver fit workers writers "
-        "corruption inputs readers; the other sections' results in --out are kept",
+        help="sections to run (default all): driver elsewhere fit workers writers "
+        "corruption inputs readers generated; the other sections' results in --out are kept",
     )
     args = parser.parse_args()
     quick = args.quick
-    sections = set(args.only or ["driver", "fit", "workers", "writers", "corruption", "inputs", "readers"])
+    sections = set(
+        args.only
+        or ["driver", "elsewhere", "fit", "workers", "writers", "corruption", "inputs", "readers", "generated"]
+    )
     rng = np.random.default_rng(20261205)
     from relulearn.api import estimate
     from relulearn.config import config_from_dict
@@ -793,12 +851,14 @@ def main() -> None:
         estimate(config_from_dict(CONFIG), ref, client="local", progress=None)
         steps: list[tuple[str, Callable[[], dict]]] = [
             ("driver", lambda: driver_kills(work, cfg, ref, 4 if quick else 16, rng)),
+            ("elsewhere", lambda: other_host_kills(work, cfg, ref, 2 if quick else 6, rng)),
             ("fit", lambda: fit_kills(work, cfg, 2 if quick else 8, rng)),
             ("workers", lambda: worker_kills(work, cfg, ref, 1 if quick else 3)),
             ("writers", lambda: two_writers(work, CONFIG, 5 if quick else 20)),
             ("corruption", lambda: corruption(work, cfg, ref)),
             ("inputs", lambda: bad_inputs(work, CONFIG, Path(ref))),
             ("readers", lambda: readers(work, CONFIG, 15 if quick else 60)),
+            ("generated", lambda: generated_cases(work / "generated")),
         ]
         for name, step in steps:
             if name not in sections:
@@ -811,6 +871,13 @@ def main() -> None:
     table(result)
 
 
+def generated_cases(work: Path) -> dict:
+    """The generated bad inputs and faults of :mod:`fault_cases` (about 360 cases)."""
+    from fault_cases import generated
+
+    return generated(work)
+
+
 def table(r: dict) -> None:
     print("| fault | trials | outcome |")
     print("|---|---:|---|")
@@ -818,6 +885,13 @@ def table(r: dict) -> None:
         print(
             f"| driver killed during `estimate` (SIGKILL / Ctrl-C to the process group) | {r['driver']['kills']} | "
             f"{r['driver']['survived']} resumed to a store bitwise equal to an uninterrupted run |"
+        )
+    if "elsewhere" in r:
+        e = r["elsewhere"]
+        print(
+            f"| driver SIGKILLed, its lease then another host's with a fresh heartbeat | {e['kills']} | "
+            f"{sum(t['refused_while_recent'] for t in e['trials'])} refused naming that host while the heartbeat was "
+            f"recent, then taken over by the same command after the timeout; {e['survived']} resumed bitwise equal |"
         )
     if "fit" in r:
         print(
@@ -859,6 +933,17 @@ def table(r: dict) -> None:
             f"| {d['reads']} (+{sum(n.values())} reports) | {d['whole']} one whole commit, {d['refused']} refused in "
             f"one line (the store moved on); {d['mixed']} mixed, {d['traceback']} tracebacks; reports: {n['whole']} "
             f"whole, {n['refused']} refused, {n['traceback']} tracebacks |"
+        )
+    if "generated" in r:
+        g = r["generated"]
+        for group, counts in g["by_group"].items():
+            shown = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+            print(f"| generated: {group} | {sum(counts.values())} | {shown} |")
+        o = g["outcomes"]
+        print(
+            f"| **all generated cases** | **{g['cases_total']}** | {o['refused']} refused in one line, {o['ok']} "
+            f"correct; **{o['silent']} silent wrong, {o['lost']} lost, {o['traceback']} tracebacks, {o['hang']} "
+            f"hangs**, {o['untidy']} untidy, {o['unclear']} unclear |"
         )
 
 

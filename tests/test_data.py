@@ -219,6 +219,11 @@ def test_fewer_rows_than_samples_is_refused_before_any_work(tmp_path):
             marks=pytest.mark.extra("data"),
         ),
         ("teacher", r"source.data gives the samples; source.teacher applies to teachers only"),
+        pytest.param(
+            "label",
+            r"source.data: column 'target' of .*d.parquet is the label \(y_column\) and also an input",
+            marks=pytest.mark.extra("data"),
+        ),
     ],
 )
 def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
@@ -238,6 +243,9 @@ def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
         np.save(tmp_path / "x.npy", np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
     elif case == "column":
         cfg["source"]["data"] = dict(write("parquet", tmp_path, x, y), x_columns=["f0", "g0"])
+    elif case == "label":
+        data = write("parquet", tmp_path, x, y)
+        cfg["source"]["data"] = dict(data, x_columns=[*data["x_columns"][:-1], "target"])
     else:
         cfg["source"]["teacher"] = {"kind": "one_hidden_relu", "width": 2}
     with pytest.raises((ValueError, ArrayFileError), match=message):

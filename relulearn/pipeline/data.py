@@ -217,6 +217,12 @@ def open_data(
         storage_options=storage_options,
         what="source.data.y",
     )
+    shared = set(x.columns or ()) & set(y.columns or ()) if x.url == y.url else set()
+    if shared:  # the label among the inputs: a model would learn to copy it
+        raise ValueError(
+            f"source.data: column {sorted(shared)[0]!r} of {y_url} is the label (y_column) and also an input "
+            "(x_columns); leave it out of source.data.x_columns"
+        )
     if len(x.shape) != 2 or x.shape[1] != d:
         width = x.shape[1] if len(x.shape) == 2 else 1
         raise ValueError(f"source.data.x: {x_url} has {width} column(s) per row but source.d is {d}; make them agree")
