@@ -19,6 +19,9 @@ cause with the store byte-for-byte unchanged — and the script counts them:
 - **bad inputs**: 40+ mistakes in configurations, files and commands: one line naming the cause, exit code 2,
   no traceback, the store unchanged;
 - **full disk** (root only: a small tmpfs): the failed commit named with the samples safe, resumed bitwise.
+- **readers** against a live writer and a writer SIGKILLed mid-commit, for 60 s (15 s with ``--quick``):
+  ``open_store().all_arrays()``, ``open_datatree().load()`` and ``relulearn report``, each read one whole commit or
+  refused in one line (the store moved on), counted: 0 mixed;
 - **generated cases** (:mod:`fault_cases`): about 360 bad configurations, ``.npy``/``.npz`` headers on every route,
   lease documents, data files, misbehaving callables and full disks, each classified as refused, correct, silent
   wrong, lost, untidy, unclear, traceback or hang, every case listed in the JSON.
