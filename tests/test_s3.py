@@ -746,6 +746,26 @@ def test_a_data_object_overwritten_on_s3_is_refused_naming_it_and_its_etag(s3):
     assert line.endswith("restore the file, or start a new store for the new data"), line
 
 
+def test_a_zarr_data_array_on_s3_with_one_chunk_rewritten_is_refused_for_that_chunks_rows(s3):
+    """A zarr array's objects are stamped from one listing and checked by HEAD requests (the same ETag either way:
+    no false alarm); a chunk object rewritten refuses its rows, naming the object and its ETag."""
+    import zarr
+
+    from relulearn.pipeline.arrays import open_reader
+    from relulearn.pipeline.stamps import DataChangedError
+
+    x = np.arange(300.0).reshape(100, 3)
+    zarr.create_array(s3.url("stamps/x.zarr"), data=x, chunks=(25, 3))
+    reader = open_reader(s3.url("stamps/x.zarr"))
+    assert np.array_equal(reader.read(0, 100), x)
+    zarr.open_array(s3.url("stamps/x.zarr"), mode="r+")[60:70] = -1.0
+    assert np.array_equal(reader.read(0, 50), x[:50])
+    with pytest.raises(DataChangedError) as err:
+        reader.read(40, 80)
+    (line,) = str(err.value).splitlines()
+    assert line.startswith(f"{s3.url('stamps/x.zarr')}/c/2/0 changed while this run read it (") and "ETag" in line
+
+
 def test_a_run_reading_data_from_s3_stops_when_an_object_is_overwritten(s3, tmp_path):
     """Data on S3, the store on a local disk: y.npy overwritten after the first commit stops the run with exit 2
     in one line naming the object; what was committed holds the old labels only."""

@@ -21,14 +21,21 @@ __all__ = ["Stamp", "DataChangedError", "take_stamps", "check_stamps", "stamp_of
 #: one object's stamp: ``(field, value)`` pairs in a fixed order
 Stamp = tuple[tuple[str, Any], ...]
 
-#: the fields of ``fs.info`` of a remote object that change when its content does (kept as found, in this order)
-_REMOTE_FIELDS = ("ETag", "etag", "generation", "VersionId", "md5Hash", "LastModified", "last_modified", "mtime")
+#: the fields of ``fs.info`` of a remote object that change with its content: its digest or version where the
+#: store gives one (S3's ETag, GCS's generation), else a modification time (a listing and a HEAD request give an
+#: ETag alike, but S3's modification times to the millisecond and to the second: times are not compared there)
+_CONTENT_FIELDS = ("ETag", "etag", "generation", "md5Hash")
+_TIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "created")
 _WORDS = {
     "size": "size",
     "mtime_ns": "modification time",
     "inode": "inode (another file now has its name)",
     "ctime_ns": "status-change time (rewritten, its modification time set back)",
     "created": "creation time",
+    "mtime": "modification time",
+    "LastModified": "modification time",
+    "last_modified": "modification time",
+    "updated": "modification time",
 }
 
 
@@ -69,9 +76,10 @@ def stamp_of(fs: Any, path: str) -> Stamp | None:
 
 def _remote_stamp(info: Mapping[str, Any]) -> Stamp:
     fields: list[tuple[str, Any]] = [("size", int(info.get("size") or 0))]
-    fields += [(k, str(info[k])) for k in _REMOTE_FIELDS if info.get(k) is not None]
-    if len(fields) == 1 and info.get("created") is not None:  # fsspec's memory file system
-        fields.append(("created", str(info["created"])))
+    for names in (_CONTENT_FIELDS, _TIME_FIELDS):
+        found = next((k for k in names if info.get(k) is not None), None)
+        if found is not None:
+            return tuple(fields + [(found, str(info[found]))])
     return tuple(fields)
 
 
