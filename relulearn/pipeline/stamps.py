@@ -29,8 +29,8 @@ _TIME_FIELDS = ("mtime", "LastModified", "last_modified", "updated", "created")
 _WORDS = {
     "size": "size",
     "mtime_ns": "modification time",
-    "inode": "inode (another file now has its name)",
-    "ctime_ns": "status-change time (rewritten, its modification time set back)",
+    "inode": "inode",
+    "ctime_ns": "status-change time",
     "created": "creation time",
     "mtime": "modification time",
     "LastModified": "modification time",
@@ -143,4 +143,4 @@ def _what_changed(then: Stamp | None, now: Stamp | None) -> str:
         if old.get(k) == new.get(k):
             continue
         parts.append(f"size {old.get(k)} → {new.get(k)} bytes" if k == "size" else _WORDS.get(k, k))
-    return ", ".join(parts)
+    return ", ".join(parts) + " changed"
