@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -132,6 +133,23 @@ def test_a_zarr_array_with_one_chunk_rewritten_is_refused_for_that_chunks_rows_o
     meta = ".zarray" if zarr_format == 2 else "zarr.json"
     with pytest.raises(DataChangedError, match=rf"x.zarr/{meta} changed while this run read it"):
         reader.read(0, 10)
+
+
+@pytest.mark.extra("data")
+def test_a_parquet_file_rewritten_after_it_was_opened_is_refused_for_x_and_y_alike(tmp_path):
+    """x and y read from one Parquet file: both readers carry its stamp, and both refuse it once rewritten."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"f0": np.arange(50.0), "target": np.arange(50.0) ** 2})
+    pq.write_table(table, tmp_path / "d.parquet")
+    x = open_reader(str(tmp_path / "d.parquet"), columns=["f0"])
+    y = open_reader(str(tmp_path / "d.parquet"), columns=["target"], what="source.data.y")
+    assert np.array_equal(y.read(0, 5)[:, 0], np.arange(5.0) ** 2)
+    pq.write_table(pa.table({"f0": -np.arange(50.0), "target": np.arange(50.0)}), tmp_path / "d.parquet")
+    for reader in (x, y):
+        with pytest.raises(DataChangedError, match="^" + re.escape(f"{tmp_path / 'd.parquet'} changed while this run")):
+            reader.read(0, 5)
 
 
 # ------------------------------------------------------------------ a run
