@@ -2,21 +2,25 @@
 
 A reader is opened from a path or URL and reads rows ``[start, stop)`` as float64, so workers read only their
 chunks' rows and nothing passes through the driver. Readers hold no open handles when pickled (a worker
-reopens what it reads, once per process).
+reopens what it reads, once per process). A reader carries the stamps of its files taken when it was opened
+(:mod:`.stamps`) and checks the objects a read touches against them before and after the read: a file that
+changed under a run is refused, never mixed into its rows.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from ..npyfile import ArrayHeaderError, check_data_bytes, read_npy_header
+from .stamps import DataChangedError, Stamp, check_stamps, take_stamps
 
-__all__ = ["ArrayFileError", "ArrayReader", "array_kind", "open_reader"]
+__all__ = ["ArrayFileError", "ArrayReader", "DataChangedError", "array_kind", "open_reader"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -48,8 +52,10 @@ class ArrayReader:
     columns: tuple[str, ...] | None = None
     #: the fsspec options as canonical JSON (:func:`_options`): hashable, nested options included
     storage_options: str = "{}"
-    #: the files' sizes and modification times when opened: a rewritten file is another reader (caches key on it)
+    #: a digest of :attr:`stamps`: a rewritten file is another reader (caches key on it)
     stamp: str = ""
+    #: the stamps of the file (key ``""``), or of each file of a zarr array's folder, when it was opened
+    stamps: Mapping[str, Stamp] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def rows(self) -> int:
@@ -60,14 +66,25 @@ class ArrayReader:
         start, stop = int(start), int(min(stop, self.rows))
         if stop <= start:
             return np.empty((0,) + tuple(self.shape[1:]))
+        # the objects this read touches are checked against their stamps before the read (a file changed since
+        # the reader was opened) and after it (changed during the read): rows of another version are never used
+        if self.kind == "zarr":
+            arr = _zarr(self.url, self.storage_options, self.stamp)
+            keys = _chunk_keys(arr, start, stop)
+            _check_chunks(self.url, arr, _present(self.url, self.storage_options, self.stamp), keys)
+            objects = [k for k in _METADATA if k in self.stamps] + [k for _, k in keys]
+        else:
+            objects = [""]
+        if self.stamps:
+            check_stamps(self.url, self.storage_options, self.stamps, objects)
         if self.kind == "npy":
             out = _read_npy(self.url, self.storage_options, self.stamp, start, stop)
         elif self.kind == "zarr":
-            arr = _zarr(self.url, self.storage_options, self.stamp)
-            _check_chunks(self.url, arr, _present(self.url, self.storage_options, self.stamp), start, stop)
             out = np.asarray(arr[start:stop])
         else:
             out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
+        if self.stamps:
+            check_stamps(self.url, self.storage_options, self.stamps, objects)
         return np.ascontiguousarray(out, dtype=np.float64)
 
 
@@ -98,7 +115,8 @@ def open_reader(
     if columns is not None and kind != "parquet":
         raise ArrayFileError(f"{what}: columns apply to Parquet files; {url} is read as a {kind} array")
     try:
-        stamp = _stamp(url, opts)
+        stamps = take_stamps(url, opts)
+        stamp = _digest(stamps)
         if kind == "npy":
             shape, dtype, _ = _npy_header(url, opts, stamp)
         elif kind == "zarr":
@@ -141,13 +159,13 @@ def open_reader(
         bad = [c for c in cols if not types[c]]
         if bad:
             raise ArrayFileError(f"{what}: column(s) {bad} of {url} are not numeric; choose numeric columns")
-        return ArrayReader(url, kind, (rows, len(cols)), tuple(cols), opts, stamp)
+        return ArrayReader(url, kind, (rows, len(cols)), tuple(cols), opts, stamp, stamps)
     if dtype.kind not in "iuf" or len(shape) not in (1, 2):
         raise ArrayFileError(
             f"{what}: {url} holds a {dtype} array of shape {shape}; give a numeric array of "
             "rows, (rows,) or (rows, columns)"
         )
-    return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp)
+    return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp, stamps)
 
 
 def _is_file(url: str, opts: str) -> bool:
@@ -161,18 +179,11 @@ def _is_file(url: str, opts: str) -> bool:
         return False
 
 
-def _stamp(url: str, opts: str) -> str:
-    """Sizes and modification times of the file, or of every file of a zarr array's folder."""
+def _digest(stamps: Mapping[str, Stamp]) -> str:
+    """A digest of a reader's stamps: the key of the caches of what was read of one version of its files."""
     import hashlib
 
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url, **_kwargs(opts))
-    info = fs.info(path)
-    entries = fs.find(path, detail=True) if info.get("type") == "directory" else {path: info}
-    keys = ("size", "mtime", "created", "ETag", "LastModified", "last_modified")
-    text = repr(sorted((name, tuple(str(e.get(k)) for k in keys)) for name, e in entries.items()))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(repr(sorted(stamps.items())).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------- npy
@@ -239,20 +250,31 @@ def _present(url: str, opts: str, stamp: str) -> set[str]:
     return set()
 
 
-def _check_chunks(url: str, arr: Any, present: set[str], start: int, stop: int) -> None:
-    """Refuse rows ``[start, stop)`` if a chunk (a shard, when sharded) holding them has no file: zarr would read
-    it as its fill value, rows that were never written."""
+#: a zarr array's metadata document (v3, v2): its shape, chunks, dtype and codecs
+_METADATA = ("zarr.json", ".zarray")
+
+
+def _chunk_keys(arr: Any, start: int, stop: int) -> list[tuple[tuple[int, ...], str]]:
+    """The chunks (shards, when sharded: the chunks that are files) holding rows ``[start, stop)``: their
+    coordinates and their keys inside the array's folder."""
     import itertools
 
-    from zarr.core.sync import sync
-
     meta = arr.metadata
-    grid = meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape  # the chunks that are files
+    grid = meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape
     rows = grid[0]
     spans = [range(start // rows, (stop - 1) // rows + 1)]
     spans += [range(-(-n // c)) for n, c in zip(arr.shape[1:], grid[1:])]
-    for coords in itertools.product(*spans):
-        key = meta.encode_chunk_key(coords)
+    return [(coords, meta.encode_chunk_key(coords)) for coords in itertools.product(*spans)]
+
+
+def _check_chunks(url: str, arr: Any, present: set[str], keys: list[tuple[tuple[int, ...], str]]) -> None:
+    """Refuse the rows of ``keys`` (:func:`_chunk_keys`) if a chunk holding them has no file: zarr would read
+    it as its fill value, rows that were never written."""
+    from zarr.core.sync import sync
+
+    meta = arr.metadata
+    rows = (meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape)[0]
+    for coords, key in keys:
         if key in present:
             continue
         if not sync((arr.store_path / key).exists()):
