@@ -352,3 +352,32 @@ def test_estimate_on_a_zarr_array_with_a_missing_chunk_exits_2_in_one_line(tmp_p
     (line,) = done.stderr.strip().splitlines()
     assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line, line
     assert not (tmp_path / "s.zarr").exists()  # refused by the scan before any work
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_zarr_array_with_a_damaged_chunk_is_refused_naming_the_chunk_and_rows(zarr_format, tmp_path):
+    """A chunk file whose bytes do not decode (zstd's "Src size is incorrect" from deep inside the codec) is
+    refused in one line naming the array, the chunk and its rows; the other chunks still read as written, and
+    `estimate` exits 2 in one line with no store made."""
+    import zarr
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((400, 4)), rng.standard_normal(400)
+    zarr.create_array(str(tmp_path / "x.zarr"), data=x, chunks=(100, 4), zarr_format=zarr_format)
+    zarr.create_array(str(tmp_path / "y.zarr"), data=y, chunks=(100,), zarr_format=zarr_format)
+    chunk = tmp_path / "x.zarr" / ("2.0" if zarr_format == 2 else "c/2/0")
+    chunk.write_bytes(chunk.read_bytes()[:-7] + b"garbage")
+    reader = open_reader(str(tmp_path / "x.zarr"))
+    assert np.array_equal(reader.read(0, 200), x[:200]) and np.array_equal(reader.read(300, 400), x[300:])
+    with pytest.raises(ArrayFileError) as err:
+        reader.read(150, 350)
+    (line,) = str(err.value).splitlines()
+    assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line and "damaged" in line, line
+    cfg = tmp_path / "c.yaml"
+    data = {"x": str(tmp_path / "x.zarr"), "y": str(tmp_path / "y.zarr")}
+    cfg.write_text(yaml.safe_dump(data_config(data, samples=400, d=4, chunk_size=400)))
+    done = relulearn("estimate", cfg, "--store", tmp_path / "s.zarr", "--in-process", "--quiet")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line, line
+    assert not (tmp_path / "s.zarr").exists()

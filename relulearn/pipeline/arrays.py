@@ -77,12 +77,22 @@ class ArrayReader:
             objects = [""]
         if self.stamps:
             check_stamps(self.url, self.storage_options, self.stamps, objects)
-        if self.kind == "npy":
-            out = _read_npy(self.url, self.storage_options, self.stamp, start, stop)
-        elif self.kind == "zarr":
-            out = np.asarray(arr[start:stop])
-        else:
-            out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
+        try:
+            if self.kind == "npy":
+                out = _read_npy(self.url, self.storage_options, self.stamp, start, stop)
+            elif self.kind == "zarr":
+                out = np.asarray(arr[start:stop])
+            else:
+                out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
+        except (ArrayFileError, ArrayHeaderError, DataChangedError):
+            raise
+        except Exception as err:  # a damaged chunk or page: zarr's codecs and pyarrow raise many kinds
+            if self.kind == "zarr":
+                raise _damaged_chunk(self.url, arr, keys, err) from None
+            raise ArrayFileError(
+                f"{self.url}: rows {start:,}..{stop - 1:,} cannot be read ({type(err).__name__}: {err}); the file is "
+                "damaged there: write it again"
+            ) from None
         if self.stamps:
             check_stamps(self.url, self.storage_options, self.stamps, objects)
         return np.ascontiguousarray(out, dtype=np.float64)
@@ -265,6 +275,25 @@ def _chunk_keys(arr: Any, start: int, stop: int) -> list[tuple[tuple[int, ...], 
     spans = [range(start // rows, (stop - 1) // rows + 1)]
     spans += [range(-(-n // c)) for n, c in zip(arr.shape[1:], grid[1:])]
     return [(coords, meta.encode_chunk_key(coords)) for coords in itertools.product(*spans)]
+
+
+def _damaged_chunk(url: str, arr: Any, keys: list[tuple[tuple[int, ...], str]], err: Exception) -> ArrayFileError:
+    """The error naming the first chunk of ``keys`` that does not decode (each read alone), its rows and why."""
+    rows = (arr.metadata.chunks if arr.metadata.zarr_format == 2 else arr.metadata.chunk_grid.chunk_shape)[0]
+    for coords, _ in keys:
+        lo = coords[0] * rows
+        try:
+            arr[lo : min(lo + rows, arr.shape[0])]
+        except Exception as one:  # noqa: BLE001 - the damaged one found
+            err = one
+            break
+    else:
+        coords = keys[0][0]
+    lo = coords[0] * rows
+    return ArrayFileError(
+        f"{url}: chunk {tuple(coords)} (rows {lo}..{min(lo + rows, arr.shape[0]) - 1}) cannot be decoded "
+        f"({type(err).__name__}: {err}); the array is damaged there: write those rows again"
+    )
 
 
 def _check_chunks(url: str, arr: Any, present: set[str], keys: list[tuple[tuple[int, ...], str]]) -> None:
