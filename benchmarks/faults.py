@@ -4,9 +4,12 @@ Every trial asserts its outcome — a result bitwise equal to an uninterrupted r
 cause with the store byte-for-byte unchanged — and the script counts them:
 
 - **driver kills**: ``relulearn estimate`` on a 2-worker LocalCluster, its process group sent SIGKILL or SIGINT
-  (a terminal's Ctrl-C) at random moments, resumed (``--break-lock`` after a SIGKILL) until done; then
+  (a terminal's Ctrl-C) at random moments, resumed by the same command (no flag) until done; then
   ``relulearn fit`` killed the same way and run again: the store and the model file bitwise equal to
   uninterrupted runs;
+- **a holder on another host**: SIGKILL, then the lease made another host's with a fresh heartbeat: the same
+  command refused naming that host until the heartbeat is older than ``RELULEARN_LEASE_TIMEOUT``, then taken over
+  and resumed, bitwise equal;
 - **worker kills** on an external cluster (``dask scheduler`` and two ``dask worker`` processes): a worker
   SIGKILLed mid-run and another started; the store bitwise equal;
 - **two writers**: a second ``relulearn estimate`` on a store being written, 20 times: refused within 1 s naming
@@ -16,6 +19,12 @@ cause with the store byte-for-byte unchanged — and the script counts them:
 - **bad inputs**: 40+ mistakes in configurations, files and commands: one line naming the cause, exit code 2,
   no traceback, the store unchanged;
 - **full disk** (root only: a small tmpfs): the failed commit named with the samples safe, resumed bitwise.
+- **readers** against a live writer and a writer SIGKILLed mid-commit, for 60 s (15 s with ``--quick``):
+  ``open_store().all_arrays()``, ``open_datatree().load()`` and ``relulearn report``, each read one whole commit or
+  refused in one line (the store moved on), counted: 0 mixed;
+- **generated cases** (:mod:`fault_cases`): about 360 bad configurations, ``.npy``/``.npz`` headers on every route,
+  lease documents, data files, misbehaving callables and full disks, each classified as refused, correct, silent
+  wrong, lost, untidy, unclear, traceback or hang, every case listed in the JSON.
 
 Writes ``benchmarks/results/faults.json`` and prints the README's reliability table. ``--quick``: fewer kills and
 trials (a minute or two).
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import io
 import json
 import os
@@ -146,7 +156,7 @@ def one_line_refusal(proc: subprocess.CompletedProcess) -> bool:
 def driver_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Generator) -> dict:
     """SIGKILL or SIGINT to the process group of `relulearn estimate` at random moments, then resume."""
     url = str(work / "killed.zarr")
-    cmd = ["estimate", cfg, "--store", url, "--workers", "2", "--quiet", "--break-lock"]
+    cmd = ["estimate", cfg, "--store", url, "--workers", "2", "--quiet"]  # the same command, no flag
     done, signals = 0, []
     while done < kills:
         before = committed(url)
@@ -175,6 +185,54 @@ def driver_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Gen
         "kills": len(signals),
         "survived": len(signals) if ok else 0,
         "trials": signals,
+        "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]},
+    }
+
+
+def other_host_kills(work: Path, cfg: Path, ref: str, kills: int, rng: np.random.Generator) -> dict:
+    """SIGKILL at a random moment, the lease then made another host's with a fresh heartbeat (its machine died just
+    now): the same command is refused naming that host until the heartbeat is older than RELULEARN_LEASE_TIMEOUT
+    (here 4 s), then it takes the lease over and resumes, until the run is done: bitwise equal."""
+    url = str(work / "elsewhere.zarr")
+    timeout = 4.0
+    extra = {"RELULEARN_LEASE_TIMEOUT": str(timeout)}
+    cmd = ["estimate", cfg, "--store", url, "--workers", "2", "--quiet"]
+    trials = []
+    for _ in range(kills):
+        before = committed(url)
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "relulearn.cli", *map(str, cmd)],
+            env=dict(env(), **extra),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        wait_for(lambda before=before: committed(url) > before, proc)
+        time.sleep(float(rng.uniform(0.0, 1.5)))
+        if proc.poll() is not None:
+            break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=120)
+        lease = Path(url) / "lease.json"
+        doc = json.loads(lease.read_text())
+        doc.update(host="node-elsewhere", heartbeat=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"))
+        lease.write_text(json.dumps(doc))
+        before_bytes = snapshot(Path(url))
+        early = subprocess.run(
+            [PYTHON, "-m", "relulearn.cli", *map(str, cmd)], env=dict(env(), **extra), capture_output=True, text=True
+        )
+        refused = one_line_refusal(early) and "node-elsewhere" in early.stderr and snapshot(Path(url)) == before_bytes
+        time.sleep(timeout)
+        trials.append({"committed": committed(url), "refused_while_recent": refused, "stderr": early.stderr[-300:]})
+    final = subprocess.run(
+        [PYTHON, "-m", "relulearn.cli", *map(str, cmd)], env=dict(env(), **extra), capture_output=True, text=True
+    )
+    ok = final.returncode == 0 and bitwise_equal(url, ref) and all(t["refused_while_recent"] for t in trials)
+    return {
+        "kills": len(trials),
+        "survived": len(trials) if ok else 0,
+        "trials": trials,
         "final": {"returncode": final.returncode, "stderr": final.stderr[-600:]},
     }
 
@@ -646,6 +704,123 @@ def bad_inputs(work: Path, cfg_data: dict, store: Path) -> dict:
     }
 
 
+# ------------------------------------------------------------------------------------------- readers
+
+
+def _read_once(kind: str, url: str, chunk_size: int) -> tuple[str, int, str]:
+    """One read of ``url`` by one reader kind, the samples of the commit it read and what went wrong: ``whole``
+    (every family's ``count``, the ledger's rows for a handle, and the handle's or tree's ``samples`` agree, and the
+    sums are not zeros), ``refused`` (one line saying the store moved on), ``mixed`` (two commits, or zeros) or
+    ``traceback`` (anything else raised)."""
+    from relulearn import StoreMovedError, open_datatree, open_store
+
+    try:
+        if kind == "handle":  # open_store().all_arrays(), and the ledger through the same handle
+            run = open_store(url)
+            stats = run.all_arrays()
+            samples, basic = run.samples, stats["basic"]
+            counts = {int(a["count"]) for a in stats.values()}
+            ledger = run.ledger()
+            counts.add(int((ledger[:, 2] - ledger[:, 1]).sum()) * chunk_size)
+        else:  # open_datatree(...).load()
+            tree = open_datatree(url).load()
+            samples = int(tree.attrs["samples"])
+            counts = {int(tree[name]["count"].values) for name in tree.children}
+            basic = {k: tree["basic"][k].values for k in ("sum_xx", "xx")}
+        ok = counts == {samples} and np.any(basic["sum_xx"]) and np.array_equal(basic["xx"], basic["sum_xx"] / samples)
+        return ("whole", samples, "") if ok else ("mixed", samples, f"{samples} samples, counts {sorted(counts)}")
+    except StoreMovedError as err:
+        clear = "moved on to a newer commit" in str(err) and "\n" not in str(err)
+        return ("refused" if clear else "traceback"), 0, str(err)
+    except Exception as err:  # noqa: BLE001 - counted: a reader must never see one
+        return "traceback", 0, f"{type(err).__name__}: {err}"
+
+
+def readers(work: Path, cfg_data: dict, seconds: float) -> dict:
+    """Reader loops for ``seconds`` against a live writer committing after every chunk, and a second store whose
+    writer is SIGKILLed at random moments (mid-commit, most of its time) and started again, taking over the dead
+    writer's lease: every read through ``open_store().all_arrays()`` (with the ledger), ``open_datatree(...).load()``
+    and the ``relulearn report`` command is one whole commit or a clear one-line refusal, counted; mixed reads and
+    tracebacks must be 0."""
+    rng = np.random.default_rng(51)
+    chunk = int(cfg_data["chunk_size"])  # a commit after every chunk
+    data = dict(cfg_data, samples=10**8, run={"chunks_per_block": 1, "commit_interval": 0})
+    cfg = write_config(work / "readers.yaml", data)
+    live, killed = str(work / "readers-live.zarr"), str(work / "readers-killed.zarr")
+    writer = popen("estimate", cfg, "--store", live, "--in-process", "--quiet")
+    victim = popen("estimate", cfg, "--store", killed, "--in-process", "--quiet")
+    assert wait_for(lambda: committed(live) > 0, writer), writer.stderr.read()
+    outcomes = ("whole", "refused", "mixed", "traceback")
+    counts = {
+        f"{kind} {store}": dict.fromkeys(outcomes, 0) for kind in ("handle", "tree") for store in ("live", "killed")
+    }
+    reports = dict.fromkeys(("whole", "refused", "traceback"), 0)
+    commits: set[int] = set()
+    failures: list[str] = []
+    kills, base, kill_at = 0, 0, None
+    report: subprocess.Popen | None = None
+    next_report = time.monotonic()
+    end = time.monotonic() + seconds
+    i = 0
+    while time.monotonic() < end:
+        now = time.monotonic()
+        if kill_at is None and committed(killed) > base:  # the second writer (again) commits: kill it soon
+            kill_at = now + rng.uniform(0, 1)
+        if kill_at is not None and now >= kill_at:  # wherever it is (mostly inside a commit), then start it again
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait()
+            kills += 1
+            base, kill_at = committed(killed), None
+            victim = popen("estimate", cfg, "--store", killed, "--in-process", "--quiet")
+        if victim.poll() is not None:  # a restarted writer must resume the killed one's store (no flag)
+            failures.append(f"the restarted writer stopped: {victim.stderr.read().strip()[-300:]}")
+            victim = popen("estimate", cfg, "--store", killed, "--in-process", "--quiet")
+        if report is None and now >= next_report:  # `relulearn report` a few times, beside the reads
+            report = subprocess.Popen(
+                [PYTHON, "-m", "relulearn.cli", "report", live, "--out", str(work / "readers-report.html")],
+                env=env(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            next_report = now + seconds / 4
+        if report is not None and report.poll() is not None:
+            err = report.stderr.read()
+            if report.returncode == 0:
+                reports["whole"] += 1
+            elif report.returncode == 2 and "Traceback" not in err and "moved on to a newer commit" in err:
+                reports["refused"] += 1
+            else:
+                reports["traceback"] += 1
+            report = None
+        kind = ("handle", "tree")[i % 2]
+        store = "killed" if (i // 2) % 2 and committed(killed) > 0 else "live"
+        outcome, samples, detail = _read_once(kind, live if store == "live" else killed, chunk)
+        counts[f"{kind} {store}"][outcome] += 1
+        if outcome in ("mixed", "traceback") and len(failures) < 10:
+            failures.append(f"{kind} {store}: {detail}")
+        if store == "live" and samples:
+            commits.add(samples)
+        i += 1
+    if report is not None:
+        report.wait()
+        reports["whole" if report.returncode == 0 else "refused" if report.returncode == 2 else "traceback"] += 1
+    for p in (writer, victim):
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    total = {k: sum(c[k] for c in counts.values()) for k in outcomes}
+    return {
+        "seconds_of_reads": seconds,
+        "reads": sum(total.values()),
+        **total,
+        "by_reader": counts,
+        "reports": reports,
+        "writer_kills": kills,
+        "live_commits_read": len(commits),
+        "failures": failures,
+    }
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -656,12 +831,15 @@ def main() -> None:
     parser.add_argument(
         "--only",
         nargs="*",
-        help="sections to run (default all): driver fit workers writers "
-        "corruption inputs; the other sections' results in --out are kept",
+        help="sections to run (default all): driver elsewhere fit workers writers "
+        "corruption inputs readers generated; the other sections' results in --out are kept",
     )
     args = parser.parse_args()
     quick = args.quick
-    sections = set(args.only or ["driver", "fit", "workers", "writers", "corruption", "inputs"])
+    sections = set(
+        args.only
+        or ["driver", "elsewhere", "fit", "workers", "writers", "corruption", "inputs", "readers", "generated"]
+    )
     rng = np.random.default_rng(20261205)
     from relulearn.api import estimate
     from relulearn.config import config_from_dict
@@ -676,11 +854,14 @@ def main() -> None:
         estimate(config_from_dict(CONFIG), ref, client="local", progress=None)
         steps: list[tuple[str, Callable[[], dict]]] = [
             ("driver", lambda: driver_kills(work, cfg, ref, 4 if quick else 16, rng)),
+            ("elsewhere", lambda: other_host_kills(work, cfg, ref, 2 if quick else 6, rng)),
             ("fit", lambda: fit_kills(work, cfg, 2 if quick else 8, rng)),
             ("workers", lambda: worker_kills(work, cfg, ref, 1 if quick else 3)),
             ("writers", lambda: two_writers(work, CONFIG, 5 if quick else 20)),
             ("corruption", lambda: corruption(work, cfg, ref)),
             ("inputs", lambda: bad_inputs(work, CONFIG, Path(ref))),
+            ("readers", lambda: readers(work, CONFIG, 15 if quick else 60)),
+            ("generated", lambda: generated_cases(work / "generated")),
         ]
         for name, step in steps:
             if name not in sections:
@@ -693,6 +874,13 @@ def main() -> None:
     table(result)
 
 
+def generated_cases(work: Path) -> dict:
+    """The generated bad inputs and faults of :mod:`fault_cases` (about 360 cases)."""
+    from fault_cases import generated
+
+    return generated(work)
+
+
 def table(r: dict) -> None:
     print("| fault | trials | outcome |")
     print("|---|---:|---|")
@@ -700,6 +888,13 @@ def table(r: dict) -> None:
         print(
             f"| driver killed during `estimate` (SIGKILL / Ctrl-C to the process group) | {r['driver']['kills']} | "
             f"{r['driver']['survived']} resumed to a store bitwise equal to an uninterrupted run |"
+        )
+    if "elsewhere" in r:
+        e = r["elsewhere"]
+        print(
+            f"| driver SIGKILLed, its lease then another host's with a fresh heartbeat | {e['kills']} | "
+            f"{sum(t['refused_while_recent'] for t in e['trials'])} refused naming that host while the heartbeat was "
+            f"recent, then taken over by the same command after the timeout; {e['survived']} resumed bitwise equal |"
         )
     if "fit" in r:
         print(
@@ -731,6 +926,27 @@ def table(r: dict) -> None:
         print(
             f"| bad inputs (configurations, files, commands) | {b['inputs']} | {b['refused']} refused in one "
             f"line naming the cause, nothing written; store unchanged: {b['store_unchanged']} |"
+        )
+    if "readers" in r:
+        d = r["readers"]
+        n = d["reports"]
+        print(
+            f"| readers for {d['seconds_of_reads']:.0f} s against a live writer and one SIGKILLed mid-commit "
+            f"({d['writer_kills']} kills): `open_store().all_arrays()`, `open_datatree().load()`, `relulearn report` "
+            f"| {d['reads']} (+{sum(n.values())} reports) | {d['whole']} one whole commit, {d['refused']} refused in "
+            f"one line (the store moved on); {d['mixed']} mixed, {d['traceback']} tracebacks; reports: {n['whole']} "
+            f"whole, {n['refused']} refused, {n['traceback']} tracebacks |"
+        )
+    if "generated" in r:
+        g = r["generated"]
+        for group, counts in g["by_group"].items():
+            shown = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+            print(f"| generated: {group} | {sum(counts.values())} | {shown} |")
+        o = g["outcomes"]
+        print(
+            f"| **all generated cases** | **{g['cases_total']}** | {o['refused']} refused in one line, {o['ok']} "
+            f"correct; **{o['silent']} silent wrong, {o['lost']} lost, {o['traceback']} tracebacks, {o['hang']} "
+            f"hangs**, {o['untidy']} untidy, {o['unclear']} unclear |"
         )
 
 

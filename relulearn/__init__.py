@@ -19,7 +19,7 @@ _PUBLIC = {
     "Network": "network",
     "open_datatree": "datatree",
     **dict.fromkeys(("PolynomialModel", "load_model"), "polynomial"),
-    **dict.fromkeys(("StoreDamagedError", "StoreError", "StoredRun"), "storage"),
+    **dict.fromkeys(("StoreDamagedError", "StoreError", "StoreMovedError", "StoredRun"), "storage"),
 }
 
 #: scikit-learn estimators (relulearn.regressors, one per method), imported on first use: scikit-learn is an
@@ -46,6 +46,7 @@ __all__ = [
     "load_model",
     "StoreError",
     "StoreDamagedError",
+    "StoreMovedError",
     "StoredRun",
     "__version__",
     *REGRESSORS,

@@ -1,5 +1,5 @@
 """A store as an :class:`xarray.DataTree` at stable paths: ``/basic``, ``/contracted``, … hold the statistics of
-the committed head, whatever its generation; every array and dimension says what it is.
+the committed head when it was opened, whatever its generation; every array and dimension says what it is.
 
 The store itself keeps each commit in a generation group (``g000007/basic``: a commit writes a new generation
 and switches one pointer, so that readers never see half a commit); this view hides that mechanism, so the
@@ -26,13 +26,19 @@ def open_datatree(url: str) -> Any:
     a child node (``tree["basic"]``, ``tree["contracted"]``) whose arrays (lazy, read on use) carry ``long_name``
     and ``description`` attributes, and every dimension has a coordinate.
 
-    A view of one commit: a later commit deletes the generation it reads (the second one, or the first when
-    its writer then finishes: the store extended meanwhile); open the store again to read the new one.
+    A view of one commit, the last one when it was opened, however many commits a writer makes meanwhile: the
+    tree's metadata and every value it reads (lazily, when used) are of that commit, each chunk checked against
+    the commit's manifest. A commit keeps the generation it replaced until the next one, and a writer that
+    finishes removes it: values read after that (the store extended meanwhile) raise
+    :class:`~relulearn.storage.errors.StoreMovedError` — never zeros, never another commit's values. Load what
+    you need (``tree.load()``) soon after opening a store that is being written, or open it again.
 
     Raises
     ------
     relulearn.StoreError
         When there is no committed run at ``url``.
+    relulearn.StoreMovedError
+        When values are read after later commits deleted the commit the tree opened: open it again.
     """
     import xarray as xr
 

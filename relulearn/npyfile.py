@@ -74,10 +74,13 @@ def read_npy_header(f: IO[bytes], name: str) -> NpyHeader:
         version = npformat.read_magic(f)
         if version == (1, 0):
             shape, fortran, dtype = npformat.read_array_header_1_0(f)
-        elif version == (2, 0):
+        elif version in ((2, 0), (3, 0)):  # 3.0 differs from 2.0 only by a utf-8 header (numeric ones are ASCII)
             shape, fortran, dtype = npformat.read_array_header_2_0(f)
-        else:  # 3.0: a utf-8 header; numpy's private reader is the only one
-            shape, fortran, dtype = npformat._read_array_header(f, version)  # type: ignore[attr-defined]
+        else:
+            raise ArrayHeaderError(
+                f"{name} is a .npy file of format version {version[0]}.{version[1]}, which numpy does not write "
+                "(it writes 1.0, 2.0 and 3.0); save the array again with numpy.save"
+            )
     except (ValueError, EOFError, SyntaxError) as err:
         raise ArrayHeaderError(f"{name} is not a .npy array (its header is unreadable: {err})") from None
     return NpyHeader(tuple(int(n) for n in shape), np.dtype(dtype), bool(fortran), f.tell() - start)

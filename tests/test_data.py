@@ -219,6 +219,11 @@ def test_fewer_rows_than_samples_is_refused_before_any_work(tmp_path):
             marks=pytest.mark.extra("data"),
         ),
         ("teacher", r"source.data gives the samples; source.teacher applies to teachers only"),
+        pytest.param(
+            "label",
+            r"source.data: column 'target' of .*d.parquet is the label \(y_column\) and also an input",
+            marks=pytest.mark.extra("data"),
+        ),
     ],
 )
 def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
@@ -238,6 +243,9 @@ def test_bad_data_names_the_key_the_file_and_the_fix(case, message, tmp_path):
         np.save(tmp_path / "x.npy", np.array([{"a": 1}] * 3, dtype=object), allow_pickle=True)
     elif case == "column":
         cfg["source"]["data"] = dict(write("parquet", tmp_path, x, y), x_columns=["f0", "g0"])
+    elif case == "label":
+        data = write("parquet", tmp_path, x, y)
+        cfg["source"]["data"] = dict(data, x_columns=[*data["x_columns"][:-1], "target"])
     else:
         cfg["source"]["teacher"] = {"kind": "one_hidden_relu", "width": 2}
     with pytest.raises((ValueError, ArrayFileError), match=message):
@@ -261,7 +269,8 @@ def test_fit_on_data_through_the_cli_reads_relative_paths_and_writes_raw_coordin
 
 
 def test_a_rewritten_dataset_cannot_resume_its_store(tmp_path):
-    """The store's fingerprint holds a hash of the rows' bytes: data changed in place is another source."""
+    """The store's fingerprint holds a hash of the rows' bytes: data changed in place is another source, refused
+    naming the data files (not the fingerprint's field) and the fix."""
     from relulearn.storage import StoreError
 
     _, _, _, x, y = planted_data(seed=9, rows=150_000)
@@ -271,13 +280,16 @@ def test_a_rewritten_dataset_cannot_resume_its_store(tmp_path):
     )
     y[5] += 1e-9
     np.save(tmp_path / "y.npy", y)
-    with pytest.raises(StoreError, match=r"different fingerprint; differing fields: source.teacher_sha256"):
+    with pytest.raises(StoreError) as err:
         api.estimate(
             config_from_dict(data_config(data, samples=150_000)),
             str(tmp_path / "s.zarr"),
             client="local",
             progress=None,
         )
+    (line,) = str(err.value).splitlines()
+    assert f"the rows of {tmp_path / 'x.npy'} and {tmp_path / 'y.npy'} are not those" in line, line
+    assert "teacher_sha256" not in line and "start a new store" in line and "not modified" in line, line
 
 
 @pytest.mark.extra("data")
@@ -340,3 +352,32 @@ def test_estimate_on_a_zarr_array_with_a_missing_chunk_exits_2_in_one_line(tmp_p
     (line,) = done.stderr.strip().splitlines()
     assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line, line
     assert not (tmp_path / "s.zarr").exists()  # refused by the scan before any work
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_zarr_array_with_a_damaged_chunk_is_refused_naming_the_chunk_and_rows(zarr_format, tmp_path):
+    """A chunk file whose bytes do not decode (zstd's "Src size is incorrect" from deep inside the codec) is
+    refused in one line naming the array, the chunk and its rows; the other chunks still read as written, and
+    `estimate` exits 2 in one line with no store made."""
+    import zarr
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((400, 4)), rng.standard_normal(400)
+    zarr.create_array(str(tmp_path / "x.zarr"), data=x, chunks=(100, 4), zarr_format=zarr_format)
+    zarr.create_array(str(tmp_path / "y.zarr"), data=y, chunks=(100,), zarr_format=zarr_format)
+    chunk = tmp_path / "x.zarr" / ("2.0" if zarr_format == 2 else "c/2/0")
+    chunk.write_bytes(chunk.read_bytes()[:-7] + b"garbage")
+    reader = open_reader(str(tmp_path / "x.zarr"))
+    assert np.array_equal(reader.read(0, 200), x[:200]) and np.array_equal(reader.read(300, 400), x[300:])
+    with pytest.raises(ArrayFileError) as err:
+        reader.read(150, 350)
+    (line,) = str(err.value).splitlines()
+    assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line and "damaged" in line, line
+    cfg = tmp_path / "c.yaml"
+    data = {"x": str(tmp_path / "x.zarr"), "y": str(tmp_path / "y.zarr")}
+    cfg.write_text(yaml.safe_dump(data_config(data, samples=400, d=4, chunk_size=400)))
+    done = relulearn("estimate", cfg, "--store", tmp_path / "s.zarr", "--in-process", "--quiet")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "x.zarr" in line and "chunk (2, 0)" in line and "rows 200..299" in line, line
+    assert not (tmp_path / "s.zarr").exists()

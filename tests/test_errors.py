@@ -950,3 +950,18 @@ def test_fit_refuses_a_statistics_section_lacking_what_the_method_needs_before_w
         )
         assert len(err.strip().splitlines()) == 1, err
     assert not store.exists() and not (tmp_path / "m.npz").exists()
+
+
+def test_a_chunk_larger_than_the_samples_is_refused_naming_both(store, tmp_path):
+    """A run counts whole chunks: a chunk_size above samples would silently draw a chunk's worth (10^20 samples
+    for a 4,000-sample run), so it is refused naming both numbers; nothing is written."""
+    path, before = store
+    for size, drawn in ((5_000, "5,000"), (10**20, "100,000,000,000,000,000,000")):
+        cfg = write_yaml(tmp_path / f"c{size}.yaml", dict(config(), samples=4_000, chunk_size=size))
+        new = tmp_path / f"new{size}.zarr"
+        for command in (("plan", cfg), ("estimate", cfg, "--store", new, "--in-process")):
+            done = cli(*command)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert f"chunk_size ({drawn}) is larger than samples (4,000)" in done.stderr
+            assert f"would draw {drawn} samples" in done.stderr and not new.exists()
+    assert_intact(path, before)

@@ -169,3 +169,30 @@ def test_a_truncated_array_is_named_as_truncated_on_every_route(tmp_path, route)
         line = refused_one_line(relulearn(*args), "cut.npz (member W0) is truncated")
         assert "96 bytes of data" in line and "88 bytes" in line, line
     assert not store.exists() and not out.exists()
+
+
+def test_an_npy_of_an_unknown_format_version_is_refused_and_version_3_is_read(tmp_path):
+    """numpy writes .npy versions 1.0, 2.0 and 3.0 (a utf-8 header); any other version is refused in one line
+    naming the file and its version, and a 3.0 file is predicted as its 1.0 twin is."""
+    import io
+
+    good_net(tmp_path / "net.npz")
+    x = np.random.default_rng(1).standard_normal((30, 4))
+    buf = io.BytesIO()
+    npformat.write_array(buf, x, version=(3, 0))
+    (tmp_path / "x3.npy").write_bytes(buf.getvalue())
+    np.save(tmp_path / "x1.npy", x)
+    for name in ("x1", "x3"):
+        done = relulearn(
+            "predict", tmp_path / "net.npz", "--input", tmp_path / f"{name}.npy", "--out", tmp_path / f"{name}-y.npy"
+        )
+        assert done.returncode == 0, done.stderr
+    assert np.array_equal(np.load(tmp_path / "x1-y.npy"), np.load(tmp_path / "x3-y.npy"))
+    raw = (tmp_path / "x1.npy").read_bytes()
+    (tmp_path / "x9.npy").write_bytes(raw[:6] + b"\x09\x00" + raw[8:])
+    line = refused_one_line(
+        relulearn("predict", tmp_path / "net.npz", "--input", tmp_path / "x9.npy", "--out", tmp_path / "y.npy"),
+        "x9.npy",
+        "format version 9.0",
+    )
+    assert "numpy.save" in line and not (tmp_path / "y.npy").exists()

@@ -197,6 +197,65 @@ def test_a_killed_writer_resumes_with_the_same_command(tmp_path, capsys):
     assert_each_chunk_once(url, BUSY["samples"] // BUSY["chunk_size"])
 
 
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # a process of its own: the lease timeout is read from the environment when relulearn is imported
+    return subprocess.run([PYTHON, "-m", "relulearn.cli", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", [0.0, 0.37])
+def test_a_writer_killed_on_another_host_is_resumed_after_the_heartbeat_timeout(tmp_path, moment):
+    """SIGKILL at a moment after the first commit, the lease then made another host's with a fresh heartbeat (its
+    machine died just now): the same command is refused naming that host and both ways out (the store unchanged),
+    and once the heartbeat is older than RELULEARN_LEASE_TIMEOUT the same command (no flag) takes it over and
+    resumes bitwise equal to an uninterrupted run; --break-lock takes it at once."""
+    cfg_path = write_config(tmp_path / "busy.yaml", BUSY)
+    ref = str(tmp_path / "ref.zarr")
+    api.estimate(load_config(cfg_path), ref, client="local", progress=None, commit_interval=1e9)
+    timeout = 3.0
+    env = dict(cli_env(), RELULEARN_LEASE_TIMEOUT=str(timeout))
+    for how in ("wait", "break"):
+        url = str(tmp_path / f"{how}.zarr")
+        args = ["estimate", str(cfg_path), "--store", url, "--in-process"]
+        writer = subprocess.Popen(
+            [PYTHON, "-m", "relulearn.cli", *args, "--quiet"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_for(lambda url=url: _committed(url) > 0, writer, "the first commit")
+        time.sleep(moment)
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        writer.stderr.close()
+        doc = _lease_doc(url)
+        assert doc is not None and doc["pid"] == writer.pid
+        now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+        (Path(url) / "lease.json").write_text(json.dumps(dict(doc, host="node-elsewhere", heartbeat=now)))
+        before = {p: p.read_bytes() for p in sorted(Path(url).rglob("*")) if p.is_file()}
+        committed = _committed(url)
+        assert 0 < committed < BUSY["samples"]
+        if how == "wait":
+            refused = _run(args, env)
+            assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+            assert f"process {writer.pid}" in refused.stderr and "on node-elsewhere" in refused.stderr
+            assert "RELULEARN_LEASE_TIMEOUT" in refused.stderr and "--break-lock" in refused.stderr
+            assert {p: p.read_bytes() for p in sorted(Path(url).rglob("*")) if p.is_file()} == before
+            time.sleep(timeout + 0.5)
+            done = _run([*args, "--json"], env)
+        else:
+            done = _run([*args, "--json", "--break-lock"], env)
+        assert done.returncode == 0, done.stderr
+        warned = [line for line in done.stderr.splitlines() if line.startswith("relulearn: warning:")]
+        assert len(warned) == 1 and f"took over the lease of process {writer.pid}" in warned[0], done.stderr
+        assert "node-elsewhere" in warned[0], warned
+        assert json.loads(done.stdout)["resumed_from_samples"] == committed
+        assert not (Path(url) / "lease.json").exists()
+        assert_bitwise_equal(url, ref)
+        assert_each_chunk_once(url, BUSY["samples"] // BUSY["chunk_size"])
+
+
 def test_the_lease_is_released_after_ctrl_c(tmp_path):
     """Ctrl-C as a terminal sends it (SIGINT to the whole process group: the driver and the LocalCluster's worker
     processes) during `relulearn estimate`: one line on stderr (the workers leave the signal to the driver, no
@@ -257,12 +316,23 @@ def _write_lease(url: str, **fields) -> None:
 def test_live_leases_are_never_broken_and_silent_or_unreadable_ones_are_stale(tmp_path, caplog):
     url = str(tmp_path / "run.zarr")
     api.estimate(make_config(), url, client="local", progress=None)
-    # a live writer on another host (recent heartbeat): refused, even with break_lock
+    # a writer on another host with a recent heartbeat: refused, saying when it is taken over and that
+    # break_lock takes it now (from here it cannot be told alive from a machine that just died)
     _write_lease(url, host="node-7", pid=4242)
-    for brk in (False, True):
-        with pytest.raises(StoreLockedError, match="is locked: process 4242 on node-7") as info:
-            api.estimate(make_config(), url, samples=50_000, client="local", progress=None, break_lock=brk)
-        assert info.value.stale is None
+    with pytest.raises(StoreLockedError, match="is locked: process 4242 on node-7") as info:
+        api.estimate(make_config(), url, samples=45_000, client="local", progress=None)
+    assert info.value.stale is None
+    assert "heartbeat is 600 s old (RELULEARN_LEASE_TIMEOUT)" in str(info.value) and "--break-lock" in str(info.value)
+    assert (
+        api.estimate(make_config(), url, samples=45_000, client="local", progress=None, break_lock=True).samples
+        == 45_000
+    )
+    assert read_lease(url) is None
+    # a live writer on this host is never broken, even with break_lock
+    _write_lease(url)
+    with pytest.raises(StoreLockedError, match=f"is locked: process {os.getpid()} on") as info:
+        api.estimate(make_config(), url, samples=50_000, client="local", progress=None, break_lock=True)
+    assert info.value.stale is None and "never broken" in str(info.value)
     # no heartbeat for 11 minutes: stale (the 10-minute timeout), its holder gone: taken over, saying so
     old = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=11)).isoformat()
     _write_lease(url, host="node-7", pid=4242, heartbeat=old)

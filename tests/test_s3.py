@@ -696,11 +696,12 @@ def _check_xarray(s3, base, xr):
                 assert path.startswith(f"/{BUCKET}/base/{run.head}/{stat}/") and CHUNK.search(path), path
                 name = path.split("/")[5]
                 assert name in ds.indexes, path
-        # StoredRun.dataset (zarr_format=3, s3fs reading whole objects): one GET, nothing else
+        # StoredRun.dataset (zarr_format=3, s3fs reading whole objects): no metadata read at all, the handle's
+        # pinned root document describes its commit; only the chunks of index coordinates
         mark = s3.mark()
         ds3 = run.dataset(stat)
         reqs = [r for r in s3.requests(mark) if not CHUNK.search(r[1])]
-        assert reqs == [("GET", root, 200)], reqs
+        assert reqs == [], reqs
         assert set(ds3.variables) == set(ds.variables)
     # coordinates: what describes a statistic (grids, banks), not what estimates it
     filtered = run.dataset("filtered")
@@ -715,3 +716,79 @@ def _check_xarray(s3, base, xr):
     assert {"M", "M_se", "prob", "count", "sum_bin_xx"} <= set(filtered.data_vars)
     # values through xarray are the stored values
     np.testing.assert_array_equal(filtered["M"].values, run.arrays("filtered")["M"])
+
+
+# ---------------------------------------------------------------- data on s3://
+
+
+def _put_npy(s3, key: str, arr: np.ndarray) -> None:
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=buf.getvalue())
+
+
+def test_a_data_object_overwritten_on_s3_is_refused_naming_it_and_its_etag(s3):
+    """An object of the same size written over a data file: its ETag differs from the one the reader was opened
+    with, and the read is refused in one line naming the object, the ETag and the fix."""
+    from relulearn.pipeline.arrays import open_reader
+    from relulearn.pipeline.stamps import DataChangedError
+
+    x = np.arange(400.0).reshape(100, 4)
+    _put_npy(s3, "stamps/x.npy", x)
+    reader = open_reader(s3.url("stamps/x.npy"))
+    assert np.array_equal(reader.read(20, 40), x[20:40])
+    _put_npy(s3, "stamps/x.npy", -x)
+    with pytest.raises(DataChangedError) as err:
+        reader.read(20, 40)
+    (line,) = str(err.value).splitlines()
+    assert line.startswith(f"{s3.url('stamps/x.npy')} changed while this run read it (ETag") and "size" not in line
+    assert line.endswith("restore the file, or start a new store for the new data"), line
+
+
+def test_a_zarr_data_array_on_s3_with_one_chunk_rewritten_is_refused_for_that_chunks_rows(s3):
+    """A zarr array's objects are stamped from one listing and checked by HEAD requests (the same ETag either way:
+    no false alarm); a chunk object rewritten refuses its rows, naming the object and its ETag."""
+    import zarr
+
+    from relulearn.pipeline.arrays import open_reader
+    from relulearn.pipeline.stamps import DataChangedError
+
+    x = np.arange(300.0).reshape(100, 3)
+    zarr.create_array(s3.url("stamps/x.zarr"), data=x, chunks=(25, 3))
+    reader = open_reader(s3.url("stamps/x.zarr"))
+    assert np.array_equal(reader.read(0, 100), x)
+    zarr.open_array(s3.url("stamps/x.zarr"), mode="r+")[60:70] = -1.0
+    assert np.array_equal(reader.read(0, 50), x[:50])
+    with pytest.raises(DataChangedError) as err:
+        reader.read(40, 80)
+    (line,) = str(err.value).splitlines()
+    assert line.startswith(f"{s3.url('stamps/x.zarr')}/c/2/0 changed while this run read it (") and "ETag" in line
+
+
+def test_a_run_reading_data_from_s3_stops_when_an_object_is_overwritten(s3, tmp_path):
+    """Data on S3, the store on a local disk: y.npy overwritten after the first commit stops the run with exit 2
+    in one line naming the object; what was committed holds the old labels only."""
+    from test_stamps import RUN, after_first_commit, samples
+
+    x, y = samples(7)
+    _put_npy(s3, "run-data/x.npy", x)
+    _put_npy(s3, "run-data/y.npy", y)
+    source = {"d": 4, "data": {"x": s3.url("run-data/x.npy"), "y": s3.url("run-data/y.npy")}}
+    cfg = write_yaml(tmp_path / "c.yaml", {**RUN, "source": source})
+    store = tmp_path / "s.zarr"
+    thread = after_first_commit(store, lambda: _put_npy(s3, "run-data/y.npy", y[::-1].copy()))
+    done = cli("estimate", cfg, "--store", store, "--in-process", "--quiet")
+    thread.join()
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"relulearn: error: {s3.url('run-data/y.npy')} changed while this run read it (ETag"), line
+    committed = api.status(str(store))["samples"]
+    assert 0 < committed < RUN["samples"]
+    _put_npy(s3, "run-data/y.npy", y)  # restored: the committed part is that of the old labels
+    ref = tmp_path / "r.zarr"
+    api.estimate(
+        config_from_dict({**RUN, "source": source}), str(ref), samples=committed, client="local", progress=None
+    )
+    assert_bitwise_equal(str(store), str(ref))

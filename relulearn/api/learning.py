@@ -17,7 +17,7 @@ from ..network import Network
 from ..pipeline.projection import format_seconds
 from ..pipeline.run import estimate as _estimate
 from ..pipeline.sources import data_of
-from ..storage import RunStore, StoreError, open_store
+from ..storage import RunStore, StoreError, open_store, read_one_commit
 from .execution import HeldOut, Where, cluster_forced, mapper, running
 
 if TYPE_CHECKING:
@@ -100,12 +100,13 @@ def learn_with(
 
     t0 = time.perf_counter()
     mod = method_module(method)
-    run = open_store(store)
+    # the configuration, the sample count and the statistics of one commit, checked against its manifest (a
+    # damaged store is refused here; one a writer extends meanwhile is read again)
+    run, stats = read_one_commit(store, lambda run: (run, run.all_arrays()))
     cfg = config_from_dict(run.meta["config"], where=f"stored in {store}")
     source = make_source(cfg)
     options = check_setting(method, source, options)
     outputs = label_outputs(source)
-    stats = run.all_arrays()  # one commit, checked against its manifest (a damaged store is refused here)
 
     samples = HeldOut(source, cfg.seed)
     passes: list[dict] = []

@@ -8,7 +8,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..config import RunConfig, load_config
-from ..storage import LeaseInfo, RunStore, StoreError, open_store, read_lease, writing
+from ..storage import (
+    Damage,
+    LeaseInfo,
+    RunStore,
+    StoredRun,
+    StoreError,
+    StoreMovedError,
+    read_lease,
+    read_one_commit,
+    writing,
+)
 
 if TYPE_CHECKING:
     from ..pipeline.run import RunSummary
@@ -140,7 +150,7 @@ def status(store: str) -> dict[str, Any]:
         "no store").
     """
     try:
-        out = open_store(store).summary()
+        run, sizes = read_one_commit(store, _sizes)
     except StoreError as err:
         found = read_lease(store) if "no relulearn store" in str(err) else None
         if not isinstance(found, LeaseInfo):
@@ -152,11 +162,22 @@ def status(store: str) -> dict[str, Any]:
         raise StoreError(
             f"{err}; its first run was started by {found.describe()}, stale because {stale}: {how}"
         ) from None
-    sizes = RunStore(store).check_sizes()
+    out = run.summary()
     out["damaged"] = None if sizes is None else [d.to_dict() for d in sizes]
     found = read_lease(store)
     out["lease"] = None if found is None else found.to_dict()
     return out
+
+
+def _sizes(run: StoredRun) -> tuple[StoredRun, list[Damage] | None]:
+    """The objects of the commit ``run`` pinned that one listing shows missing or truncated; a listing that found
+    some while the store moved on is of a generation a later commit deleted, not damage
+    (:class:`~relulearn.storage.StoreMovedError`: :func:`~relulearn.storage.read_one_commit` opens it again)."""
+    sizes = RunStore(run.url).check_sizes(run.meta)
+    now = RunStore(run.url).pin() if sizes else None
+    if sizes and (now is None or now.raw != run.pin.raw):
+        raise StoreMovedError(run.url, run.pin.commit, None if now is None else now.commit)
+    return run, sizes
 
 
 def verify(store: str) -> dict[str, Any]:

@@ -81,7 +81,9 @@ _BREAK_LOCK_HELP = (
     "take a stale lease on the store whose holder is unknown (a lease.json that is no writer's document) "
     "or whose heartbeat is in the future; a lease whose process is no longer running on this host, or "
     "without a heartbeat for RELULEARN_LEASE_TIMEOUT seconds (default 600), as a writer killed with "
-    "SIGKILL or on a lost machine leaves, is taken over without it; a live lease is never broken"
+    "SIGKILL or on a lost machine leaves, is taken over without it; with it, also the lease of a writer on "
+    "another host whose heartbeat is recent (that writer, if it still runs, stops at its next commit); a live "
+    "lease on this host is never broken"
 )
 _DASHBOARD_HELP = (
     "HOST:PORT where the local cluster's Dask dashboard listens (default: the config's run.dashboard, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import SAMPLES_MAX, SEED_MAX, _Section
 from .families import (
@@ -93,6 +93,21 @@ class RunConfig(_Section):
     run: RunOptions = Field(default_factory=RunOptions)
     # Where the config was read from: relative teacher files resolve against it. Not user-set.
     base_dir: str | None = Field(None, exclude=True, repr=False)
+
+    @model_validator(mode="after")
+    def _whole_chunks(self) -> RunConfig:
+        # a run counts whole chunks: a chunk larger than the samples asked for would silently draw a chunk's worth
+        if "chunk_size" in self.model_fields_set and self.chunk_size > self.samples:
+            raise ValueError(
+                f"chunk_size ({self.chunk_size:,}) is larger than samples ({self.samples:,}): a run counts whole "
+                f"chunks, so it would draw {self.chunk_size:,} samples; set chunk_size to at most {self.samples:,}"
+            )
+        if self.n_chunks * self.chunk_size > SAMPLES_MAX:
+            raise ValueError(
+                f"samples ({self.samples:,}) rounded up to whole chunks of {self.chunk_size:,} exceed "
+                f"{SAMPLES_MAX:,}, the most a run can count; lower samples or chunk_size"
+            )
+        return self
 
     @property
     def n_chunks(self) -> int:

@@ -2,13 +2,16 @@
 
 A reader is opened from a path or URL and reads rows ``[start, stop)`` as float64, so workers read only their
 chunks' rows and nothing passes through the driver. Readers hold no open handles when pickled (a worker
-reopens what it reads, once per process).
+reopens what it reads, once per process). A reader carries the stamps of its files taken when it was opened
+(:mod:`.stamps`) and checks the objects a read touches against them before and after the read: a file that
+changed under a run is refused, never mixed into its rows.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -16,8 +19,9 @@ import numpy as np
 
 from ..filekind import not_a_file
 from ..npyfile import ArrayHeaderError, check_data_bytes, read_npy_header
+from .stamps import DataChangedError, Stamp, check_stamps, take_stamps
 
-__all__ = ["ArrayFileError", "ArrayReader", "array_kind", "open_reader"]
+__all__ = ["ArrayFileError", "ArrayReader", "DataChangedError", "array_kind", "open_reader"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -49,8 +53,10 @@ class ArrayReader:
     columns: tuple[str, ...] | None = None
     #: the fsspec options as canonical JSON (:func:`_options`): hashable, nested options included
     storage_options: str = "{}"
-    #: the files' sizes and modification times when opened: a rewritten file is another reader (caches key on it)
+    #: a digest of :attr:`stamps`: a rewritten file is another reader (caches key on it)
     stamp: str = ""
+    #: the stamps of the file (key ``""``), or of each file of a zarr array's folder, when it was opened
+    stamps: Mapping[str, Stamp] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
     def rows(self) -> int:
@@ -61,14 +67,35 @@ class ArrayReader:
         start, stop = int(start), int(min(stop, self.rows))
         if stop <= start:
             return np.empty((0,) + tuple(self.shape[1:]))
-        if self.kind == "npy":
-            out = _read_npy(self.url, self.storage_options, self.stamp, start, stop)
-        elif self.kind == "zarr":
+        # the objects this read touches are checked against their stamps before the read (a file changed since
+        # the reader was opened) and after it (changed during the read): rows of another version are never used
+        if self.kind == "zarr":
             arr = _zarr(self.url, self.storage_options, self.stamp)
-            _check_chunks(self.url, arr, _present(self.url, self.storage_options, self.stamp), start, stop)
-            out = np.asarray(arr[start:stop])
+            keys = _chunk_keys(arr, start, stop)
+            _check_chunks(self.url, arr, _present(self.url, self.storage_options, self.stamp), keys)
+            objects = [k for k in _METADATA if k in self.stamps] + [k for _, k in keys]
         else:
-            out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
+            objects = [""]
+        if self.stamps:
+            check_stamps(self.url, self.storage_options, self.stamps, objects)
+        try:
+            if self.kind == "npy":
+                out = _read_npy(self.url, self.storage_options, self.stamp, start, stop)
+            elif self.kind == "zarr":
+                out = np.asarray(arr[start:stop])
+            else:
+                out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
+        except (ArrayFileError, ArrayHeaderError, DataChangedError):
+            raise
+        except Exception as err:  # a damaged chunk or page: zarr's codecs and pyarrow raise many kinds
+            if self.kind == "zarr":
+                raise _damaged_chunk(self.url, arr, keys, err) from None
+            raise ArrayFileError(
+                f"{self.url}: rows {start:,}..{stop - 1:,} cannot be read ({type(err).__name__}: {err}); the file is "
+                "damaged there: write it again"
+            ) from None
+        if self.stamps:
+            check_stamps(self.url, self.storage_options, self.stamps, objects)
         return np.ascontiguousarray(out, dtype=np.float64)
 
 
@@ -104,7 +131,8 @@ def open_reader(
     if found is not None and not found.startswith("does not exist") and (kind != "zarr" or found != "is a directory"):
         raise ArrayFileError(f"{what}: {url} {found}; give a .npy file, a Parquet file or a zarr array's folder")
     try:
-        stamp = _stamp(url, opts)
+        stamps = take_stamps(url, opts)
+        stamp = _digest(stamps)
         if kind == "npy":
             shape, dtype, _ = _npy_header(url, opts, stamp)
         elif kind == "zarr":
@@ -152,13 +180,13 @@ def open_reader(
         bad = [c for c in cols if not types[c]]
         if bad:
             raise ArrayFileError(f"{what}: column(s) {bad} of {url} are not numeric; choose numeric columns")
-        return ArrayReader(url, kind, (rows, len(cols)), tuple(cols), opts, stamp)
+        return ArrayReader(url, kind, (rows, len(cols)), tuple(cols), opts, stamp, stamps)
     if dtype.kind not in "iuf" or len(shape) not in (1, 2):
         raise ArrayFileError(
             f"{what}: {url} holds a {dtype} array of shape {shape}; give a numeric array of "
             "rows, (rows,) or (rows, columns)"
         )
-    return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp)
+    return ArrayReader(url, kind, tuple(int(s) for s in shape), None, opts, stamp, stamps)
 
 
 def _is_file(url: str, opts: str) -> bool:
@@ -172,18 +200,11 @@ def _is_file(url: str, opts: str) -> bool:
         return False
 
 
-def _stamp(url: str, opts: str) -> str:
-    """Sizes and modification times of the file, or of every file of a zarr array's folder."""
+def _digest(stamps: Mapping[str, Stamp]) -> str:
+    """A digest of a reader's stamps: the key of the caches of what was read of one version of its files."""
     import hashlib
 
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(url, **_kwargs(opts))
-    info = fs.info(path)
-    entries = fs.find(path, detail=True) if info.get("type") == "directory" else {path: info}
-    keys = ("size", "mtime", "created", "ETag", "LastModified", "last_modified")
-    text = repr(sorted((name, tuple(str(e.get(k)) for k in keys)) for name, e in entries.items()))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return hashlib.sha256(repr(sorted(stamps.items())).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------------- npy
@@ -250,20 +271,50 @@ def _present(url: str, opts: str, stamp: str) -> set[str]:
     return set()
 
 
-def _check_chunks(url: str, arr: Any, present: set[str], start: int, stop: int) -> None:
-    """Refuse rows ``[start, stop)`` if a chunk (a shard, when sharded) holding them has no file: zarr would read
-    it as its fill value, rows that were never written."""
+#: a zarr array's metadata document (v3, v2): its shape, chunks, dtype and codecs
+_METADATA = ("zarr.json", ".zarray")
+
+
+def _chunk_keys(arr: Any, start: int, stop: int) -> list[tuple[tuple[int, ...], str]]:
+    """The chunks (shards, when sharded: the chunks that are files) holding rows ``[start, stop)``: their
+    coordinates and their keys inside the array's folder."""
     import itertools
 
-    from zarr.core.sync import sync
-
     meta = arr.metadata
-    grid = meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape  # the chunks that are files
+    grid = meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape
     rows = grid[0]
     spans = [range(start // rows, (stop - 1) // rows + 1)]
     spans += [range(-(-n // c)) for n, c in zip(arr.shape[1:], grid[1:])]
-    for coords in itertools.product(*spans):
-        key = meta.encode_chunk_key(coords)
+    return [(coords, meta.encode_chunk_key(coords)) for coords in itertools.product(*spans)]
+
+
+def _damaged_chunk(url: str, arr: Any, keys: list[tuple[tuple[int, ...], str]], err: Exception) -> ArrayFileError:
+    """The error naming the first chunk of ``keys`` that does not decode (each read alone), its rows and why."""
+    rows = (arr.metadata.chunks if arr.metadata.zarr_format == 2 else arr.metadata.chunk_grid.chunk_shape)[0]
+    for coords, _ in keys:
+        lo = coords[0] * rows
+        try:
+            arr[lo : min(lo + rows, arr.shape[0])]
+        except Exception as one:  # noqa: BLE001 - the damaged one found
+            err = one
+            break
+    else:
+        coords = keys[0][0]
+    lo = coords[0] * rows
+    return ArrayFileError(
+        f"{url}: chunk {tuple(coords)} (rows {lo}..{min(lo + rows, arr.shape[0]) - 1}) cannot be decoded "
+        f"({type(err).__name__}: {err}); the array is damaged there: write those rows again"
+    )
+
+
+def _check_chunks(url: str, arr: Any, present: set[str], keys: list[tuple[tuple[int, ...], str]]) -> None:
+    """Refuse the rows of ``keys`` (:func:`_chunk_keys`) if a chunk holding them has no file: zarr would read
+    it as its fill value, rows that were never written."""
+    from zarr.core.sync import sync
+
+    meta = arr.metadata
+    rows = (meta.chunks if meta.zarr_format == 2 else meta.chunk_grid.chunk_shape)[0]
+    for coords, key in keys:
         if key in present:
             continue
         if not sync((arr.store_path / key).exists()):

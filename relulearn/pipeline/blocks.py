@@ -15,8 +15,10 @@ from typing import Any, overload
 
 from ..aligned import fresh
 from ..config import RunConfig
+from .arrays import ArrayFileError
 from .cluster import DASK_SETTINGS, ClusterLostError, connection_lost
 from .sources import Source, SourceDataError
+from .stamps import DataChangedError
 from .stats.base import Statistic
 from .stats.partial import Partial, accumulate_chunks
 from .worker import platform_id, tune_malloc
@@ -77,12 +79,13 @@ def compute_block(
 
 def _compute_block_task(
     stats: Sequence[Statistic], source: Source, seed: int, chunk_size: int, chunk_start: int, chunk_stop: int
-) -> Partial | SourceDataError:
-    """:func:`compute_block` as a Dask task: bad source data comes back to the driver as a value
-    (reported there with its chunk and row), not as a crashed task logged with a traceback."""
+) -> Partial | ValueError:
+    """:func:`compute_block` as a Dask task: bad source data (NaN or inf, a data file missing a chunk or changed
+    under the run) comes back to the driver as a value, reported there in its one line, not as a crashed task
+    logged with a traceback."""
     try:
         return compute_block(stats, source, seed, chunk_size, chunk_start, chunk_stop)
-    except SourceDataError as err:
+    except (SourceDataError, ArrayFileError, DataChangedError) as err:
         return err
 
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from ..aligned import one_blas_thread
 from ..network import Network
-from .arrays import ArrayReader, open_reader
+from .arrays import ArrayFileError, ArrayReader, open_reader
+from .stamps import DataChangedError
 
 __all__ = ["DataSource", "DataSizeError", "data_source", "open_data", "whitening_map", "check_rows", "READ_BYTES"]
 
@@ -217,6 +218,12 @@ def open_data(
         storage_options=storage_options,
         what="source.data.y",
     )
+    shared = set(x.columns or ()) & set(y.columns or ()) if x.url == y.url else set()
+    if shared:  # the label among the inputs: a model would learn to copy it
+        raise ValueError(
+            f"source.data: column {sorted(shared)[0]!r} of {y_url} is the label (y_column) and also an input "
+            "(x_columns); leave it out of source.data.x_columns"
+        )
     if len(x.shape) != 2 or x.shape[1] != d:
         width = x.shape[1] if len(x.shape) == 2 else 1
         raise ValueError(f"source.data.x: {x_url} has {width} column(s) per row but source.d is {d}; make them agree")
@@ -350,10 +357,27 @@ def scan_on(client: Any, spec: Any, d: int, where: Any) -> None:
     )
 
     def mapper(fn, items):
-        futures = client.map(fn, items, pure=False)
-        return [fresh(f.result()) for f in futures]
+        futures = client.map(_as_value(fn), items, pure=False)
+        out = [fresh(f.result()) for f in futures]
+        for r in out:  # a file missing a chunk or changed under the scan: its one line, no worker traceback
+            if isinstance(r, (ArrayFileError, DataChangedError)):
+                raise r
+        return out
 
     _scan(x, y, mapper)
+
+
+def _as_value(fn: Any) -> Any:
+    """``fn`` returning a data file's error (:class:`ArrayFileError`, :class:`DataChangedError`) instead of
+    raising it: a task that raises is logged by its worker with a traceback."""
+
+    def task(item: Any) -> Any:
+        try:
+            return fn(item)
+        except (ArrayFileError, DataChangedError) as err:
+            return err
+
+    return task
 
 
 def describe(source: DataSource) -> dict[str, Any]:

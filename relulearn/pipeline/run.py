@@ -94,6 +94,17 @@ def _open(cfg: RunConfig, store: RunStore, source: RunSource) -> tuple[list[Stat
             "extend one of the merged stores and merge again"
         )
     differing = diff_fields(stored_fp, fp)
+    data = data_of(source)
+    if "source.teacher_sha256" in differing and data is not None:  # the scan's hash of the rows differs
+        files = " and ".join(dict.fromkeys((data.x.url, data.y.url)))
+        others = [f for f in differing if f != "source.teacher_sha256"]
+        raise StoreError(
+            f"{store.url} was made from other data: the rows of {files} are not those the store's statistics "
+            "were read from (its fingerprint holds a hash of them)"
+            + (f", and these fields differ too: {', '.join(others)}" if others else "")
+            + "; restore the files the store was made from, or start a new store (--store) for the new data. "
+            "The store was not modified."
+        )
     if differing:
         raise StoreError(
             f"{store.url} holds a run with a different fingerprint; differing fields: {', '.join(differing)}. "

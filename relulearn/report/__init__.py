@@ -94,13 +94,25 @@ def report_figures(
 ) -> list[Figure]:
     """The figures of :data:`FIGURES` and of the last learn's method for ``store`` (and a learned ``model``
     against a ``teacher`` network, whose samples ``test`` measure every recorded network)."""
-    from ..storage import RunStore, open_store
+    return _figures(store, model=model, teacher=teacher, test=test)[0]
 
-    run = open_store(store)
-    stats = {name: run.arrays(name) for name in run.statistics}
-    records = RunStore(store).records("learn")
+
+def _figures(
+    store: str,
+    *,
+    model: Any | None,
+    teacher: Any | None,
+    test: tuple[np.ndarray, np.ndarray] | None,
+) -> tuple[list[Figure], dict[str, Any]]:
+    """:func:`report_figures` and the summary of the commit they draw: every family and the ledger are read
+    through one handle, so from one commit (the store opened again when a writer's commits delete it meanwhile:
+    :func:`~relulearn.storage.read_one_commit`)."""
+    from ..storage import RunStore, read_one_commit
+
+    run, stats = read_one_commit(store, lambda run: (run, run.all_arrays()))
+    records = RunStore(store).records("learn")  # (kept beside the generations: no commit touches them)
     last = records[-1] if records else None
-    return [
+    figures = [
         common.spectra(stats),
         common.tau(stats),
         *method_figures(last),
@@ -108,13 +120,13 @@ def report_figures(
         units.figure(model, teacher),
         from_records("samples", lambda: common.samples(records, teacher, test)),
     ]
+    return figures, run.summary()
 
 
 def write_report(
     store: str, out: str | Path, *, model: str | None = None, teacher: str | None = None
 ) -> dict[str, Any]:
     """Write the HTML report of ``store`` to ``out``; returns what was drawn and what was not (and why)."""
-    from ..api import status
     from ..polynomial import load_model
 
     net = load_model(model) if model is not None else None
@@ -126,13 +138,12 @@ def write_report(
         x = generator(0, Stream.TEST, 0).standard_normal((TEST_SAMPLES, t_net.input_dim))
         y = t_net.forward(x)
         test = (x, y[:, 0] if y.shape[1] == 1 else y)
-    figs = report_figures(store, model=net, teacher=t_net, test=test)
-    st = status(store)
+    figs, st = _figures(store, model=net, teacher=t_net, test=test)
     facts = [
         ("store", store),
-        ("samples", f"{st.get('samples', 0):,}"),
-        ("statistics", ", ".join(st.get("statistics", []))),
-        ("seeds", str(st.get("seeds"))),
+        ("samples", f"{st['samples']:,}"),
+        ("statistics", ", ".join(st["statistics"])),
+        ("seeds", str(st["seeds"])),
     ]
     if model is not None:
         facts.append(("model", str(model)))

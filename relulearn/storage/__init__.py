@@ -9,17 +9,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._lazy import attach
-from .errors import Damage, NotAStoreError, StoreDamagedError, StoreError
+from .errors import Damage, NotAStoreError, StoreDamagedError, StoreError, StoreMovedError
 
 if TYPE_CHECKING:
     from .lease import Lease, LeaseInfo, LeaseLostError, StoreLockedError, read_lease, writing
     from .store import FORMAT_VERSION, RunStore, diff_fields, flatten
-    from .views import LEDGER_COLUMNS, StoredRun, ledger_platforms, open_store
+    from .views import LEDGER_COLUMNS, StoredRun, ledger_platforms, open_store, read_one_commit
 
 #: where each name lives
 _LAZY = {
     **dict.fromkeys(["FORMAT_VERSION", "RunStore", "diff_fields", "flatten"], ".store"),
-    **dict.fromkeys(["LEDGER_COLUMNS", "StoredRun", "ledger_platforms", "open_store"], ".views"),
+    **dict.fromkeys(["LEDGER_COLUMNS", "StoredRun", "ledger_platforms", "open_store", "read_one_commit"], ".views"),
     **dict.fromkeys(["Lease", "LeaseInfo", "LeaseLostError", "StoreLockedError", "read_lease", "writing"], ".lease"),
 }
 
@@ -29,6 +29,7 @@ __all__ = [
     "StoreError",
     "NotAStoreError",
     "StoreDamagedError",
+    "StoreMovedError",
     "Damage",
     "diff_fields",
     "flatten",
@@ -36,6 +37,7 @@ __all__ = [
     "StoredRun",
     "ledger_platforms",
     "open_store",
+    "read_one_commit",
     "Lease",
     "LeaseInfo",
     "LeaseLostError",

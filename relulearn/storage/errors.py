@@ -1,4 +1,5 @@
-"""The errors of a store: one that cannot be used as asked, one that is not a store, one that is damaged."""
+"""The errors of a store: one that cannot be used as asked, one that is not a store, one that is damaged, one that
+moved on to a newer commit while a reader read it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["StoreError", "NotAStoreError", "StoreDamagedError", "Damage", "RESTORE_HINT"]
+__all__ = ["StoreError", "NotAStoreError", "StoreDamagedError", "StoreMovedError", "Damage", "RESTORE_HINT"]
 
 #: what to do with a damaged store (every refusal of damage says it)
 RESTORE_HINT = "restore the store from a copy, or start a new store at another path"
@@ -85,3 +86,42 @@ class StoreDamagedError(StoreError):
             f"{url} is a damaged relulearn store{where}: {shown}. It was not used and not modified; "
             f"{hint or RESTORE_HINT} (`relulearn verify {url}` lists every damaged object)"
         )
+
+
+class StoreMovedError(StoreError):
+    """A read of one commit (a :class:`~relulearn.storage.views.StoredRun`, a tree of
+    :func:`relulearn.open_datatree`) found its generation deleted or changed: a writer committed since the store
+    was opened, and then again (a commit keeps the generation it replaced until the next one). Nothing of the
+    newer commit was mixed in; open the store again to read it.
+
+    Attributes
+    ----------
+    url
+        The store.
+    before, after
+        ``(head, samples)`` of the commit the reader opened, and of the one the store holds now (``after`` is None
+        when the root document cannot be read now).
+    """
+
+    def __init__(self, url: str, before: tuple[str, int], after: tuple[str, int] | None, *, attempts: int = 1) -> None:
+        self.url, self.before, self.after, self.attempts = url, before, after, attempts
+        now = "" if after is None else f" ({_commit(before)} → {_commit(after)})"
+        if attempts > 1:
+            what = (
+                f"moved on to a newer commit during each of {attempts} reads{now}: a writer commits faster than it "
+                "can be read; read it again, or when its writer has stopped (`relulearn status` names it)"
+            )
+        else:
+            what = f"moved on to a newer commit{now} while it was read: open it again to read the newer one"
+        super().__init__(f"the store at {url} {what}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised on a dask worker too: rebuilt from its arguments
+        return _rebuild_moved, (self.url, self.before, self.after, self.attempts)
+
+
+def _rebuild_moved(url: str, before: tuple[str, int], after: tuple[str, int] | None, attempts: int) -> StoreMovedError:
+    return StoreMovedError(url, before, after, attempts=attempts)
+
+
+def _commit(commit: tuple[str, int]) -> str:
+    return f"{commit[0]}, {commit[1]:,} samples"

@@ -92,8 +92,8 @@ def _committed_data(store: Store, children: list[str], *, root: bool, own_lease:
     return found
 
 
-def _root_doc(url: str, store: Store, allow_foreign: bool) -> dict[str, Any] | None:
-    """The root document, parsed; None for a store without one that holds no run yet."""
+def _root_doc(url: str, store: Store, allow_foreign: bool) -> tuple[dict[str, Any], bytes] | None:
+    """The root document, parsed, and its bytes; None for a store without one that holds no run yet."""
     for attempt in range(3):
         raw = _get(store, "zarr.json")
         if raw is not None:
@@ -104,8 +104,9 @@ def _root_doc(url: str, store: Store, allow_foreign: bool) -> dict[str, Any] | N
         _without_root(url, store, children, allow_foreign)
         return None
     assert raw is not None  # the loop breaks on a read or returns
+    data = raw.to_bytes()
     try:
-        doc = json.loads(raw.to_bytes())
+        doc = json.loads(data)
         if not isinstance(doc, dict):
             raise ValueError("zarr.json does not hold a JSON object")
     except ValueError as err:
@@ -117,7 +118,7 @@ def _root_doc(url: str, store: Store, allow_foreign: bool) -> dict[str, Any] | N
             "is not a zarr v3 group document",
             f"{url} is a zarr array or a zarr v2 store, not a relulearn store",
         )
-    return doc
+    return doc, data
 
 
 def _without_root(url: str, store: Store, children: list[str], allow_foreign: bool) -> None:

@@ -35,7 +35,9 @@ store need clocks that agree within that), when its heartbeat is more than that 
 A lease whose holder is provably gone -- its process is no longer running on this host, or its heartbeat is
 older than the timeout -- is taken over by the next writer, which says so in one warning: a killed run resumes
 with the same command. The other stale leases (a heartbeat in the future, a document whose holder is unknown)
-are refused, saying why; ``--break-lock`` (``break_lock=True``) takes them. A live lease is never broken.
+are refused, saying why; ``--break-lock`` (``break_lock=True``) takes them, and the lease of a writer on another host
+whose heartbeat is recent (it cannot be seen from here; if it still runs, it stops at its next commit). A live lease
+on this host is never broken.
 
 Taking a stale lease is a compare-and-swap: the writer first creates a guard file named after the stale
 document (``O_CREAT | O_EXCL``: of writers breaking the same lease, one goes on), checks that ``lease.json`` is
@@ -244,10 +246,17 @@ class StoreLockedError(StoreError):
                 "writer is still running on the store, then run again with --break-lock (Python: break_lock=True) "
                 "to take it; the store reads as its last commit"
             )
+        elif stale is None and isinstance(lease, LeaseInfo) and lease.host != socket.gethostname():
+            message = (
+                f"{url} is locked: {holder} is writing it. Only one writer may write a store at a time; wait for "
+                f"it to finish or stop it, then run again. If that machine is gone, the lease is taken over once "
+                f"its heartbeat is {LEASE_TIMEOUT:.0f} s old (RELULEARN_LEASE_TIMEOUT), or at once with "
+                "--break-lock (Python: break_lock=True)"
+            )
         elif stale is None:
             message = (
                 f"{url} is locked: {holder} is writing it. Only one writer may write a store at a time; "
-                "wait for it to finish or stop it, then run again (a live lease is never broken)"
+                "wait for it to finish or stop it, then run again (a live lease on this host is never broken)"
             )
         elif broken:
             message = f"{url}: could not break its stale lease ({holder}); another writer took it first"
@@ -623,7 +632,8 @@ class Lease:
         break_lock
             Take a stale lease whose holder is not provably gone too (a heartbeat in the future, a document whose
             holder is unknown: see :meth:`LeaseInfo.stale_reason`); a lease whose holder is provably gone
-            (:meth:`LeaseInfo.holder_gone`) is taken over without it, a live lease is refused anyway.
+            (:meth:`LeaseInfo.holder_gone`) is taken over without it. A lease of another host with a recent heartbeat
+            is taken with it; a live lease on this host is refused anyway.
         heartbeat
             Seconds between heartbeats (0: none).
         timeout
@@ -684,7 +694,12 @@ class Lease:
                 if found is None:
                     continue
                 stale = found.stale_reason(timeout)
-                if stale is None:
+                if stale is None and break_lock and isinstance(found, LeaseInfo) and found.host != info.host:
+                    # another host's writer cannot be seen from here: its heartbeat says only that it was alive
+                    # lately. The user who knows that machine is gone may take it (the writer, if it still runs,
+                    # stops at its next commit: every commit first checks the lease is still its own)
+                    stale = f"--break-lock was given for a writer on another host ({found.host})"
+                elif stale is None:
                     raise StoreLockedError(url, found, None)
                 gone = found.holder_gone(timeout)
                 if not (gone or break_lock):

@@ -29,19 +29,25 @@ async def _head_now(store: Store) -> str | None:
 
 
 async def _read_generation(
-    url: str, names: list[str]
+    url: str, names: list[str], pinned: dict | None = None
 ) -> tuple[dict, dict[str, dict[str, ArrayData]], str | None, list[Damage]]:
     """One read of the arrays of ``names`` in the head generation (:meth:`~relulearn.storage.store.RunStore.read_head`):
     ``(meta, groups, head after the read, damages)``; ``meta`` is empty when the root document is damaged, ``groups``
     empty when a checked object is damaged (a generation deleted by a later commit while it was read, or damage).
-    The root document is read once: its metadata of the groups read opens them."""
+    The root document is read once: its metadata of the groups read opens them. ``pinned``: the root document,
+    parsed and checked, of the commit to read instead of the head now (:func:`~relulearn.storage.pinned.read_pinned`);
+    the head after the read is then the pinned one whenever the arrays were decoded from bytes checked against its
+    manifest."""
     store = _open_store(url, read_only=True)
-    raw = await store.get("zarr.json", default_buffer_prototype())
-    try:
-        doc = json.loads(raw.to_bytes()) if raw is not None else None
-    except ValueError:
-        doc = None
-    damage = None if doc is None else integrity.check_root(doc)
+    if pinned is not None:
+        doc: dict | None = pinned
+    else:
+        raw = await store.get("zarr.json", default_buffer_prototype())
+        try:
+            doc = json.loads(raw.to_bytes()) if raw is not None else None
+        except ValueError:
+            doc = None
+    damage = None if doc is None or pinned is not None else integrity.check_root(doc)
     if doc is None or damage is not None:  # (damaged since meta() read it: meta() says how)
         return {}, {}, "", [damage] if damage is not None else []
     meta = dict(doc["attributes"]["relulearn"])

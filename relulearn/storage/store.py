@@ -44,8 +44,10 @@ store at a time: it holds the store's lease (``lease.json``, :mod:`relulearn.sto
 :meth:`RunStore.read_head` checks every chunk it reads against the commit's manifest, and reads
 anew when one went missing under it (a read slower than two commits, or than the writer's last
 commit and its cleanup), which zarr alone would read as zeros.
-A reader holding a generation open (a lazy xarray dataset) while a commit deletes it loses its
-chunks: readers of a store that is being written re-open it per read.
+A reader's handle (:class:`~relulearn.storage.views.StoredRun`, ``open_store``) pins the root document it
+opened (:mod:`~relulearn.storage.pinned`): its reads, lazy xarray views included, are of that commit, checked
+against its manifest, and one that finds the generation deleted by later commits raises
+:class:`~relulearn.storage.errors.StoreMovedError` rather than read zeros or another commit.
 
 Consolidated metadata
 ---------------------
@@ -72,8 +74,9 @@ Stores hold arrays and JSON only.
 
 Its parts: :mod:`~relulearn.storage.location` (opening a path or URL, errors of object stores),
 :mod:`~relulearn.storage.folder` (what the folder holds; the root document refused),
-:mod:`~relulearn.storage.generation` (writing a generation), :mod:`~relulearn.storage.reading` (reading one) and
-:mod:`~relulearn.storage.nesting` (no store inside another).
+:mod:`~relulearn.storage.generation` (writing a generation), :mod:`~relulearn.storage.reading` (reading one),
+:mod:`~relulearn.storage.pinned` (a reader's reads of the commit it opened) and :mod:`~relulearn.storage.nesting` (no
+store inside another).
 """
 
 from __future__ import annotations
@@ -120,6 +123,7 @@ from .location import (
     storage_options,
 )
 from .nesting import check_not_inside_a_store
+from .pinned import Pin
 from .reading import _read_generation
 
 log = logging.getLogger(__name__)
@@ -219,7 +223,14 @@ class RunStore:
         return _open_store(self.url, read_only=read_only)
 
     def meta(self) -> dict | None:
-        """The committed metadata, or None for a store that holds no run yet.
+        """The committed metadata, or None for a store that holds no run yet (:meth:`pin`, its metadata)."""
+        pin = self.pin()
+        return None if pin is None else dict(pin.meta)
+
+    def pin(self) -> Pin | None:
+        """The committed root document, read once, or None for a store that holds no run yet: the metadata, the
+        manifest and the consolidated metadata of one commit, which a reader's reads then take
+        (:mod:`~relulearn.storage.pinned`) rather than whatever ``head`` is at each read.
 
         The root document is checked against its own digest (:mod:`~relulearn.storage.integrity`; stores
         written before checksums have none). A folder without a root document holds no run yet when it is
@@ -246,9 +257,10 @@ class RunStore:
                 raise StoreError(f"{self.url} is a file, not a store directory; choose another --store path")
         with _object_store_errors(self.url, "read"):
             store = self._store(read_only=True)
-            doc = _root_doc(self.url, store, self.allow_foreign)
-            if doc is None:
+            found = _root_doc(self.url, store, self.allow_foreign)
+            if found is None:
                 return None
+            doc, raw = found
             attrs = doc.get("attributes") or {}
             meta = attrs.get("relulearn")
             if meta is None and not attrs and all(_tolerated(c) for c in sync(_children(store)) if c != "zarr.json"):
@@ -290,7 +302,7 @@ class RunStore:
             damage = Damage("root", "zarr.json", "", "names no head generation")
         if damage is not None:
             raise StoreDamagedError(self.url, [damage], root=True, hint=_damaged_root_hint(self.url))
-        return dict(meta)
+        return Pin(self.url, dict(meta), doc, raw)
 
     def check_writable(self) -> None:
         """Fail early, before any computation, when the store location cannot be written.
@@ -378,12 +390,13 @@ class RunStore:
         with _object_store_errors(self.url, "read"):
             return sorted(k for k in cast("zarr.Group", self._root("r")[head]).group_keys())
 
-    def check_sizes(self) -> list[Damage] | None:
+    def check_sizes(self, meta: dict | None = None) -> list[Damage] | None:
         """The objects of the committed generation that are missing or of another size than the commit
         wrote, from one listing of the generation (no object is read: cheap enough for ``status``; a flipped
         byte needs :func:`relulearn.storage.verify.verify_store`). None for a store without a manifest (written
-        before checksums) or without a run."""
-        meta = self.meta()
+        before checksums) or without a run. ``meta``: the metadata of the commit to check (as read by
+        :meth:`pin`), instead of the head now."""
+        meta = self.meta() if meta is None else meta
         manifest = None if meta is None else meta.get("integrity")
         if not manifest:
             return None
