@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -67,5 +68,11 @@ def merge_stores(a_url: str, b_url: str, out_url: str, *, break_lock: bool = Fal
         )
         meta["merged_from"] = [a_url, b_url]
         with disk_full_named(out_url, after="nothing was merged"):
-            out.commit(meta, commit_groups(stats_a, pa, cfg.chunk_size, ledger), lease=lease)
+            try:
+                out.commit(meta, commit_groups(stats_a, pa, cfg.chunk_size, ledger), lease=lease)
+            except BaseException:
+                # nothing was committed: its unfinished generation goes, and the folder with the lease's release
+                with contextlib.suppress(Exception):
+                    out.discard_unfinished()
+                raise
     return {"store": out_url, "seeds": meta["seeds"], "samples": meta["samples"], "chunks": meta["chunks"]}

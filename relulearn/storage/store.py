@@ -518,6 +518,13 @@ class RunStore:
             check()
         sync(store.set("zarr.json", buffer))
 
+    def discard_unfinished(self) -> None:
+        """Remove what an unfinished first commit left (its generation, probes) from a store with no commit yet,
+        so that a refused first write leaves the folder as it found it. Called by the writer holding the lease."""
+        if self.meta() is None:
+            with _object_store_errors(self.url, "write"):
+                self._clean(keep=set())
+
     def _clean(self, keep: set[str], store: Store | None = None) -> None:
         store = store or self._store(read_only=False)
         for name in sync(_children(store)):
