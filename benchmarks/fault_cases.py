@@ -67,6 +67,9 @@ class Case:
     guarded: list[Path] = field(default_factory=list)
     new: list[Path] = field(default_factory=list)
     timeout: float = 120.0
+    #: a Ctrl-C is what it stands for (a KeyboardInterrupt raised by a teacher in this process is one): exit 130 with
+    #: the one line saying what was committed is its correct answer
+    interrupt: bool = False
     env: dict[str, str] = field(default_factory=dict)
     cleanup: Callable[[], None] | None = None
 
@@ -122,7 +125,9 @@ def run_case(case: Case, work: Path) -> dict[str, Any]:
         errors = [ln for ln in err.strip().splitlines() if ln.startswith("relulearn") and "error:" in ln]
         kept = _state(case.guarded) == before
         tidy = not any(p.exists() for p in case.new)
-        if "Traceback" in err or "MemoryError" in err or rc not in (0, 2):
+        if case.interrupt and rc == 130 and len(err.strip().splitlines()) == 1 and "interrupted" in err:
+            outcome = "refused" if kept and tidy else "lost" if not kept else "untidy"
+        elif "Traceback" in err or "MemoryError" in err or rc not in (0, 2):
             outcome = "traceback" if kept else "lost"
         elif rc == 2:
             outcome = "lost" if not kept else "untidy" if not tidy else "refused" if len(errors) == 1 else "unclear"
@@ -901,7 +906,8 @@ def callable_cases(work: Path) -> list[Case]:
     assert done.returncode == 0, done.stderr
     # the same values as `good` (bitwise): then the statistics must be the reference's
     same = {"in_place", "global_state", "noisy_stdout"}
-    valid_other = {"ints", "float32", "alias", "a_list"}
+    # a teacher of 10^5 outputs is a teacher: its plan counts them (6.6 GB here) and it runs where they fit
+    valid_other = {"ints", "float32", "alias", "a_list", "huge"}
     names = [
         "in_place",
         "wrong_rows",
@@ -955,6 +961,7 @@ def callable_cases(work: Path) -> list[Case]:
                     truth=truth,
                     new=[] if truth else [store],
                     timeout=180,
+                    interrupt=name == "interrupts",
                 )
             )
     return cases
@@ -1009,7 +1016,7 @@ def disk_cases(work: Path, ref_model: Path, store: Path) -> list[Case]:
             "a store on a full disk",
             ["estimate", str(cfg), "--store", str(mnt / "s.zarr"), "--in-process"],
             setup=fill(200_000),
-            new=[],
+            new=[mnt / "s.zarr"],
         ),
         Case(
             "disk",
