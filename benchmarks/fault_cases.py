@@ -162,6 +162,14 @@ def run_all(cases: list[Case], work: Path, parallel: int = 2) -> list[dict[str, 
 # ------------------------------------------------------------------------------------------------- helpers
 
 
+def _must(work: Path, *argv: Any) -> None:
+    """``relulearn ARGV`` for a case's reference (a store, a prediction): it must succeed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "relulearn.cli", *map(str, argv)], env=_env(work, {}), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
 def _yaml(path: Path, data: Any) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -400,44 +408,12 @@ def header_cases(work: Path) -> list[Case]:
         BASE, source={"d": D, "data": {"x": str(root / "x.npy"), "y": str(root / "y.npy"), "whiten": False}}
     )
     ref = root / "ref.zarr"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "relulearn.cli",
-            "estimate",
-            str(_yaml(root / "ref.yaml", data_cfg)),
-            "--store",
-            str(ref),
-            "--in-process",
-            "--quiet",
-        ],
-        env=_env(work, {}),
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
+    _must(work, "estimate", str(_yaml(root / "ref.yaml", data_cfg)), "--store", str(ref), "--in-process", "--quiet")
     model = root / "model.npz"
     Network((w, np.ones((1, 2))), activation="relu").save(model)
     px = x[:50]
     np.save(root / "px.npy", px)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "relulearn.cli",
-            "predict",
-            str(model),
-            "--input",
-            str(root / "x.npy"),
-            "--out",
-            str(root / "ref_pred.npy"),
-        ],
-        env=_env(work, {}),
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr
+    _must(work, "predict", str(model), "--input", str(root / "x.npy"), "--out", str(root / "ref_pred.npy"))
     expected_pred = np.load(root / "ref_pred.npy")
 
     cases = []
@@ -887,23 +863,15 @@ def callable_cases(work: Path) -> list[Case]:
         return dict(BASE, source={"d": D, "teacher": {"callable": spec}, "noise_std": 0.0})
 
     ref = root / "ref.zarr"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "relulearn.cli",
-            "estimate",
-            str(_yaml(root / "ref.yaml", cfg_of("fault_teacher:good"))),
-            "--store",
-            str(ref),
-            "--in-process",
-            "--quiet",
-        ],
-        env=_env(work, {}),
-        capture_output=True,
-        text=True,
+    _must(
+        work,
+        "estimate",
+        str(_yaml(root / "ref.yaml", cfg_of("fault_teacher:good"))),
+        "--store",
+        str(ref),
+        "--in-process",
+        "--quiet",
     )
-    assert done.returncode == 0, done.stderr
     # the same values as `good` (bitwise): then the statistics must be the reference's
     same = {"in_place", "global_state", "noisy_stdout"}
     # a teacher of 10^5 outputs is a teacher: its plan counts them (6.6 GB here) and it runs where they fit
@@ -1061,24 +1029,7 @@ def generated(work: Path, parallel: int = 2, groups: list[str] | None = None) ->
     _yaml(halfdir / "other.yaml", dict(BASE, seed=4, samples=8000))
     runs = [(cfg, halfdir / "ref.zarr", []), (cfg, halfdir / "half.zarr", ["--samples", "4000"])]
     for cfg_, store, extra in [*runs, (halfdir / "other.yaml", halfdir / "other.zarr", [])]:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "relulearn.cli",
-                "estimate",
-                str(cfg_),
-                "--store",
-                str(store),
-                "--in-process",
-                "--quiet",
-                *extra,
-            ],
-            env=_env(work, {}),
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr
+        _must(work, "estimate", str(cfg_), "--store", str(store), "--in-process", "--quiet", *extra)
     model = work / "model.npz"
     Network((np.random.default_rng(3).standard_normal((2, D)), np.ones((1, 2))), activation="relu").save(model)
     builders: dict[str, Callable[[], list[Case]]] = {
