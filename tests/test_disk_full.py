@@ -102,6 +102,20 @@ def test_an_estimate_on_a_full_disk_names_the_lease_and_leaves_nothing(small_dis
     assert left(small_disk) == ["filler"]
 
 
+def test_a_first_commit_that_does_not_fit_names_the_store_and_leaves_nothing(small_disk, tmp_path):
+    """The lease fits, the first commit does not: the store is named with what is safe (nothing yet), and its
+    unfinished generation, the lease and the folder made for them are gone: the disk is as the run found it."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(
+        yaml.safe_dump(dict(RUN, source=dict(RUN["source"], d=16), statistics={"hermite": {"max_order": 4}}))
+    )
+    store = small_disk / "s.zarr"
+    line = one_line(relulearn("estimate", cfg, "--store", store, "--in-process", "-q"))
+    assert f"The store {store} is intact at its last commit: 0 samples are committed" in line, line
+    assert "No space left on device" in line and "run the same command to resume" in line, line
+    assert left(small_disk) == []
+
+
 def test_a_prediction_on_a_full_disk_names_its_file_and_keeps_the_old_one(small_disk, tmp_path):
     model = tmp_path / "m.npz"
     Network((np.eye(4), np.ones((1, 4))), activation="relu").save(model)

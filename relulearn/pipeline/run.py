@@ -334,6 +334,8 @@ class _Accumulation:
                     lease=self.lease,
                 )
             except OSError as err:  # disk full, permissions, I/O: say where, and what is safe
+                with contextlib.suppress(Exception):  # a first commit's unfinished generation goes (space it took)
+                    store.discard_unfinished()
                 raise StoreWriteError(
                     write_failure(
                         err, self.url, committed_chunks(store) * cfg.chunk_size, state.chunk_stop * cfg.chunk_size
