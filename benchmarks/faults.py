@@ -416,7 +416,8 @@ def _chunk_files(store: Path) -> dict[str, Path]:
     out = {}
     for group in sorted(p for p in head.iterdir() if p.is_dir()):
         arrays = [m.parent for m in group.rglob("zarr.json") if m.parent != group]
-        chunked = {a: sorted(p for p in (a / "c").rglob("*") if p.is_file()) for a in arrays if (a / "c").is_dir()}
+        # chunk objects: `c.0.1` (this store's key encoding) or `c/0/1` (zarr's default), `c` for a scalar
+        chunked = {a: sorted(p for p in a.rglob("*") if p.is_file() and p.name != "zarr.json") for a in arrays}
         if not any(chunked.values()):
             continue
         sums = [a for a in chunked if a.name.startswith("sum_") and chunked[a]] or [a for a in chunked if chunked[a]]
