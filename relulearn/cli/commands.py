@@ -114,7 +114,7 @@ def _cmd_estimate(args: argparse.Namespace) -> dict[str, Any]:
         verb = "resuming" if info["resumed_from_samples"] else "starting"
         line = (
             f"{verb} run in {info['store']}: {info['resumed_from_samples']:,} -> {info['target_samples']:,} "
-            f"samples in {info['blocks']:,} blocks"
+            f"samples in {info['blocks']:,} block{'' if info['blocks'] == 1 else 's'}"
         )
         projected = info.get("projected_seconds")
         if projected is not None and projected >= LONG_RUN_SECONDS:  # a long run: say so, and how to stop it

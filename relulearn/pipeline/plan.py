@@ -180,7 +180,7 @@ def check_partial_shares(shares: Mapping[str, int], budget_bytes: int, where: st
             f"one block partial of the statistics of {where} needs {total:,} bytes ({parts}), more than "
             f"run.worker_memory = {budget_bytes:,} bytes; give each worker more (run.worker_memory: {total}), "
             "lower source.d, or replace the d × d families by their sketch (statistics.sketch, with basic: null; "
-            "README 'Sketches and subspace passes'). Nothing was written"
+            "the configuration guide's 'Sketches and subspace passes'). Nothing was written"
         )
 
 
