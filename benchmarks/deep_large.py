@@ -9,7 +9,7 @@ on one two-worker ``LocalCluster``:
 
 1. ``api.fit(..., "filtered-pca", depth=2, width=8)``: filtered PCA, residual passes, candidates on
    the subspace, then the streamed refinement of the network and its basis on every sample
-   (:mod:`relulearn.estimators.deepstream`);
+   (:mod:`relulearn.estimators.filtered_pca.deepstream`);
 2. ``api.learn`` on the same store with ``refine_samples=0`` (the passes are reused): the answer
    without the refinement, i.e. the subspace as the spectral stage and the residual passes left it.
 

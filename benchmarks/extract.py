@@ -158,8 +158,8 @@ TRAINERS = {"sklearn": trained_teacher, "torch": torch_teacher, "digits": digits
 def queries(done: dict[str, Any], outputs: int = 1) -> int:
     """The teacher's answers a fit used: the store's samples, each pass's, and the bounded and streamed ones the
     learner drew (training and validation samples, control and residual rounds, refinement passes)."""
-    from relulearn.estimators.tensor_finish import RESIDUAL_SAMPLES
-    from relulearn.estimators.tensor_plan import sample_sizes
+    from relulearn.estimators.tensor.finish import RESIDUAL_SAMPLES
+    from relulearn.estimators.tensor.plan import sample_sizes
 
     rep = done["report"]
     n = done["samples"] * (1 + len(done["passes"]))

@@ -13,7 +13,7 @@ counts, one store per (teacher, d) is extended along the ladder; at each count:
   and the relative test error E[(y − f̂)²]/E[y²];
 - the ``M_2``-only spectral baseline: the top-k eigenspace of ``M_2 = E[y(xxᵀ − I)]``
   (stored in the same pass as the contracted statistic of order 2) with the rank its noise
-  floor supports (:func:`relulearn.estimators.spectral.relevant_subspace`), and its angle;
+  floor supports (:func:`relulearn.estimators.spectral.stage.relevant_subspace`), and its angle;
 - ``MLPRegressor(hidden_layer_sizes=teacher widths, activation="relu", solver="adam")``
   trained by ``partial_fit`` on the SAME samples, streamed chunk by chunk from the run's
   own chunk stream (the bytes the estimation saw; nothing is held in memory): at least one
@@ -44,10 +44,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators import spectral  # noqa: E402
-from relulearn.estimators.filtered_pca import QUANTILES  # noqa: E402
-from relulearn.estimators.stored_matrices import matrices_from_store  # noqa: E402
-from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E402
+from relulearn.estimators.filtered_pca.entry import QUANTILES  # noqa: E402
+from relulearn.estimators.spectral import stage as spectral  # noqa: E402
+from relulearn.estimators.spectral.stored_matrices import matrices_from_store  # noqa: E402
+from relulearn.estimators.spectral.subspace_geometry import principal_angles  # noqa: E402
 from relulearn.network import Network, subspace_angle  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402

@@ -7,7 +7,7 @@ Four parts, each on ONE shared two-worker ``LocalCluster``:
    and one d = 500, k = 16, m = 20 ReLU point): ``relulearn fit --method exact``, then
    ``evaluate`` (relative parameter error up to permutation and positive scaling, relative test
    error on fresh samples). On the SAME stored tensor ``T2`` (m × d × d): relulearn's tensor step
-   (:func:`relulearn.estimators.cp.decompose` in the noise-floor subspace) against TensorLy's
+   (:func:`relulearn.estimators.spectral.cp.decompose` in the noise-floor subspace) against TensorLy's
    ``parafac`` on the full tensor — largest angle of the directions found, and time. On the SAME
    samples (the run's first chunks): scikit-learn ``MLPRegressor`` with m outputs (ReLU, the true
    width), streamed chunk by chunk, at least one pass and more while under ``--mlp-seconds``.
@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from relulearn import api, open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators import cp  # noqa: E402
-from relulearn.estimators.joint_range import joint_range  # noqa: E402
+from relulearn.estimators.exact.joint_range import joint_range  # noqa: E402
+from relulearn.estimators.spectral import cp  # noqa: E402
 from relulearn.network import Network, compare_two_layer  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import Stream, chunk_batches, draw, make_source  # noqa: E402

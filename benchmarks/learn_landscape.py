@@ -86,7 +86,7 @@ def config(b: np.ndarray, a: np.ndarray, n: int, sigma: float = 0.0) -> dict[str
 
 
 def row_angle(truth: np.ndarray, found: np.ndarray) -> float:
-    from relulearn.estimators.objective_g import row_angles
+    from relulearn.estimators.landscape.objective_g import row_angles
 
     return float(row_angles(found, truth).max()) if len(found) >= len(truth) else float(np.pi / 2)
 

@@ -65,9 +65,9 @@ import yaml  # noqa: E402
 
 from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators import spectral  # noqa: E402
-from relulearn.estimators.stored_matrices import matrices_from_store  # noqa: E402
-from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E402
+from relulearn.estimators.spectral import stage as spectral  # noqa: E402
+from relulearn.estimators.spectral.stored_matrices import matrices_from_store  # noqa: E402
+from relulearn.estimators.spectral.subspace_geometry import principal_angles  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators import moments  # noqa: E402
+from relulearn.estimators.moments import entry as moments  # noqa: E402
 from relulearn.network import Network  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import make_source  # noqa: E402

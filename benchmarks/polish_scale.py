@@ -8,7 +8,7 @@ weights and biases), noiseless labels on n Gaussian inputs, a start with every r
 conjugate-gradient iterations per step, the parameter error against the teacher (up to permutation and
 positive rescaling) and the relative test error on 2·10⁴ fresh inputs; for the cases marked ``dense`` the dense
 polish on the same samples in the same process, for the time ratio. The samples are those the tensor method
-polishes on: n Gaussian queries of the teacher, and the queries :func:`relulearn.estimators.coverage.cover` adds
+polishes on: n Gaussian queries of the teacher, and the queries :func:`relulearn.estimators.tensor.coverage.cover` adds
 so that each unit has 4(d+1) on its rarer side (recorded: the queries drawn and rows added).
 
 Writes ``benchmarks/results/polish_scale.json`` and prints the README table. ``--quick``: the smallest case only;
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from relulearn.api.execution import HeldOut
-from relulearn.estimators.coverage import cover
-from relulearn.estimators.polish import polish_outputs
-from relulearn.estimators.polish_cg import polish_outputs_cg
+from relulearn.estimators.polish.cg import polish_outputs_cg
+from relulearn.estimators.polish.dense import polish_outputs
+from relulearn.estimators.tensor.coverage import cover
 from relulearn.network import Network, compare
 from relulearn.pipeline.sources import TeacherSource
 

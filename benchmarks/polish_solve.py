@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from polish_scale import start_from, teacher
 
-import relulearn.estimators.polish as polish_module
+import relulearn.estimators.polish.dense as polish_module
 from relulearn.network import compare
 
 from _common import save_json, utc_now

@@ -1,4 +1,4 @@
-"""The streamed refinement (``relulearn.estimators.streamed``) from a start 0.2 rad off, noiseless
+"""The streamed refinement (``relulearn.estimators.polish.streamed``) from a start 0.2 rad off, noiseless
 (a script, not a test).
 
 For each d, a planted one-hidden-layer ReLU teacher (k unit rows, output weights of both signs, the
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from relulearn.api.execution import HeldOut, mapper  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators.streamed import refine_streamed  # noqa: E402
+from relulearn.estimators.polish.streamed import refine_streamed  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.sources import make_source  # noqa: E402

@@ -10,7 +10,7 @@ input dimensions d and row batches of ``BATCH_ROWS`` (the pipeline's batch), the
   8 directions = 16 matrices);
 - ``update`` of the ``sketch`` statistic (``relulearn.pipeline.sketch``) holding one family
   (``second``, ``contracted`` or ``filtered``, the same options) at r = 16, 32, 64;
-- the streamed refinement's ``relulearn.estimators.streamed.gradient_sums`` (k = 5);
+- the streamed refinement's ``relulearn.estimators.polish.streamed.gradient_sums`` (k = 5);
 - a numpy ``a += b`` (the driver's merge of a block partial is one such add per array), in bytes
   of ``b`` per second, and ``Partial.add`` of a real partial to check it.
 
@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 from relulearn.config import FilteredConfig, RunConfig, config_from_dict  # noqa: E402
-from relulearn.estimators.streamed import gradient_sums, part_rows_for  # noqa: E402
+from relulearn.estimators.polish.streamed import gradient_sums, part_rows_for  # noqa: E402
 from relulearn.pipeline import plan  # noqa: E402
 from relulearn.pipeline.families import build_statistics  # noqa: E402
 from relulearn.pipeline.sources import (  # noqa: E402

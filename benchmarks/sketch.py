@@ -46,9 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from relulearn import open_store  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
-from relulearn.estimators import spectral  # noqa: E402
-from relulearn.estimators.subspace import sketch_basis, subspace_iteration  # noqa: E402
-from relulearn.estimators.subspace_geometry import principal_angles  # noqa: E402
+from relulearn.estimators.spectral import stage as spectral  # noqa: E402
+from relulearn.estimators.spectral.subspace import sketch_basis, subspace_iteration  # noqa: E402
+from relulearn.estimators.spectral.subspace_geometry import principal_angles  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
 from relulearn.pipeline.run import estimate  # noqa: E402
 from relulearn.pipeline.sketch import SketchMoments, gaussian_test_matrix, refine_record  # noqa: E402

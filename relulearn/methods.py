@@ -6,8 +6,8 @@ its learn. The command line, the option checks and the planning of :mod:`relulea
 the report and the documentation read these declarations; none spells a method out. This module imports
 nothing heavy, so that ``relulearn --help`` does not load numpy or the methods.
 
-A method's implementation is the module :attr:`Method.module` of :mod:`relulearn.estimators`, imported when the
-method runs (:func:`method_module`). It provides
+A method's implementation is the sub-package :attr:`Method.module` of :mod:`relulearn.estimators`; its ``entry``
+module, imported when the method runs (:func:`method_module`), provides
 
 - ``learn(stats, passes, samples, *, width, mapper, seed, **options)``: the method on stored statistics (the
   options are the keys of :attr:`Method.options`), returning the model and its report or the extra pass it needs;
@@ -18,7 +18,7 @@ method runs (:func:`method_module`). It provides
 - ``check_setting(source, options, outputs) -> options`` (optional): refuses, before any work, a teacher
   outside the paper's setting, naming why and what to use instead, and completes options from the source.
 
-Adding a method is one module in :mod:`relulearn.estimators`, one :class:`Method` in :data:`METHODS` and one
+Adding a method is one sub-package in :mod:`relulearn.estimators`, one :class:`Method` in :data:`METHODS` and one
 estimator class in :mod:`relulearn.regressors`; see the contributing page of the documentation.
 """
 
@@ -89,7 +89,7 @@ class Method:
     name
         ``--method NAME``; also the store's record of the learn.
     module
-        Its implementation, ``relulearn.estimators.<module>``.
+        Its implementation, the sub-package ``relulearn.estimators.<module>`` (its entry: ``<module>.entry``).
     summary
         What it learns and how, in one clause (the ``--method`` help).
     learns, source, paper, instead
@@ -275,7 +275,8 @@ METHODS: dict[str, Method] = {
 
 
 def method_module(name: str) -> ModuleType:
-    """The module of ``relulearn.estimators`` that implements method ``name`` (see the module docstring).
+    """The entry module of the ``relulearn.estimators`` sub-package that implements method ``name`` (see the module
+    docstring).
 
     Raises
     ------
@@ -284,4 +285,4 @@ def method_module(name: str) -> ModuleType:
     """
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
-    return importlib.import_module(f"relulearn.estimators.{METHODS[name].module}")
+    return importlib.import_module(f"relulearn.estimators.{METHODS[name].module}.entry")

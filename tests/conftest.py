@@ -47,9 +47,9 @@ WORKER_PRELOAD = (
     "relulearn.api",
     "relulearn.pipeline.blocks",
     "relulearn.pipeline.worker",
-    "relulearn.estimators.deepfit",
-    "relulearn.estimators.deepstream",
-    "relulearn.estimators.relu_units",
+    "relulearn.estimators.filtered_pca.deepfit",
+    "relulearn.estimators.filtered_pca.deepstream",
+    "relulearn.estimators.enumeration.relu_units",
 )
 
 

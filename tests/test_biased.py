@@ -7,7 +7,7 @@ import pytest
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.estimators import biased
+from relulearn.estimators.moments import biased
 from relulearn.network import Network, compare
 
 
@@ -103,7 +103,7 @@ def test_the_streamed_refinement_fits_biases_to_machine_precision_from_a_start_o
     """Noiseless: from every unit 0.15 rad off (directions and offsets) and the output bias 0.1 off, the
     refinement on streamed parts reaches the teacher to rounding."""
     from relulearn.api.execution import HeldOut
-    from relulearn.estimators.streamed import refine_streamed
+    from relulearn.estimators.polish.streamed import refine_streamed
     from relulearn.pipeline.sources import TeacherSource
 
     teacher = planted(21, 20, 3)
@@ -120,8 +120,8 @@ def test_with_noise_the_biased_refinement_error_falls_as_one_over_root_n():
     falls as n^{-1/2} — 8× the samples, √8 = 2.8× less error (the error's norm over 49 parameters varies by about
     10 %, so the ratio is above 1.6 with room) — and at 4·10⁵ samples it is below the bounded sample's polish."""
     from relulearn.api.execution import HeldOut
-    from relulearn.estimators.polish import polish
-    from relulearn.estimators.streamed import refine_streamed
+    from relulearn.estimators.polish.dense import polish
+    from relulearn.estimators.polish.streamed import refine_streamed
     from relulearn.pipeline.sources import TeacherSource
 
     teacher = planted(22, 15, 3)

@@ -10,8 +10,8 @@ import numpy as np
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.estimators import control
-from relulearn.estimators.tensor_profile import profile
+from relulearn.estimators.tensor import control
+from relulearn.estimators.tensor.profile import profile
 from relulearn.network import Network
 from relulearn.pipeline.sources import make_source
 

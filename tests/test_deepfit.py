@@ -15,8 +15,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 
-from relulearn.estimators.deep_local import _loss_grad, _pack
-from relulearn.estimators.deepfit import (
+from relulearn.estimators.filtered_pca.deep_local import _loss_grad, _pack
+from relulearn.estimators.filtered_pca.deepfit import (
     Candidate,
     CandidateBudgetError,
     architectures,
@@ -246,7 +246,7 @@ def test_a_warm_start_on_an_extended_basis_is_the_same_function_and_only_improve
     """filtered-pca's repeated fit also starts from the last round's best network, re-expressed on the extended
     basis (any orthonormal basis of a span that holds the old one): the same function of x, fitted without the
     screen to a training loss no higher than where it started, and the answer when the random starts miss."""
-    from relulearn.estimators.filtered_pca import _warm_starts
+    from relulearn.estimators.filtered_pca.entry import _warm_starts
 
     rng = np.random.default_rng(21)
     d = 10

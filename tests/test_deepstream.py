@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from relulearn.api.execution import mapper
-from relulearn.estimators.deepstream import _jacobians, deep_sums, refine_deep
-from relulearn.estimators.subspace_geometry import principal_angles
+from relulearn.estimators.filtered_pca.deepstream import _jacobians, deep_sums, refine_deep
+from relulearn.estimators.spectral.subspace_geometry import principal_angles
 from relulearn.network import Network
 
 from test_streamed import Draw

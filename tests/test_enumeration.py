@@ -15,11 +15,11 @@ import re
 import numpy as np
 import pytest
 
-from relulearn.estimators.enumeration import enumerate_network
-from relulearn.estimators.enumeration_search import EnumerationResult, stage_cost
-from relulearn.estimators.polish import polish
-from relulearn.estimators.relu_units import fit_units, score_candidates
-from relulearn.estimators.sphere_nets import covering_radius, sphere_net
+from relulearn.estimators.enumeration.network import enumerate_network
+from relulearn.estimators.enumeration.relu_units import fit_units, score_candidates
+from relulearn.estimators.enumeration.search import EnumerationResult, stage_cost
+from relulearn.estimators.enumeration.sphere_nets import covering_radius, sphere_net
+from relulearn.estimators.polish.dense import polish
 from relulearn.network import Network, compare
 
 # ------------------------------------------------------------------ helpers

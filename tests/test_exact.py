@@ -18,13 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from relulearn.estimators import exact
 from relulearn.estimators.base import MissingStatisticError, Samples
-from relulearn.estimators.cp import decompose
-from relulearn.estimators.fixed_parameter import samples_needed
+from relulearn.estimators.exact import entry as exact
+from relulearn.estimators.exact.fixed_parameter import samples_needed
+from relulearn.estimators.polish.refine import normal_equations, parts, refine
 from relulearn.estimators.rectified import check_activation, kappas
-from relulearn.estimators.refine import normal_equations, parts, refine
-from relulearn.estimators.spectral import relevant_subspace
+from relulearn.estimators.spectral.cp import decompose
+from relulearn.estimators.spectral.stage import relevant_subspace
 from relulearn.methods import METHODS
 from relulearn.network import Network, compare_two_layer
 
@@ -148,7 +148,7 @@ def test_tensor_step_on_population_moments(activation):
     c = {"relu": 1, "relu3": 3}[activation]
     alpha = kappas(c)[1] * u * np.linalg.norm(v, axis=1) ** c
     assert np.allclose(dec.weights, alpha[:, match], rtol=0, atol=1e-10 * np.abs(alpha).max())
-    from relulearn.estimators.signs import signs_from_first_moments
+    from relulearn.estimators.exact.signs import signs_from_first_moments
 
     sg = signs_from_first_moments(t1, None, dec.weights, dec.directions, c)
     truth = np.sign(np.sum(dec.directions * nu[match], axis=1))

@@ -12,12 +12,12 @@ import yaml
 
 from relulearn import api, open_store
 from relulearn.config import config_from_dict
-from relulearn.estimators import spectral
 from relulearn.estimators.base import MissingStatisticError
-from relulearn.estimators.deepfit import CandidateBudgetError
-from relulearn.estimators.filtered_pca import QUANTILES
-from relulearn.estimators.stored_matrices import FilterGridError, filtered_matrices, matrices_from_store
-from relulearn.estimators.subspace_geometry import principal_angles
+from relulearn.estimators.filtered_pca.deepfit import CandidateBudgetError
+from relulearn.estimators.filtered_pca.entry import QUANTILES
+from relulearn.estimators.spectral import stage as spectral
+from relulearn.estimators.spectral.stored_matrices import FilterGridError, filtered_matrices, matrices_from_store
+from relulearn.estimators.spectral.subspace_geometry import principal_angles
 from relulearn.network import Network, compare, subspace_angle
 from relulearn.pipeline.sources import make_source
 

@@ -12,9 +12,9 @@ from scipy.optimize import approx_fprime
 
 from relulearn import api, hermite
 from relulearn.config import config_from_dict
-from relulearn.estimators import landscape
 from relulearn.estimators.base import PassRequest, Samples
-from relulearn.estimators.objective_g import GParameters, g_value_grad, minimize_g, row_angles
+from relulearn.estimators.landscape import entry as landscape
+from relulearn.estimators.landscape.objective_g import GParameters, g_value_grad, minimize_g, row_angles
 from relulearn.network import Network, compare
 from relulearn.storage import open_store
 

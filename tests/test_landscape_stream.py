@@ -1,4 +1,4 @@
-"""``landscape_stream``: G of Ge–Lee–Ma from stochastic gradients on fresh samples. The per-sample
+"""``landscape.stream``: G of Ge–Lee–Ma from stochastic gradients on fresh samples. The per-sample
 estimator against the explicit sample tensor ``(1/n) Σ ỹ He_4(x)``, its gradient against finite
 differences, the residual labels, the radial proximal map, and a small noiseless teacher whose rows
 the streamed minimization finds."""
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from relulearn import hermite
-from relulearn.estimators.landscape_stream import prox_radial, streamed_g
-from relulearn.estimators.landscape_sums import SIGN_C4, batch_sums, batch_terms, part_sums, residual_labels
-from relulearn.estimators.objective_g import row_angles
+from relulearn.estimators.landscape.objective_g import row_angles
+from relulearn.estimators.landscape.stream import prox_radial, streamed_g
+from relulearn.estimators.landscape.sums import SIGN_C4, batch_sums, batch_terms, part_sums, residual_labels
 
 C = [hermite.relu_hermite_coefficient(l) for l in range(5)]
 

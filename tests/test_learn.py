@@ -190,7 +190,7 @@ def test_moments_from_a_sketch_runs_subspace_passes_and_recovers_exactly(client,
 
 
 def test_fit_chooses_the_sketch_when_the_dense_families_exceed_a_worker_budget():
-    from relulearn.estimators import moments
+    from relulearn.estimators.moments import entry as moments
     from relulearn.pipeline.plan import MemoryBudgetError, plan_families
 
     def plan(d, width, budget=4 * 2**30):

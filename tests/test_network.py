@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relulearn.estimators.polish import polish
+from relulearn.estimators.polish.dense import polish
 from relulearn.network import Network, compare
 
 
@@ -95,7 +95,7 @@ def test_least_squares_by_the_normal_equations_is_the_minimum_norm_solution():
     d = 30 (BLAS-3 sizes): the same solution to 1e-13 where the design has full rank, a noiseless fit to the
     labels' rounding, and the minimum-norm solution where it has not (a unit active on every sample makes its
     block equal to the affine part's columns; a unit active on none, a zero block)."""
-    from relulearn.estimators.polish import least_squares
+    from relulearn.estimators.polish.dense import least_squares
 
     rng = np.random.default_rng(30)
     n, d, k = 20_000, 30, 6

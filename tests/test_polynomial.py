@@ -16,7 +16,7 @@ import pytest
 
 from relulearn import api, hermite
 from relulearn.config import config_from_dict
-from relulearn.estimators import polynomial
+from relulearn.estimators.polynomial import entry as polynomial
 from relulearn.network import Network, NetworkFileError
 from relulearn.pipeline.sources import Stream, draw, make_source
 from relulearn.polynomial import PolynomialModel, load_model

@@ -23,8 +23,8 @@ import pytest
 
 from relulearn import open_store
 from relulearn.config import ConfigError, config_from_dict
-from relulearn.estimators.subspace import rayleigh_ritz, sketch_basis, subspace_iteration
-from relulearn.estimators.subspace_geometry import principal_angles
+from relulearn.estimators.spectral.subspace import rayleigh_ritz, sketch_basis, subspace_iteration
+from relulearn.estimators.spectral.subspace_geometry import principal_angles
 from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.plan import MemoryBudgetError, plan_families
 from relulearn.pipeline.run import estimate

@@ -1,4 +1,4 @@
-"""The spectral stage (``relulearn.estimators.spectral``) against known truths.
+"""The spectral stage (``relulearn.estimators.spectral.stage``) against known truths.
 
 Synthetic matrices follow the model of the module: for ``y = Σ_i λ_i relu(<u_i, x>)``,
 ``M_2 = c_2 Σ λ_i u_i u_iᵀ`` and ``M_4^g = c_4 Σ λ_i <u_i, g>² u_i u_iᵀ``, each observed as
@@ -28,16 +28,16 @@ import numpy as np
 import pytest
 
 from relulearn.config import config_from_dict
-from relulearn.estimators.joint_range import joint_range
-from relulearn.estimators.spectral import (
+from relulearn.estimators.exact.joint_range import joint_range
+from relulearn.estimators.spectral.stage import (
     Spectrum,
     Subspace,
     noise_floor,
     relevant_subspace,
     spectrum,
 )
-from relulearn.estimators.stored_matrices import matrices_from_store
-from relulearn.estimators.subspace_geometry import directions_in_subspace, principal_angles
+from relulearn.estimators.spectral.stored_matrices import matrices_from_store
+from relulearn.estimators.spectral.subspace_geometry import directions_in_subspace, principal_angles
 from relulearn.hermite import relu_hermite_coefficient
 from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from relulearn.api.execution import mapper
-from relulearn.estimators import streamed
-from relulearn.estimators.streamed import gradient_sums, refine_streamed
-from relulearn.estimators.streamed_gram import PopulationGram, pair_second_moment
+from relulearn.estimators.polish import streamed
+from relulearn.estimators.polish.streamed import gradient_sums, refine_streamed
+from relulearn.estimators.polish.streamed_gram import PopulationGram, pair_second_moment
 from relulearn.network import Network, compare
 
 
@@ -120,7 +120,7 @@ def _fit_large(
 
     from relulearn import api
     from relulearn.config import config_from_dict
-    from relulearn.estimators import moments
+    from relulearn.estimators.moments import entry as moments
 
     monkeypatch.setattr(moments, "LARGE_INPUT_BYTES", 0)
     if not matrix_free:

@@ -9,14 +9,14 @@ from numpy.polynomial.hermite_e import hermeval
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.estimators import spectral
 from relulearn.estimators.base import BudgetError, TooFewSamplesError
-from relulearn.estimators.polish import polish_outputs
-from relulearn.estimators.polish_cg import matrix_free, polish_outputs_cg
-from relulearn.estimators.tensor_outputs import MISFIT_MAX, _from_outputs
-from relulearn.estimators.tensor_plan import OUTPUTS_ROUTE_MIN_D, WidthError
-from relulearn.estimators.tensor_profile import BETA_GRID, profile
-from relulearn.estimators.tensor_slices import _decompose, _lifted_slices
+from relulearn.estimators.polish.cg import matrix_free, polish_outputs_cg
+from relulearn.estimators.polish.dense import polish_outputs
+from relulearn.estimators.spectral import stage as spectral
+from relulearn.estimators.tensor.outputs import MISFIT_MAX, _from_outputs
+from relulearn.estimators.tensor.plan import OUTPUTS_ROUTE_MIN_D, WidthError
+from relulearn.estimators.tensor.profile import BETA_GRID, profile
+from relulearn.estimators.tensor.slices import _decompose, _lifted_slices
 from relulearn.network import Network, compare
 from relulearn.pipeline.sources import Stream, generator
 
@@ -93,7 +93,7 @@ if {pin}:
     os.sched_setaffinity(0, {{0}})
 from test_tensor import planted, turned_start
 from relulearn.aligned import one_blas_thread
-from relulearn.estimators.polish_cg import polish_outputs_cg
+from relulearn.estimators.polish.cg import polish_outputs_cg
 net = planted(3, 40, 12, 3)
 rng = np.random.default_rng(4)
 x = rng.standard_normal((24_000, 40))
@@ -131,7 +131,7 @@ def test_rarely_active_units_get_their_rows_and_the_polish_then_reaches_machine_
     keeps those on the rarer side of each short unit (active for β < 0, inactive for the always-on unit β = 2.3)
     until each has 4(d+1); on that sample polish from 0.1 rad reaches the teacher's rounding."""
     from relulearn.api.execution import HeldOut
-    from relulearn.estimators.coverage import cover, side_counts
+    from relulearn.estimators.tensor.coverage import cover, side_counts
     from relulearn.pipeline.sources import TeacherSource
 
     d, k, m = 60, 8, 3
@@ -489,7 +489,7 @@ def largest_angle(found: np.ndarray, truth: np.ndarray) -> float:
 def test_the_subspace_power_method_separates_more_units_than_dimensions():
     """20 units in d = 8 (Sym² has dimension 36): from the exact T_4 flattening, SPM gives every direction to
     rounding and the weights, of both signs."""
-    from relulearn.estimators import lifted
+    from relulearn.estimators.tensor import lifted
 
     rng = np.random.default_rng(1)
     u, w = unit_rows(rng, 20, 8), rng.choice([-1.0, 1.0], 20) * rng.uniform(0.5, 1.5, 20)
@@ -543,7 +543,7 @@ def test_orientation_finds_the_flipped_units_from_the_linear_term(k, d, m, route
     """Σ_{i ∈ F} A_i u_iᵀ = −L for a random F, with the weights known to 10⁻⁷ (a float32 teacher's rounding):
     the set F comes back exactly, by least squares when m·d ≥ k, enumeration for a few more unknowns, and the
     lattice search for many more."""
-    from relulearn.estimators.orient import orient
+    from relulearn.estimators.tensor.orient import orient
 
     rng = np.random.default_rng(k + d)
     u, a = rng.standard_normal((k, d)), rng.standard_normal((m, k))

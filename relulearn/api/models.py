@@ -233,9 +233,9 @@ def exact_arbitrary(
     inputs: str | Path, labels: str | Path, width: int, *, activation: str = "relu", out: str | None = None
 ) -> dict[str, Any]:
     """Recover ``A = U f(V X)`` exactly from arbitrary inputs (files ``inputs`` X, n × d, and
-    ``labels`` A, n × m, ``.npy``) with :func:`relulearn.estimators.exact.recover`; write the
+    ``labels`` A, n × m, ``.npy``) with :func:`relulearn.estimators.exact.entry.recover`; write the
     network to ``out``. Returns the width, shapes, the check on the given samples and the report."""
-    from ..estimators import exact
+    from ..estimators.exact import entry as exact
 
     t0 = time.perf_counter()
     x, a = _load_matrix(inputs, "inputs"), _load_matrix(labels, "labels")

@@ -68,7 +68,7 @@ def section_get(section: Any, key: str) -> Any:
 class NoSignalError(ValueError):
     """The statistics hold no direction above their noise floor: nothing but the mean can be learned from
     them at this sample count (the message says how to get more samples), or at any (``more_samples`` false:
-    constant labels, a teacher outside the method's setting; :mod:`.signal`)."""
+    constant labels, a teacher outside the method's setting; :mod:`.spectral.signal`)."""
 
     def __init__(self, message: str, more_samples: bool = True):
         super().__init__(message)

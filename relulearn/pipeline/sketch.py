@@ -8,7 +8,7 @@ d = 10⁴, twice with its error terms). The ``sketch`` statistic keeps, for each
   captures the dominant eigenvectors of M (randomized range finder), or
 - Ω = Bᵀ for an orthonormal basis B given in the configuration (a *subspace pass*): then
   ``Y = M Bᵀ`` and ``B M Bᵀ = B Y`` (r × r) — one step of subspace iteration and the
-  Rayleigh–Ritz matrix (:mod:`relulearn.estimators.subspace`).
+  Rayleigh–Ritz matrix (:mod:`relulearn.estimators.spectral.subspace`).
 
 Per batch ``Z = X Ω`` is one (n × d × r) product shared by all families, and each family adds
 ``Xᵀ (W ⊙ Z)``: O(d r) per sample and matrix, BLAS-3, memory independent of n. The estimands are
@@ -543,7 +543,7 @@ def check_pass_store(pass_meta: Mapping[str, Any], sketch_meta: Mapping[str, Any
     if record is None:
         raise StoreError(
             f"{where} records no refined store (statistics.sketch.refines); run passes with "
-            "relulearn.estimators.subspace.subspace_iteration and refines=refine_record(meta)"
+            "relulearn.estimators.spectral.subspace.subspace_iteration and refines=refine_record(meta)"
         )
     differing = [f.removeprefix("fingerprint.") for f in diff_fields(record, refine_record(sketch_meta))]
     if differing:

@@ -17,7 +17,7 @@ def second_moments(stats: dict) -> tuple[list, list, list[str]]:
     """Every stored symmetric d × d estimate with its standard errors: contracted ``M_l^g``, filtered ``M_τ``,
     the Hermite ``T_2`` (of ``hermite``, or of each output in ``output_moments``); a store of a label vector
     gives each output's (named ``y<j>:``)."""
-    from ..estimators.stored_matrices import filtered_matrices, matrices_from_store
+    from ..estimators.spectral.stored_matrices import filtered_matrices, matrices_from_store
     from ..hermite import unpack
 
     mats: list = []
@@ -61,7 +61,7 @@ def _outputs(arrays: dict, ndim: dict[str, int]) -> list[tuple[str, dict]]:
 
 
 def spectra(stats: dict) -> Figure:
-    from ..estimators import spectral
+    from ..estimators.spectral import stage as spectral
 
     title = "Eigenvalue spectra with error bars and noise floor"
     mats, ses, names = second_moments(stats)

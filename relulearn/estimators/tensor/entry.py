@@ -1,0 +1,290 @@
+"""Method ``tensor``: wide one-hidden-layer ReLU networks with biases and any number of outputs, by a joint
+symmetric CP decomposition of Hermite moments of several orders.
+
+For ``y_j = Σ_i A_ji relu(<û_i, x> + β_i) + c_j`` (unit ``û_i``; a unit ``a relu(<u, x> + b)`` is
+``A = a|u|``, ``β = b/|u|``) every Hermite moment of order ``l ≥ 2`` has the same rank-one factors
+(docs/design.md §3): ``T_l[j] = Σ_i A_ji f_l(β_i) û_i^{⊗l}`` with ``f_l(β) = (−1)^l He_{l−2}(β) φ(β)``. So, whatever
+the signs of the output weights and however many outputs there are:
+
+* **complete widths** (``k ≤ d``): the contracted moments ``M_l^g[j] = T_l[j](g, …, g, ·, ·)`` (orders 2–6,
+  directions ``g`` inside the relevant subspace, d × d each) form one symmetric CP tensor with factors
+  ``û_i``, decomposed in the k-dimensional subspace;
+* **overcomplete widths** (``d < k ≤ d(d+1)/2``): the full tensors ``T_4``, ``T_5(g)``, ``T_6(g, g)``
+  flattened to ``D × D`` matrices on ``Sym²(R^d)`` form one with factors ``û_i û_iᵀ`` (:mod:`.tensor.lifted`);
+* **several outputs at large d** (:func:`.tensor.plan.outputs_route`): the ``m`` slices ``T_2[j]`` alone form one
+  with the outputs as third mode, and ``T_1[j] = Σ_i A_ji Φ(β_i) û_i`` gives each unit's offset and orientation: one
+  pass of ``output_moments``, no higher orders. Where the noise floor hides units (a decomposition that leaves
+  more than its noise unexplained, or fewer directions than ``width``), control-variate rounds
+  (:mod:`.tensor.control`) re-estimate ``T_1``, ``T_2`` on fresh samples of what the labels' degree-two expansion
+  leaves: a floor several times lower from the same count.
+
+The method:
+
+1. The relevant subspace ``W`` from the stored ``M_2`` and ``M_4^g`` of every output, its rank set by their
+   noise floor (:func:`.spectral.stage.relevant_subspace`) or by ``width``; a full rank (or ``width > d``) means
+   the network may be wider than d.
+2. One requested pass on residual labels ``y − P_{≤2} y`` (the degree-≤2 expansion from the first pass:
+   orders ≥ 3 unchanged, their variance cut about tenfold): contracted orders 3–6 along directions inside
+   ``W`` (complete), or the full Hermite tensors up to order 6, 5 or 4 by d (:func:`.tensor.lifted.max_order`).
+3. The slices, each divided by its noise level, decomposed by Jennrich's algorithm and alternating least
+   squares from several starts (:func:`.spectral.cp.decompose`): the directions ``±û_i``.
+4. Each unit's offset and output weights from its weights across the slices (its *profile*, e.g.
+   ``f_3/f_2 = −β``): a least-squares fit in ``β``.
+5. Polish with a free affine part (:func:`.polish.dense.polish` with ``affine``): orders ≥ 2 cannot tell ``relu(s)``
+   from ``relu(−s) = relu(s) − s``, so the units are fitted as found and the affine part takes up the rest;
+   then the units whose flip removes its linear term (:func:`.tensor.orient.orient`: least squares, enumeration or a
+   lattice search), and polish again without it: machine precision on noiseless labels.
+6. Residual rounds (overcomplete route): while the network does not fit the validation samples, the tensors of
+   the labels it leaves, on fresh samples (small labels, so far less noise than the stored tensors), decomposed
+   at their own noise-floor rank: components away from the network's units are units it missed, swapped in
+   before polishing again.
+7. With one output and noisy labels, the streamed refinement on every sample.
+
+The pieces: what a dimension allows (:mod:`.tensor.plan`), the slices and their decomposition
+(:mod:`.tensor.slices`), the profiles (:mod:`.tensor.profile`), steps 5–7 (:mod:`.tensor.finish`) and the outputs
+route (:mod:`.tensor.outputs`); this module checks the setting, asks for the pass and runs the route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..base import (
+    Arrays,
+    LearnResult,
+    MissingStatisticError,
+    NoSignalError,
+    PassRequest,
+    Samples,
+    configured_lack,
+    section_get,
+)
+from ..spectral import stage as spectral
+from ..spectral.signal import no_signal
+from ..spectral.stored_matrices import matrices_from_store
+from ..spectral.subspace_geometry import directions_in_subspace
+from . import lifted
+from .finish import _finish
+from .outputs import _learn_outputs
+from .plan import _too_few, check_width, outputs_route
+from .slices import _complete_slices, _count, _decompose, _has_outputs, _lifted_slices, _order2, _per_output
+
+__all__ = ["MAX_PASSES", "HIGHER_ORDERS", "check_setting", "required_statistics", "learn"]
+
+
+#: the pass of higher orders, and nothing more
+MAX_PASSES = 1
+
+#: orders of the complete route's pass: every f_l(β) with l ≥ 3 has zeros, neighbouring orders do not share them
+HIGHER_ORDERS = (3, 4, 5, 6)
+
+
+def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+    """``tensor``'s setting: one hidden ReLU layer (biases and vector outputs allowed), width at most what
+    :func:`.tensor.plan.check_width` allows."""
+    net = getattr(source, "network", None)
+    if net is not None and (net.depth != 1 or net.activation != "relu"):
+        raise ValueError(
+            f"--method tensor learns one hidden ReLU layer; the teacher has {net.depth} hidden layer(s) with "
+            f"activation {net.activation!r}; use --method filtered-pca for deep networks"
+            + (", --method exact for other rectified activations" if net.depth == 1 else "")
+        )
+    acts = source.activations() if hasattr(source, "activations") else None
+    if acts is not None and acts != ["Relu"]:
+        raise ValueError(
+            f"--method tensor learns one hidden ReLU layer; the ONNX model {source.path} has "
+            f"{len(acts)} activation layer(s) ({', '.join(acts) or 'none'}): use --method filtered-pca for deep ReLU "
+            "networks, --method polynomial for other activations"
+        )
+    check_width(options.get("width"), source.d)
+    if net is not None and options.get("width") is None:
+        check_width(int(net.weights[0].shape[0]), source.d)
+    return options
+
+
+def required_statistics(d: int, width: int | None = None, outputs: int | None = None) -> dict:
+    """The first pass: ``basic`` (``E[y]``, ``E[y x]`` for the residual labels of the second) and the contracted
+    orders 2 and 4 along random directions with the linear control variate (for the subspace); on the
+    :func:`.tensor.plan.outputs_route`, ``basic`` and ``output_moments`` (every output's ``T_1`` and ``T_2``) and
+    no pass."""
+    if outputs_route(d, outputs):
+        return {"basic": {}, "output_moments": {}}
+    return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True}}
+
+
+def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+    """What a configuration's statistics ``sections`` lack for this method, before anything is written."""
+    if "contracted" not in sections and "output_moments" in sections and outputs:
+        return None
+    if "contracted" not in sections:
+        return configured_lack(
+            "tensor", "contracted", "orders 2 and 4", "{orders: [2, 4], directions: 8, control: true}"
+        )
+    if 2 not in set(section_get(sections["contracted"], "orders") or [2, 4]):
+        return configured_lack("tensor", "contracted", "order 2", "{orders: [2, 4], directions: 8, control: true}")
+    return None
+
+
+def _check(stats: Mapping[str, Arrays]) -> None:
+    if "contracted" not in stats and _has_outputs(stats):
+        return
+    if "contracted" not in stats:
+        raise MissingStatisticError.lacking(
+            "tensor", "contracted", "orders 2 and 4", "{orders: [2, 4], directions: 8, control: true}"
+        )
+    orders = set(np.asarray(stats["contracted"]["pair_order"]).tolist())
+    if 2 not in orders:
+        raise MissingStatisticError(
+            f"the 'tensor' method needs contracted order 2; this store has orders "
+            f"{sorted(orders)}; set statistics.contracted.orders: [2, 4]"
+        )
+
+
+def _subspace(outputs: list[dict], width: int | None) -> spectral.Subspace:
+    mats: list[np.ndarray]
+    ses: list[np.ndarray]
+    names: list[str]
+    mats, ses, names = [], [], []
+    for j, arrays in enumerate(outputs):
+        m, s, n = matrices_from_store(arrays)
+        mats, ses, names = mats + m, ses + s, names + [f"y{j}:{x}" for x in n]
+    return spectral.relevant_subspace(mats, ses, rank=width, names=names)
+
+
+def _widened(sub: spectral.Subspace, mats: np.ndarray, ses: np.ndarray, width: int | None, report: dict) -> np.ndarray:
+    """The subspace's basis, or, when ``width`` asks for more directions than clear the noise floor, the
+    ``width`` strongest directions of the matrices each divided by its noise level (the weakest units lie a
+    little under the floor more often than in the noise: the polish and the validation samples judge them)."""
+    if width is None or sub.rank >= width:
+        return sub.basis
+    scale = np.sqrt(np.mean(ses**2, axis=(1, 2)))
+    stack = np.concatenate(list(mats / np.where(scale > 0, scale, 1.0)[:, None, None]), axis=1)
+    basis = np.linalg.svd(stack, full_matrices=False)[0][:, :width]
+    report.setdefault("below_noise_floor", []).append(
+        {"dimension": int(mats.shape[1]), "above_floor": int(sub.rank), "taken": int(width)}
+    )
+    return basis
+
+
+def _expansion(arrays: dict, basic: dict | None, basis: np.ndarray) -> dict[str, Any]:
+    """One output's expansion of degree ≤ 2 for residual labels: ``E[y]``, ``E[y x]`` (from ``basic``, or the
+    control variate's pilot estimate) and ``T_2`` inside the subspace, as eigenpairs."""
+    if basic is not None:
+        t0, t1 = float(np.asarray(basic["y"])), np.asarray(basic["yx"], dtype=np.float64)
+    elif "control_mean" in arrays:
+        t0, t1 = float(np.asarray(arrays["control_mean"])), np.asarray(arrays["control_beta"], dtype=np.float64)
+    else:
+        t0, t1 = 0.0, np.zeros(basis.shape[0])
+    m2, _ = _order2(arrays)
+    theta, q = np.linalg.eigh(basis.T @ m2 @ basis)
+    return {"t0": t0, "t1": t1.tolist(), "t2_vectors": (basis @ q).T.tolist(), "t2_values": theta.tolist()}
+
+
+def _pass_request(
+    stats: Mapping[str, Arrays], outputs: list[dict], basis: np.ndarray, overcomplete: bool, seed: int
+) -> PassRequest:
+    basic = _per_output(stats["basic"]) if "basic" in stats else [None] * len(outputs)
+    expansions = [_expansion(a, b, basis) for a, b in zip(outputs, basic)]
+    expansion = expansions if len(outputs) > 1 else expansions[0]
+    d, k = basis.shape
+    if overcomplete:
+        order = lifted.max_order(d)
+        return PassRequest(
+            "tensor-lifted",
+            {"hermite": {"max_order": order, "expansion": expansion}},
+            f"the full Hermite tensors up to order {order} on residual labels: the subspace has full rank d = {d}, "
+            "so the network may be wider than d; its units are separated on symmetric matrices",
+        )
+    g = directions_in_subspace(basis, max(8, 2 * k), seed)
+    return PassRequest(
+        "tensor-1",
+        {"contracted": {"orders": list(HIGHER_ORDERS), "directions": g.tolist(), "expansion": expansion}},
+        f"contracted orders {list(HIGHER_ORDERS)} along {len(g)} directions inside the {k}-dimensional subspace, "
+        "on residual labels: the slices of the tensor the units are read from",
+    )
+
+
+def learn(
+    stats: Mapping[str, Arrays],
+    passes: Sequence[Mapping[str, Arrays]],
+    samples: Callable[[int, int], Samples],
+    *,
+    width: int | None = None,
+    refine_samples: int | None = None,
+    mapper: Callable = map,
+    seed: int = 0,
+) -> LearnResult | PassRequest:
+    """Learn ``y = A relu(U x + b) + c`` (one hidden ReLU layer, biases, m ≥ 1 outputs) of width up to
+    :func:`.tensor.plan.identifiable_width`.
+
+    Parameters
+    ----------
+    stats
+        The main store's statistics (``contracted`` with order 2; ``basic`` when present).
+    passes
+        The higher-order pass this method asks for, once run.
+    samples
+        ``samples(n_train, n_val)`` draws bounded held-out samples from the source.
+    width
+        Hidden units wanted (default: the rank the noise floor supports).
+    refine_samples
+        Samples of the streamed refinement (one output, noisy labels; default: as many as the store holds).
+    mapper
+        ``map``-like callable for the streamed refinement.
+    seed
+        Seeds the directions of the pass and the decomposition's draws.
+
+    Returns
+    -------
+    LearnResult or PassRequest
+    """
+    _check(stats)
+    if "contracted" not in stats:
+        return _learn_outputs(stats, samples, width=width, refine_samples=refine_samples, mapper=mapper, seed=seed)
+    outputs = _per_output(stats["contracted"])
+    m = len(outputs)
+    d = np.asarray(outputs[0]["M"]).shape[-1]
+    check_width(width, d)
+    sub = _subspace(outputs, width if width is None or width <= d else d)
+    if sub.rank == 0:
+        raise no_signal(stats, "tensor")
+    overcomplete = lifted.lifted_route(d) and ((width is not None and width > d) or (width is None and sub.rank == d))
+    report: dict[str, Any] = {"subspace": sub.to_dict(), "route": "lifted" if overcomplete else "complete"}
+    if not overcomplete and sub.rank == d:
+        report["unresolved"] = (
+            f"the subspace has full rank d = {d}: the network may be wider than d, and at d = {d} "
+            "this method separates at most d units (the full T_4 is too large to estimate)"
+        )
+    if not overcomplete and width is not None and sub.rank < width:
+        raise _too_few(sub, width, _count(stats))
+    if not passes:
+        return _pass_request(stats, outputs, sub.basis, overcomplete, seed)
+    passed = _per_output(passes[0]["hermite" if overcomplete else "contracted"])
+    if overcomplete:
+        sl = _lifted_slices([_order2(a) for a in outputs], passed, d, seed)
+        lsub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width)
+        report["lifted_subspace"] = lsub.to_dict(include_basis=False)
+        basis = _widened(lsub, sl.matrices, sl.ses, width, report)
+    else:
+        sl = _complete_slices(outputs, passed)
+        basis = sub.basis
+    k = basis.shape[1]
+    if k == 0:
+        raise NoSignalError(
+            "no unit stands above the noise floor of the higher orders at this sample count; estimate with more samples"
+        )
+    units, report["decomposition"] = _decompose(sl.matrices, sl, basis, seed, d, m)
+    return _finish(
+        units,
+        overcomplete,
+        report,
+        stats,
+        samples,
+        width=width,
+        refine_samples=refine_samples,
+        mapper=mapper,
+        seed=seed,
+    )
