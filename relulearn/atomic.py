@@ -12,6 +12,7 @@ previous file or object as it was, never a truncated model or report.
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import os
@@ -66,9 +67,19 @@ def _write_local(path: Path, data: bytes) -> Path:
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(err, OSError) and not err.filename:
-            raise OSError(err.errno, f"{err.strerror}: could not write {path} (it is unchanged)", str(path)) from err
+            kept = "it is unchanged" if path.exists() else "nothing was written"
+            fix = "; free space there" if err.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise WriteError(err.errno, f"could not write {path} ({kept}): {err.strerror}{fix}", str(path)) from err
         raise
     return path
+
+
+class WriteError(OSError):
+    """A file that could not be written, said in one sentence that names it (``str`` is the message alone, not
+    ``[Errno 28] …: 'path'``)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 def _filesystem(url: str) -> tuple[Any, str]:
