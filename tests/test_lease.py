@@ -224,7 +224,7 @@ def test_a_writer_killed_on_another_host_is_resumed_after_the_heartbeat_timeout(
             stderr=subprocess.PIPE,
             text=True,
         )
-        _wait_for(lambda url=url: _committed(url) >= commits * run["chunk_size"], writer, f"commit {commits}")
+        _wait_for(lambda url=url, n=commits * run["chunk_size"]: _committed(url) >= n, writer, f"commit {commits}")
         writer.send_signal(signal.SIGKILL)
         writer.wait()
         writer.stderr.close()
