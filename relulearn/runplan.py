@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ConfigError
-from .methods import method_module
+from .estimators.base import method_entry, sketchable
 from .pipeline.cost import Rates, SourceCost, calibrate, source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
 
@@ -196,9 +196,9 @@ def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int
     d = cfg.source.d
     dense = size_pilots(mod.required_statistics(d, width, **extra), samples, d)
     out: dict[str, tuple[dict, list]] = {"dense": (dense, [])}
-    if hasattr(mod, "DENSE_FAMILIES"):
+    if sketchable(mod):
         sketched = size_pilots(mod.required_statistics(d, width, **dict(extra, sketched=True)), samples, d)
-        out["sketch"] = (sketched, list(mod.sketch_passes(d, width)) if hasattr(mod, "sketch_passes") else [])
+        out["sketch"] = (sketched, list(mod.sketch_passes(d, width)))
     return out
 
 
@@ -323,7 +323,7 @@ def plan_run(
                 "extended) are followed; passes the method asks for are not projected"
             )
     else:
-        mod = method_module(method)
+        mod = method_entry(method)
         routes = _candidates(mod, cfg, width, dict(extra or {}), n)
         projected = {
             form: _passes(cfg, stats, more, rates, workers, n, src, outputs) for form, (stats, more) in routes.items()

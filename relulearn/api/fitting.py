@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..config import RunConfig, load_config
-from ..methods import METHODS, method_module
+from ..estimators.base import method_entry, sketchable
+from ..methods import METHODS
 from ..pipeline.run import estimate as _estimate
 from ..storage import RunStore, StoreError, writing
 from .execution import Where, check_script, cluster_forced, running, samples_to_run
@@ -100,8 +101,7 @@ def check_statistics_section(cfg: RunConfig, method: str, setting: Any) -> None:
     before anything is written: the learn found it only after the whole store was estimated."""
     if "statistics" not in cfg.model_fields_set:
         return
-    lacks = getattr(method_module(method), "lacks", None)
-    lack = None if lacks is None else lacks(cfg.statistics.enabled(), getattr(setting, "outputs", None))
+    lack = method_entry(method).lacks(cfg.statistics.enabled(), getattr(setting, "outputs", None))
     if lack is not None:
         raise lack
 
@@ -135,8 +135,8 @@ def fit_config(
     run_plan = _plan_fit(cfg, method, setting, width, options, samples, workers, choose_where, store=store)
     memory = None
     if "statistics" not in cfg.model_fields_set:
-        mod = method_module(method)
-        if hasattr(mod, "DENSE_FAMILIES"):  # what the dense families need of a worker, beside the time
+        mod = method_entry(method)
+        if sketchable(mod):  # what the dense families need of a worker, beside the time
             from ..pipeline.plan import plan_families
 
             memory = plan_families(

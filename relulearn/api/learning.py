@@ -11,8 +11,8 @@ import numpy as np
 
 from ..aligned import one_blas_thread
 from ..config import RunConfig
-from ..estimators.base import PassRequest
-from ..methods import METHODS, OPTIONS, method_module
+from ..estimators.base import PassRequest, method_entry
+from ..methods import METHODS, OPTIONS
 from ..network import Network
 from ..pipeline.projection import format_seconds
 from ..pipeline.run import estimate as _estimate
@@ -37,8 +37,7 @@ def check_setting(method: str, source: Any, options: dict[str, Any]) -> dict[str
             f"the source has {outputs} outputs (vector labels) but --method {method} learns a scalar label; "
             f"set source.output to the output to learn, or use {several} (networks with vector outputs)"
         )
-    check = getattr(method_module(method), "check_setting", None)
-    return dict(options) if check is None else check(source, dict(options), outputs)
+    return method_entry(method).check_setting(source, dict(options), outputs)
 
 
 def setting_source(cfg: RunConfig) -> Any:
@@ -99,7 +98,7 @@ def learn_with(
     from ..progress import reporting as stage_progress
 
     t0 = time.perf_counter()
-    mod = method_module(method)
+    mod = method_entry(method)
     # the configuration, the sample count and the statistics of one commit, checked against its manifest (a
     # damaged store is refused here; one a writer extends meanwhile is read again)
     run, stats = read_one_commit(store, lambda run: (run, run.all_arrays()))
@@ -111,7 +110,7 @@ def learn_with(
     samples = HeldOut(source, cfg.seed)
     passes: list[dict] = []
     pass_info: list[dict] = []
-    for _ in range(getattr(mod, "MAX_PASSES", 3) + 1):  # a method asks for a bounded number of passes
+    for _ in range(mod.MAX_PASSES + 1):  # a method asks for a bounded number of passes
         # the driver's products give the same bits in any process (CLI, notebook, tests); the long stages
         # (enumeration, refinement, polish) report to the command's progress stream
         with one_blas_thread(), stage_progress(progress):

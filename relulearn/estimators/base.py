@@ -8,9 +8,9 @@ method.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, cast
 
 import numpy as np
 
@@ -31,6 +31,10 @@ __all__ = [
     "Samples",
     "SampleDraw",
     "LearnResult",
+    "MethodEntry",
+    "SketchableEntry",
+    "sketchable",
+    "method_entry",
 ]
 
 Arrays = Mapping[str, np.ndarray]
@@ -153,3 +157,65 @@ class LearnResult:
 
     network: Network | PolynomialModel
     report: dict = field(default_factory=dict)
+
+
+class MethodEntry(Protocol):
+    """What the entry module of a method's sub-package provides (``relulearn.estimators.<method>.entry``), read
+    by :func:`relulearn.methods.method_module`'s callers; mypy checks every method's module against it
+    (:mod:`relulearn.estimators.conformance`)."""
+
+    #: the most extra passes the method asks for in one learn
+    MAX_PASSES: int
+
+    def required_statistics(self, d: int, width: int | None = None) -> dict:
+        """The ``statistics`` section of a run configuration holding what the method needs."""
+        ...
+
+    def lacks(self, sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
+        """What the configuration's statistics ``sections`` lack for the method, or None."""
+        ...
+
+    def check_setting(self, source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+        """The options checked against the source (the method's setting), before anything is written."""
+        ...
+
+    def learn(
+        self,
+        stats: Mapping[str, Arrays],
+        passes: Sequence[Mapping[str, Arrays]],
+        samples: Callable[[int, int], Samples],
+        *,
+        width: int | None = None,
+        mapper: Callable = map,
+        seed: int = 0,
+    ) -> LearnResult | PassRequest:
+        """The network learned from the statistics (and the passes asked for), or the next pass to run."""
+        ...
+
+
+class SketchableEntry(MethodEntry, Protocol):
+    """A method whose d × d families may be sketched (``fit`` plans their memory)."""
+
+    #: the d × d families the method reads, and how many d × d matrices each holds per output
+    DENSE_FAMILIES: dict[str, int]
+
+    def sketch_rank(self, d: int, width: int | None) -> int:
+        """The sketch's rank for inputs of dimension ``d`` and a network of ``width`` units."""
+        ...
+
+    def sketch_passes(self, d: int, width: int | None) -> list[tuple[str, dict, bool]]:
+        """The passes the sketched route adds, for planning: ``(name, statistics, optional)``."""
+        ...
+
+
+def method_entry(name: str) -> MethodEntry:
+    """The entry module of method ``name`` (:func:`relulearn.methods.method_module`, imported when first asked
+    for), typed as the interface every entry provides (mypy checks each: :mod:`relulearn.estimators.conformance`)."""
+    from ..methods import method_module
+
+    return cast(MethodEntry, method_module(name))
+
+
+def sketchable(entry: MethodEntry) -> TypeGuard[SketchableEntry]:
+    """Whether a method's entry module may sketch its d × d families (it declares ``DENSE_FAMILIES``)."""
+    return hasattr(entry, "DENSE_FAMILIES")

@@ -57,6 +57,8 @@ __all__ = [
     "MissingStatisticError",
     "LearnResult",
     "PassRequest",
+    "lacks",
+    "check_setting",
 ]
 
 #: the method never asks for a pass: everything it needs is in ``output_moments``

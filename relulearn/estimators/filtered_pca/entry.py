@@ -72,6 +72,9 @@ __all__ = [
     "QUANTILES",
     "DENSE_FAMILIES",
     "sketch_rank",
+    "lacks",
+    "check_setting",
+    "sketch_passes",
 ]
 
 Arrays = Mapping[str, np.ndarray]
@@ -124,6 +127,12 @@ def sample_sizes(d: int, depth: int, width: int) -> tuple[int, int]:
     if depth == 1:
         return max(50_000, 40 * width * d), max(20_000, 10 * width * d)
     return 50_000, 20_000
+
+
+def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> dict[str, Any]:
+    """The options as given: filtered-pca learns any teacher its statistics describe (a deep one included), so
+    nothing in the source is outside its setting."""
+    return options
 
 
 def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:

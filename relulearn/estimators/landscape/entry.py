@@ -57,6 +57,8 @@ __all__ = [
     "TooFewSamplesError",
     "whitened_tensor",
     "g_parameters",
+    "lacks",
+    "check_setting",
 ]
 
 #: one extra pass: the fourth moment on the found subspace

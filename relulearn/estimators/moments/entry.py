@@ -48,7 +48,20 @@ from ..spectral.stored_matrices import matrices_from_store
 from ..spectral.subspace_geometry import directions_in_subspace, principal_angles
 from . import biased
 
-__all__ = ["MissingStatisticError", "PassRequest", "LearnResult", "Samples", "required_statistics", "learn"]
+__all__ = [
+    "MissingStatisticError",
+    "PassRequest",
+    "LearnResult",
+    "Samples",
+    "required_statistics",
+    "learn",
+    "lacks",
+    "check_setting",
+    "MAX_PASSES",
+    "DENSE_FAMILIES",
+    "sketch_rank",
+    "sketch_passes",
+]
 
 #: passes a run may ask for: the adaptive contracted pass, or the subspace passes of a sketch
 MAX_PASSES = 6

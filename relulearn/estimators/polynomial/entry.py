@@ -59,6 +59,8 @@ __all__ = [
     "Expansion",
     "shrink_tensors",
     "tail_and_variance",
+    "lacks",
+    "check_setting",
 ]
 
 Arrays = Mapping[str, np.ndarray]

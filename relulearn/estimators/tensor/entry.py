@@ -72,7 +72,14 @@ from .outputs import _learn_outputs
 from .plan import _too_few, check_width, outputs_route
 from .slices import _complete_slices, _count, _decompose, _has_outputs, _lifted_slices, _order2, _per_output
 
-__all__ = ["MAX_PASSES", "HIGHER_ORDERS", "check_setting", "required_statistics", "learn"]
+__all__ = [
+    "MAX_PASSES",
+    "HIGHER_ORDERS",
+    "check_setting",
+    "required_statistics",
+    "learn",
+    "lacks",
+]
 
 
 #: the pass of higher orders, and nothing more
