@@ -44,15 +44,25 @@ def draw(method: str, folder: Path) -> None:
     source = make_source(cfg)
     teacher = source.network if isinstance(source, TeacherSource) else None
     model = load_model(out)
-    figures = [f for f in report_figures(store, model=model if isinstance(model, Network) else None,
-                                         teacher=teacher) if f.png]
-    lines = [f"Figures of `relulearn report` for `examples/{example}` fitted with `--method {method}`"
-             " (drawn by `docs/make_figures.py`):", ""]
+    figures = [
+        f for f in report_figures(store, model=model if isinstance(model, Network) else None, teacher=teacher) if f.png
+    ]
+    lines = [
+        f"Figures of `relulearn report` for `examples/{example}` fitted with `--method {method}`"
+        " (drawn by `docs/make_figures.py`):",
+        "",
+    ]
     for f in figures:
         name = f"{method}-{f.name}.png"
         (DOCS / "_static" / "figures" / name).write_bytes(f.png)
-        lines += [f"```{{figure}} /_static/figures/{name}", f":alt: {f.title}", "",
-                  f"**{f.title}.** {f.caption}", "```", ""]
+        lines += [
+            f"```{{figure}} /_static/figures/{name}",
+            f":alt: {f.title}",
+            "",
+            f"**{f.title}.** {f.caption}",
+            "```",
+            "",
+        ]
     (DOCS / "methods" / "figures" / f"{method}.md").write_text("\n".join(lines))
 
 
