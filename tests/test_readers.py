@@ -188,22 +188,39 @@ def test_report_and_status_read_the_commit_their_figures_and_facts_come_from(sma
     assert st["head"] == "g000003" and st["samples"] == 160_000 and st["damaged"] == []
 
 
-#: a writer that commits after every chunk (d = 20: BLAS runs), many small chunks
+#: a writer that commits after every chunk (d = 20: BLAS runs), many small chunks, each answered by a teacher that
+#: takes a tenth of a second: commits land a little apart, so a reader meets both whole commits and refusals
+#: however loaded the machine is
 COMMITS = {
     "seed": 17,
-    "samples": 60_000,
+    "samples": 40_000,
     "chunk_size": 1_000,
-    "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.1},
+    "source": {"d": 20, "teacher": {"callable": "slow_teacher:teacher"}, "noise_std": 0.1},
     "statistics": {"basic": {}, "contracted": {"orders": [2, 4], "directions": 2}, "filtered": {"quantiles": [0.5]}},
     "run": {"chunks_per_block": 1, "commit_interval": 0},
 }
 
+SLOW_TEACHER = """
+import time
+
+import numpy as np
+
+W = np.random.default_rng(3).standard_normal((3, 20)) / np.sqrt(20)
+
+
+def teacher(x):
+    time.sleep(0.1)
+    return np.maximum(x @ W.T, 0.0).sum(axis=1)
+"""
+
 
 def _writer(cfg: Path, url: str, samples: int) -> subprocess.Popen:
+    env = cli_env()
+    env["PYTHONPATH"] = str(cfg.parent) + os.pathsep + env["PYTHONPATH"]  # the slow teacher beside the config
     return subprocess.Popen(
         [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg), "--store", url, "--in-process", "--quiet"]
         + ["--samples", str(samples)],
-        env=cli_env(),
+        env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -265,6 +282,7 @@ def test_readers_see_one_whole_commit_or_a_refusal_while_writers_commit_and_one_
     around the kill, and the store after it, read one whole commit."""
     rng = np.random.default_rng(51)
     cfg = write_config(tmp_path / "run.yaml", COMMITS)
+    (tmp_path / "slow_teacher.py").write_text(SLOW_TEACHER)
     url = str(tmp_path / "run.zarr")
     tally, heads = {"whole": 0, "refused": 0}, set()
     _read_tree(small, rng, set())  # (the first read imports xarray's backends: a second)
