@@ -125,12 +125,16 @@ def small_config() -> RunConfig:
 def cli_env() -> dict[str, str]:
     """Environment for running ``python -m relulearn.cli`` in a subprocess from the source tree."""
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(ROOT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
 
 PYTHON = sys.executable
+
+#: the repository, and the files the tests read
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def relulearn(*args: object, cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:

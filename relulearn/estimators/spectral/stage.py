@@ -44,7 +44,7 @@ clearly above the noise, and exactly the strength at which a single matrix decla
 direction significant, so a direction seen in one matrix only (its singular value is at
 least its own ``|μ|/f > 1``, by interlacing) survives. When many directions are stacked
 (in simulations from ``N`` ≳ 2d columns), ``ν`` exceeds 1 and becomes the threshold — there
-a threshold of 1 would keep noise directions (``tests/test_spectral.py``) — and the rank is
+a threshold of 1 would keep noise directions (``tests/estimators/spectral/test_spectral.py``) — and the rank is
 then still at least the largest per-matrix count (each count is a lower bound on
 ``dim U``), and the result says so in its message.
 
@@ -80,7 +80,7 @@ Gaussians) needs the most and approaches, for ``d/level`` → ∞, κ → 1 only
 (κ = 0.75 covers it up to ``d/level`` ≈ 10^13). The floor is then 1.3–1.8× the 99th
 percentile of ``||E||`` for standard-error patterns like those of real ``M_2`` / ``M_4^g``
 estimates, and up to ~2× when a few isolated entries dominate ``σ*``
-(``tests/test_spectral.py`` checks exceedance and looseness by simulation)."""
+(``tests/estimators/spectral/test_spectral.py`` checks exceedance and looseness by simulation)."""
 
 
 def _check_level(level: float) -> None:
