@@ -22,10 +22,10 @@ from typing import Any
 
 from .config import ConfigError
 from .estimators.base import method_entry, sketchable
-from .pipeline.cost import Rates, SourceCost, calibrate, source_cost
+from .pipeline.cost import Rates, SourceCost, counted_source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
 
-__all__ = ["RunPlan", "plan_run", "TooLongError", "local_cluster_seconds", "where_to_run"]
+__all__ = ["RunPlan", "plan_run", "check_plan_sizes", "TooLongError", "local_cluster_seconds", "where_to_run"]
 
 
 class TooLongError(ConfigError):
@@ -248,7 +248,7 @@ def plan_run(
     width: int | None = None,
     samples: int | None = None,
     workers: int | None = None,
-    rates: Rates | None = None,
+    rates: Rates,
     extra: dict | None = None,
     source: SourceCost | None = None,
     outputs: int | None = None,
@@ -270,14 +270,15 @@ def plan_run(
     workers
         Single-threaded workers (default: one per core, as a local cluster starts).
     rates
-        This machine's rates (default :func:`.pipeline.cost.calibrate`, measured once and cached); tests give
-        their own.
+        This machine's rates, as measured (:func:`relulearn.pipeline.calibration.calibrate`, measured once and
+        cached; :func:`relulearn.api.planning.measured_plan` gives them); tests give their own.
     extra
         Keyword arguments of the method's ``required_statistics`` beyond ``d`` and ``width`` (its
         ``fit_options`` and ``source_options`` in :data:`relulearn.methods.METHODS`, as
         :func:`relulearn.api.fit` collects them).
     source
-        The source's cost per sample (default: counted, or a black box timed once).
+        The source's cost per sample, as measured (:func:`relulearn.pipeline.calibration.source_cost`: a black
+        box timed once); default: as counted from the configuration (:func:`.pipeline.cost.counted_source_cost`).
     outputs
         Length of the label vector (None: scalar labels, or read from an ONNX or callable teacher).
     choose_where
@@ -294,16 +295,12 @@ def plan_run(
         When the passes that always run are projected past ``run.max_hours``.
     """
     from .pipeline.projection import check_statistics_sizes
-    from .pipeline.sizes import check_source_sizes
 
-    check_source_sizes(cfg.source)  # sizes first: projecting some families costs O(d) memory
-    if method is None or "statistics" in cfg.model_fields_set:
-        check_statistics_sizes(cfg)
-    rates = rates or calibrate()
+    check_plan_sizes(cfg, method)
     workers = int(workers or os.cpu_count() or 1)
     n = int(cfg.samples if samples is None else samples)
     n = -(-n // cfg.chunk_size) * cfg.chunk_size
-    src = source or source_cost(cfg, rates)
+    src = source or counted_source_cost(cfg, rates)
     if outputs is None and cfg.source.output is None and src.answers > 1:
         # a black box's label vector: its length is known from its probe only
         outputs = src.answers
@@ -342,6 +339,24 @@ def plan_run(
     _check_memory(plan)
     _check_hours(cfg, plan)
     return plan
+
+
+def check_plan_sizes(cfg: Any, method: str | None) -> None:
+    """The checks :func:`plan_run` makes first, from the configuration alone: the source's arrays, and the
+    configured statistics' block partial (a method's own statistics are checked as they are planned); run them
+    before measuring the source too, whose probe builds it.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the bytes needed (:mod:`.pipeline.sizes`, :func:`.pipeline.projection.check_statistics_sizes`).
+    """
+    from .pipeline.projection import check_statistics_sizes
+    from .pipeline.sizes import check_source_sizes
+
+    check_source_sizes(cfg.source)  # sizes first: projecting some families costs O(d) memory
+    if method is None or "statistics" in cfg.model_fields_set:
+        check_statistics_sizes(cfg)
 
 
 def _check_memory(plan: RunPlan) -> None:

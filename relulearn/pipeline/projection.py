@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
+from .batches import batch_rows
+from .cost import Rates, SourceCost, Work, counted_source_cost, statistics_work, sums_entries
 from .plan import check_directions, check_partial_shares
 from .sizes import BATCH_COPIES, answers_bytes, format_bytes
 
@@ -148,7 +149,8 @@ def project_pass(
     mapping or the pydantic section) over ``samples`` (default ``cfg.samples``) on ``workers`` single-threaded
     workers (1: in process).
 
-    ``source`` is the source's cost (default :func:`.cost.source_cost`, which times a black box once);
+    ``source`` is the source's cost as measured (:func:`.calibration.source_cost`; default: as counted from the
+    configuration, :func:`.cost.counted_source_cost`, a black box's own time left out);
     ``outputs`` the label vector's length (None: a scalar label)."""
     stats = cfg.statistics if statistics is None else statistics
     d = int(cfg.source.d)
@@ -159,7 +161,7 @@ def project_pass(
     per_block = int(cfg.run.chunks_per_block)
     blocks = -(-chunks // per_block)
     workers = max(1, int(workers))
-    src = source if source is not None else source_cost(cfg, rates)
+    src = source if source is not None else counted_source_cost(cfg, rates)
     works = statistics_work(stats, d, outputs)
     entries = sums_entries(stats, d, outputs)
     families = []
@@ -205,8 +207,6 @@ def project_pass(
         commit=commits * commit_each,
         pilot=pilot_n * (src.seconds + rates.seconds(Work(stream=_F * 2 * d))),
     )
-    from .sources import batch_rows
-
     # a batch of inputs, and the teacher's answers to it (a black box's outputs per row, from its probe)
     batch = BATCH_COPIES * _F * batch_rows(d) * d + answers_bytes(d, max(src.answers, outputs or 1))
     in_flight = cfg.run.max_blocks_in_flight or 2 * workers + 1
