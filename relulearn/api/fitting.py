@@ -72,6 +72,9 @@ def fit(
             file=progress,
         )
 
+    # the plan is what runs: its first pass here (cfg holds its statistics, fit_config put them there), the
+    # passes after it as the method asks for them, each with its projection
+    first = run_plan.passes[0]
     projected = {p.name: p.projected_seconds for p in run_plan.passes}
 
     def run(where: Where, lease: Any) -> dict[str, Any]:
@@ -82,7 +85,7 @@ def fit(
             client=where.client,
             progress=progress,
             lease=lease,
-            projected=projected.get("estimate"),
+            projected=first.projected_seconds,
         )
         result = learn_with(where, store, method, options, out, progress, break_lock, projected=projected)
         result["estimate"] = summary.to_dict()
@@ -142,7 +145,8 @@ def fit_config(
             memory = plan_families(
                 cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
             )
-        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
+        # the statistics of the plan's first pass: what fit runs is what the plan shows
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.passes[0].statistics), base_dir=cfg.base_dir)
     return cfg, run_plan, memory
 
 

@@ -63,7 +63,8 @@ class FamilyCost:
 
 @dataclass(frozen=True)
 class PassPlan:
-    """The projection of one pass: what it computes and where its time goes (seconds of wall time)."""
+    """The projection of one pass: what it computes and where its time goes (seconds of wall time); a run's plan
+    (:class:`relulearn.runplan.RunPlan`) holds one per pass, and ``fit`` runs them."""
 
     name: str
     samples: int
@@ -77,6 +78,9 @@ class PassPlan:
     driver_bytes: int
     optional: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the ``statistics`` section the pass accumulates, as its run configuration takes it (a subspace pass's
+    #: basis and expansion with the shapes they will have, their values placeholders until the method gives them)
+    statistics: dict | None = None
 
     @property
     def projected_seconds(self) -> float:
