@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relulearn import api  # noqa: E402
 from relulearn.config import config_from_dict  # noqa: E402
 from relulearn.network import Network, compare  # noqa: E402
+from relulearn.pipeline.calibration import calibrate  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
-from relulearn.pipeline.cost import Rates, calibrate  # noqa: E402
+from relulearn.pipeline.cost import Rates  # noqa: E402
 from relulearn.pipeline.sources import make_source  # noqa: E402
 from relulearn.runplan import plan_run  # noqa: E402
 

@@ -17,15 +17,24 @@ cluster's workers, and the cluster is started only when ``in process > on the cl
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config import ConfigError
 from .estimators.base import method_entry, sketchable
-from .pipeline.cost import Rates, SourceCost, calibrate, source_cost
+from .pipeline.cost import Rates, SourceCost, counted_source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
 
-__all__ = ["RunPlan", "plan_run", "TooLongError", "local_cluster_seconds", "where_to_run"]
+__all__ = [
+    "RunPlan",
+    "PassSetting",
+    "Route",
+    "plan_run",
+    "check_plan_sizes",
+    "TooLongError",
+    "local_cluster_seconds",
+    "where_to_run",
+]
 
 
 class TooLongError(ConfigError):
@@ -34,15 +43,15 @@ class TooLongError(ConfigError):
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run will do and cost. ``passes`` in order; optional ones (subspace passes past the minimum) are run
-    only if the method asks for them. ``choice`` (dense or sketched families, and the projections behind it) for
+    """What a run will do and cost: the object ``fit`` executes. ``passes`` in order, each with the statistics it
+    accumulates (:attr:`.PassPlan.statistics`); optional ones (subspace passes past the minimum) are run only if
+    the method asks for them. ``choice`` (dense or sketched families, and the projections behind it) for
     a method that has both forms and no ``statistics`` section."""
 
     method: str | None
     d: int
     samples: int
     workers: int
-    statistics: dict
     passes: tuple[PassPlan, ...]
     rates: Rates
     choice: dict | None = None
@@ -51,6 +60,11 @@ class RunPlan:
     #: ``runs_in_reason`` says why, when the planner chose
     runs_in: str = "local cluster"
     runs_in_reason: str | None = None
+
+    @property
+    def statistics(self) -> dict:
+        """The ``statistics`` section of the run: the estimate pass's (the first)."""
+        return dict(self.passes[0].statistics or {})
 
     @property
     def projected_seconds(self) -> float:
@@ -190,55 +204,59 @@ def _default_of(annotation: Any, key: str) -> int | None:
     return None
 
 
-def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int) -> dict[str, tuple[dict, list]]:
-    """``{form: (statistics, [(name, statistics, optional), ...])}`` of a method's routes, pilots sized to the
-    run's ``samples``."""
+@dataclass(frozen=True)
+class Route:
+    """One way a run may go: the estimate pass's ``statistics`` section and the passes it adds after it,
+    ``(name, statistics, optional)``; ``section`` is the configured pydantic section projected in place of
+    ``statistics`` (its dump), when the configuration names the statistics."""
+
+    statistics: dict
+    extra: tuple[tuple[str, dict, bool], ...] = ()
+    section: Any = None
+
+
+@dataclass(frozen=True)
+class PassSetting:
+    """What every pass of a run is projected with: the configuration, this machine's ``rates``, the samples of
+    each pass (whole chunks), the source's measured cost and the label vector's length (None: a scalar label)."""
+
+    cfg: Any
+    rates: Rates
+    samples: int
+    source: SourceCost
+    outputs: int | None
+
+    def project(self, route: Route, workers: int) -> list[PassPlan]:
+        """The passes of ``route`` on ``workers`` single-threaded workers, each holding the statistics it runs."""
+        first = self._one("estimate", route.statistics if route.section is None else route.section, False, workers)
+        plans = [replace(first, statistics=route.statistics)]
+        for name, stats, optional in route.extra:
+            plans.append(replace(self._one(name, stats, optional, workers), statistics=stats))
+        return plans
+
+    def _one(self, name: str, statistics: Any, optional: bool, workers: int) -> PassPlan:
+        return project_pass(
+            self.cfg,
+            self.rates,
+            workers=workers,
+            samples=self.samples,
+            statistics=statistics,
+            name=name,
+            optional=optional,
+            source=self.source,
+            outputs=self.outputs,
+        )
+
+
+def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int) -> dict[str, Route]:
+    """The routes of a method by form (``dense``, and ``sketch`` for a method that may sketch), pilots sized to
+    the run's ``samples``."""
     d = cfg.source.d
-    dense = size_pilots(mod.required_statistics(d, width, **extra), samples, d)
-    out: dict[str, tuple[dict, list]] = {"dense": (dense, [])}
+    out = {"dense": Route(size_pilots(mod.required_statistics(d, width, **extra), samples, d))}
     if sketchable(mod):
         sketched = size_pilots(mod.required_statistics(d, width, **dict(extra, sketched=True)), samples, d)
-        out["sketch"] = (sketched, list(mod.sketch_passes(d, width)))
+        out["sketch"] = Route(sketched, tuple(mod.sketch_passes(d, width)))
     return out
-
-
-def _passes(
-    cfg: Any,
-    statistics: dict,
-    extra: list,
-    rates: Rates,
-    workers: int,
-    samples: int,
-    source: SourceCost,
-    outputs: int | None,
-) -> list[PassPlan]:
-    plans = [
-        project_pass(
-            cfg,
-            rates,
-            workers=workers,
-            samples=samples,
-            statistics=statistics,
-            name="estimate",
-            source=source,
-            outputs=outputs,
-        )
-    ]
-    for name, stats, optional in extra:
-        plans.append(
-            project_pass(
-                cfg,
-                rates,
-                workers=workers,
-                samples=samples,
-                statistics=stats,
-                name=name,
-                optional=optional,
-                source=source,
-                outputs=outputs,
-            )
-        )
-    return plans
 
 
 def plan_run(
@@ -248,13 +266,17 @@ def plan_run(
     width: int | None = None,
     samples: int | None = None,
     workers: int | None = None,
-    rates: Rates | None = None,
+    rates: Rates,
     extra: dict | None = None,
     source: SourceCost | None = None,
     outputs: int | None = None,
     choose_where: bool = False,
 ) -> RunPlan:
-    """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (``method`` None) for ``cfg``.
+    """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (``method`` None) for ``cfg``:
+    the passes ``fit`` runs, each with the statistics it accumulates, its samples and its form.
+
+    Pure: what it is priced by comes in as ``rates`` and ``source`` (measured by
+    :mod:`relulearn.pipeline.calibration`; :func:`relulearn.api.planning.measured_plan` gives both).
 
     Parameters
     ----------
@@ -270,14 +292,15 @@ def plan_run(
     workers
         Single-threaded workers (default: one per core, as a local cluster starts).
     rates
-        This machine's rates (default :func:`.pipeline.cost.calibrate`, measured once and cached); tests give
-        their own.
+        This machine's rates, as measured (:func:`relulearn.pipeline.calibration.calibrate`, measured once and
+        cached; :func:`relulearn.api.planning.measured_plan` gives them); tests give their own.
     extra
         Keyword arguments of the method's ``required_statistics`` beyond ``d`` and ``width`` (its
         ``fit_options`` and ``source_options`` in :data:`relulearn.methods.METHODS`, as
         :func:`relulearn.api.fit` collects them).
     source
-        The source's cost per sample (default: counted, or a black box timed once).
+        The source's cost per sample, as measured (:func:`relulearn.pipeline.calibration.source_cost`: a black
+        box timed once); default: as counted from the configuration (:func:`.pipeline.cost.counted_source_cost`).
     outputs
         Length of the label vector (None: scalar labels, or read from an ONNX or callable teacher).
     choose_where
@@ -293,55 +316,87 @@ def plan_run(
     TooLongError
         When the passes that always run are projected past ``run.max_hours``.
     """
+    check_plan_sizes(cfg, method)
+    configured = "statistics" in cfg.model_fields_set  # followed as given, by estimate and by fit
+    setting = _setting(cfg, rates, samples, source, outputs, method is None or configured)
+    workers = int(workers or os.cpu_count() or 1)
+    if method is None or configured:
+        route, choice = _configured_route(cfg), None
+        passes = setting.project(route, workers)
+    else:
+        route, passes, choice = _chosen_route(setting, method_entry(method), width, dict(extra or {}), workers)
+    where, why = "local cluster", None
+    if choose_where:
+        alone = setting.project(route, 1)
+        where, why = _where(passes, alone, workers)
+        if where == "in process":
+            passes, workers = alone, 1
+    notes = (CONFIGURED_NOTE,) if configured and method is not None else ()
+    plan = RunPlan(method, int(cfg.source.d), setting.samples, workers, tuple(passes), rates, choice, notes, where, why)
+    _check_memory(plan)
+    _check_hours(cfg, plan)
+    return plan
+
+
+#: what a plan of ``fit`` says of a configuration that names its statistics
+CONFIGURED_NOTE = (
+    "the statistics as configured (or as the store holds them, when a run is resumed or "
+    "extended) are followed; passes the method asks for are not projected"
+)
+
+
+def _setting(
+    cfg: Any, rates: Rates, samples: int | None, source: SourceCost | None, outputs: int | None, configured: bool
+) -> PassSetting:
+    """What the passes are projected with: the samples rounded up to whole chunks, and a black box's label vector
+    read from its probe (its statistics then checked again against ``run.worker_memory``)."""
+    from .pipeline.projection import check_statistics_sizes
+
+    n = int(cfg.samples if samples is None else samples)
+    n = -(-n // cfg.chunk_size) * cfg.chunk_size
+    src = source or counted_source_cost(cfg, rates)
+    if outputs is None and cfg.source.output is None and src.answers > 1:
+        # a black box's label vector: its length is known from its probe only
+        outputs = src.answers
+        if configured:
+            check_statistics_sizes(cfg, outputs=outputs)
+    return PassSetting(cfg, rates, n, src, outputs)
+
+
+def _configured_route(cfg: Any) -> Route:
+    """The one pass of the configuration's own statistics section."""
+    statistics = cfg.statistics.model_dump(mode="json", exclude_none=True)
+    if cfg.statistics.basic is None:  # off must stay off (as RunConfig.to_dict writes it)
+        statistics["basic"] = None
+    return Route(statistics, section=cfg.statistics)
+
+
+def _chosen_route(
+    setting: PassSetting, mod: Any, width: int | None, extra: dict, workers: int
+) -> tuple[Route, list[PassPlan], dict | None]:
+    """A method's route: each of its forms projected, and the fastest that fits ``run.worker_memory`` chosen."""
+    routes = _candidates(mod, setting.cfg, width, extra, setting.samples)
+    projected = {form: setting.project(route, workers) for form, route in routes.items()}
+    form, choice = _choose(setting.cfg, mod, width, projected)
+    return routes[form], projected[form], choice
+
+
+def check_plan_sizes(cfg: Any, method: str | None) -> None:
+    """The checks :func:`plan_run` makes first, from the configuration alone: the source's arrays, and the
+    configured statistics' block partial (a method's own statistics are checked as they are planned); run them
+    before measuring the source too, whose probe builds it.
+
+    Raises
+    ------
+    MemoryBudgetError
+        Naming the bytes needed (:mod:`.pipeline.sizes`, :func:`.pipeline.projection.check_statistics_sizes`).
+    """
     from .pipeline.projection import check_statistics_sizes
     from .pipeline.sizes import check_source_sizes
 
     check_source_sizes(cfg.source)  # sizes first: projecting some families costs O(d) memory
     if method is None or "statistics" in cfg.model_fields_set:
         check_statistics_sizes(cfg)
-    rates = rates or calibrate()
-    workers = int(workers or os.cpu_count() or 1)
-    n = int(cfg.samples if samples is None else samples)
-    n = -(-n // cfg.chunk_size) * cfg.chunk_size
-    src = source or source_cost(cfg, rates)
-    if outputs is None and cfg.source.output is None and src.answers > 1:
-        # a black box's label vector: its length is known from its probe only
-        outputs = src.answers
-        if method is None or "statistics" in cfg.model_fields_set:
-            check_statistics_sizes(cfg, outputs=outputs)
-    notes: list[str] = []
-    choice = None
-    if method is None or "statistics" in cfg.model_fields_set:
-        statistics = cfg.statistics.model_dump(mode="json", exclude_none=True)
-        if cfg.statistics.basic is None:  # off must stay off (as RunConfig.to_dict writes it)
-            statistics["basic"] = None
-        more: list = []
-        passes = _passes(cfg, cfg.statistics, more, rates, workers, n, src, outputs)
-        if method is not None:
-            notes.append(
-                "the statistics as configured (or as the store holds them, when a run is resumed or "
-                "extended) are followed; passes the method asks for are not projected"
-            )
-    else:
-        mod = method_entry(method)
-        routes = _candidates(mod, cfg, width, dict(extra or {}), n)
-        projected = {
-            form: _passes(cfg, stats, more, rates, workers, n, src, outputs) for form, (stats, more) in routes.items()
-        }
-        form, choice = _choose(cfg, mod, width, projected)
-        statistics, passes, more = routes[form][0], projected[form], routes[form][1]
-    where, why = "local cluster", None
-    if choose_where:
-        alone = _passes(cfg, statistics, more, rates, 1, n, src, outputs)
-        where, why = _where(passes, alone, workers)
-        if where == "in process":
-            passes, workers = alone, 1
-    plan = RunPlan(
-        method, int(cfg.source.d), n, workers, statistics, tuple(passes), rates, choice, tuple(notes), where, why
-    )
-    _check_memory(plan)
-    _check_hours(cfg, plan)
-    return plan
 
 
 def _check_memory(plan: RunPlan) -> None:

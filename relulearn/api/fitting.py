@@ -72,6 +72,9 @@ def fit(
             file=progress,
         )
 
+    # the plan is what runs: its first pass here (cfg holds its statistics, fit_config put them there), the
+    # passes after it as the method asks for them, each with its projection
+    first = run_plan.passes[0]
     projected = {p.name: p.projected_seconds for p in run_plan.passes}
 
     def run(where: Where, lease: Any) -> dict[str, Any]:
@@ -82,7 +85,7 @@ def fit(
             client=where.client,
             progress=progress,
             lease=lease,
-            projected=projected.get("estimate"),
+            projected=first.projected_seconds,
         )
         result = learn_with(where, store, method, options, out, progress, break_lock, projected=projected)
         result["estimate"] = summary.to_dict()
@@ -142,7 +145,8 @@ def fit_config(
             memory = plan_families(
                 cfg.source.d, mod.DENSE_FAMILIES, mod.sketch_rank(cfg.source.d, width), cfg.run.worker_memory, k=width
             )
-        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.statistics), base_dir=cfg.base_dir)
+        # the statistics of the plan's first pass: what fit runs is what the plan shows
+        cfg = config_from_dict(dict(cfg.to_dict(), statistics=run_plan.passes[0].statistics), base_dir=cfg.base_dir)
     return cfg, run_plan, memory
 
 
@@ -172,20 +176,20 @@ def _plan_fit(
     """The plan of a fit (:func:`relulearn.runplan.plan_run`) with the method's statistics options; with
     ``choose_where``, in process or on a local cluster by the samples ``store`` still lacks (a finished store's
     fit only learns)."""
-    from ..runplan import plan_run
+    from .planning import measured_plan
 
     extra = {k: options.get(k) for k in METHODS[method].fit_options}
     extra.update({k: getattr(setting, k, None) for k in METHODS[method].source_options})
     kw: dict[str, Any] = dict(width=width, workers=workers, extra=extra, outputs=getattr(setting, "outputs", None))
     target = -(-int(cfg.samples if samples is None else samples) // cfg.chunk_size) * cfg.chunk_size
     todo = target if store is None or not choose_where else samples_to_run(store, target)
-    plan = plan_run(cfg, method, samples=samples, choose_where=choose_where and todo == target, **kw)
+    plan = measured_plan(cfg, method, samples=samples, choose_where=choose_where and todo == target, **kw)
     if not choose_where or todo == target:  # a new store: the plan of the run chose where it runs
         return plan
     if todo <= 0:
         return replace(plan, runs_in="in process", runs_in_reason=f"the store already holds its {target:,} samples")
     # a run resumed or extended: where by the samples it still lacks
-    chosen = plan_run(cfg, method, samples=todo, choose_where=True, **kw)
+    chosen = measured_plan(cfg, method, samples=todo, choose_where=True, **kw)
     return replace(plan, runs_in=chosen.runs_in, runs_in_reason=chosen.runs_in_reason)
 
 
@@ -205,13 +209,13 @@ def plan(
     Returns the plan as a dict (:meth:`relulearn.runplan.RunPlan.to_dict`: ``projected_seconds`` for the whole
     command, one per pass) with ``lines``, the plan as a person reads it.
     """
-    from ..runplan import plan_run
+    from .planning import measured_plan
 
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     n_workers = planned_workers(None, workers)
     choose = workers is None  # where fit and estimate would run (a configured scheduler aside)
     if method is None:
-        got = plan_run(cfg, None, samples=samples, workers=n_workers, choose_where=choose)
+        got = measured_plan(cfg, None, samples=samples, workers=n_workers, choose_where=choose)
     else:
         options = checked_options(method, width=width, **method_options)
         setting = setting_source(cfg)

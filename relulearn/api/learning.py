@@ -164,7 +164,7 @@ def learn_with(
 
 def _pass_seconds(cfg: RunConfig, samples: int, workers: int, outputs: int | None) -> tuple[float, float]:
     """A pass's projected seconds in process and on a local cluster of ``workers``."""
-    from ..pipeline.cost import calibrate, source_cost
+    from ..pipeline.calibration import calibrate, source_cost
     from ..pipeline.projection import project_pass
 
     rates = calibrate()

@@ -89,9 +89,9 @@ def estimate(
     check_source_sizes(cfg.source)  # sizes before anything is allocated, planned or written
     check_statistics_sizes(cfg, store)
     if cfg.run.max_hours is not None:  # projected before any work (the projection is skipped without a limit)
-        from ..runplan import plan_run
+        from .planning import measured_plan
 
-        plan_run(cfg, None, samples=samples, workers=planned_workers(client, workers))
+        measured_plan(cfg, None, samples=samples, workers=planned_workers(client, workers))
     from ..pipeline.run import estimate as _estimate
     from .execution import check_script, cluster_forced, running
 
@@ -120,19 +120,16 @@ def _where(cfg: RunConfig, store: str, samples: int | None, forced: int | None) 
     cluster with its start (:func:`relulearn.runplan.where_to_run`), and the projected seconds where they run
     (None when there is nothing to run, or on a scheduler's cluster); ``forced``: the workers the caller
     chose (then only the seconds are projected)."""
-    from ..runplan import plan_run
     from .execution import samples_to_run
+    from .planning import measured_plan
 
     target = int(cfg.samples if samples is None else samples)
     todo = samples_to_run(store, -(-target // cfg.chunk_size) * cfg.chunk_size)
     if todo <= 0:
         return True, None
     if forced is not None:  # for the starting line only: a black box or a data file is not run for it
-        from ..pipeline.cost import calibrate, source_cost
-
-        unprobed = source_cost(cfg, calibrate(), probe=False)
-        return False, plan_run(cfg, None, samples=todo, workers=forced, source=unprobed).projected_seconds
-    chosen = plan_run(cfg, None, samples=todo, choose_where=True)
+        return False, measured_plan(cfg, None, probe=False, samples=todo, workers=forced).projected_seconds
+    chosen = measured_plan(cfg, None, samples=todo, choose_where=True)
     return chosen.runs_in == "in process", chosen.projected_seconds
 
 

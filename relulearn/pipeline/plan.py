@@ -106,11 +106,7 @@ def plan_families(
     MemoryBudgetError
         When even every family sketched exceeds the budget (naming the bytes needed).
     """
-    if d < 1:
-        raise ValueError(f"d must be positive, got {d}")
-    bad = {n: c for n, c in families.items() if int(c) < 0}
-    if bad:
-        raise ValueError(f"matrix counts must be non-negative, got {bad}")
+    _check_counts(d, families)
     check_sketch_rank(d, rank, k, where="the sketch rank r", oversampling=oversampling)
     plans = {
         n: FamilyPlan(n, int(c), dense_bytes(d, int(c)), sketch_bytes(d, int(c), rank, basis=basis), "dense")
@@ -125,13 +121,7 @@ def plan_families(
             f"give each worker at least {all_sketch:,} bytes for the partial, or lower r, or sketch fewer matrices "
             "(fewer directions or τ values)"
         )
-    total = all_dense
-    # largest dense family first: the fewest families leave their exact dense form
-    for p in sorted(plans.values(), key=lambda p: (-(p.dense_bytes - p.sketch_bytes), p.name)):
-        if total <= budget_bytes:
-            break
-        plans[p.name] = FamilyPlan(p.name, p.matrices, p.dense_bytes, p.sketch_bytes, "sketch")
-        total -= p.dense_bytes - p.sketch_bytes
+    plans, total = _sketch_until_fits(plans, all_dense, budget_bytes)
     return {
         "d": d,
         "rank": rank,
@@ -145,6 +135,30 @@ def plan_families(
             for n, p in plans.items()
         },
     }
+
+
+def _check_counts(d: int, families: Mapping[str, int]) -> None:
+    """Refuse a non-positive ``d`` or a negative count of matrices."""
+    if d < 1:
+        raise ValueError(f"d must be positive, got {d}")
+    bad = {n: c for n, c in families.items() if int(c) < 0}
+    if bad:
+        raise ValueError(f"matrix counts must be non-negative, got {bad}")
+
+
+def _sketch_until_fits(
+    plans: dict[str, FamilyPlan], total: int, budget_bytes: int
+) -> tuple[dict[str, FamilyPlan], int]:
+    """``plans`` (all dense, ``total`` bytes) with families switched to their sketch, the one that saves the
+    most first, until the block partial fits ``budget_bytes``; and the bytes it then takes."""
+    plans = dict(plans)
+    # largest dense family first: the fewest families leave their exact dense form
+    for p in sorted(plans.values(), key=lambda p: (-(p.dense_bytes - p.sketch_bytes), p.name)):
+        if total <= budget_bytes:
+            break
+        plans[p.name] = FamilyPlan(p.name, p.matrices, p.dense_bytes, p.sketch_bytes, "sketch")
+        total -= p.dense_bytes - p.sketch_bytes
+    return plans, total
 
 
 def partial_bytes(stats: Any) -> dict[str, int]:

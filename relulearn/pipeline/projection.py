@@ -15,14 +15,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cost import Rates, SourceCost, Work, source_cost, statistics_work, sums_entries
+from .batches import batch_rows
+from .cost import Rates, SourceCost, Work, counted_source_cost, statistics_work, sums_entries
 from .plan import check_directions, check_partial_shares
 from .sizes import BATCH_COPIES, answers_bytes, format_bytes
 
 __all__ = [
     "FamilyCost",
     "PassPlan",
+    "PassShape",
+    "Accumulator",
     "project_pass",
+    "accumulator",
+    "pass_seconds",
+    "pass_bytes",
     "makespan",
     "format_seconds",
     "format_bytes",
@@ -62,7 +68,8 @@ class FamilyCost:
 
 @dataclass(frozen=True)
 class PassPlan:
-    """The projection of one pass: what it computes and where its time goes (seconds of wall time)."""
+    """The projection of one pass: what it computes and where its time goes (seconds of wall time); a run's plan
+    (:class:`relulearn.runplan.RunPlan`) holds one per pass, and ``fit`` runs them."""
 
     name: str
     samples: int
@@ -76,6 +83,9 @@ class PassPlan:
     driver_bytes: int
     optional: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the ``statistics`` section the pass accumulates, as its run configuration takes it (a subspace pass's
+    #: basis and expansion with the shapes they will have, their values placeholders until the method gives them)
+    statistics: dict | None = None
 
     @property
     def projected_seconds(self) -> float:
@@ -132,6 +142,41 @@ def _pilot_samples(statistics: Any) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class PassShape:
+    """How a pass is cut: its samples (whole chunks), its chunks, blocks of ``per_block`` chunks (the last maybe
+    fewer), and the single-threaded workers that take them."""
+
+    samples: int
+    chunks: int
+    per_block: int
+    blocks: int
+    workers: int
+
+    @classmethod
+    def of(cls, cfg: Any, samples: int | None, workers: int) -> PassShape:
+        """The shape of a pass of ``samples`` (default ``cfg.samples``) rounded up to whole chunks."""
+        n = int(cfg.samples if samples is None else samples)
+        chunks = -(-n // int(cfg.chunk_size))
+        per_block = int(cfg.run.chunks_per_block)
+        return cls(chunks * int(cfg.chunk_size), chunks, per_block, -(-chunks // per_block), max(1, int(workers)))
+
+
+@dataclass(frozen=True)
+class Accumulator:
+    """A pass's families and the float64 entries of one chunk's accumulator: ``sums`` (what a chunk allocates)
+    and ``terms`` (the sums of squared per-chunk terms a block partial holds beside them)."""
+
+    families: tuple[FamilyCost, ...]
+    sums: int
+    terms: int
+
+    @property
+    def partial_bytes(self) -> int:
+        """Bytes of a block partial: the sums and the terms."""
+        return _F * (self.sums + self.terms)
+
+
 def project_pass(
     cfg: Any,
     rates: Rates,
@@ -148,18 +193,32 @@ def project_pass(
     mapping or the pydantic section) over ``samples`` (default ``cfg.samples``) on ``workers`` single-threaded
     workers (1: in process).
 
-    ``source`` is the source's cost (default :func:`.cost.source_cost`, which times a black box once);
+    ``source`` is the source's cost as measured (:func:`.calibration.source_cost`; default: as counted from the
+    configuration, :func:`.cost.counted_source_cost`, a black box's own time left out);
     ``outputs`` the label vector's length (None: a scalar label)."""
     stats = cfg.statistics if statistics is None else statistics
-    d = int(cfg.source.d)
-    n = int(cfg.samples if samples is None else samples)
-    chunk = int(cfg.chunk_size)
-    chunks = -(-n // chunk)
-    n = chunks * chunk
-    per_block = int(cfg.run.chunks_per_block)
-    blocks = -(-chunks // per_block)
-    workers = max(1, int(workers))
-    src = source if source is not None else source_cost(cfg, rates)
+    shape = PassShape.of(cfg, samples, workers)
+    src = source if source is not None else counted_source_cost(cfg, rates)
+    acc = accumulator(stats, int(cfg.source.d), outputs, rates)
+    worker_bytes, driver_bytes = pass_bytes(cfg, shape, src, acc, outputs)
+    return PassPlan(
+        name,
+        shape.samples,
+        shape.chunks,
+        shape.blocks,
+        shape.workers,
+        acc.families,
+        src,
+        pass_seconds(cfg, rates, shape, src, acc, stats),
+        worker_bytes=worker_bytes,
+        driver_bytes=driver_bytes,
+        optional=optional,
+    )
+
+
+def accumulator(stats: Any, d: int, outputs: int | None, rates: Rates) -> Accumulator:
+    """Each family of ``stats`` (a mapping or the pydantic section) with its form, work per sample and partial
+    bytes at input dimension ``d``, and the entries of one chunk's accumulator of them all."""
     works = statistics_work(stats, d, outputs)
     entries = sums_entries(stats, d, outputs)
     families = []
@@ -175,54 +234,57 @@ def project_pass(
                 rates.seconds(work),
             )
         )
-    update = sum(f.seconds_per_sample for f in families)
-    acc_sums = sum(e for e, _ in entries.values())
-    acc_terms = sum(e for _, e in entries.values())
-    partial = _F * (acc_sums + acc_terms)
-    chunk_seconds = rates.seconds(Work(stream=CHUNK_COPIES * _F * (acc_sums + acc_terms)))
+    return Accumulator(tuple(families), sum(e for e, _ in entries.values()), sum(e for _, e in entries.values()))
+
+
+def pass_seconds(
+    cfg: Any, rates: Rates, shape: PassShape, src: SourceCost, acc: Accumulator, stats: Any
+) -> dict[str, float]:
+    """Where a pass's wall time goes, in seconds: the workers' share (generation, teacher, update, chunks), and
+    the driver's (setup, merge, commit, the pilot passes of ``stats``)."""
+    update = sum(f.seconds_per_sample for f in acc.families)
+    partial = acc.partial_bytes
+    chunk_seconds = rates.seconds(Work(stream=CHUNK_COPIES * _F * (acc.sums + acc.terms)))
     # the workers' wall time: the blocks (``per_block`` chunks, the last maybe fewer) taken in order by the
     # first free worker; 5 equal blocks on 2 workers take 3 blocks' time, not 2.5
-    share = makespan(chunks, per_block, workers) / chunks
+    share = makespan(shape.chunks, shape.per_block, shape.workers) / shape.chunks
+    n = shape.samples
     parallel = {
         "generation": n * src.generation * share,
         "teacher": n * src.teacher * share,
         "update": n * update * share,
-        "chunks": chunks * chunk_seconds * share,
+        "chunks": shape.chunks * chunk_seconds * share,
     }
     worker_wall = sum(parallel.values())
-    merge = blocks * (rates.seconds(Work(stream=MERGE_COPIES * partial)) + rates.task)
+    merge = shape.blocks * (rates.seconds(Work(stream=MERGE_COPIES * partial)) + rates.task)
     commit_each = partial / rates.disk + rates.seconds(Work(stream=2 * partial))
     commits = (
-        1 + int(worker_wall // max(float(cfg.run.commit_interval), 1e-9)) if cfg.run.commit_interval > 0 else blocks
+        1 + int(worker_wall // max(float(cfg.run.commit_interval), 1e-9))
+        if cfg.run.commit_interval > 0
+        else shape.blocks
     )
     pilot_n = _pilot_samples(stats)
     if cfg.source.data is not None:  # a data source's pilot reads its first rows: at most the run's
         pilot_n = min(pilot_n, n)
-    seconds = dict(
+    d = int(cfg.source.d)
+    return dict(
         parallel,
         setup=rates.setup,
         merge=merge,
         commit=commits * commit_each,
         pilot=pilot_n * (src.seconds + rates.seconds(Work(stream=_F * 2 * d))),
     )
-    from .sources import batch_rows
 
+
+def pass_bytes(cfg: Any, shape: PassShape, src: SourceCost, acc: Accumulator, outputs: int | None) -> tuple[int, int]:
+    """Bytes a pass holds on a worker (a block partial, a chunk's sums, a batch of inputs and the teacher's answers
+    to it) and on the driver (the merged state and the partials in flight)."""
+    d = int(cfg.source.d)
+    partial = acc.partial_bytes
     # a batch of inputs, and the teacher's answers to it (a black box's outputs per row, from its probe)
     batch = BATCH_COPIES * _F * batch_rows(d) * d + answers_bytes(d, max(src.answers, outputs or 1))
-    in_flight = cfg.run.max_blocks_in_flight or 2 * workers + 1
-    return PassPlan(
-        name,
-        n,
-        chunks,
-        blocks,
-        workers,
-        tuple(families),
-        src,
-        seconds,
-        worker_bytes=int(partial + _F * acc_sums + batch),
-        driver_bytes=int(partial * (1 + in_flight)),
-        optional=optional,
-    )
+    in_flight = cfg.run.max_blocks_in_flight or 2 * shape.workers + 1
+    return int(partial + _F * acc.sums + batch), int(partial * (1 + in_flight))
 
 
 def makespan(chunks: int, per_block: int, workers: int) -> float:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import relulearn
+from relulearn.pipeline.calibration import calibrate
 from relulearn.runplan import local_cluster_seconds, plan_run, where_to_run
 
 from conftest import PYTHON, cli_env, make_config
@@ -91,10 +92,11 @@ def relulearn_store(path: Path) -> dict[str, np.ndarray]:
 
 def test_the_plan_runs_small_work_in_process_and_large_work_on_the_cluster():
     cfg = make_config()
-    small = plan_run(cfg, None, samples=40_000, workers=2, choose_where=True)
+    rates = calibrate()
+    small = plan_run(cfg, None, samples=40_000, workers=2, rates=rates, choose_where=True)
     assert small.runs_in == "in process" and small.workers == 1
     assert "in process" in small.summary() and small.runs_in_reason
-    large = plan_run(cfg, None, samples=400_000_000, workers=2, choose_where=True)
+    large = plan_run(cfg, None, samples=400_000_000, workers=2, rates=rates, choose_where=True)
     assert large.runs_in == "local cluster" and large.workers == 2
     # the rule itself: a cluster only where the time it saves exceeds its start
     start = local_cluster_seconds(2)
