@@ -10,7 +10,7 @@ the equal-size chunks c (docs/design.md §3, "Standard errors").
 Modules: :mod:`.base` (the protocol), :mod:`.build` (what a family is built from), :mod:`.registry`
 (section name → family class), one module per family named after its configuration section (:mod:`.basic`,
 :mod:`.output_moments`, :mod:`.hermite`, :mod:`.contracted`, :mod:`.filtered`, :mod:`.residual`,
-:mod:`.projected_hermite`; the ``sketch`` family is :mod:`relulearn.pipeline.sketch`), the wrapper that
+:mod:`.projected_hermite`, :mod:`.sketch`), the wrapper that
 computes a family per output of a label vector (:mod:`.per_output`), helpers several families share
 (:mod:`.pilot`, :mod:`.expansion`), and the driver-side bookkeeping (:mod:`.partial`: a :class:`Partial`
 per block, merged in block order), so that the same code runs in a worker, in a single-process loop and

@@ -6,7 +6,6 @@ a module with its class (``name``, ``from_config``) and one line here.
 
 from __future__ import annotations
 
-from ..sketch import SketchMoments
 from .basic import BasicMoments
 from .build import Family
 from .contracted import ContractedMoments
@@ -15,6 +14,7 @@ from .hermite import HermiteTensors
 from .output_moments import OutputMoments
 from .projected_hermite import ProjectedHermite
 from .residual import ResidualFilteredMoments
+from .sketch import SketchMoments
 
 __all__ = ["FAMILIES"]
 

@@ -1,4 +1,5 @@
-"""Sketched second-moment families and subspace passes (docs/design.md §3, §6, §7).
+"""The ``sketch`` family: sketched second-moment families and subspace passes (docs/design.md §3, §6, §7;
+the record a pass keeps of the store it refines is :mod:`relulearn.pipeline.refines`).
 
 At large d a d × d moment matrix per τ or direction does not fit a block partial (800 MB at
 d = 10⁴, twice with its error terms). The ``sketch`` statistic keeps, for each chosen matrix
@@ -28,35 +29,29 @@ protocol like every other family. Families:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
-from .. import hermite
-from ..config import RunConfig, SketchConfig, check_sketch_rank
-from ..network import Network
-from ..storage import StoreError, diff_fields
-from .sources import Source, Stream, generator
-from .stats.base import Statistic, Var
-from .stats.build import FamilyContext
-from .stats.contracted import direction_bank
-from .stats.expansion import low_rank_expansion
-from .stats.filtered import suffix_sums, threshold_grid
-from .stats.per_output import of_output
-from .stats.residual import candidate_coords, residual_grid, residual_scores, residual_setup
+from ... import hermite
+from ...config import RunConfig, SketchConfig, check_sketch_rank
+from ...network import Network
+from ..sources import Source, Stream, generator
+from .base import Statistic, Var
+from .build import FamilyContext
+from .contracted import direction_bank
+from .expansion import low_rank_expansion
+from .filtered import suffix_sums, threshold_grid
+from .per_output import of_output
+from .residual import candidate_coords, residual_grid, residual_scores, residual_setup
 
 __all__ = [
     "SketchMoments",
     "SketchSetup",
     "sketch_setup",
     "gaussian_test_matrix",
-    "refine_record",
-    "check_refines",
-    "check_pass_store",
 ]
 
 #: bytes of the weighted copy ``W ⊙ Z`` of a row batch in the contracted family (rows are cut to fit)
@@ -472,82 +467,3 @@ def sketch_setup(
             r_tau, r_q = residual_grid(section.residual, cast(Source, source), cfg.seed, rb, nets)
         residual = (rb, nets, np.asarray(r_tau, dtype=np.float64), r_q)
     return SketchSetup(omega, is_basis, section.second is not None, expansion, contracted, tau, q, residual)
-
-
-# ------------------------------------------------------------ refined stores
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def refine_record(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What a subspace pass records of the store it refines (``statistics.sketch.refines``).
-
-    The store's fingerprint without its statistics (format, seed, chunk size, blocks, source
-    and teacher digest: what fixes the bytes of every chunk and the order of the sums), its
-    sample count, and a digest of its whole fingerprint (which sketch was refined).
-    """
-    fp = dict(meta["fingerprint"])
-    return {
-        "fingerprint": {k: v for k, v in fp.items() if k != "statistics"},
-        "samples": int(meta["samples"]),
-        "digest": _digest(fp),
-    }
-
-
-def check_refines(
-    record: Mapping[str, Any], fingerprint: Mapping[str, Any], samples: int, where: str = "this run"
-) -> None:
-    """Refuse a subspace pass that would not draw the chunks of the store it refines.
-
-    Parameters
-    ----------
-    record
-        The pass's ``statistics.sketch.refines`` (:func:`refine_record` of the refined store).
-    fingerprint
-        The pass run's own fingerprint (``state.fingerprint``).
-    samples
-        The samples the pass run is asked for (whole chunks).
-
-    Raises
-    ------
-    StoreError
-        Naming every differing field (``seed``, ``source.d``, ``chunk_size``, ``samples``, ...).
-    """
-    own = {"fingerprint": {k: v for k, v in fingerprint.items() if k != "statistics"}, "samples": int(samples)}
-    theirs = {"fingerprint": dict(record.get("fingerprint", {})), "samples": record.get("samples")}
-    differing = [f.removeprefix("fingerprint.") for f in diff_fields(theirs, own)]
-    if differing:
-        raise StoreError(
-            f"{where} is a subspace pass of a store with a different fingerprint (digest "
-            f"{record.get('digest', '?')}); differing fields: {', '.join(differing)}. A pass must draw the same "
-            "chunks as the store it refines: run it with that store's configuration (seed, source, chunk_size, "
-            "run.chunks_per_block) and sample count, or sketch this setup afresh."
-        )
-
-
-def check_pass_store(pass_meta: Mapping[str, Any], sketch_meta: Mapping[str, Any], where: str = "the pass") -> None:
-    """Refuse to combine a stored subspace pass with a sketch store it does not refine.
-
-    Compares the pass's recorded ``statistics.sketch.refines`` with :func:`refine_record` of the
-    sketch store (``meta`` of ``open_store``): fingerprint without statistics, samples and digest.
-
-    Raises
-    ------
-    StoreError
-        When the pass records no refined store, or another one (naming the differing fields).
-    """
-    section = pass_meta.get("config", {}).get("statistics", {}).get("sketch") or {}
-    record = section.get("refines")
-    if record is None:
-        raise StoreError(
-            f"{where} records no refined store (statistics.sketch.refines); run passes with "
-            "relulearn.estimators.spectral.subspace.subspace_iteration and refines=refine_record(meta)"
-        )
-    differing = [f.removeprefix("fingerprint.") for f in diff_fields(record, refine_record(sketch_meta))]
-    if differing:
-        raise StoreError(
-            f"{where} refines another store (digest {record.get('digest', '?')}); differing fields: "
-            f"{', '.join(differing)}. Use the passes stored for this sketch store, or run new ones."
-        )
