@@ -36,16 +36,18 @@ from typing import Any, cast
 import numpy as np
 
 from ... import hermite
-from ...config import RunConfig, SketchConfig, check_sketch_rank
+from ...config import SKETCH_DEFAULT_RANK, RunConfig, SketchConfig, check_sketch_rank
 from ...network import Network
 from ..sources import Source, Stream, generator
 from .base import Statistic, Var
 from .build import FamilyContext
 from .contracted import direction_bank
 from .expansion import low_rank_expansion
+from .family import Family
 from .filtered import suffix_sums, threshold_grid
 from .per_output import of_output
 from .residual import candidate_coords, residual_grid, residual_scores, residual_setup
+from .work import F, Work, count, grid_size, option
 
 __all__ = [
     "SketchMoments",
@@ -66,7 +68,7 @@ def gaussian_test_matrix(d: int, rank: int, seed: int) -> np.ndarray:
     return generator(seed, Stream.SKETCH).standard_normal((d, rank))
 
 
-class SketchMoments(Statistic):
+class SketchMoments(Family):
     """``Y = M Ω`` for the chosen second-moment families; ``Ωᵀ M Ω`` too for a subspace pass.
 
     Parameters
@@ -98,6 +100,32 @@ class SketchMoments(Statistic):
     """
 
     name = "sketch"
+    descriptions = {
+        "t0_second": ("mean label of the sketch", "E[y] (less the control expansion's constant, if any)"),
+        "t1_second": ("first Hermite coefficient", "E[y x] (less the control expansion's linear part, if any)"),
+        "Y_second": ("sketch of T_2", "T_2 Ω = E[y (x xᵀ − I)] Ω: the second Hermite moment times the test matrix"),
+        "BMB_second": ("T_2 on the basis", "Ωᵀ T_2 Ω for the orthonormal basis Ω of a subspace pass"),
+        "Y_contracted": ("sketch of M_l^g", "M_l^g Ω per (order, direction) pair"),
+        "BMB_contracted": ("M_l^g on the basis", "Ωᵀ M_l^g Ω per pair, on the orthonormal basis Ω"),
+        "Y_filtered": ("sketch of M_τ", "M_τ Ω per threshold τ"),
+        "BMB_filtered": ("M_τ on the basis", "Ωᵀ M_τ Ω per threshold τ"),
+        "prob_filtered": ("filter probability", "P[|y| > τ] per threshold τ"),
+        "Y_residual": ("sketch of the residual-filtered moments", "M[c, t] Ω per candidate and threshold"),
+        "BMB_residual": ("residual-filtered moments on the basis", "Ωᵀ M[c, t] Ω per candidate and threshold"),
+        "prob_residual": ("residual filter probability", "P[|y − F̃_c(Bx)| > τ_{c,t}]"),
+        "omega": (
+            "test matrix Ω",
+            "the Gaussian test matrix (d × rank) of the sketch, or the orthonormal basis of a subspace pass",
+        ),
+        "direction": ("direction bank", "the unit directions g of the contracted family"),
+        "pair_order": ("order of each pair", "the Hermite order l of pair p"),
+        "pair_direction": ("direction of each pair", "the index into `direction` of pair p"),
+        "tau": ("threshold τ", "the thresholds of |y|"),
+        "quantile": ("quantile of |y|", "the quantile of |y| each τ was taken at"),
+        "residual_basis": ("basis found so far", "orthonormal rows B of the residual family"),
+        "residual_tau": ("residual thresholds", "the thresholds of each candidate's |residual|"),
+        "residual_quantile": ("quantile of the residual", "the quantile of |residual| each residual τ was taken at"),
+    }
 
     def __init__(
         self,
@@ -149,6 +177,72 @@ class SketchMoments(Statistic):
         (:func:`sketch_setup`), then one statistic per output."""
         setup = sketch_setup(section, ctx.cfg, ctx.source, ctx.stored(cls.name) if ctx.stored else None)
         return ctx.per_output(setup.statistic)
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """``X Ω`` once, then per sketched family one skinny product ``Xᵀ [w ⊙ Z]`` (2 d r flops per sample and
+        matrix; the contracted pairs in one GEMM of P r columns), per output."""
+        r = _columns(section)
+        products: list[tuple[float, int]] = [(2.0 * d * r, r)]
+        stream = F * 2 * d
+        second = option(section, "second")
+        if second is not None:
+            products.append((2.0 * d * (r + 1), r))
+            expansion = option(second, "expansion")
+            vectors = option(expansion, "t2_vectors") if expansion is not None else None
+            if vectors:
+                products.append((2.0 * d * len(vectors), len(vectors)))
+        contracted = option(section, "contracted")
+        if contracted is not None:
+            g = count(option(contracted, "directions") or 8)
+            pairs = len(option(contracted, "orders") or [2, 4]) * g
+            products += [(2.0 * d * g, g), (2.0 * d * pairs, pairs), (2.0 * d * pairs * r, min(d, pairs * r))]
+            stream += F * pairs * r
+        if option(section, "filtered") is not None:
+            products.append((2.0 * d * r, r))
+            stream += F * d
+        residual = option(section, "residual")
+        if residual is not None:
+            c = len(option(residual, "candidates") or [1])
+            s = len(option(residual, "basis") or [[0]])
+            products += [(2.0 * d * s, s), (2.0 * d * s, d), (2.0 * c * d * r, r)]
+            stream += F * 2 * d * (c + 1)
+        return Work(tuple(products), stream=stream).scaled(outputs)
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        basis = option(section, "basis")
+        r = _columns(section)
+        bmb = r * r if basis is not None else 0
+        sums = terms = 0
+        if option(section, "second") is not None:
+            sums += d * r + d + 2
+            terms += d * r + d + 1 + bmb
+        contracted = option(section, "contracted")
+        if contracted is not None:
+            p = len(option(contracted, "orders") or [2, 4]) * count(option(contracted, "directions") or 8)
+            sums += p * (d * r + d + 2)
+            terms += p * (d * r + bmb)
+        filtered = option(section, "filtered")
+        if filtered is not None:
+            t = grid_size(filtered)
+            sums += t * (d * r + 1)
+            terms += t * (d * r + 1 + bmb)
+        residual = option(section, "residual")
+        if residual is not None:
+            ct = len(option(residual, "candidates") or [0]) * grid_size(residual)
+            sums += ct * (d * r + 1)
+            terms += ct * (d * r + 1 + bmb)
+        return sums * outputs, terms * outputs
+
+    @classmethod
+    def form(cls, section: Any) -> str:
+        """``second sketch r=32``, ``second+contracted subspace r=8``: the families sketched and the rank."""
+        basis = option(section, "basis")
+        inner = "+".join(k for k in ("second", "contracted", "filtered", "residual") if option(section, k) is not None)
+        if basis is not None:
+            return f"{inner} subspace r={len(basis)}"
+        return f"{inner} sketch r={option(section, 'rank') or SKETCH_DEFAULT_RANK}"
 
     @property
     def n_pairs(self) -> int:
@@ -361,6 +455,12 @@ class SketchMoments(Statistic):
         if self.candidates is not None:
             out["residual_tau"] = self.res_tau.tolist()
         return out
+
+
+def _columns(section: Any) -> int:
+    """r: the basis rows of a section (a mapping or its model), or its rank."""
+    basis = option(section, "basis")
+    return len(basis) if basis is not None else int(option(section, "rank") or SKETCH_DEFAULT_RANK)
 
 
 def _binned_cross(
