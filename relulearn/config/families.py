@@ -1,5 +1,6 @@
-"""The sections of the dense statistic families (``statistics.basic``, ``hermite``, ``contracted``, ``filtered``,
-``residual``, ...): what each estimates and the options that shape it."""
+"""The ``statistics`` section: one section per statistic family (``statistics.basic``, ``hermite``,
+``contracted``, ``filtered``, ``residual``, ..., ``sketch``), what each estimates and the options that shape it,
+and :class:`StatisticsConfig`, whose field order is the order a run builds the families in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from .base import SEED_MAX, _Section
+from .sketch import SKETCH_DEFAULT_RANK
 
 __all__ = [
     "BasicConfig",
@@ -19,6 +21,9 @@ __all__ = [
     "CandidateNetworkConfig",
     "ResidualConfig",
     "ProjectedHermiteConfig",
+    "SketchSecondConfig",
+    "SketchConfig",
+    "StatisticsConfig",
 ]
 
 
@@ -194,3 +199,90 @@ class ProjectedHermiteConfig(_Section):
     expansion: ExpansionConfig | None = Field(
         None, description="degree-≤2 expansion subtracted from the labels (residual labels); omitted: raw labels"
     )
+
+
+class SketchSecondConfig(_Section):
+    """``M_2 = E[y (x xᵀ − I)]`` in sketch form."""
+
+    expansion: ExpansionConfig | None = Field(
+        None,
+        description="a degree-≤2 expansion of the labels used as a control variate: the sums are taken of "
+        "y − (t0 + <t1, x> + ½<T_2, xxᵀ − I>) and T_2 Ω is added back, so the estimate is still of M_2 (and E[y], "
+        "E[y x]) with the far smaller variance of the residual labels; T_2 of low rank (t2_vectors, t2_values) at "
+        "large d; omitted: raw labels",
+    )
+
+
+class SketchConfig(_Section):
+    """Second-moment families in sketch form (docs/design.md §6, §7): for each chosen d × d matrix M,
+    ``Y = M Ω`` (d × r) with Ω a seeded Gaussian test matrix, or, for a subspace pass with an
+    orthonormal ``basis`` B (rows, r × d), ``M Bᵀ`` and ``B M Bᵀ`` (r × r). O(d r) per sample and
+    matrix instead of O(d²)."""
+
+    rank: int | None = Field(
+        None,
+        ge=1,
+        description=f"columns r of the Gaussian test matrix Ω (d × r); default {SKETCH_DEFAULT_RANK}, "
+        "or the number of basis rows",
+    )
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="seed of Ω (default: the run's seed)")
+    basis: list[list[float]] | None = Field(
+        None, min_length=1, description="orthonormal rows B (r × d): a subspace pass (Ω = Bᵀ, and B M Bᵀ is stored)"
+    )
+    second: SketchSecondConfig | None = Field(None, description="M_2 = E[y (xxᵀ − I)]")
+    contracted: ContractedConfig | None = Field(None, description="M_l^g for orders × directions")
+    filtered: FilteredConfig | None = Field(None, description="M_τ = E[1{|y| > τ}(xxᵀ − I)] for a τ grid")
+    residual: ResidualConfig | None = Field(
+        None,
+        description="residual-filtered M of candidate networks on a found subspace, projected off it "
+        "(the dense `residual` family's matrices, sketched)",
+    )
+    refines: dict[str, Any] | None = Field(
+        None,
+        description="for a subspace pass: the record of the store it refines (its fingerprint but the "
+        "statistics, and its sample count); the run is refused unless it draws the same chunks",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SketchConfig:
+        if self.second is None and self.contracted is None and self.filtered is None and self.residual is None:
+            raise ValueError(
+                "give at least one family to sketch: `second: {}`, `contracted: {orders: [...], "
+                "directions: ...}`, `filtered: {quantiles: [...]}` or `residual: {basis: ..., "
+                "candidates: ..., quantiles: [...]}`"
+            )
+        if self.basis is not None:
+            if self.rank is not None and self.rank != len(self.basis):
+                raise ValueError(f"rank is {self.rank} but basis has {len(self.basis)} rows; omit rank with a basis")
+            if self.seed is not None:
+                raise ValueError(
+                    "seed draws the Gaussian test matrix; a subspace pass with a basis has none (omit seed)"
+                )
+        elif self.refines is not None:
+            raise ValueError("refines names the store a subspace pass refines; give it together with a basis")
+        return self
+
+    @property
+    def columns(self) -> int:
+        """r: the basis rows, or the rank (default :data:`SKETCH_DEFAULT_RANK`)."""
+        if self.basis is not None:
+            return len(self.basis)
+        return SKETCH_DEFAULT_RANK if self.rank is None else self.rank
+
+
+class StatisticsConfig(_Section):
+    """The statistic families a run accumulates, one optional section each; the fields' order is the order a
+    run builds them in (and their pilot passes draw), the registry's (:mod:`relulearn.pipeline.stats.registry`)."""
+
+    basic: BasicConfig | None = Field(default_factory=BasicConfig)
+    output_moments: OutputMomentsConfig | None = None
+    hermite: HermiteConfig | None = None
+    contracted: ContractedConfig | None = None
+    filtered: FilteredConfig | None = None
+    residual: ResidualConfig | None = None
+    projected_hermite: ProjectedHermiteConfig | None = None
+    sketch: SketchConfig | None = None
+
+    def enabled(self) -> dict[str, _Section]:
+        """The statistics to accumulate, by name, in the fields' order."""
+        return {name: section for name in type(self).model_fields if (section := getattr(self, name)) is not None}
