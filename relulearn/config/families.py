@@ -271,8 +271,8 @@ class SketchConfig(_Section):
 
 
 class StatisticsConfig(_Section):
-    """The statistic families a run accumulates, one optional section each; the fields' order is the order a
-    run builds them in (and their pilot passes draw), the registry's (:mod:`relulearn.pipeline.stats.registry`)."""
+    """The statistic families a run accumulates, one optional section each. The fields' order is the order a
+    run builds them in and their pilot passes draw (the registry of families follows it)."""
 
     basic: BasicConfig | None = Field(default_factory=BasicConfig)
     output_moments: OutputMomentsConfig | None = None
