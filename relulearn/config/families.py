@@ -21,6 +21,7 @@ __all__ = [
     "CandidateNetworkConfig",
     "ResidualConfig",
     "ProjectedHermiteConfig",
+    "ProjectedContractedConfig",
     "SketchSecondConfig",
     "SketchConfig",
     "StatisticsConfig",
@@ -104,19 +105,12 @@ class ContractedConfig(_Section):
     @field_validator("orders")
     @classmethod
     def _orders(cls, value: list[int]) -> list[int]:
-        bad = [o for o in value if o < 2 or o > 30]
-        if bad:
-            raise ValueError(f"contracted orders must be between 2 and 30, got {bad}")
-        if len(set(value)) != len(value):
-            raise ValueError(f"contracted orders repeat: {value}")
-        return value
+        return _check_orders(value)
 
     @field_validator("directions")
     @classmethod
     def _directions(cls, value: Any) -> Any:
-        if isinstance(value, int) and value < 1:
-            raise ValueError("directions must be a positive count or a list of direction vectors")
-        return value
+        return _check_directions(value)
 
     @model_validator(mode="after")
     def _one_control(self) -> ContractedConfig:
@@ -126,6 +120,23 @@ class ContractedConfig(_Section):
                 "degree-≤2 expansion), not both"
             )
         return self
+
+
+def _check_orders(value: list[int]) -> list[int]:
+    """Orders of contracted matrices: between 2 and 30, none repeated."""
+    bad = [o for o in value if o < 2 or o > 30]
+    if bad:
+        raise ValueError(f"contracted orders must be between 2 and 30, got {bad}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"contracted orders repeat: {value}")
+    return value
+
+
+def _check_directions(value: Any) -> Any:
+    """A positive count of directions, or the directions themselves."""
+    if isinstance(value, int) and value < 1:
+        raise ValueError("directions must be a positive count or a list of direction vectors")
+    return value
 
 
 def _check_grid(quantiles: list[float] | None, thresholds: list[float] | None) -> None:
@@ -199,6 +210,33 @@ class ProjectedHermiteConfig(_Section):
     expansion: ExpansionConfig | None = Field(
         None, description="degree-≤2 expansion subtracted from the labels (residual labels); omitted: raw labels"
     )
+
+
+class ProjectedContractedConfig(_Section):
+    """The ``contracted`` family's matrices inside a subspace: for orthonormal rows ``B`` (k × d) and
+    ``z = B x``, ``M_l^g = T_l(g, …, g, ·, ·)`` of the labels as a function of z for directions g of the
+    subspace, k × k instead of d × d (``B M_l^{Bᵀg} Bᵀ`` of the full family); no control variate."""
+
+    basis: list[list[float]] = Field(..., min_length=1, description="orthonormal rows B (k × d) of the subspace")
+    orders: list[int] = Field([2, 4], min_length=1, description="orders l of the contracted matrices M_l^g")
+    directions: int | list[list[float]] = Field(
+        8,
+        description="number of random unit directions g of the subspace, or the directions themselves (rows of "
+        "length k, one entry per basis row)",
+    )
+    directions_seed: int | None = Field(
+        None, ge=0, le=SEED_MAX, description="seed of the random direction bank (default: the run's seed)"
+    )
+
+    @field_validator("orders")
+    @classmethod
+    def _orders(cls, value: list[int]) -> list[int]:
+        return _check_orders(value)
+
+    @field_validator("directions")
+    @classmethod
+    def _directions(cls, value: Any) -> Any:
+        return _check_directions(value)
 
 
 class SketchSecondConfig(_Section):
@@ -282,6 +320,7 @@ class StatisticsConfig(_Section):
     residual: ResidualConfig | None = None
     projected_hermite: ProjectedHermiteConfig | None = None
     sketch: SketchConfig | None = None
+    projected_contracted: ProjectedContractedConfig | None = None
 
     def enabled(self) -> dict[str, _Section]:
         """The statistics to accumulate, by name, in the fields' order."""

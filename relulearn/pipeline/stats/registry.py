@@ -13,6 +13,7 @@ from .family import Family
 from .filtered import FilteredMoments
 from .hermite import HermiteTensors
 from .output_moments import OutputMoments
+from .projected_contracted import ProjectedContracted
 from .projected_hermite import ProjectedHermite
 from .residual import ResidualFilteredMoments
 from .sketch import SketchMoments
@@ -29,4 +30,5 @@ FAMILIES: dict[str, type[Family]] = {
     "residual": ResidualFilteredMoments,
     "projected_hermite": ProjectedHermite,
     "sketch": SketchMoments,
+    "projected_contracted": ProjectedContracted,
 }
