@@ -4,8 +4,9 @@ cost per sample, the size of its partial, its pilot pass, its form and the words
 that the generic code (the cost model, the planner, the store's xarray view) asks the class and never names
 a family.
 
-Every class method takes the family's configuration section as a mapping or as its pydantic model (the planner
-prices a method's statistics as mappings before they are validated) and reads it with :func:`~.work.option`.
+The class methods the planner calls (``work``, ``entries``, ``form``, the pilot's) take the family's
+configuration section as a mapping or as its pydantic model (the planner prices a method's statistics as
+mappings before they are validated) and read it with :func:`~.work.option`; ``from_config`` gets the model.
 """
 
 from __future__ import annotations
