@@ -8,7 +8,7 @@ input dimensions d and row batches of ``BATCH_ROWS`` (the pipeline's batch), the
 - ``Statistic.update`` of the dense families ``basic`` (Σxxᵀ), ``output_moments`` (the dense
   ``M_2``, whose sketch is ``second``), ``filtered`` (3 τ) and ``contracted`` (orders [2, 4] ×
   8 directions = 16 matrices);
-- ``update`` of the ``sketch`` statistic (``relulearn.pipeline.sketch``) holding one family
+- ``update`` of the ``sketch`` statistic (``relulearn.pipeline.stats.sketch``) holding one family
   (``second``, ``contracted`` or ``filtered``, the same options) at r = 16, 32, 64;
 - the streamed refinement's ``relulearn.estimators.polish.streamed.gradient_sums`` (k = 5);
 - a numpy ``a += b`` (the driver's merge of a block partial is one such add per array), in bytes

@@ -50,10 +50,11 @@ from relulearn.estimators.spectral import stage as spectral  # noqa: E402
 from relulearn.estimators.spectral.subspace import sketch_basis, subspace_iteration  # noqa: E402
 from relulearn.estimators.spectral.subspace_geometry import principal_angles  # noqa: E402
 from relulearn.pipeline.cluster import connect  # noqa: E402
+from relulearn.pipeline.refines import refine_record  # noqa: E402
 from relulearn.pipeline.run import estimate  # noqa: E402
-from relulearn.pipeline.sketch import SketchMoments, gaussian_test_matrix, refine_record  # noqa: E402
 from relulearn.pipeline.sources import chunk_batches, make_source  # noqa: E402
 from relulearn.pipeline.stats.output_moments import OutputMoments  # noqa: E402
+from relulearn.pipeline.stats.sketch import SketchMoments, gaussian_test_matrix  # noqa: E402
 
 from _common import save_json, utc_now  # noqa: E402
 from learn_one_hidden import machine_info  # noqa: E402

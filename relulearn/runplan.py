@@ -169,28 +169,27 @@ PILOT_SHARE = 0.025
 #: the smallest pilot (a quantile grid needs its tails populated)
 PILOT_FLOOR = 10_000
 
-#: the pilots' sample counts in a statistics section, by family
-_PILOTS = {"contracted": "control_samples", "filtered": "pilot_samples", "residual": "pilot_samples"}
-
 
 def size_pilots(statistics: dict, samples: int, d: int) -> dict:
     """``statistics`` with each pilot pass the method left at its default sized to the run: ``PILOT_SHARE``
-    of ``samples``, at least ``PILOT_FLOOR`` (and 20 d for a control variate's d + 1 coefficients), at most the
-    family's default."""
+    of ``samples``, at least ``PILOT_FLOOR`` (and the family's own floor: 20 d for a control variate's d + 1
+    coefficients), at most the family's default (its :attr:`~.pipeline.stats.family.Family.pilot_key`)."""
     from .config import StatisticsConfig
+    from .pipeline.stats.registry import FAMILIES
 
     out = dict(statistics)
-    for fam, key in _PILOTS.items():
-        sec = out.get(fam)
-        if not isinstance(sec, dict) or key in sec:
+    for fam, sec in statistics.items():
+        family = FAMILIES.get(fam)
+        key = None if family is None else family.pilot_key
+        if family is None or key is None or not isinstance(sec, dict) or key in sec:
             continue
-        if (fam == "contracted" and not sec.get("control")) or (fam != "contracted" and not sec.get("quantiles")):
+        if not family.runs_pilot(sec):
             continue  # no pilot pass
         model = StatisticsConfig.model_fields[fam].annotation
         default = _default_of(model, key)
         if default is None:
             continue
-        floor = max(PILOT_FLOOR, 20 * d) if fam == "contracted" else PILOT_FLOOR  # d + 1 coefficients, or a 1-d grid
+        floor = max(PILOT_FLOOR, family.pilot_floor(d))  # a control variate's coefficients, or a 1-d grid
         out[fam] = dict(sec, **{key: int(min(default, max(floor, int(PILOT_SHARE * samples))))})
     return out
 

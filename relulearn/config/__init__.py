@@ -4,8 +4,8 @@ Every section is a pydantic model with ``extra="forbid"``, so a mistyped key is 
 error that names the key and the closest valid one, instead of being silently ignored.
 
 The modules: :mod:`~relulearn.config.source` (the ``source`` section: teachers and files),
-:mod:`~relulearn.config.families` (the dense statistic families), :mod:`~relulearn.config.sketch` (the
-sketch section and its ranks), :mod:`~relulearn.config.run` (the statistics, the run options, the whole
+:mod:`~relulearn.config.families` (the ``statistics`` section: every family's section, the sketch's too),
+:mod:`~relulearn.config.sketch` (the sketch ranks), :mod:`~relulearn.config.run` (the run options, the whole
 configuration), :mod:`~relulearn.config.loading` (from a dict or a YAML file) and
 :mod:`~relulearn.config.messages` (validation errors, one line per key, with "did you mean").
 Every public name is re-exported here.
@@ -24,14 +24,15 @@ from .families import (
     OutputMomentsConfig,
     ProjectedHermiteConfig,
     ResidualConfig,
+    SketchConfig,
+    SketchSecondConfig,
+    StatisticsConfig,
 )
 from .loading import config_from_dict, load_config
-from .run import RunConfig, RunOptions, StatisticsConfig
+from .run import RunConfig, RunOptions
 from .sketch import (
     SKETCH_DEFAULT_RANK,
     SKETCH_OVERSAMPLING,
-    SketchConfig,
-    SketchSecondConfig,
     check_sketch_rank,
     required_sketch_rank,
 )

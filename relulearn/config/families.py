@@ -1,5 +1,6 @@
-"""The sections of the dense statistic families (``statistics.basic``, ``hermite``, ``contracted``, ``filtered``,
-``residual``, ...): what each estimates and the options that shape it."""
+"""The ``statistics`` section: one section per statistic family (``statistics.basic``, ``hermite``,
+``contracted``, ``filtered``, ``residual``, ..., ``sketch``), what each estimates and the options that shape it,
+and :class:`StatisticsConfig`, whose field order is the order a run builds the families in."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from .base import SEED_MAX, _Section
+from .sketch import SKETCH_DEFAULT_RANK
 
 __all__ = [
     "BasicConfig",
@@ -19,6 +21,10 @@ __all__ = [
     "CandidateNetworkConfig",
     "ResidualConfig",
     "ProjectedHermiteConfig",
+    "ProjectedContractedConfig",
+    "SketchSecondConfig",
+    "SketchConfig",
+    "StatisticsConfig",
 ]
 
 
@@ -99,19 +105,12 @@ class ContractedConfig(_Section):
     @field_validator("orders")
     @classmethod
     def _orders(cls, value: list[int]) -> list[int]:
-        bad = [o for o in value if o < 2 or o > 30]
-        if bad:
-            raise ValueError(f"contracted orders must be between 2 and 30, got {bad}")
-        if len(set(value)) != len(value):
-            raise ValueError(f"contracted orders repeat: {value}")
-        return value
+        return _check_orders(value)
 
     @field_validator("directions")
     @classmethod
     def _directions(cls, value: Any) -> Any:
-        if isinstance(value, int) and value < 1:
-            raise ValueError("directions must be a positive count or a list of direction vectors")
-        return value
+        return _check_directions(value)
 
     @model_validator(mode="after")
     def _one_control(self) -> ContractedConfig:
@@ -121,6 +120,23 @@ class ContractedConfig(_Section):
                 "degree-≤2 expansion), not both"
             )
         return self
+
+
+def _check_orders(value: list[int]) -> list[int]:
+    """Orders of contracted matrices: between 2 and 30, none repeated."""
+    bad = [o for o in value if o < 2 or o > 30]
+    if bad:
+        raise ValueError(f"contracted orders must be between 2 and 30, got {bad}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"contracted orders repeat: {value}")
+    return value
+
+
+def _check_directions(value: Any) -> Any:
+    """A positive count of directions, or the directions themselves."""
+    if isinstance(value, int) and value < 1:
+        raise ValueError("directions must be a positive count or a list of direction vectors")
+    return value
 
 
 def _check_grid(quantiles: list[float] | None, thresholds: list[float] | None) -> None:
@@ -194,3 +210,118 @@ class ProjectedHermiteConfig(_Section):
     expansion: ExpansionConfig | None = Field(
         None, description="degree-≤2 expansion subtracted from the labels (residual labels); omitted: raw labels"
     )
+
+
+class ProjectedContractedConfig(_Section):
+    """The ``contracted`` family's matrices inside a subspace: for orthonormal rows ``B`` (k × d) and
+    ``z = B x``, ``M_l^g = T_l(g, …, g, ·, ·)`` of the labels as a function of z for directions g of the
+    subspace, k × k instead of d × d (``B M_l^{Bᵀg} Bᵀ`` of the full family); no control variate."""
+
+    basis: list[list[float]] = Field(..., min_length=1, description="orthonormal rows B (k × d) of the subspace")
+    orders: list[int] = Field([2, 4], min_length=1, description="orders l of the contracted matrices M_l^g")
+    directions: int | list[list[float]] = Field(
+        8,
+        description="number of random unit directions g of the subspace, or the directions themselves (rows of "
+        "length k, one entry per basis row)",
+    )
+    directions_seed: int | None = Field(
+        None, ge=0, le=SEED_MAX, description="seed of the random direction bank (default: the run's seed)"
+    )
+
+    @field_validator("orders")
+    @classmethod
+    def _orders(cls, value: list[int]) -> list[int]:
+        return _check_orders(value)
+
+    @field_validator("directions")
+    @classmethod
+    def _directions(cls, value: Any) -> Any:
+        return _check_directions(value)
+
+
+class SketchSecondConfig(_Section):
+    """``M_2 = E[y (x xᵀ − I)]`` in sketch form."""
+
+    expansion: ExpansionConfig | None = Field(
+        None,
+        description="a degree-≤2 expansion of the labels used as a control variate: the sums are taken of "
+        "y − (t0 + <t1, x> + ½<T_2, xxᵀ − I>) and T_2 Ω is added back, so the estimate is still of M_2 (and E[y], "
+        "E[y x]) with the far smaller variance of the residual labels; T_2 of low rank (t2_vectors, t2_values) at "
+        "large d; omitted: raw labels",
+    )
+
+
+class SketchConfig(_Section):
+    """Second-moment families in sketch form (docs/design.md §6, §7): for each chosen d × d matrix M,
+    ``Y = M Ω`` (d × r) with Ω a seeded Gaussian test matrix, or, for a subspace pass with an
+    orthonormal ``basis`` B (rows, r × d), ``M Bᵀ`` and ``B M Bᵀ`` (r × r). O(d r) per sample and
+    matrix instead of O(d²)."""
+
+    rank: int | None = Field(
+        None,
+        ge=1,
+        description=f"columns r of the Gaussian test matrix Ω (d × r); default {SKETCH_DEFAULT_RANK}, "
+        "or the number of basis rows",
+    )
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="seed of Ω (default: the run's seed)")
+    basis: list[list[float]] | None = Field(
+        None, min_length=1, description="orthonormal rows B (r × d): a subspace pass (Ω = Bᵀ, and B M Bᵀ is stored)"
+    )
+    second: SketchSecondConfig | None = Field(None, description="M_2 = E[y (xxᵀ − I)]")
+    contracted: ContractedConfig | None = Field(None, description="M_l^g for orders × directions")
+    filtered: FilteredConfig | None = Field(None, description="M_τ = E[1{|y| > τ}(xxᵀ − I)] for a τ grid")
+    residual: ResidualConfig | None = Field(
+        None,
+        description="residual-filtered M of candidate networks on a found subspace, projected off it "
+        "(the dense `residual` family's matrices, sketched)",
+    )
+    refines: dict[str, Any] | None = Field(
+        None,
+        description="for a subspace pass: the record of the store it refines (its fingerprint but the "
+        "statistics, and its sample count); the run is refused unless it draws the same chunks",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SketchConfig:
+        if self.second is None and self.contracted is None and self.filtered is None and self.residual is None:
+            raise ValueError(
+                "give at least one family to sketch: `second: {}`, `contracted: {orders: [...], "
+                "directions: ...}`, `filtered: {quantiles: [...]}` or `residual: {basis: ..., "
+                "candidates: ..., quantiles: [...]}`"
+            )
+        if self.basis is not None:
+            if self.rank is not None and self.rank != len(self.basis):
+                raise ValueError(f"rank is {self.rank} but basis has {len(self.basis)} rows; omit rank with a basis")
+            if self.seed is not None:
+                raise ValueError(
+                    "seed draws the Gaussian test matrix; a subspace pass with a basis has none (omit seed)"
+                )
+        elif self.refines is not None:
+            raise ValueError("refines names the store a subspace pass refines; give it together with a basis")
+        return self
+
+    @property
+    def columns(self) -> int:
+        """r: the basis rows, or the rank (default :data:`SKETCH_DEFAULT_RANK`)."""
+        if self.basis is not None:
+            return len(self.basis)
+        return SKETCH_DEFAULT_RANK if self.rank is None else self.rank
+
+
+class StatisticsConfig(_Section):
+    """The statistic families a run accumulates, one optional section each. The fields' order is the order a
+    run builds them in and their pilot passes draw (the registry of families follows it)."""
+
+    basic: BasicConfig | None = Field(default_factory=BasicConfig)
+    output_moments: OutputMomentsConfig | None = None
+    hermite: HermiteConfig | None = None
+    contracted: ContractedConfig | None = None
+    filtered: FilteredConfig | None = None
+    residual: ResidualConfig | None = None
+    projected_hermite: ProjectedHermiteConfig | None = None
+    sketch: SketchConfig | None = None
+    projected_contracted: ProjectedContractedConfig | None = None
+
+    def enabled(self) -> dict[str, _Section]:
+        """The statistics to accumulate, by name, in the fields' order."""
+        return {name: section for name in type(self).model_fields if (section := getattr(self, name)) is not None}

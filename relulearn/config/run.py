@@ -1,4 +1,4 @@
-"""The whole run configuration: its statistics, its run options and the top level (seed, samples, source)."""
+"""The whole run configuration: its run options and the top level (seed, samples, source, statistics)."""
 
 from __future__ import annotations
 
@@ -8,48 +8,10 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from .base import SAMPLES_MAX, SEED_MAX, _Section
-from .families import (
-    BasicConfig,
-    ContractedConfig,
-    FilteredConfig,
-    HermiteConfig,
-    OutputMomentsConfig,
-    ProjectedHermiteConfig,
-    ResidualConfig,
-)
-from .sketch import SketchConfig
+from .families import StatisticsConfig
 from .source import SourceConfig, is_url
 
-__all__ = ["StatisticsConfig", "RunOptions", "RunConfig"]
-
-
-class StatisticsConfig(_Section):
-    basic: BasicConfig | None = Field(default_factory=BasicConfig)
-    output_moments: OutputMomentsConfig | None = None
-    hermite: HermiteConfig | None = None
-    contracted: ContractedConfig | None = None
-    filtered: FilteredConfig | None = None
-    residual: ResidualConfig | None = None
-    projected_hermite: ProjectedHermiteConfig | None = None
-    sketch: SketchConfig | None = None
-
-    def enabled(self) -> dict[str, _Section]:
-        """The statistics to accumulate, by name, in a fixed order."""
-        out = {}
-        for name in (
-            "basic",
-            "output_moments",
-            "hermite",
-            "contracted",
-            "filtered",
-            "residual",
-            "projected_hermite",
-            "sketch",
-        ):
-            section = getattr(self, name)
-            if section is not None:
-                out[name] = section
-        return out
+__all__ = ["RunOptions", "RunConfig"]
 
 
 class RunOptions(_Section):

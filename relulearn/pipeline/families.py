@@ -1,5 +1,5 @@
 """The statistics a run's configuration asks for, built: each section's family from the registry of
-:mod:`.stats.registry` (the sketch's in :mod:`.sketch`), with their direction banks, τ grids and control
+:mod:`.stats.registry`, with their direction banks, τ grids and control
 variates resolved (drawn by their pilot passes, or read from the store).
 """
 

@@ -111,17 +111,12 @@ class PassPlan:
 
 
 def _form(name: str, section: Any) -> str:
-    """How a family is shown: ``contracted dense``, ``second sketch r=32``, ``second subspace r=32``."""
-    if name != "sketch":
-        return f"{name} dense"
-    get = section.get if isinstance(section, dict) else (lambda k: getattr(section, k, None))
-    basis = get("basis")
-    inner = "+".join(k for k in ("second", "contracted", "filtered", "residual") if get(k) is not None)
-    if basis is not None:
-        return f"{inner} subspace r={len(basis)}"
-    from ..config import SKETCH_DEFAULT_RANK
+    """How a family is shown: ``contracted dense``, ``second sketch r=32``, ``second subspace r=32``
+    (:meth:`~.stats.family.Family.form`)."""
+    from .stats.registry import FAMILIES
 
-    return f"{inner} sketch r={get('rank') or SKETCH_DEFAULT_RANK}"
+    family = FAMILIES.get(name)
+    return f"{name} dense" if family is None else family.form(section)
 
 
 def _sections(statistics: Any) -> dict[str, Any]:
@@ -131,15 +126,11 @@ def _sections(statistics: Any) -> dict[str, Any]:
 
 
 def _pilot_samples(statistics: Any) -> int:
-    """Samples of the pilot passes a statistics section runs before its first block (the driver draws them)."""
-    total = 0
-    for name, sec in _sections(statistics).items():
-        get = sec.get if isinstance(sec, dict) else lambda k, s=sec: getattr(s, k, None)
-        if name == "contracted" and get("control"):
-            total += int(get("control_samples") or 100_000)
-        if name in ("filtered", "residual") and get("quantiles"):
-            total += int(get("pilot_samples") or 100_000)
-    return total
+    """Samples of the pilot passes a statistics section runs before its first block (the driver draws them):
+    each family's :meth:`~.stats.family.Family.pilot_samples`."""
+    from .stats.registry import FAMILIES
+
+    return sum(FAMILIES[name].pilot_samples(sec) for name, sec in _sections(statistics).items() if name in FAMILIES)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from .families import build_statistics
 from .interrupts import Interrupts, signals_as_interrupts
 from .plan import check_partial_bytes
 from .progress_line import ProgressLine
-from .sketch import check_refines
+from .refines import check_refines
 from .sources import RunSource, Source, data_of, make_source
 from .state import (
     StoreWriteError,

@@ -27,8 +27,8 @@ from relulearn.estimators.spectral.subspace import rayleigh_ritz, sketch_basis, 
 from relulearn.estimators.spectral.subspace_geometry import principal_angles
 from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.plan import MemoryBudgetError, plan_families
+from relulearn.pipeline.refines import check_pass_store, refine_record
 from relulearn.pipeline.run import estimate
-from relulearn.pipeline.sketch import check_pass_store, refine_record
 from relulearn.pipeline.sources import make_source
 from relulearn.pipeline.stats.output_moments import OutputMoments
 from relulearn.pipeline.stats.partial import accumulate_chunks

@@ -704,3 +704,29 @@ def test_registry_names_every_section_by_its_family():
 
     assert list(FAMILIES) == list(StatisticsConfig.model_fields)
     assert all(cls.name == name for name, cls in FAMILIES.items())
+
+
+def test_enabled_families_follow_the_fields_order():
+    """``enabled()`` lists the sections set, in the order of ``StatisticsConfig``'s fields (the registry's)."""
+    from relulearn.config import StatisticsConfig
+
+    basis = [[1.0, 0.0, 0.0]]
+    net = {"weights": [[[1.0]], [[1.0]]]}
+    every = {
+        "basic": {},
+        "output_moments": {},
+        "hermite": {},
+        "contracted": {},
+        "filtered": {"quantiles": [0.5]},
+        "residual": {"basis": basis, "candidates": [net], "quantiles": [0.5]},
+        "projected_hermite": {"basis": basis},
+        "sketch": {"second": {}},
+    }
+    stats = StatisticsConfig.model_validate(dict(reversed(list(every.items()))))
+    assert list(stats.enabled()) == [name for name in StatisticsConfig.model_fields if name in every]
+    assert list(
+        StatisticsConfig.model_validate({"basic": None, "sketch": {"second": {}}, "hermite": {}}).enabled()
+    ) == [
+        "hermite",
+        "sketch",
+    ]

@@ -422,7 +422,7 @@ def subspace_iteration(
     k
         Directions wanted (default: the Ritz values above the floor in the first pass).
     refines
-        The record of the sketch store (``relulearn.pipeline.sketch.refine_record``), recorded in
+        The record of the sketch store (``relulearn.pipeline.refines.refine_record``), recorded in
         every pass so that a pass on other chunks is refused.
     max_passes, min_passes, rtol
         Stop after ``max_passes`` passes, or, from pass ``min_passes`` on, once the next pass would

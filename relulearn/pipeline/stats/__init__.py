@@ -7,14 +7,15 @@ over bins for the filtered matrices). The standard error of every entry comes fr
 spread of per-chunk values: the accumulation also keeps ``Σ_c terms(chunk sum_c)²`` over
 the equal-size chunks c (docs/design.md §3, "Standard errors").
 
-Modules: :mod:`.base` (the protocol), :mod:`.build` (what a family is built from), :mod:`.registry`
-(section name → family class), one module per family named after its configuration section (:mod:`.basic`,
-:mod:`.output_moments`, :mod:`.hermite`, :mod:`.contracted`, :mod:`.filtered`, :mod:`.residual`,
-:mod:`.projected_hermite`; the ``sketch`` family is :mod:`relulearn.pipeline.sketch`), the wrapper that
-computes a family per output of a label vector (:mod:`.per_output`), helpers several families share
-(:mod:`.pilot`, :mod:`.expansion`), and the driver-side bookkeeping (:mod:`.partial`: a :class:`Partial`
-per block, merged in block order), so that the same code runs in a worker, in a single-process loop and
-in tests.
+Modules: :mod:`.base` (the accumulation protocol), :mod:`.family` (a :class:`~.family.Family`: that protocol
+plus everything else about a family, declared on its class: its cost per sample, partial size, pilot pass,
+form and array descriptions), :mod:`.work` (the :class:`~.work.Work` its cost is counted in), :mod:`.build`
+(what a family is built from), :mod:`.registry` (section name → family class), one module per family named
+after its configuration section (:mod:`.basic`, :mod:`.contracted`, :mod:`.sketch`, ...: the registry lists
+them all), the wrapper that computes a
+family per output of a label vector (:mod:`.per_output`), helpers several families share (:mod:`.pilot`,
+:mod:`.expansion`), and the driver-side bookkeeping (:mod:`.partial`: a :class:`Partial` per block, merged in
+block order), so that the same code runs in a worker, in a single-process loop and in tests.
 
 This package imports nothing itself: import each name from the module that defines it.
 """

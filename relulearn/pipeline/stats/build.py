@@ -1,13 +1,12 @@
 """What a family is built from: the run's configuration, the source (for pilot passes) or the store (for the
-direction banks and τ grids drawn before), and the label's output count; and the :class:`Family` protocol of
-the classes the registry holds.
+direction banks and τ grids drawn before), and the label's output count (the classes the registry holds are
+:class:`~.family.Family` subclasses).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 import numpy as np
 
@@ -16,12 +15,12 @@ from ..sources import Source
 from .base import Statistic
 from .per_output import PerOutput
 
-__all__ = ["FamilyContext", "Family"]
+__all__ = ["FamilyContext"]
 
 
 @dataclass(frozen=True)
 class FamilyContext:
-    """What every family's :meth:`Family.from_config` gets.
+    """What every family's :meth:`~.family.Family.from_config` gets.
 
     ``stored(name)``, when given, returns a committed statistic's arrays: its direction bank and τ grid are
     then taken from the store instead of being drawn again (``source`` is then None). ``outputs`` is the
@@ -43,14 +42,3 @@ class FamilyContext:
         itself for a scalar label, a :class:`PerOutput` of one per output for a label vector."""
         m = self.outputs
         return make(None) if m is None else PerOutput(make(j) for j in range(m))
-
-
-class Family(Protocol):
-    """A statistic class that builds itself from its configuration section (what the registry holds)."""
-
-    name: str
-
-    @classmethod
-    def from_config(cls, section: Any, ctx: FamilyContext) -> Statistic:
-        """The statistic a configuration section asks for, with its banks and grids resolved."""
-        ...

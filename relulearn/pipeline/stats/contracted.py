@@ -5,7 +5,7 @@ its direction bank and the pilot pass of its control variate.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -16,7 +16,9 @@ from ..sources import Source, Stream, check_finite, generator, pilot_batches
 from .base import Statistic, Var
 from .build import FamilyContext
 from .expansion import low_rank_expansion, output_expansion
+from .family import Family
 from .per_output import of_output
+from .work import F, Work, count, gram_work, option
 
 __all__ = ["ContractedMoments", "direction_bank", "linear_control"]
 
@@ -38,7 +40,7 @@ def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
     return g / norms[:, None]
 
 
-class ContractedMoments(Statistic):
+class ContractedMoments(Family):
     """``M_l^g = T_l(g,…,g,·,·)``, ``T_l(g,…,g,·)`` and ``T_l(g,…,g)`` for orders × directions.
 
     Each pair costs two symmetric rank-k updates (rows of positive and of negative weight), d(d+1)
@@ -47,6 +49,25 @@ class ContractedMoments(Statistic):
     """
 
     name = "contracted"
+    descriptions = {
+        "M": (
+            "contracted Hermite moment",
+            "M_l^g = T_l(g, …, g, ·, ·): the order-l Hermite tensor of the label "
+            "contracted l − 2 times with the unit direction g, per (order, direction) pair",
+        ),
+        "v": ("contracted Hermite vector", "T_l(g, …, g, ·): contracted l − 1 times, per pair"),
+        "s": ("contracted Hermite scalar", "T_l(g, …, g): contracted l times, per pair"),
+        "direction": ("direction bank", "the unit directions g the tensors are contracted with"),
+        "pair_order": ("order of each pair", "the Hermite order l of pair p"),
+        "pair_direction": ("direction of each pair", "the index into `direction` of pair p"),
+        "control_mean": ("control variate: mean label", "ȳ of the pilot pass, subtracted from the labels"),
+        "control_beta": (
+            "control variate: linear part",
+            "β = E[y x] of the pilot pass; the labels summed are "
+            "y − ȳ − βᵀx, whose moments of order ≥ 2 are those of y",
+        ),
+    }
+    pilot_key = "control_samples"
 
     def __init__(
         self,
@@ -91,6 +112,31 @@ class ContractedMoments(Statistic):
                 _contracted_expansion(section, d, m, j),
             )
         )
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """Per output: the Grams, the directions' projections x·g, the vectors Σ w_b x (one GEMM for all pairs)."""
+        g = count(option(section, "directions") or 8)
+        pairs = len(option(section, "orders") or [2, 4]) * g
+        return (gram_work(d, pairs) + Work(((2.0 * d * g, g), (2.0 * d * pairs, pairs)), stream=F * 4 * d)).scaled(
+            outputs
+        )
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        pairs = len(option(section, "orders") or [2, 4]) * count(option(section, "directions") or 8)
+        n = pairs * (d * d + d + 1)
+        return n * outputs, n * outputs
+
+    @classmethod
+    def runs_pilot(cls, section: Any) -> bool:
+        """The control variate's pilot pass."""
+        return bool(option(section, "control"))
+
+    @classmethod
+    def pilot_floor(cls, d: int) -> int:
+        """20 samples per coefficient of the control variate's d + 1."""
+        return 20 * d
 
     def sums_schema(self):
         p, d = self.n_pairs, self.d

@@ -4,7 +4,7 @@ binned Gram products and suffix sums the residual and sketch families share.
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -12,8 +12,10 @@ from ...config import FilteredConfig
 from ..sources import Source
 from .base import Statistic, Var
 from .build import FamilyContext
+from .family import Family
 from .per_output import of_output
 from .pilot import label_scores, pilot_scores
+from .work import Work, gram_work, grid_size, option
 
 __all__ = ["FilteredMoments", "threshold_grid", "binned_gram", "suffix_sums"]
 
@@ -52,7 +54,7 @@ def suffix_sums(a: np.ndarray, axis: int) -> np.ndarray:
     return np.flip(np.cumsum(np.flip(a, axis), axis=axis), axis)
 
 
-class FilteredMoments(Statistic):
+class FilteredMoments(Family):
     """``M_τ = E[1{|y|>τ}(xxᵀ − I)]`` and ``P[|y|>τ]`` for a grid of τ, in one pass.
 
     Samples are binned by |y| between consecutive thresholds; bin sums cost one
@@ -61,6 +63,13 @@ class FilteredMoments(Statistic):
     """
 
     name = "filtered"
+    descriptions = {
+        "M": ("filtered second moment", "M_τ = E[1{|y| > τ} (x xᵀ − I)] per threshold τ"),
+        "prob": ("filter probability", "P[|y| > τ] per threshold τ"),
+        "tau": ("threshold τ", "the thresholds of |y|"),
+        "quantile": ("quantile of |y|", "the quantile of |y| (in the pilot pass) each τ was taken at"),
+    }
+    pilot_key = "pilot_samples"
 
     def __init__(self, d: int, tau: np.ndarray, quantiles: np.ndarray | None = None):
         self.d = d
@@ -77,6 +86,21 @@ class FilteredMoments(Statistic):
             tau, q = threshold_grid(section, cast(Source, ctx.source), ctx.cfg.seed)
         d = ctx.d
         return ctx.per_output(lambda j: FilteredMoments(d, of_output(tau, j, 1), of_output(q, j, 1)))
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """Per output, each row into one τ bin: one d² product per row."""
+        return gram_work(d, 1).scaled(outputs)
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        n = 1 * grid_size(section) * (d * d + 1)
+        return n * outputs, n * outputs
+
+    @classmethod
+    def runs_pilot(cls, section: Any) -> bool:
+        """The pilot pass of a grid given as quantiles."""
+        return bool(option(section, "quantiles"))
 
     def sums_schema(self):
         k, d = len(self.tau), self.d

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import re
+from typing import Any
+
 import numpy as np
 
 from ... import hermite  # (relulearn.hermite: the tensor algebra this family's module is named after)
@@ -9,11 +13,13 @@ from ...config import HermiteConfig
 from .base import Statistic, Var
 from .build import FamilyContext
 from .expansion import expansion_setup, output_expansion
+from .family import Family
+from .work import F, Work, option
 
-__all__ = ["HermiteTensors", "n_unique"]
+__all__ = ["HermiteTensors", "n_unique", "packed_entries"]
 
 
-class HermiteTensors(Statistic):
+class HermiteTensors(Family):
     """Full Hermite tensors ``T_l = E[y He_l(x)]``, ``l ≤ L``, packed (unique entries).
 
     Accumulated as raw weighted moments ``Σ y x^{⊗m}`` and converted exactly by the
@@ -21,6 +27,24 @@ class HermiteTensors(Statistic):
     """
 
     name = "hermite"
+    descriptions = {
+        "expansion_t0": ("expansion: constant", "t0 of the degree-≤2 expansion subtracted from the labels"),
+        "expansion_t1": ("expansion: linear part", "t1 of the degree-≤2 expansion subtracted from the labels"),
+        "expansion_t2": (
+            "expansion: quadratic part",
+            "t2 of the degree-≤2 expansion subtracted from the labels (y − t0 − <t1, x> − ½<t2, xxᵀ − I>)",
+        ),
+        "basis": ("subspace basis", "orthonormal rows P: the tensors are those of z = P x"),
+    }
+    #: the arrays of each order l (``T{l}``, ``index{l}``): their words, with ``{l}`` the order
+    ordered = {
+        "T": (
+            "Hermite coefficients of order {l}",
+            "E[y He_α(x)] for the sorted multi-indices α of `index{l}` (one "
+            "entry per multiset of {l} input axes; a symmetric tensor packed)",
+        ),
+        "index": ("multi-indices of order {l}", "the sorted input axes (α_1 ≤ … ≤ α_{l}) of each packed entry"),
+    }
 
     def __init__(self, d: int, cfg: HermiteConfig, expansion: tuple | None = None):
         self.d, self.max_order = d, cfg.max_order
@@ -39,6 +63,27 @@ class HermiteTensors(Statistic):
         """The ``hermite`` section's tensors, on each output's residual labels when it gives an expansion."""
         d, m = ctx.d, ctx.outputs
         return ctx.per_output(lambda j: HermiteTensors(d, section, _hermite_expansion(section, d, m, j)))
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """The raw moments' blocked GEMMs, and the packed sums added per output."""
+        order = int(option(section, "max_order") or 4)
+        return Work(
+            ((float(hermite.raw_moment_flops(d, order)), d),), stream=F * 2 * math.comb(d + order // 2, order // 2)
+        ).scaled(outputs)
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        n = packed_entries(d, int(option(section, "max_order") or 4))
+        return n * outputs, n * outputs
+
+    @classmethod
+    def describe(cls, name: str) -> tuple[str, str] | None:
+        m = re.fullmatch(r"(T|index)(\d+)", name)
+        if m:
+            long_name, text = cls.ordered[m.group(1)]
+            return long_name.format(l=m.group(2)), text.format(l=m.group(2))
+        return super().describe(name)
 
     def sums_schema(self):
         return {f"raw{m}": Var((f"entry{m}",), (s,)) for m, s in enumerate(self.sizes)}
@@ -87,6 +132,11 @@ def n_unique(d: int, m: int) -> int:
     from math import comb
 
     return comb(d + m - 1, m)
+
+
+def packed_entries(dim: int, order: int) -> int:
+    """Unique entries of the tensors of orders 0..``order`` in ``dim`` coordinates."""
+    return sum(math.comb(dim + j - 1, j) for j in range(order + 1))
 
 
 def _hermite_expansion(section: HermiteConfig, d: int, m: int | None, j: int | None) -> tuple | None:

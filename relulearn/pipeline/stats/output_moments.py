@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ...config import OutputMomentsConfig
 from ...hermite.contracted import _GRAM_BLOCK, _SYRK_MIN_D, _add_signed_grams, _mirror_upper
 from .base import Statistic, Var
 from .build import FamilyContext
+from .family import Family
+from .work import F, Work, gram_work
 
 __all__ = ["OutputMoments"]
 
@@ -15,7 +19,7 @@ __all__ = ["OutputMoments"]
 _XW_BYTES = 32 * 2**20
 
 
-class OutputMoments(Statistic):
+class OutputMoments(Family):
     """Moments of the label vector ``A`` (``m`` outputs; ``m = 1`` for a scalar label).
 
     Estimands: ``A = E[A]`` (output,), ``AA = E[A Aᵀ]`` (output, output2),
@@ -26,6 +30,12 @@ class OutputMoments(Statistic):
     """
 
     name = "output_moments"
+    descriptions = {
+        "A": ("mean output", "E[A_j] per output j"),
+        "AA": ("outputs' second moment", "E[A_j A_k] per pair of outputs"),
+        "T1": ("first Hermite coefficient per output", "E[A_j x]"),
+        "T2": ("second Hermite coefficient per output", "E[A_j (x xᵀ − I)]"),
+    }
 
     def __init__(self, d: int, outputs: int = 1):
         self.d, self.outputs = d, int(outputs)
@@ -34,6 +44,18 @@ class OutputMoments(Statistic):
     def from_config(cls, section: OutputMomentsConfig, ctx: FamilyContext) -> Statistic:
         """The ``output_moments`` section's statistic: natively one set of moments per output, never wrapped."""
         return OutputMoments(ctx.d, ctx.outputs or 1)
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """Natively per output: a Gram per output and one product for ``Σ A_j x``."""
+        m = outputs
+        return gram_work(d, m) + Work(((2.0 * m * d, m),), stream=F * 2 * d)
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        m = outputs
+        n = m * d * d + m * d + m * m + m
+        return n, n
 
     def sums_schema(self):
         m, d = self.outputs, self.d

@@ -12,7 +12,8 @@ from ...config import ProjectedHermiteConfig
 from .base import Statistic
 from .build import FamilyContext
 from .expansion import expansion_setup
-from .hermite import HermiteTensors, n_unique
+from .hermite import HermiteTensors, n_unique, packed_entries
+from .work import Work, option
 
 __all__ = ["ProjectedHermite", "projected_setup"]
 
@@ -68,6 +69,20 @@ class ProjectedHermite(HermiteTensors):
         d = ctx.d
         basis, expansion = projected_setup(cfg, d)
         return ctx.per_output(lambda j: ProjectedHermite(d, basis, cfg.max_order, expansion))
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """The projection ``X Pᵀ``, then the raw moments in the s subspace coordinates, per output."""
+        from ... import hermite
+
+        s = len(option(section, "basis") or [[0]])
+        order = int(option(section, "max_order") or 4)
+        return (Work(((2.0 * d * s, s), (float(hermite.raw_moment_flops(s, order)), s)))).scaled(outputs)
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        n = packed_entries(len(option(section, "basis")), int(option(section, "max_order") or 4))
+        return n * outputs, n * outputs
 
     def coords(self):
         return {"basis": (("rank", "i"), self.basis), **super().coords()}

@@ -1,20 +1,22 @@
 """The statistic families by the name of their configuration section, in the order a run builds them.
 
-:mod:`relulearn.pipeline.families` builds what a configuration asks for from this table alone; a new family is
-a module with its class (``name``, ``from_config``) and one line here.
+:mod:`relulearn.pipeline.families` builds what a configuration asks for from this table alone, and the cost
+model, the planner and the store's xarray view ask the class found here; a new family is a module with its
+:class:`~.family.Family` class, one line here and its configuration section.
 """
 
 from __future__ import annotations
 
-from ..sketch import SketchMoments
 from .basic import BasicMoments
-from .build import Family
 from .contracted import ContractedMoments
+from .family import Family
 from .filtered import FilteredMoments
 from .hermite import HermiteTensors
 from .output_moments import OutputMoments
+from .projected_contracted import ProjectedContracted
 from .projected_hermite import ProjectedHermite
 from .residual import ResidualFilteredMoments
+from .sketch import SketchMoments
 
 __all__ = ["FAMILIES"]
 
@@ -28,4 +30,5 @@ FAMILIES: dict[str, type[Family]] = {
     "residual": ResidualFilteredMoments,
     "projected_hermite": ProjectedHermite,
     "sketch": SketchMoments,
+    "projected_contracted": ProjectedContracted,
 }

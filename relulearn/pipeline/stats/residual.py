@@ -4,7 +4,7 @@ projected off it; the checks of its basis and candidates and its τ grid, which 
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -13,9 +13,11 @@ from ...network import Network
 from ..sources import Source
 from .base import Statistic, Var
 from .build import FamilyContext
+from .family import Family
 from .filtered import binned_gram, suffix_sums
 from .per_output import of_output
 from .pilot import label_scores, pilot_scores
+from .work import Work, gram_work, grid_size, option
 
 __all__ = ["ResidualFilteredMoments", "residual_scores", "candidate_coords", "residual_setup", "residual_grid"]
 
@@ -83,7 +85,7 @@ def residual_grid(
     return np.stack([np.quantile(s, q, axis=1).T.copy() for s in all_scores]), q
 
 
-class ResidualFilteredMoments(Statistic):
+class ResidualFilteredMoments(Family):
     """Residual-filtered second moments, projected off a found subspace.
 
     For candidate networks ``F̃_c`` on the coordinates ``z = B x`` of the subspace found so
@@ -100,6 +102,18 @@ class ResidualFilteredMoments(Statistic):
     """
 
     name = "residual"
+    descriptions = {
+        "M": (
+            "residual-filtered second moment",
+            "M[c, t] = E[1{|y − F̃_c(Bx)| > τ_{c,t}} (x⊥x⊥ᵀ − (I − BᵀB))], "
+            "x⊥ = x − BᵀBx: per candidate network c and threshold t",
+        ),
+        "prob": ("residual filter probability", "P[|y − F̃_c(Bx)| > τ_{c,t}]"),
+        "tau": ("threshold τ", "the thresholds of each candidate's |residual|"),
+        "quantile": ("quantile of the residual", "the quantile of |residual| each τ was taken at"),
+        "basis": ("basis found so far", "orthonormal rows B of the subspace the candidates act on"),
+    }
+    pilot_key = "pilot_samples"
 
     def __init__(
         self, d: int, basis: np.ndarray, candidates: list[Network], tau: np.ndarray, quantiles: np.ndarray | None = None
@@ -124,6 +138,24 @@ class ResidualFilteredMoments(Statistic):
         return ctx.per_output(
             lambda j: ResidualFilteredMoments(d, basis, nets, of_output(tau, j, 2), of_output(q, j, 1))
         )
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """Per output: a Gram per candidate, the subspace coordinates x Bᵀ and the projection off it."""
+        c = len(option(section, "candidates") or [1])
+        s = len(option(section, "basis") or [[0]])
+        return (gram_work(d, c) + Work(((2.0 * d * s, s), (2.0 * d * s, d)))).scaled(outputs)
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        c = len(option(section, "candidates") or [0])
+        n = c * grid_size(section) * (d * d + 1)
+        return n * outputs, n * outputs
+
+    @classmethod
+    def runs_pilot(cls, section: Any) -> bool:
+        """The pilot pass of a grid given as quantiles (of each candidate's residual)."""
+        return bool(option(section, "quantiles"))
 
     def sums_schema(self) -> dict[str, Var]:
         c, t, d = *self.tau.shape, self.d

@@ -1,4 +1,5 @@
-"""Sketched second-moment families and subspace passes (docs/design.md §3, §6, §7).
+"""The ``sketch`` family: sketched second-moment families and subspace passes (docs/design.md §3, §6, §7;
+the record a pass keeps of the store it refines is :mod:`relulearn.pipeline.refines`).
 
 At large d a d × d moment matrix per τ or direction does not fit a block partial (800 MB at
 d = 10⁴, twice with its error terms). The ``sketch`` statistic keeps, for each chosen matrix
@@ -28,35 +29,31 @@ protocol like every other family. Families:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
-from .. import hermite
-from ..config import RunConfig, SketchConfig, check_sketch_rank
-from ..network import Network
-from ..storage import StoreError, diff_fields
-from .sources import Source, Stream, generator
-from .stats.base import Statistic, Var
-from .stats.build import FamilyContext
-from .stats.contracted import direction_bank
-from .stats.expansion import low_rank_expansion
-from .stats.filtered import suffix_sums, threshold_grid
-from .stats.per_output import of_output
-from .stats.residual import candidate_coords, residual_grid, residual_scores, residual_setup
+from ... import hermite
+from ...config import SKETCH_DEFAULT_RANK, RunConfig, SketchConfig, check_sketch_rank
+from ...network import Network
+from ..sources import Source, Stream, generator
+from .base import Statistic, Var
+from .build import FamilyContext
+from .contracted import direction_bank
+from .expansion import low_rank_expansion
+from .family import Family
+from .filtered import suffix_sums, threshold_grid
+from .per_output import of_output
+from .residual import candidate_coords, residual_grid, residual_scores, residual_setup
+from .work import F, Work, count, grid_size, option
 
 __all__ = [
     "SketchMoments",
     "SketchSetup",
     "sketch_setup",
     "gaussian_test_matrix",
-    "refine_record",
-    "check_refines",
-    "check_pass_store",
 ]
 
 #: bytes of the weighted copy ``W ⊙ Z`` of a row batch in the contracted family (rows are cut to fit)
@@ -71,7 +68,7 @@ def gaussian_test_matrix(d: int, rank: int, seed: int) -> np.ndarray:
     return generator(seed, Stream.SKETCH).standard_normal((d, rank))
 
 
-class SketchMoments(Statistic):
+class SketchMoments(Family):
     """``Y = M Ω`` for the chosen second-moment families; ``Ωᵀ M Ω`` too for a subspace pass.
 
     Parameters
@@ -103,6 +100,32 @@ class SketchMoments(Statistic):
     """
 
     name = "sketch"
+    descriptions = {
+        "t0_second": ("mean label of the sketch", "E[y] (less the control expansion's constant, if any)"),
+        "t1_second": ("first Hermite coefficient", "E[y x] (less the control expansion's linear part, if any)"),
+        "Y_second": ("sketch of T_2", "T_2 Ω = E[y (x xᵀ − I)] Ω: the second Hermite moment times the test matrix"),
+        "BMB_second": ("T_2 on the basis", "Ωᵀ T_2 Ω for the orthonormal basis Ω of a subspace pass"),
+        "Y_contracted": ("sketch of M_l^g", "M_l^g Ω per (order, direction) pair"),
+        "BMB_contracted": ("M_l^g on the basis", "Ωᵀ M_l^g Ω per pair, on the orthonormal basis Ω"),
+        "Y_filtered": ("sketch of M_τ", "M_τ Ω per threshold τ"),
+        "BMB_filtered": ("M_τ on the basis", "Ωᵀ M_τ Ω per threshold τ"),
+        "prob_filtered": ("filter probability", "P[|y| > τ] per threshold τ"),
+        "Y_residual": ("sketch of the residual-filtered moments", "M[c, t] Ω per candidate and threshold"),
+        "BMB_residual": ("residual-filtered moments on the basis", "Ωᵀ M[c, t] Ω per candidate and threshold"),
+        "prob_residual": ("residual filter probability", "P[|y − F̃_c(Bx)| > τ_{c,t}]"),
+        "omega": (
+            "test matrix Ω",
+            "the Gaussian test matrix (d × rank) of the sketch, or the orthonormal basis of a subspace pass",
+        ),
+        "direction": ("direction bank", "the unit directions g of the contracted family"),
+        "pair_order": ("order of each pair", "the Hermite order l of pair p"),
+        "pair_direction": ("direction of each pair", "the index into `direction` of pair p"),
+        "tau": ("threshold τ", "the thresholds of |y|"),
+        "quantile": ("quantile of |y|", "the quantile of |y| each τ was taken at"),
+        "residual_basis": ("basis found so far", "orthonormal rows B of the residual family"),
+        "residual_tau": ("residual thresholds", "the thresholds of each candidate's |residual|"),
+        "residual_quantile": ("quantile of the residual", "the quantile of |residual| each residual τ was taken at"),
+    }
 
     def __init__(
         self,
@@ -154,6 +177,72 @@ class SketchMoments(Statistic):
         (:func:`sketch_setup`), then one statistic per output."""
         setup = sketch_setup(section, ctx.cfg, ctx.source, ctx.stored(cls.name) if ctx.stored else None)
         return ctx.per_output(setup.statistic)
+
+    @classmethod
+    def work(cls, section: Any, d: int, outputs: int) -> Work:
+        """``X Ω`` once, then per sketched family one skinny product ``Xᵀ [w ⊙ Z]`` (2 d r flops per sample and
+        matrix; the contracted pairs in one GEMM of P r columns), per output."""
+        r = _columns(section)
+        products: list[tuple[float, int]] = [(2.0 * d * r, r)]
+        stream = F * 2 * d
+        second = option(section, "second")
+        if second is not None:
+            products.append((2.0 * d * (r + 1), r))
+            expansion = option(second, "expansion")
+            vectors = option(expansion, "t2_vectors") if expansion is not None else None
+            if vectors:
+                products.append((2.0 * d * len(vectors), len(vectors)))
+        contracted = option(section, "contracted")
+        if contracted is not None:
+            g = count(option(contracted, "directions") or 8)
+            pairs = len(option(contracted, "orders") or [2, 4]) * g
+            products += [(2.0 * d * g, g), (2.0 * d * pairs, pairs), (2.0 * d * pairs * r, min(d, pairs * r))]
+            stream += F * pairs * r
+        if option(section, "filtered") is not None:
+            products.append((2.0 * d * r, r))
+            stream += F * d
+        residual = option(section, "residual")
+        if residual is not None:
+            c = len(option(residual, "candidates") or [1])
+            s = len(option(residual, "basis") or [[0]])
+            products += [(2.0 * d * s, s), (2.0 * d * s, d), (2.0 * c * d * r, r)]
+            stream += F * 2 * d * (c + 1)
+        return Work(tuple(products), stream=stream).scaled(outputs)
+
+    @classmethod
+    def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
+        basis = option(section, "basis")
+        r = _columns(section)
+        bmb = r * r if basis is not None else 0
+        sums = terms = 0
+        if option(section, "second") is not None:
+            sums += d * r + d + 2
+            terms += d * r + d + 1 + bmb
+        contracted = option(section, "contracted")
+        if contracted is not None:
+            p = len(option(contracted, "orders") or [2, 4]) * count(option(contracted, "directions") or 8)
+            sums += p * (d * r + d + 2)
+            terms += p * (d * r + bmb)
+        filtered = option(section, "filtered")
+        if filtered is not None:
+            t = grid_size(filtered)
+            sums += t * (d * r + 1)
+            terms += t * (d * r + 1 + bmb)
+        residual = option(section, "residual")
+        if residual is not None:
+            ct = len(option(residual, "candidates") or [0]) * grid_size(residual)
+            sums += ct * (d * r + 1)
+            terms += ct * (d * r + 1 + bmb)
+        return sums * outputs, terms * outputs
+
+    @classmethod
+    def form(cls, section: Any) -> str:
+        """``second sketch r=32``, ``second+contracted subspace r=8``: the families sketched and the rank."""
+        basis = option(section, "basis")
+        inner = "+".join(k for k in ("second", "contracted", "filtered", "residual") if option(section, k) is not None)
+        if basis is not None:
+            return f"{inner} subspace r={len(basis)}"
+        return f"{inner} sketch r={option(section, 'rank') or SKETCH_DEFAULT_RANK}"
 
     @property
     def n_pairs(self) -> int:
@@ -368,6 +457,12 @@ class SketchMoments(Statistic):
         return out
 
 
+def _columns(section: Any) -> int:
+    """r: the basis rows of a section (a mapping or its model), or its rank."""
+    basis = option(section, "basis")
+    return len(basis) if basis is not None else int(option(section, "rank") or SKETCH_DEFAULT_RANK)
+
+
 def _binned_cross(
     xz: np.ndarray, count: np.ndarray, x: np.ndarray, z: np.ndarray, score: np.ndarray, tau: np.ndarray
 ) -> None:
@@ -472,82 +567,3 @@ def sketch_setup(
             r_tau, r_q = residual_grid(section.residual, cast(Source, source), cfg.seed, rb, nets)
         residual = (rb, nets, np.asarray(r_tau, dtype=np.float64), r_q)
     return SketchSetup(omega, is_basis, section.second is not None, expansion, contracted, tau, q, residual)
-
-
-# ------------------------------------------------------------ refined stores
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def refine_record(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What a subspace pass records of the store it refines (``statistics.sketch.refines``).
-
-    The store's fingerprint without its statistics (format, seed, chunk size, blocks, source
-    and teacher digest: what fixes the bytes of every chunk and the order of the sums), its
-    sample count, and a digest of its whole fingerprint (which sketch was refined).
-    """
-    fp = dict(meta["fingerprint"])
-    return {
-        "fingerprint": {k: v for k, v in fp.items() if k != "statistics"},
-        "samples": int(meta["samples"]),
-        "digest": _digest(fp),
-    }
-
-
-def check_refines(
-    record: Mapping[str, Any], fingerprint: Mapping[str, Any], samples: int, where: str = "this run"
-) -> None:
-    """Refuse a subspace pass that would not draw the chunks of the store it refines.
-
-    Parameters
-    ----------
-    record
-        The pass's ``statistics.sketch.refines`` (:func:`refine_record` of the refined store).
-    fingerprint
-        The pass run's own fingerprint (``state.fingerprint``).
-    samples
-        The samples the pass run is asked for (whole chunks).
-
-    Raises
-    ------
-    StoreError
-        Naming every differing field (``seed``, ``source.d``, ``chunk_size``, ``samples``, ...).
-    """
-    own = {"fingerprint": {k: v for k, v in fingerprint.items() if k != "statistics"}, "samples": int(samples)}
-    theirs = {"fingerprint": dict(record.get("fingerprint", {})), "samples": record.get("samples")}
-    differing = [f.removeprefix("fingerprint.") for f in diff_fields(theirs, own)]
-    if differing:
-        raise StoreError(
-            f"{where} is a subspace pass of a store with a different fingerprint (digest "
-            f"{record.get('digest', '?')}); differing fields: {', '.join(differing)}. A pass must draw the same "
-            "chunks as the store it refines: run it with that store's configuration (seed, source, chunk_size, "
-            "run.chunks_per_block) and sample count, or sketch this setup afresh."
-        )
-
-
-def check_pass_store(pass_meta: Mapping[str, Any], sketch_meta: Mapping[str, Any], where: str = "the pass") -> None:
-    """Refuse to combine a stored subspace pass with a sketch store it does not refine.
-
-    Compares the pass's recorded ``statistics.sketch.refines`` with :func:`refine_record` of the
-    sketch store (``meta`` of ``open_store``): fingerprint without statistics, samples and digest.
-
-    Raises
-    ------
-    StoreError
-        When the pass records no refined store, or another one (naming the differing fields).
-    """
-    section = pass_meta.get("config", {}).get("statistics", {}).get("sketch") or {}
-    record = section.get("refines")
-    if record is None:
-        raise StoreError(
-            f"{where} records no refined store (statistics.sketch.refines); run passes with "
-            "relulearn.estimators.spectral.subspace.subspace_iteration and refines=refine_record(meta)"
-        )
-    differing = [f.removeprefix("fingerprint.") for f in diff_fields(record, refine_record(sketch_meta))]
-    if differing:
-        raise StoreError(
-            f"{where} refines another store (digest {record.get('digest', '?')}); differing fields: "
-            f"{', '.join(differing)}. Use the passes stored for this sketch store, or run new ones."
-        )
