@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
-__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module"]
+__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module", "option_help"]
 
 
 @dataclass(frozen=True)
@@ -272,6 +272,16 @@ METHODS: dict[str, Method] = {
         ),
     )
 }
+
+
+def option_help(name: str) -> str:
+    """What option ``name`` does for each method that takes it, methods saying the same thing together (the
+    command line's help and the Python API's parameter lists)."""
+    said: dict[str, list[str]] = {}
+    for m in METHODS.values():
+        if name in m.options:
+            said.setdefault(m.options[name], []).append(m.name)
+    return "; ".join(f"{', '.join(names)}: {text}" for text, names in said.items())
 
 
 def method_module(name: str) -> ModuleType:

@@ -65,12 +65,12 @@ def test_every_estimator_class_is_declared():
 
 def test_options_of_another_method_are_refused_naming_the_methods_that_take_them():
     with pytest.raises(ValueError, match=r"--depth applies to --method filtered-pca only, not to moments"):
-        api.learning.checked_options("moments", width=3, depth=2)
+        api.keywords.checked_options("moments", width=3, depth=2)
     with pytest.raises(ValueError, match=r"--no-residual applies to --method polynomial only, not to tensor"):
-        api.learning.checked_options("tensor", residual=False)
+        api.keywords.checked_options("tensor", residual=False)
     with pytest.raises(ValueError, match=r"--budget applies to --method moments or filtered-pca only"):
-        api.learning.checked_options("exact", budget=10)
-    assert api.learning.checked_options("polynomial", width=None, degree=3, shrink=None) == {"width": None, "degree": 3}
+        api.keywords.checked_options("exact", budget=10)
+    assert api.keywords.checked_options("polynomial", width=None, degree=3, shrink=None) == {"width": None, "degree": 3}
 
 
 def test_a_declaration_with_an_unknown_option_is_refused():
