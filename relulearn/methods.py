@@ -53,6 +53,11 @@ class Option:
     choices: tuple[str, ...] = ()
 
     @property
+    def annotation(self) -> str:
+        """Its type as the Python API's signatures show it (None: the method's default)."""
+        return {"count": "int | None", "count0": "int | None", "choice": "str | None"}.get(self.kind, "bool | None")
+
+    @property
     def flag(self) -> str:
         """The command-line flag (``--no-residual`` for a ``switch_off``)."""
         dashed = self.name.replace("_", "-")

@@ -85,12 +85,12 @@ def fit(
             result["statistics_plan"] = memory
         return result
 
-    in_process = run_plan.runs_in == "in process"
-    # the store's lease before a cluster starts (a refusal is immediate), held until the learn ends
-    with working(ex, in_process=in_process, dashboard=cfg.run.dashboard, store=store, before=announce) as (
-        where,
-        lease,
-    ):
+    # an unguarded script refused, the plan's line, then the store's lease before a cluster starts (a refusal is
+    # immediate), held until the learn ends
+    at = working(
+        ex, in_process=run_plan.runs_in == "in process", dashboard=cfg.run.dashboard, store=store, before=announce
+    )
+    with at as (where, lease):
         return run(where, lease)
 
 

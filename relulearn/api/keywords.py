@@ -22,20 +22,10 @@ from .execution import EXECUTION_HELP, Execution
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: an option's type as the signature and the docstring show it, by its kind
-_TYPES = {
-    "count": ("int | None", "int, optional"),
-    "count0": ("int | None", "int, optional"),
-    "choice": ("str | None", "str, optional"),
-    "yes_no": ("bool | None", "bool, optional"),
-    "switch": ("bool | None", "bool, optional"),
-    "switch_off": ("bool | None", "bool, optional"),
-}
-
 
 def _option_parameters() -> list[inspect.Parameter]:
     return [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=_TYPES[o.kind][0])
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=o.annotation)
         for name, o in OPTIONS.items()
     ]
 
@@ -50,7 +40,8 @@ def _execution_parameters() -> list[inspect.Parameter]:
 def _option_lines() -> list[str]:
     lines = []
     for name, o in OPTIONS.items():
-        kind = "{" + ", ".join(repr(c) for c in o.choices) + "}, optional" if o.choices else _TYPES[o.kind][1]
+        kind = "{" + ", ".join(map(repr, o.choices)) + "}" if o.choices else o.annotation.replace(" | None", "")
+        kind += ", optional"
         lines += [f"{name} : {kind}", *_wrapped(f"{option_help(name)}; None: the method's default.")]
     return lines
 
