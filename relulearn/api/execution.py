@@ -88,7 +88,7 @@ class HeldOut:
         return draw_batches(self.source, self.seed, Stream.HELD_OUT, n, part=p)
 
 
-def cluster_forced(client: Any, workers: int | None, scheduler: str | None) -> bool:
+def _cluster_forced(client: Any, workers: int | None, scheduler: str | None) -> bool:
     """Whether the caller named where the work runs: a client (or ``"local"``), ``workers``, a scheduler, or
     Dask's configured ``scheduler-address`` (``DASK_SCHEDULER_ADDRESS``). Otherwise the plan chooses between this
     process and a local cluster (:func:`relulearn.runplan.where_to_run`)."""
@@ -134,7 +134,7 @@ class Where:
 
 
 @contextlib.contextmanager
-def running(
+def _running(
     client: Any, workers: int | None, scheduler: str | None, dashboard: str | None, *, in_process: bool
 ) -> Iterator[Where]:
     """The :class:`Where` of a command: ``client`` as given (``"local"``: this process), this process when the
@@ -172,8 +172,8 @@ class Execution:
 
     @property
     def forced(self) -> bool:
-        """Whether the caller named where the work runs (:func:`cluster_forced`)."""
-        return cluster_forced(self.client, self.workers, self.scheduler)
+        """Whether the caller named where the work runs (:func:`_cluster_forced`)."""
+        return _cluster_forced(self.client, self.workers, self.scheduler)
 
 
 #: each execution keyword's type and what it does, for the parameter lists of the functions that take them
@@ -190,7 +190,7 @@ EXECUTION_HELP: dict[str, tuple[str, str]] = {
     "break_lock": ("bool", "Break a stale lease (left by a writer that died) before taking it."),
     "dashboard": (
         "str, optional",
-        "``HOST:PORT`` of a local cluster's dashboard (default: the configuration's ``run.dashboard``, else "
+        "``HOST:PORT`` of a local cluster's dashboard (default: the configuration's ``run.dashboard`` if any, else "
         "127.0.0.1 on a free port).",
     ),
 }
@@ -211,27 +211,29 @@ def working(
     The work runs where the caller named (:attr:`Execution.forced`), else in this process when the plan chose it
     (``in_process``; a local cluster is then started only for a pass that pays for it), else on a local cluster.
     A command that writes ``store`` first refuses an unguarded script that would start a local cluster
-    (:func:`check_script`), runs ``before`` (its first line to the user), then takes the store's lease before any
+    (:func:`_check_script`), runs ``before`` (its first line to the user), then takes the store's lease before any
     cluster starts, so that a refusal is immediate (``lease`` is None without a ``store``). ``dashboard``: the
     configuration's, when the call names none.
     """
     from ..storage import writing
 
-    in_process = in_process and not execution.forced
+    ex = execution
+    in_process = in_process and not ex.forced
     if store is not None:
-        check_script(execution.client, execution.scheduler, in_process)  # before anything is written
+        _check_script(ex.client, ex.scheduler, in_process)  # before anything is written
     if before is not None:
         before()
-    with contextlib.ExitStack() as stack:
-        lease = None
-        if store is not None:
-            lease = stack.enter_context(writing(store, break_lock=execution.break_lock, new_store_here=new_store_here))
-        ex = execution
-        with running(ex.client, ex.workers, ex.scheduler, ex.dashboard or dashboard, in_process=in_process) as where:
-            yield where, lease
+    lease: Any = contextlib.nullcontext()
+    if store is not None:
+        lease = writing(store, break_lock=ex.break_lock, new_store_here=new_store_here)
+    with (
+        lease as held,
+        _running(ex.client, ex.workers, ex.scheduler, ex.dashboard or dashboard, in_process=in_process) as where,
+    ):
+        yield where, held
 
 
-def check_script(client: Any, scheduler: str | None, in_process: bool) -> None:
+def _check_script(client: Any, scheduler: str | None, in_process: bool) -> None:
     """Before a command takes a lease or writes anything: refuse a call from a script's unguarded top level when
     the command will start a local cluster (:func:`relulearn.pipeline.mainguard.check_main_guard`)."""
     from ..pipeline.cluster import configured_scheduler
