@@ -2,8 +2,9 @@
 
 A :class:`Method` says what a method learns, from which paper, its options and what each does for it, the
 options that shape the statistics a fit estimates, the scikit-learn class over it and the report's figures of
-its learn. The command line, the option checks and the planning of :mod:`relulearn.api`, the scikit-learn layer,
-the report and the documentation read these declarations; none spells a method out. This module imports
+its learn. The command line, the keywords, option checks and planning of :mod:`relulearn.api` (the signatures of
+``fit``, ``learn`` and ``curve`` are generated from :data:`OPTIONS`), the scikit-learn layer (each estimator's
+parameters), the report and the documentation read these declarations; none spells a method out. This module imports
 nothing heavy, so that ``relulearn --help`` does not load numpy or the methods.
 
 A method's implementation is the sub-package :attr:`Method.module` of :mod:`relulearn.estimators`; its ``entry``
