@@ -2,8 +2,9 @@
 
 A :class:`Method` says what a method learns, from which paper, its options and what each does for it, the
 options that shape the statistics a fit estimates, the scikit-learn class over it and the report's figures of
-its learn. The command line, the option checks and the planning of :mod:`relulearn.api`, the scikit-learn layer,
-the report and the documentation read these declarations; none spells a method out. This module imports
+its learn. The command line, the keywords, option checks and planning of :mod:`relulearn.api` (the signatures of
+``fit``, ``learn`` and ``curve`` are generated from :data:`OPTIONS`), the scikit-learn layer (each estimator's
+parameters), the report and the documentation read these declarations; none spells a method out. This module imports
 nothing heavy, so that ``relulearn --help`` does not load numpy or the methods.
 
 A method's implementation is the sub-package :attr:`Method.module` of :mod:`relulearn.estimators`; its ``entry``
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
-__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module"]
+__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module", "option_help"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class Option:
     name: str
     kind: Literal["count", "count0", "choice", "yes_no", "switch", "switch_off"]
     choices: tuple[str, ...] = ()
+
+    @property
+    def annotation(self) -> str:
+        """Its type as the Python API's signatures show it (None: the method's default)."""
+        return {"count": "int | None", "count0": "int | None", "choice": "str | None"}.get(self.kind, "bool | None")
 
     @property
     def flag(self) -> str:
@@ -272,6 +278,16 @@ METHODS: dict[str, Method] = {
         ),
     )
 }
+
+
+def option_help(name: str) -> str:
+    """What option ``name`` does for each method that takes it, methods saying the same thing together (the
+    command line's help and the Python API's parameter lists)."""
+    said: dict[str, list[str]] = {}
+    for m in METHODS.values():
+        if name in m.options:
+            said.setdefault(m.options[name], []).append(m.name)
+    return "; ".join(f"{', '.join(names)}: {text}" for text, names in said.items())
 
 
 def method_module(name: str) -> ModuleType:

@@ -14,7 +14,9 @@ floor, ``fit`` warns and the model is the constant ``mean(y)``.
 
 from __future__ import annotations
 
+import inspect
 import tempfile
+import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .methods import METHODS
+from .methods import METHODS, OPTIONS
 
 __all__ = [
     "MomentsRegressor",
@@ -56,17 +58,97 @@ def chunking(rows: int) -> tuple[int, int]:
     return size, size * chunks
 
 
-def _keep(estimator: Any, params: dict[str, Any]) -> None:
-    """``__init__``'s parameters as attributes of the same names, unchanged (scikit-learn's convention)."""
-    for name, value in params.items():
-        if name not in ("self", "__class__"):
-            setattr(estimator, name, value)
+#: the parameters every estimator takes after its method's options: the data, the run, the cluster
+_RUN_PARAMETERS = (
+    (
+        "whiten",
+        True,
+        "bool",
+        "Whiten the inputs with their mean and covariance (the model is mapped back to raw inputs).",
+    ),
+    ("seed", 0, "int", "The run's seed."),
+    (
+        "chunk_size",
+        None,
+        "int | None",
+        "Rows per chunk (default: equal chunks of at most 50,000 rows covering the data).",
+    ),
+    ("client", None, "Any", "A ``distributed.Client`` to compute on (default: in process)."),
+    (
+        "store",
+        None,
+        "str | None",
+        "A folder that keeps the data files and the statistics (default: a temporary folder, removed).",
+    ),
+)
+
+_ATTRIBUTES = """Attributes
+----------
+model_ : relulearn.Network or relulearn.PolynomialModel
+    The learned model, of raw inputs.
+width_ : int
+    Its hidden units (a network).
+report_ : dict
+    The method's report (as ``relulearn fit --json``).
+n_features_in_, n_samples_seen_, samples_used_ : int
+    Input width, rows given, rows the statistics used (whole chunks)."""
+
+
+def _signature(method: str) -> inspect.Signature:
+    """An estimator's ``__init__`` signature: its method's options (:attr:`relulearn.methods.Method.options`; the
+    first may be given by position), then :data:`_RUN_PARAMETERS`."""
+    kinds = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+    options = [
+        inspect.Parameter(name, kinds[i > 0], default=None, annotation=OPTIONS[name].annotation)
+        for i, name in enumerate(METHODS[method].options)
+    ]
+    run = [inspect.Parameter(n, kinds[1], default=v, annotation=a) for n, v, a, _ in _RUN_PARAMETERS]
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return inspect.Signature([self, *options, *run], return_annotation="None")
+
+
+def _docstring(summary: str, method: str) -> str:
+    """An estimator's docstring: ``summary``, then its parameters as its method declares them, then its attributes."""
+    lines = ["Parameters", "----------"]
+    for name, text in METHODS[method].options.items():
+        lines += [f"{name} : {_doc_type(OPTIONS[name].annotation)}", *_wrapped(text)]
+    for name, _, annotation, text in _RUN_PARAMETERS:
+        lines += [f"{name} : {_doc_type(annotation)}", *_wrapped(text)]
+    return "\n\n".join([inspect.cleandoc(summary), "\n".join(lines), _ATTRIBUTES]) + "\n"
+
+
+def _doc_type(annotation: str) -> str:
+    """A parameter's type as numpydoc lists it: ``int, optional`` for ``int | None``."""
+    return {"Any": "distributed.Client, optional"}.get(annotation, annotation.replace(" | None", ", optional"))
+
+
+def _wrapped(text: str) -> list[str]:
+    return textwrap.wrap(text, 112, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
 
 
 class _Regressor(RegressorMixin, BaseEstimator):
-    """Shared machinery; subclasses set ``_method`` and take its options (or some of them) in ``__init__``."""
+    """Shared machinery; a subclass sets ``_method``, and its ``__init__`` and parameter list are made from the
+    method's declaration (:func:`_signature`, :func:`_docstring`: scikit-learn reads the signature)."""
 
     _method = "moments"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        signature = _signature(cls._method)
+
+        def __init__(self: _Regressor, *args: Any, **params: Any) -> None:
+            try:
+                bound = signature.bind(self, *args, **params)
+            except TypeError as err:  # as Python words it for a written-out __init__
+                raise TypeError(f"{type(self).__name__}.__init__() {err}") from None
+            bound.apply_defaults()
+            for name, value in list(bound.arguments.items())[1:]:  # kept unchanged (scikit-learn's convention)
+                setattr(self, name, value)
+
+        __init__.__signature__ = signature  # type: ignore[attr-defined]
+        __init__.__qualname__ = f"{cls.__name__}.__init__"
+        cls.__init__ = __init__  # type: ignore[assignment]
+        cls.__doc__ = _docstring(cls.__doc__ or "", cls._method)
 
     # ----------------------------------------------------------------- config
 
@@ -200,171 +282,49 @@ class _Regressor(RegressorMixin, BaseEstimator):
 class MomentsRegressor(_Regressor):
     """One hidden ReLU layer, ``Σ λ_i relu(u_i·x + b_i) + c``, from Hermite moments (``--method moments``).
 
-    Parameters
-    ----------
-    width
-        Hidden units (default: the rank the noise floor supports).
-    biases
-        Learn hidden and output biases (default: yes, as for any data).
-    refine_samples
-        Rows streamed through the refinement (default: all; 0: none).
-    whiten
-        Whiten the inputs with their mean and covariance (the model is mapped back to raw inputs).
-    seed, chunk_size
-        The run's seed, and rows per chunk (default: equal chunks of at most 50,000 rows covering the data).
-    client
-        A ``distributed.Client`` to compute on (default: in process).
-    store
-        A folder that keeps the data files and the statistics (default: a temporary folder, removed).
-
-    Attributes
-    ----------
-    model_ : relulearn.Network
-        The learned network, of raw inputs.
-    width_ : int
-        Its hidden units.
-    report_ : dict
-        The method's report (as ``relulearn fit --json``).
-    n_features_in_, n_samples_seen_, samples_used_ : int
-        Input width, rows given, rows the statistics used (whole chunks).
+    On rows of data the hidden and output biases are learned unless ``biases=False``; the samples of its options
+    are rows.
     """
 
     _method = "moments"
-
-    def __init__(
-        self,
-        width: int | None = None,
-        *,
-        biases: bool | None = None,
-        refine_samples: int | None = None,
-        whiten: bool = True,
-        seed: int = 0,
-        chunk_size: int | None = None,
-        client: Any = None,
-        store: str | None = None,
-    ) -> None:
-        _keep(self, locals())
 
 
 class TensorRegressor(_Regressor):
     """Wide one-hidden-layer ReLU networks with biases, ``Σ λ_i relu(u_i·x + b_i) + c``, by a joint CP
     decomposition of Hermite moments (``--method tensor``): widths up to d, and on symmetric matrices up to
-    d(d+1)/2 where d is small.
-
-    Parameters are those of :class:`MomentsRegressor` without ``biases`` (always learned).
+    d(d+1)/2 where d is small; the biases are always learned.
     """
 
     _method = "tensor"
 
-    def __init__(
-        self,
-        width: int | None = None,
-        *,
-        refine_samples: int | None = None,
-        whiten: bool = True,
-        seed: int = 0,
-        chunk_size: int | None = None,
-        client: Any = None,
-        store: str | None = None,
-    ) -> None:
-        _keep(self, locals())
-
 
 class FilteredPCARegressor(_Regressor):
-    """Deep ReLU networks with a low-dimensional relevant subspace (``--method filtered-pca``).
-
-    Parameters are those of :class:`MomentsRegressor`, with ``depth`` (hidden layers, default 1) and ``budget``
-    (candidate networks, default 256) instead of ``biases``.
-    """
+    """Deep ReLU networks with a low-dimensional relevant subspace (``--method filtered-pca``)."""
 
     _method = "filtered-pca"
 
-    def __init__(
-        self,
-        width: int | None = None,
-        *,
-        depth: int | None = None,
-        budget: int | None = None,
-        refine_samples: int | None = None,
-        whiten: bool = True,
-        seed: int = 0,
-        chunk_size: int | None = None,
-        client: Any = None,
-        store: str | None = None,
-    ) -> None:
-        _keep(self, locals())
-
 
 class ExactRegressor(_Regressor):
-    """Two-layer rectified networks ``Σ_i a_i f(v_i·x)`` recovered exactly (``--method exact``).
-
-    Parameters are those of :class:`MomentsRegressor`, with ``activation`` (relu, relu2, relu3) and
-    ``exact_samples`` instead of ``biases``.
-    """
+    """Two-layer rectified networks ``Σ_i a_i f(v_i·x)`` recovered exactly (``--method exact``)."""
 
     _method = "exact"
-
-    def __init__(
-        self,
-        width: int | None = None,
-        *,
-        activation: str | None = None,
-        exact_samples: int | None = None,
-        refine_samples: int | None = None,
-        whiten: bool = True,
-        seed: int = 0,
-        chunk_size: int | None = None,
-        client: Any = None,
-        store: str | None = None,
-    ) -> None:
-        _keep(self, locals())
 
 
 class LandscapeRegressor(_Regressor):
     """``y = aᵀ relu(B x)``, ``a ≥ 0``, by the designed objective with no spurious local minima
-    (``--method landscape``). Parameters: ``width``, ``starts``, ``route`` and those of :class:`MomentsRegressor`."""
+    (``--method landscape``)."""
 
     _method = "landscape"
-
-    def __init__(
-        self,
-        width: int | None = None,
-        *,
-        starts: int | None = None,
-        route: str | None = None,
-        whiten: bool = True,
-        seed: int = 0,
-        chunk_size: int | None = None,
-        client: Any = None,
-        store: str | None = None,
-    ) -> None:
-        _keep(self, locals())
 
 
 class PolynomialRegressor(_Regressor):
     """The Hermite expansion of degree ``degree`` (``--method polynomial``, an improper learner).
 
     With ``whiten`` the estimator whitens the rows itself (a polynomial of raw inputs would be of higher
-    degree in nothing but name: it keeps the whitening and applies it in ``predict``). Parameters: ``degree``,
-    ``shrink``, ``subspace``, ``residual`` and those of :class:`MomentsRegressor`.
+    degree in nothing but name: it keeps the whitening and applies it in ``predict``).
     """
 
     _method = "polynomial"
-
-    def __init__(
-        self,
-        degree: int | None = None,
-        *,
-        shrink: str | None = None,
-        subspace: bool | None = None,
-        residual: bool | None = None,
-        whiten: bool = True,
-        seed: int = 0,
-        chunk_size: int | None = None,
-        client: Any = None,
-        store: str | None = None,
-    ) -> None:
-        _keep(self, locals())
 
     def _whiten_source(self) -> bool:
         return False

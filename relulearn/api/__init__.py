@@ -3,7 +3,8 @@
 Functions here take plain arguments (paths, counts) and return plain data; the command line only parses
 arguments and prints what these return. The work is in modules of one job each: running a configuration's
 estimation and reading stores (:mod:`.runs`), learning from a store (:mod:`.learning`), where a method's work
-runs (:mod:`.execution`), estimate-then-learn and plans (:mod:`.fitting`), using and measuring models
+runs (:mod:`.execution`), the method options and execution keywords of ``fit``, ``learn`` and ``curve``
+(:mod:`.keywords`), estimate-then-learn and plans (:mod:`.fitting`), using and measuring models
 (:mod:`.models`), learning curves (:mod:`.curves`), the demo (:mod:`.demo`).
 
 The names are imported on first use (PEP 562): ``relulearn status`` or ``verify`` does not import the methods,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -18,10 +17,11 @@ import numpy as np
 from ..config import RunConfig, load_config
 from ..estimators.base import BudgetError, NoSignalError, TooFewSamplesError
 from ..pipeline.run import estimate as _estimate
-from ..storage import RunStore, writing
-from .execution import Where, check_script, cluster_forced, running, stored_samples
+from ..storage import RunStore
+from .execution import Where, stored_samples, working
 from .fitting import fit_config
-from .learning import checked_options, learn_with, method_arguments
+from .keywords import split_keywords, takes_keywords
+from .learning import learn_with
 from .models import evaluate
 from .runs import planned_workers
 
@@ -117,32 +117,23 @@ def _run_digest(cfg: RunConfig) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+@takes_keywords(
+    {
+        "config": "str, Path or RunConfig\n    A YAML path or a :class:`~relulearn.config.RunConfig`.",
+        "store": "str\n    The store the curve extends (local directory or fsspec URL).",
+        "method": "str\n    The learning method (``relulearn.METHODS``; default ``moments``).",
+        "samples": "sequence of int\n    The increasing sample counts of the curve's points.",
+        "test_samples": "int\n    Fresh samples each learned model is measured on (default 200,000).",
+    }
+)
 def curve(
     config: str | Path | RunConfig,
     store: str,
     method: str = "moments",
     *,
     samples: Sequence[int],
-    width: int | None = None,
-    depth: int | None = None,
-    budget: int | None = None,
-    activation: str | None = None,
-    exact_samples: int | None = None,
-    refine_samples: int | None = None,
-    starts: int | None = None,
-    route: str | None = None,
-    degree: int | None = None,
-    shrink: str | None = None,
-    subspace: bool | None = None,
-    residual: bool | None = None,
-    biases: bool | None = None,
     test_samples: int = 200_000,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    client: Any = None,
-    progress: TextIO | None = sys.stderr,
-    break_lock: bool = False,
-    dashboard: str | None = None,
+    **keywords: Any,
 ) -> dict[str, Any]:
     """A learning curve: extend one store through the sample counts ``samples``, learn with ``method`` at each
     and measure the model against the configuration's teacher (:func:`relulearn.evaluate` on ``test_samples``
@@ -164,32 +155,17 @@ def curve(
         ``store_samples``, ``learned`` and ``blocks_run`` by this call, and ``seconds``.
     """
     t0 = time.perf_counter()
-    options = checked_options(method, **method_arguments(locals()))
+    options, ex = split_keywords("curve", method, keywords)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     counts = rounded_counts(samples, cfg.chunk_size)
-    choose = not cluster_forced(client, workers, scheduler)
     cfg, run_plan, _ = fit_config(
-        cfg, store, method, options, counts[-1], planned_workers(client, workers), choose_where=choose
+        cfg, store, method, options, counts[-1], planned_workers(ex.client, ex.workers), choose_where=not ex.forced
     )
-    in_process = choose and run_plan.runs_in == "in process"
     key = {"method": method, "options": options, "test_samples": test_samples, "run": _run_digest(cfg)}
-    held = stored_samples(store)  # 0: no run there yet, so no records
-    done = {r["samples"]: r for r in RunStore(store).records(RECORD) if r.get("key") == key} if held else {}
-    todo = [n for n in counts if n not in done]
-    if todo and held > todo[0]:
-        raise ValueError(
-            f"the store {store} holds {held:,} samples, more than {todo[0]:,} (a count of the curve not yet learned "
-            f"on it): a curve only extends its store; give counts from {held:,} on, or a new --store"
-        )
+    done, todo = _recorded(store, key, counts)
+    progress = ex.progress
     if progress is not None and todo:
         print(run_plan.summary(), file=progress)
-    result: dict[str, Any] = {
-        "method": method,
-        "config": None if isinstance(config, RunConfig) else str(config),
-        "store": store,
-        "options": options,
-        "test_samples": test_samples,
-    }
     learned: dict[int, dict] = {}
     blocks = 0
 
@@ -201,33 +177,64 @@ def curve(
                     print(f"curve: {n:,} samples ({counts.index(n) + 1} of {len(counts)})", file=progress)
                 summary = _estimate(cfg, store, samples=n, client=where.client, progress=progress, lease=lease)
                 blocks += summary.blocks_run
-                point = _learn_point(where, store, method, options, cfg, n, test_samples, tmp, progress, break_lock)
+                point = _learn_point(where, store, method, options, cfg, n, test_samples, tmp, progress, ex.break_lock)
                 point["estimate_seconds"] = summary.seconds
                 point["seconds"] = summary.seconds + point["learn_seconds"] + point["evaluate_seconds"]
                 RunStore(store).add_record(RECORD, {"key": key, **point})
                 learned[n] = point
 
     if todo:
-        check_script(client, scheduler, in_process)  # an unguarded script is refused before anything is written
-        with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
-            with running(client, workers, scheduler, dashboard or cfg.run.dashboard, in_process=in_process) as where:
-                run(where, lease)
+        in_process = run_plan.runs_in == "in process"
+        with working(ex, in_process=in_process, dashboard=cfg.run.dashboard, store=store) as (where, lease):
+            run(where, lease)
     points = [
         dict(learned[n], reused=False) if n in learned else dict(_stored_point(done[n]), reused=True) for n in counts
     ]
+    return _curve_result(config, store, options, counts, points, test_samples, method) | {
+        "learned": len(learned),
+        "blocks_run": blocks,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _recorded(store: str, key: dict[str, Any], counts: list[int]) -> tuple[dict[int, dict], list[int]]:
+    """The points of ``counts`` the store's records hold for ``key``, and the counts still to learn; refused when
+    the store holds more samples than a count still to learn (a curve only extends its store)."""
+    held = stored_samples(store)  # 0: no run there yet, so no records
+    done = {r["samples"]: r for r in RunStore(store).records(RECORD) if r.get("key") == key} if held else {}
+    todo = [n for n in counts if n not in done]
+    if todo and held > todo[0]:
+        raise ValueError(
+            f"the store {store} holds {held:,} samples, more than {todo[0]:,} (a count of the curve not yet learned "
+            f"on it): a curve only extends its store; give counts from {held:,} on, or a new --store"
+        )
+    return done, todo
+
+
+def _curve_result(
+    config: str | Path | RunConfig,
+    store: str,
+    options: dict[str, Any],
+    counts: list[int],
+    points: list[dict],
+    test_samples: int,
+    method: str,
+) -> dict[str, Any]:
+    """What a curve returns of its points: the slope fitted to their parameter errors beside the stated one."""
     fitted = fit_slope(counts, [p["parameter_error"] for p in points])
-    result.update(
-        samples=counts,
-        points=points,
-        fit=fitted,
-        stated_slope=STATED_SLOPE,
-        exact_recovery_samples=fitted["exact_recovery_samples"],
-        store_samples=stored_samples(store),
-        learned=len(learned),
-        blocks_run=blocks,
-        seconds=time.perf_counter() - t0,
-    )
-    return result
+    return {
+        "method": method,
+        "config": None if isinstance(config, RunConfig) else str(config),
+        "store": store,
+        "options": options,
+        "test_samples": test_samples,
+        "samples": counts,
+        "points": points,
+        "fit": fitted,
+        "stated_slope": STATED_SLOPE,
+        "exact_recovery_samples": fitted["exact_recovery_samples"],
+        "store_samples": stored_samples(store),
+    }
 
 
 #: the fields of a point, as recorded and returned

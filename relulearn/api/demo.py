@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 import numpy as np
 
-from ..network import Network
+from ..network import Comparison, Network
 from .fitting import fit
 
 if TYPE_CHECKING:
@@ -71,6 +71,25 @@ def demo(
 
     x, y = draw(make_source(cfg), seed, Stream.TEST, 200_000)
     rel = float(np.mean((y - learned.forward(x)[:, 0]) ** 2) / np.mean(y**2))
+    units = _unit_rows(teacher, learned, cmp)
+    return {
+        "d": d,
+        "width": width,
+        "samples": fitted["samples"],
+        "parameter_error": cmp.relative_error,
+        "relative_test_error": rel,
+        "units": units,
+        "seconds": time.perf_counter() - t0,
+        "estimate_seconds": fitted["estimate"]["seconds"],
+        "learn_seconds": fitted["seconds"],
+        "passes": fitted["passes"],
+        "merged_units": fitted["report"].get("merged_units", []),
+    }
+
+
+def _unit_rows(teacher: Network, learned: Network, cmp: Comparison) -> list[dict[str, Any]]:
+    """Each teacher unit beside the learned unit matched to it (``cmp.matching``; -1: none): both output weights
+    in the scale-free form ``λ ‖u‖``, the angle between their directions and the unit's relative error."""
     units = []
     u_t, lam_t = teacher.weights[0], teacher.weights[1][0]
     u_l, lam_l = learned.weights[0], learned.weights[1][0]
@@ -89,16 +108,4 @@ def demo(
             # atan2 of sine and cosine stays accurate for tiny angles (arccos does not)
             row["angle"] = float(np.arctan2(np.linalg.norm(a - (a @ b) * b), a @ b))
         units.append(row)
-    return {
-        "d": d,
-        "width": width,
-        "samples": fitted["samples"],
-        "parameter_error": cmp.relative_error,
-        "relative_test_error": rel,
-        "units": units,
-        "seconds": time.perf_counter() - t0,
-        "estimate_seconds": fitted["estimate"]["seconds"],
-        "learn_seconds": fitted["seconds"],
-        "passes": fitted["passes"],
-        "merged_units": fitted["report"].get("merged_units", []),
-    }
+    return units

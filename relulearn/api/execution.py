@@ -1,13 +1,15 @@
-"""Where a command's work runs: in this process or on a cluster (:class:`Where`), candidate batches mapped on
+"""Where a command's work runs: the execution keywords of a call (:class:`Execution`), the one switch between this
+process, a given client and a new cluster (:func:`working`, giving a :class:`Where`), candidate batches mapped on
 either, and the held-out samples a method draws, the same wherever they are drawn."""
 
 from __future__ import annotations
 
 import contextlib
 import pickle
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -86,7 +88,7 @@ class HeldOut:
         return draw_batches(self.source, self.seed, Stream.HELD_OUT, n, part=p)
 
 
-def cluster_forced(client: Any, workers: int | None, scheduler: str | None) -> bool:
+def _cluster_forced(client: Any, workers: int | None, scheduler: str | None) -> bool:
     """Whether the caller named where the work runs: a client (or ``"local"``), ``workers``, a scheduler, or
     Dask's configured ``scheduler-address`` (``DASK_SCHEDULER_ADDRESS``). Otherwise the plan chooses between this
     process and a local cluster (:func:`relulearn.runplan.where_to_run`)."""
@@ -132,7 +134,7 @@ class Where:
 
 
 @contextlib.contextmanager
-def running(
+def _running(
     client: Any, workers: int | None, scheduler: str | None, dashboard: str | None, *, in_process: bool
 ) -> Iterator[Where]:
     """The :class:`Where` of a command: ``client`` as given (``"local"``: this process), this process when the
@@ -156,7 +158,82 @@ def running(
             yield Where(c)
 
 
-def check_script(client: Any, scheduler: str | None, in_process: bool) -> None:
+@dataclass(frozen=True)
+class Execution:
+    """The execution keywords of ``fit``, ``learn`` and ``curve``, which travel together (:data:`EXECUTION_HELP`
+    says what each does)."""
+
+    workers: int | None = None
+    scheduler: str | None = None
+    client: Any = None
+    progress: TextIO | None = sys.stderr
+    break_lock: bool = False
+    dashboard: str | None = None
+
+    @property
+    def forced(self) -> bool:
+        """Whether the caller named where the work runs (:func:`_cluster_forced`)."""
+        return _cluster_forced(self.client, self.workers, self.scheduler)
+
+
+#: each execution keyword's type and what it does, for the parameter lists of the functions that take them
+EXECUTION_HELP: dict[str, tuple[str, str]] = {
+    "workers": ("int, optional", "Start a local cluster of this many worker processes (default: one per core)."),
+    "scheduler": ("str, optional", "Connect to the Dask scheduler at this address instead."),
+    "client": (
+        "distributed.Client or 'local', optional",
+        "An existing client to compute on, or ``'local'`` for this process without Dask. Without ``client``, "
+        "``workers``, ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` the work goes where it is projected to finish "
+        "first (:func:`relulearn.runplan.where_to_run`); the same bits either way.",
+    ),
+    "progress": ("file or None", "Where progress lines are printed (default: standard error; None: nothing)."),
+    "break_lock": ("bool", "Break a stale lease (left by a writer that died) before taking it."),
+    "dashboard": (
+        "str, optional",
+        "``HOST:PORT`` of a local cluster's dashboard (default: the configuration's ``run.dashboard`` if any, else "
+        "127.0.0.1 on a free port).",
+    ),
+}
+
+
+@contextlib.contextmanager
+def working(
+    execution: Execution,
+    *,
+    in_process: bool,
+    dashboard: str | None = None,
+    store: str | None = None,
+    new_store_here: bool = False,
+    before: Callable[[], None] | None = None,
+) -> Iterator[tuple[Where, Any]]:
+    """Where a command's work runs, and the lease of the store it writes: ``(where, lease)``.
+
+    The work runs where the caller named (:attr:`Execution.forced`), else in this process when the plan chose it
+    (``in_process``; a local cluster is then started only for a pass that pays for it), else on a local cluster.
+    A command that writes ``store`` first refuses an unguarded script that would start a local cluster
+    (:func:`_check_script`), runs ``before`` (its first line to the user), then takes the store's lease before any
+    cluster starts, so that a refusal is immediate (``lease`` is None without a ``store``). ``dashboard``: the
+    configuration's, when the call names none.
+    """
+    from ..storage import writing
+
+    ex = execution
+    in_process = in_process and not ex.forced
+    if store is not None:
+        _check_script(ex.client, ex.scheduler, in_process)  # before anything is written
+    if before is not None:
+        before()
+    lease: Any = contextlib.nullcontext()
+    if store is not None:
+        lease = writing(store, break_lock=ex.break_lock, new_store_here=new_store_here)
+    with (
+        lease as held,
+        _running(ex.client, ex.workers, ex.scheduler, ex.dashboard or dashboard, in_process=in_process) as where,
+    ):
+        yield where, held
+
+
+def _check_script(client: Any, scheduler: str | None, in_process: bool) -> None:
     """Before a command takes a lease or writes anything: refuse a call from a script's unguarded top level when
     the command will start a local cluster (:func:`relulearn.pipeline.mainguard.check_main_guard`)."""
     from ..pipeline.cluster import configured_scheduler

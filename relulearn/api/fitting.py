@@ -2,48 +2,40 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from ..config import RunConfig, load_config
 from ..estimators.base import method_entry, sketchable
 from ..methods import METHODS
 from ..pipeline.run import estimate as _estimate
-from ..storage import RunStore, StoreError, writing
-from .execution import Where, check_script, cluster_forced, running, samples_to_run
-from .learning import check_setting, checked_options, learn_with, method_arguments, setting_source
+from ..storage import RunStore, StoreError
+from .execution import Where, samples_to_run, working
+from .keywords import checked_options, split_keywords, takes_keywords
+from .learning import check_setting, learn_with, setting_source
 from .runs import planned_workers
 
 
+@takes_keywords(
+    {
+        "config": "str, Path or RunConfig\n    A YAML path or a :class:`~relulearn.config.RunConfig`.",
+        "store": "str\n    The store location (local directory or fsspec URL).",
+        "method": "str\n    The learning method (``relulearn.METHODS``; default ``moments``).",
+        "out": "str, optional\n    Write the learned model there (``.npz``).",
+        "samples": "int, optional\n    Total samples wanted (default: the configuration's ``samples``).",
+        "dry_run": "bool\n    Return the plan without any work.",
+    }
+)
 def fit(
     config: str | Path | RunConfig,
     store: str,
     method: str = "moments",
     *,
-    width: int | None = None,
-    depth: int | None = None,
-    budget: int | None = None,
-    activation: str | None = None,
-    exact_samples: int | None = None,
-    refine_samples: int | None = None,
-    starts: int | None = None,
-    route: str | None = None,
-    degree: int | None = None,
-    shrink: str | None = None,
-    subspace: bool | None = None,
-    residual: bool | None = None,
-    biases: bool | None = None,
     out: str | None = None,
     samples: int | None = None,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    client: Any = None,
-    progress: TextIO | None = sys.stderr,
-    break_lock: bool = False,
-    dashboard: str | None = None,
     dry_run: bool = False,
+    **keywords: Any,
 ) -> dict[str, Any]:
     """Estimate the statistics ``method`` needs, then learn: the one call that returns a network.
 
@@ -54,23 +46,25 @@ def fit(
     without any work. The other options are those of :func:`learn` and :func:`estimate`; the store's
     lease is taken before a cluster starts and held until the learn ends.
     """
-    options = checked_options(method, **method_arguments(locals()))
+    options, ex = split_keywords("fit", method, keywords)
     cfg = config if isinstance(config, RunConfig) else load_config(config)
-    choose = not cluster_forced(client, workers, scheduler)
     cfg, run_plan, memory = fit_config(
-        cfg, store, method, options, samples, planned_workers(client, workers), choose_where=choose
+        cfg, store, method, options, samples, planned_workers(ex.client, ex.workers), choose_where=not ex.forced
     )
     if dry_run:
         return {"method": method, "dry_run": True, "plan": run_plan.to_dict(), "plan_lines": run_plan.lines()}
-    in_process = choose and run_plan.runs_in == "in process"
-    check_script(client, scheduler, in_process)  # an unguarded script is refused before anything is written
-    if progress is not None:
-        # a finished store is learned from at once: its plan (a pass of samples already held) is not the work
-        done = samples_to_run(store, run_plan.samples) == 0
-        print(
-            f"{store} already holds {run_plan.samples:,} samples: learning from them" if done else run_plan.summary(),
-            file=progress,
-        )
+    progress = ex.progress
+
+    def announce() -> None:
+        if progress is not None:
+            # a finished store is learned from at once: its plan (a pass of samples already held) is not the work
+            done = samples_to_run(store, run_plan.samples) == 0
+            print(
+                f"{store} already holds {run_plan.samples:,} samples: learning from them"
+                if done
+                else run_plan.summary(),
+                file=progress,
+            )
 
     # the plan is what runs: its first pass here (cfg holds its statistics, fit_config put them there), the
     # passes after it as the method asks for them, each with its projection
@@ -87,16 +81,20 @@ def fit(
             lease=lease,
             projected=first.projected_seconds,
         )
-        result = learn_with(where, store, method, options, out, progress, break_lock, projected=projected)
+        result = learn_with(where, store, method, options, out, progress, ex.break_lock, projected=projected)
         result["estimate"] = summary.to_dict()
         result["plan"] = run_plan.to_dict()
         if memory is not None:
             result["statistics_plan"] = memory
         return result
 
-    with writing(store, break_lock=break_lock) as lease:  # before a cluster starts: a refusal is immediate
-        with running(client, workers, scheduler, dashboard or cfg.run.dashboard, in_process=in_process) as where:
-            return run(where, lease)
+    # an unguarded script refused, the plan's line, then the store's lease before a cluster starts (a refusal is
+    # immediate), held until the learn ends
+    at = working(
+        ex, in_process=run_plan.runs_in == "in process", dashboard=cfg.run.dashboard, store=store, before=announce
+    )
+    with at as (where, lease):
+        return run(where, lease)
 
 
 def check_statistics_section(cfg: RunConfig, method: str, setting: Any) -> None:

@@ -3,7 +3,6 @@ for, the model written and the learn recorded in the store (``learn``)."""
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
@@ -12,13 +11,14 @@ import numpy as np
 from ..aligned import one_blas_thread
 from ..config import RunConfig
 from ..estimators.base import PassRequest, method_entry
-from ..methods import METHODS, OPTIONS
+from ..methods import METHODS
 from ..network import Network
 from ..pipeline.projection import format_seconds
 from ..pipeline.run import estimate as _estimate
 from ..pipeline.sources import data_of
 from ..storage import RunStore, StoreError, open_store, read_one_commit
-from .execution import HeldOut, Where, cluster_forced, mapper, running
+from .execution import HeldOut, Where, mapper, working
+from .keywords import split_keywords, takes_keywords
 
 if TYPE_CHECKING:
     from ..pipeline.data import DataSource
@@ -52,25 +52,6 @@ def setting_source(cfg: RunConfig) -> Any:
     return SimpleNamespace(
         d=cfg.source.d, outputs=None, network=None, whitening=True if cfg.source.data.whiten else None
     )
-
-
-def method_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The method options among a call's arguments (its ``locals()``): ``learn`` and ``fit`` take every option of
-    :data:`relulearn.methods.OPTIONS` by keyword."""
-    return {name: arguments[name] for name in OPTIONS}
-
-
-def checked_options(method: str, **given: Any) -> dict[str, Any]:
-    """The method's keyword options (``width`` always); options a method does not declare
-    (:attr:`relulearn.methods.Method.options`) are refused by name."""
-    allowed = {"width", *METHODS[method].options}
-    extra = [k for k, v in given.items() if v is not None and k not in allowed]
-    if extra:
-        verb = "applies" if len(extra) == 1 else "apply"
-        users = [m.name for m in METHODS.values() if all(k in m.options for k in extra)]
-        extra = [OPTIONS[k].flag if k in OPTIONS else f"--{k}" for k in extra]
-        raise ValueError(f"{' and '.join(extra)} {verb} to --method {' or '.join(users)} only, not to {method}")
-    return {k: v for k, v in given.items() if k == "width" or v is not None}
 
 
 def _pass_url(store: str, name: str, statistics: dict) -> str:
@@ -231,54 +212,27 @@ def model_shape(model: Any) -> dict[str, Any]:
     return out
 
 
-def learn(
-    store: str,
-    method: str = "moments",
-    *,
-    width: int | None = None,
-    depth: int | None = None,
-    budget: int | None = None,
-    activation: str | None = None,
-    exact_samples: int | None = None,
-    refine_samples: int | None = None,
-    starts: int | None = None,
-    route: str | None = None,
-    degree: int | None = None,
-    shrink: str | None = None,
-    subspace: bool | None = None,
-    residual: bool | None = None,
-    biases: bool | None = None,
-    out: str | None = None,
-    workers: int | None = None,
-    scheduler: str | None = None,
-    client: Any = None,
-    progress: TextIO | None = sys.stderr,
-    break_lock: bool = False,
-    dashboard: str | None = None,
-) -> dict[str, Any]:
+@takes_keywords(
+    {
+        "store": "str\n    The store holding the statistics (local directory or fsspec URL).",
+        "method": "str\n    The learning method (``relulearn.METHODS``; default ``moments``).",
+        "out": "str, optional\n    Write the learned model there (``.npz``).",
+    }
+)
+def learn(store: str, method: str = "moments", *, out: str | None = None, **keywords: Any) -> dict[str, Any]:
     """Learn a network from the statistics in ``store`` with a learning ``method``.
 
     Runs the extra passes the method asks for (stored under ``STORE/passes/``), evaluates
-    candidate batches on the cluster, and writes the network to ``out`` (``.npz``).
-    ``width`` is the number of hidden units (``moments``) or the largest hidden width
-    (``filtered-pca``); ``depth`` (hidden layers) and ``budget`` (candidate networks) are
-    options of ``filtered-pca``; ``activation`` (``relu``, ``relu2``, ``relu3``; default: the
-    teacher's), ``exact_samples`` (bounded sample of the exact step) and ``refine_samples``
-    (samples streamed through the refinement; default all the store holds; 0: none) of ``exact``,
-    ``moments`` and ``filtered-pca`` (its deep answers: at most 10⁷);
-    ``starts`` (random starts of G, default 8) and ``route`` (``moments`` or ``stream``; default by
-    width) of ``landscape``; ``degree`` (default: chosen on held-out samples), ``shrink`` (``order``, the
-    default, ``none``, ``entry``), ``subspace`` (expand the inputs projected on the relevant subspace) and
-    ``residual`` (re-estimate orders ≥ 3 on residual labels, default True) of ``polynomial``, whose
-    model is a :class:`~relulearn.polynomial.PolynomialModel`; ``biases`` of ``moments`` (learn hidden and
-    output biases; default: unless the source is a planted or file network without biases).
+    candidate batches on the cluster, and writes the network to ``out`` (``.npz``). Each method takes the
+    options its declaration names (:data:`relulearn.methods.METHODS`, listed below with what each does for
+    each method); an option of another method is refused. ``polynomial``'s model is a
+    :class:`~relulearn.polynomial.PolynomialModel`.
 
     The store is only read (learn takes no lease on it): every statistic and the ledger from one commit,
     checked against its manifest (a damaged store is refused with
     :class:`~relulearn.storage.errors.StoreDamagedError`, naming the array and chunk, before any method runs);
     each extra pass is a store of its own, written under its own lease (``break_lock``: break a stale one, left
     by a learn that died).
-    ``dashboard``: ``HOST:PORT`` of a local cluster's dashboard (default 127.0.0.1, a free port).
 
     Where it runs: in this process, unless ``client``, ``workers``, ``scheduler`` or ``DASK_SCHEDULER_ADDRESS`` name
     a cluster; a local cluster is then started only for a pass the method asks for that is projected to gain
@@ -291,9 +245,8 @@ def learn(
         ``method``, ``width``, ``passes`` run, ``runs_in`` (``"in process"``, or ``"cluster"`` when the last of
         its work ran on one), ``seconds`` and the method's ``report``.
     """
-    options = checked_options(method, **method_arguments(locals()))
+    options, ex = split_keywords("learn", method, keywords)
     open_store(store)  # no store, or a damaged root, is refused before a cluster starts
     # in this process unless told otherwise: a local cluster starts only for a pass that pays for its start
-    in_process = not cluster_forced(client, workers, scheduler)
-    with running(client, workers, scheduler, dashboard, in_process=in_process) as where:
-        return learn_with(where, store, method, options, out, progress, break_lock)
+    with working(ex, in_process=True) as (where, _):
+        return learn_with(where, store, method, options, out, ex.progress, ex.break_lock)

@@ -17,7 +17,6 @@ from ..storage import (
     StoreMovedError,
     read_lease,
     read_one_commit,
-    writing,
 )
 
 if TYPE_CHECKING:
@@ -93,26 +92,23 @@ def estimate(
 
         measured_plan(cfg, None, samples=samples, workers=planned_workers(client, workers))
     from ..pipeline.run import estimate as _estimate
-    from .execution import check_script, cluster_forced, running
+    from .execution import Execution, working
 
-    forced = cluster_forced(client, workers, scheduler)
-    workers_planned = planned_workers(client, workers) if forced and scheduler is None else None
-    in_process, projected = _where(cfg, store, samples, workers_planned if forced else None)
-    in_process = in_process and not forced
-    check_script(client, scheduler, in_process)  # an unguarded script is refused before anything is written
-    # before a cluster starts: a refusal is immediate
-    with writing(store, break_lock=break_lock, new_store_here=new_store_here) as lease:
-        kw: dict[str, Any] = dict(
-            samples=samples,
-            progress=progress,
-            commit_interval=commit_interval,
-            on_start=on_start,
-            lease=lease,
-            new_store_here=new_store_here,
-            projected=projected,
-        )
-        with running(client, workers, scheduler, dashboard or cfg.run.dashboard, in_process=in_process) as where:
-            return _estimate(cfg, store, client=where.client, **kw)
+    ex = Execution(workers=workers, scheduler=scheduler, client=client, break_lock=break_lock, dashboard=dashboard)
+    workers_planned = planned_workers(client, workers) if ex.forced and scheduler is None else None
+    in_process, projected = _where(cfg, store, samples, workers_planned if ex.forced else None)
+    kw: dict[str, Any] = dict(
+        samples=samples,
+        progress=progress,
+        commit_interval=commit_interval,
+        on_start=on_start,
+        new_store_here=new_store_here,
+    )
+    # an unguarded script is refused, then the store's lease taken, before anything is written or a cluster starts
+    with working(
+        ex, in_process=in_process, dashboard=cfg.run.dashboard, store=store, new_store_here=new_store_here
+    ) as (where, lease):
+        return _estimate(cfg, store, client=where.client, lease=lease, projected=projected, **kw)
 
 
 def _where(cfg: RunConfig, store: str, samples: int | None, forced: int | None) -> tuple[bool, float | None]:

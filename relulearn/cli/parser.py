@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .._version import __version__
-from ..methods import METHODS, OPTIONS
+from ..methods import METHODS, OPTIONS, option_help
 
 _EPILOG = """\
 examples:
@@ -505,20 +505,11 @@ def add_learn_options(q: argparse.ArgumentParser, *, out: bool = True, report: b
         add_report_option(q)
 
 
-def _option_help(name: str) -> str:
-    """What option ``name`` does for each method that takes it, methods saying the same thing together."""
-    said: dict[str, list[str]] = {}
-    for m in METHODS.values():
-        if name in m.options:
-            said.setdefault(m.options[name], []).append(m.name)
-    return "; ".join(f"{', '.join(names)}: {text}" for text, names in said.items())
-
-
 def add_method_options(q: argparse.ArgumentParser) -> None:
     """The methods' options (:data:`relulearn.methods.OPTIONS`), each with what it does for each method."""
     g = q.add_argument_group("method options", "each applies to the methods it names; others refuse it")
     for o in OPTIONS.values():
-        kwargs: dict[str, Any] = {"help": _option_help(o.name)}
+        kwargs: dict[str, Any] = {"help": option_help(o.name)}
         if o.kind in ("count", "count0"):
             kwargs["type"] = _positive if o.kind == "count" else _nonnegative
         elif o.kind == "choice":

@@ -65,12 +65,29 @@ def test_every_estimator_class_is_declared():
 
 def test_options_of_another_method_are_refused_naming_the_methods_that_take_them():
     with pytest.raises(ValueError, match=r"--depth applies to --method filtered-pca only, not to moments"):
-        api.learning.checked_options("moments", width=3, depth=2)
+        api.keywords.checked_options("moments", width=3, depth=2)
     with pytest.raises(ValueError, match=r"--no-residual applies to --method polynomial only, not to tensor"):
-        api.learning.checked_options("tensor", residual=False)
+        api.keywords.checked_options("tensor", residual=False)
     with pytest.raises(ValueError, match=r"--budget applies to --method moments or filtered-pca only"):
-        api.learning.checked_options("exact", budget=10)
-    assert api.learning.checked_options("polynomial", width=None, degree=3, shrink=None) == {"width": None, "degree": 3}
+        api.keywords.checked_options("exact", budget=10)
+    assert api.keywords.checked_options("polynomial", width=None, degree=3, shrink=None) == {"width": None, "degree": 3}
+
+
+def test_fit_learn_and_curve_show_every_option_and_refuse_a_misspelled_keyword_naming_the_closest():
+    """The method options and execution keywords of fit, learn and curve come from the declarations: each is in
+    the signature (keyword-only, default None for an option) and in the parameter list."""
+    execution = ("workers", "scheduler", "client", "progress", "break_lock", "dashboard")
+    for fn in (api.fit, api.learn, api.curve):
+        params = inspect.signature(fn).parameters
+        for name in OPTIONS:
+            assert params[name].kind is inspect.Parameter.KEYWORD_ONLY and params[name].default is None, name
+            assert f"\n{name} : " in fn.__doc__, name
+        assert all(name in params and f"\n{name} : " in fn.__doc__ for name in execution)
+    with pytest.raises(TypeError, match=r"fit\(\) got an unexpected keyword argument 'widht'; did you mean 'width'\? "
+                       r"\(--method tensor takes width, refine_samples;"):  # fmt: skip
+        api.fit("no.yaml", "no.zarr", "tensor", widht=3)
+    with pytest.raises(ValueError, match=r"--depth applies to --method filtered-pca only, not to moments"):
+        api.learn("no.zarr", depth=2)
 
 
 def test_a_declaration_with_an_unknown_option_is_refused():

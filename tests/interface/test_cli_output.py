@@ -222,7 +222,7 @@ def test_the_packages_that_import_on_first_use_still_give_every_name_and_module(
         "import relulearn.api as api, relulearn.storage as storage\n"
         "assert all(callable(getattr(api, n)) for n in api.__all__ if n != 'METHODS')\n"
         "assert all(getattr(storage, n) is not None for n in storage.__all__)\n"
-        "assert api.execution.HeldOut and api.learning.checked_options and storage.verify.verify_store\n"
+        "assert api.execution.HeldOut and api.keywords.checked_options and storage.verify.verify_store\n"
         "try:\n    api.nothing\nexcept AttributeError as err:\n    print(err)\n"
     )
     done = subprocess.run([PYTHON, "-c", script], env=cli_env(), capture_output=True, text=True, timeout=120)

@@ -13,6 +13,7 @@ from conftest import relulearn, require
 require("sklearn")
 
 from relulearn import regressors as R  # noqa: E402
+from relulearn.methods import METHODS, OPTIONS  # noqa: E402
 from relulearn.network import Network  # noqa: E402
 
 
@@ -39,6 +40,40 @@ def test_scikit_learn_estimator_checks(cls):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         check_estimator(cls())
+
+
+def _set(option: str):
+    """A value of ``option`` other than its default (None: the method decides)."""
+    o = OPTIONS[option]
+    return o.choices[-1] if o.choices else 5 if o.kind.startswith("count") else False
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_option_round_trips_through_get_params_and_clone(name):
+    """Each estimator's parameters are its method's declared options (the first also by position) and the run's;
+    every option set survives get_params and clone, and the construction conventions hold."""
+    from sklearn.base import clone
+    from sklearn.utils import estimator_checks as ec
+
+    cls = getattr(R, METHODS[name].regressor)
+    given = {k: _set(k) for k in METHODS[name].options}
+    est = cls(**given, seed=3, whiten=False)
+    assert {k: est.get_params()[k] for k in given} == given
+    copy = clone(est)
+    assert type(copy) is cls and copy.get_params() == est.get_params()
+    first = next(iter(given))
+    assert cls(given[first]).get_params()[first] == given[first]
+    with pytest.raises(TypeError, match=rf"{cls.__name__}.__init__\(\) got an unexpected keyword argument 'colour'"):
+        cls(colour=1)
+    for check in (
+        ec.check_parameters_default_constructible,
+        ec.check_get_params_invariance,
+        ec.check_set_params,
+        ec.check_no_attributes_set_in_init,
+        ec.check_estimator_repr,
+        ec.check_do_not_raise_errors_in_init_or_set_params,
+    ):
+        check(cls.__name__, cls())
 
 
 def planted(rows: int = 200_000, d: int = 10):
