@@ -41,12 +41,51 @@ The pieces: the nets of the sphere (:mod:`.enumeration.sphere_nets`), the units 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .relu_units import Mapper, _single_thread
 from .search import EnumerationResult, _Options, _Search
 
-__all__ = ["enumerate_network"]
+__all__ = ["enumerate_network", "SearchTolerances"]
+
+
+@dataclass(frozen=True)
+class SearchTolerances:
+    """The sizes and tolerances of :func:`enumerate_network`'s search (the defaults serve every method).
+
+    Attributes
+    ----------
+    score_samples
+        Candidates are scored, and moves screened, on the first ``min(n, score_samples)``
+        training samples; accepted moves are refitted on all of them.
+    extra_units
+        Units the search may hold beyond ``k``.
+    max_exchanges
+        Stages run once ``k + extra_units`` units are held (add then prune, split then
+        prune); default ``k``.
+    separation
+        Peaks of one stage are at least this far apart (radians): "well separated".
+    fraction
+        A secondary peak is taken when its reduction is at least this fraction of the best.
+    merge_angle
+        Two units closer than this (radians) are tried merged into one.
+    se_margin
+        A move (or a larger model) must lower the held-out loss by this many standard errors
+        of the paired per-sample difference ...
+    min_gain
+        ... and by this fraction of the held-out loss.
+    """
+
+    score_samples: int = 8192
+    extra_units: int = 2
+    max_exchanges: int | None = None
+    separation: float = 0.6
+    fraction: float = 0.25
+    merge_angle: float = 0.1
+    se_margin: float = 2.0
+    min_gain: float = 1e-3
 
 
 def enumerate_network(
@@ -60,14 +99,7 @@ def enumerate_network(
     mapper: Mapper = map,
     batch: int = 512,
     seed: int = 0,
-    score_samples: int = 8192,
-    extra_units: int = 2,
-    max_exchanges: int | None = None,
-    separation: float = 0.6,
-    fraction: float = 0.25,
-    merge_angle: float = 0.1,
-    se_margin: float = 2.0,
-    min_gain: float = 1e-3,
+    tolerances: SearchTolerances = SearchTolerances(),
 ) -> EnumerationResult:
     """Learn ``y ≈ Σ_{i≤m} λ_i relu(<a_i, z>)``, ``m ≤ k``, by multi-stage enumeration.
 
@@ -97,25 +129,9 @@ def enumerate_network(
         Candidate directions per mapped task.
     seed
         Seed of the nets.
-    score_samples
-        Candidates are scored, and moves screened, on the first ``min(n, score_samples)``
-        training samples; accepted moves are refitted on all of them.
-    extra_units
-        Units the search may hold beyond ``k``.
-    max_exchanges
-        Stages run once ``k + extra_units`` units are held (add then prune, split then
-        prune); default ``k``.
-    separation
-        Peaks of one stage are at least this far apart (radians): "well separated".
-    fraction
-        A secondary peak is taken when its reduction is at least this fraction of the best.
-    merge_angle
-        Two units closer than this (radians) are tried merged into one.
-    se_margin
-        A move (or a larger model) must lower the held-out loss by this many standard errors
-        of the paired per-sample difference ...
-    min_gain
-        ... and by this fraction of the held-out loss.
+    tolerances
+        The search's sizes and tolerances (:class:`SearchTolerances`: scoring samples, extra units,
+        exchanges, peak separation, merging, acceptance of moves).
 
     Returns
     -------
@@ -146,21 +162,22 @@ def enumerate_network(
         raise ValueError(f"k must be ≥ 1, got {k}")
     if batch < 1:
         raise ValueError(f"batch must be ≥ 1, got {batch}")
-    if extra_units < 0:
-        raise ValueError(f"extra_units must be ≥ 0, got {extra_units}")
+    t = tolerances
+    if t.extra_units < 0:
+        raise ValueError(f"extra_units must be ≥ 0, got {t.extra_units}")
     opts = _Options(
         k=k,
         budget=int(budget),
         batch=batch,
         seed=seed,
-        score_samples=score_samples,
-        k_max=k + extra_units,
-        max_exchanges=k if max_exchanges is None else max_exchanges,
-        separation=separation,
-        fraction=fraction,
-        merge_angle=merge_angle,
-        se_margin=se_margin,
-        min_gain=min_gain,
+        score_samples=t.score_samples,
+        k_max=k + t.extra_units,
+        max_exchanges=k if t.max_exchanges is None else t.max_exchanges,
+        separation=t.separation,
+        fraction=t.fraction,
+        merge_angle=t.merge_angle,
+        se_margin=t.se_margin,
+        min_gain=t.min_gain,
     )
     with _single_thread():
         return _Search(z, y, z_val, y_val, mapper, opts).run()

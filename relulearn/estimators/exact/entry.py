@@ -129,6 +129,25 @@ def _basis(sub: JointRange, t2: np.ndarray, k: int, report: dict) -> np.ndarray:
     return v[:, np.argsort(w)[::-1][:k]]
 
 
+def _tensor_candidates(
+    smp: Samples, dec: cp.TensorDecomposition, signs: np.ndarray, act: Rectified, report: dict
+) -> dict[str, Network]:
+    """The tensor path's answers before the refinement: the moment estimate and, where it solves, the exact
+    step on the bounded sample (its report and its check on the validation samples go into ``report``, with
+    the projection test of the signs)."""
+    signed = dec.directions * signs[:, None]
+    report["projection_test"] = _signs.projection_test(smp.x_train, smp.y_train, dec.weights, signed, act.power)
+    cands = {"moments": _signs.moment_estimate(dec.weights, dec.directions, signs, act.power, act.name)}
+    try:
+        net, rep = _exact_step.exact_step(smp.x_train, smp.y_train, signed, act.power, act.name)
+        cands["exact step"] = net
+        report["exact_step"] = rep
+        report["check"] = check_on(net, smp.x_val, smp.y_val)
+    except (ValueError, np.linalg.LinAlgError) as err:
+        report["exact_step"] = {"error": str(err)}
+    return cands
+
+
 def learn(
     stats: Mapping[str, Arrays],
     passes: Sequence[Mapping[str, Arrays]],
@@ -218,21 +237,12 @@ def learn(
         np.asarray(om["T1"]), np.asarray(om["T1_se"]), dec.weights, dec.directions, act.power
     )
     report["signs"] = sg.to_dict()
-    signed = dec.directions * sg.signs[:, None]
     n_train, n_val = sample_sizes(d, k)
     if exact_samples is not None:
         check_exact_samples(exact_samples, d, k, m)
         n_train = int(exact_samples)
     smp = samples(n_train, n_val)
-    report["projection_test"] = _signs.projection_test(smp.x_train, smp.y_train, dec.weights, signed, act.power)
-    cands = {"moments": _signs.moment_estimate(dec.weights, dec.directions, sg.signs, act.power, act.name)}
-    try:
-        net, rep = _exact_step.exact_step(smp.x_train, smp.y_train, signed, act.power, act.name)
-        cands["exact step"] = net
-        report["exact_step"] = rep
-        report["check"] = check_on(net, smp.x_val, smp.y_val)
-    except (ValueError, np.linalg.LinAlgError) as err:
-        report["exact_step"] = {"error": str(err)}
+    cands = _tensor_candidates(smp, dec, sg.signs, act, report)
     losses = _validation(cands, smp)
     if report.get("check", {}).get("exact"):
         report["refinement"] = {"skipped": "the exact step is exact on the validation samples"}

@@ -39,6 +39,7 @@ __all__ = [
     "init_network",
     "fit_network",
     "fit_candidates",
+    "FitStages",
     "lift",
     "relative_loss",
     "relative_loss_of",
@@ -268,6 +269,26 @@ def _run_batches(
     return out
 
 
+@dataclass(frozen=True)
+class FitStages:
+    """The two stages of :func:`fit_candidates`.
+
+    Attributes
+    ----------
+    screen_samples, screen_iter
+        Stage 1: every candidate is fitted for ``screen_iter`` iterations on the first
+        ``screen_samples`` training rows.
+    refine, refine_iter
+        Stage 2: the ``refine`` best by validation loss are fitted further on all training
+        rows for ``refine_iter`` iterations.
+    """
+
+    screen_samples: int = 20_000
+    screen_iter: int = 300
+    refine: int = 3
+    refine_iter: int = 3000
+
+
 def fit_candidates(
     z: np.ndarray,
     y: np.ndarray,
@@ -280,10 +301,7 @@ def fit_candidates(
     budget: int = 256,
     mapper: Mapper = map,
     seed: int = 0,
-    screen_samples: int = 20_000,
-    screen_iter: int = 300,
-    refine: int = 3,
-    refine_iter: int = 3000,
+    stages: FitStages = FitStages(),
     warm: Sequence[Network] = (),
 ) -> list[Candidate]:
     """Fit candidate deep ReLU networks on projected samples; best by validation loss first.
@@ -307,12 +325,8 @@ def fit_candidates(
         same (bitwise) answer.
     seed
         Seed of the random starts.
-    screen_samples, screen_iter
-        Stage 1: every candidate is fitted for ``screen_iter`` iterations on the first
-        ``screen_samples`` training rows.
-    refine, refine_iter
-        Stage 2: the ``refine`` best by validation loss are fitted further on all training
-        rows for ``refine_iter`` iterations.
+    stages
+        The sizes of the screen and of the refinement (:class:`FitStages`).
     warm
         Networks on the same ``r`` coordinates that start from where an earlier fit ended (the last
         round's best network, re-expressed on an extended basis): each skips the screen and is fitted
@@ -341,41 +355,28 @@ def fit_candidates(
         On inconsistent shapes or parameters.
     """
     check_budget(depth, width, starts, budget)
-    z = np.ascontiguousarray(z, dtype=np.float64)
-    y = np.ascontiguousarray(np.asarray(y, dtype=np.float64).ravel())
-    z_val = np.ascontiguousarray(z_val, dtype=np.float64)
-    y_val = np.ascontiguousarray(np.asarray(y_val, dtype=np.float64).ravel())
-    if z.ndim != 2 or len(z) != len(y) or len(z) == 0:
-        raise ValueError(f"z must be (n, r) with n >= 1 rows and y (n,), got {z.shape} and {y.shape}")
-    if z_val.ndim != 2 or z_val.shape[1] != z.shape[1] or len(z_val) != len(y_val) or len(z_val) == 0:
-        raise ValueError(
-            f"z_val must be (m, {z.shape[1]}) with m >= 1 rows and y_val (m,), got {z_val.shape} and {y_val.shape}"
-        )
-    if screen_samples < 1 or screen_iter < 0 or refine < 0 or refine_iter < 0:
+    z, y, z_val, y_val = _checked_rows(z, y, z_val, y_val)
+    if stages.screen_samples < 1 or stages.screen_iter < 0 or stages.refine < 0 or stages.refine_iter < 0:
         raise ValueError("screen_samples must be >= 1 and screen_iter, refine, refine_iter >= 0")
     r = z.shape[1]
     if any(net.input_dim != r or net.output_dim != 1 or net.biases is not None for net in warm):
         raise ValueError(f"a warm start must be a bias-free network on the {r} coordinates with one output")
-    rms = math.sqrt(float(y @ y) / len(y))
-    scale = rms if rms > 0 else 1.0
     keys = [(w, s) for w in architectures(depth, width) for s in range(int(starts))]
-    nets = []
-    for widths, s in keys:
-        ws = list(init_network(widths, r, seed, s).weights)
-        ws[-1] = ws[-1] * scale  # start on the scale of y
-        nets.append(tuple(ws))
-    n_s = min(len(z), int(screen_samples))
-    screened = _run_batches(mapper, z[:n_s], y[:n_s], z_val, y_val, nets, int(screen_iter), 1e-12, TASK_CANDIDATES)
+    nets = _random_starts(keys, r, seed, y)
+    n_s = min(len(z), int(stages.screen_samples))
+    screened = _run_batches(
+        mapper, z[:n_s], y[:n_s], z_val, y_val, nets, int(stages.screen_iter), 1e-12, TASK_CANDIDATES
+    )
     order = sorted(range(len(keys)), key=lambda i: (_nan_last(screened[i][2]), i))
-    chosen = order[: int(refine)]
+    chosen = order[: int(stages.refine)]
     for j, net in enumerate(warm):  # already fitted: no screen, always refined
         keys.append((tuple(int(w.shape[0]) for w in net.weights[:-1]), -1 - j))
         screened.append((net.weights, relative_loss(net, z[:n_s], y[:n_s]), relative_loss(net, z_val, y_val), 0))
         chosen.append(len(keys) - 1)
     results = {i: screened[i] + (False,) for i in range(len(keys))}
-    if chosen and refine_iter > 0:
+    if chosen and stages.refine_iter > 0:
         refined = _run_batches(
-            mapper, z, y, z_val, y_val, [screened[i][0] for i in chosen], int(refine_iter), 1e-12, 1
+            mapper, z, y, z_val, y_val, [screened[i][0] for i in chosen], int(stages.refine_iter), 1e-12, 1
         )  # one long fit per task
         for i, (weights, train, val, it) in zip(chosen, refined):
             results[i] = (weights, train, val, it + screened[i][3], True)
@@ -393,6 +394,37 @@ def fit_candidates(
     ]
     ranked = sorted(range(len(cands)), key=lambda i: (_nan_last(cands[i].val_loss), i))
     return [cands[i] for i in ranked]
+
+
+def _checked_rows(
+    z: np.ndarray, y: np.ndarray, z_val: np.ndarray, y_val: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The training and validation rows and labels as contiguous float64 arrays, their shapes checked."""
+    z = np.ascontiguousarray(z, dtype=np.float64)
+    y = np.ascontiguousarray(np.asarray(y, dtype=np.float64).ravel())
+    z_val = np.ascontiguousarray(z_val, dtype=np.float64)
+    y_val = np.ascontiguousarray(np.asarray(y_val, dtype=np.float64).ravel())
+    if z.ndim != 2 or len(z) != len(y) or len(z) == 0:
+        raise ValueError(f"z must be (n, r) with n >= 1 rows and y (n,), got {z.shape} and {y.shape}")
+    if z_val.ndim != 2 or z_val.shape[1] != z.shape[1] or len(z_val) != len(y_val) or len(z_val) == 0:
+        raise ValueError(
+            f"z_val must be (m, {z.shape[1]}) with m >= 1 rows and y_val (m,), got {z_val.shape} and {y_val.shape}"
+        )
+    return z, y, z_val, y_val
+
+
+def _random_starts(
+    keys: list[tuple[tuple[int, ...], int]], r: int, seed: int, y: np.ndarray
+) -> list[tuple[np.ndarray, ...]]:
+    """The start of each ``(widths, start)`` key (:func:`init_network`), its last layer on the scale of ``y``."""
+    rms = math.sqrt(float(y @ y) / len(y))
+    scale = rms if rms > 0 else 1.0
+    nets = []
+    for widths, s in keys:
+        ws = list(init_network(widths, r, seed, s).weights)
+        ws[-1] = ws[-1] * scale  # start on the scale of y
+        nets.append(tuple(ws))
+    return nets
 
 
 def _nan_last(v: float) -> float:

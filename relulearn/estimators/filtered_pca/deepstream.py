@@ -180,6 +180,47 @@ def _step(cur: DeepSums, basis: np.ndarray, damping: float) -> tuple[np.ndarray,
     return d_theta, d_basis
 
 
+def _moved(
+    theta: np.ndarray, d_theta: np.ndarray, shapes: list[tuple[int, ...]], basis: np.ndarray, d_basis: np.ndarray
+) -> tuple[list[np.ndarray], np.ndarray]:
+    """The weights and the orthonormal basis after the step ``(d_theta, d_basis)``, the same function of x as
+    the step's ``(θ + Δθ, B + Δ)``: the triangular factor of the basis goes into the first layer."""
+    new_ws = _unflatten(theta + d_theta, shapes)
+    q, rr = np.linalg.qr(basis + d_basis)
+    new_ws[0] = new_ws[0] @ rr.T  # g'(Qᵀx) = g((B + Δ)ᵀx)
+    return new_ws, q
+
+
+def _gain(cur: DeepSums, new: DeepSums, predicted: float, d_theta: np.ndarray, d_basis: np.ndarray) -> float:
+    """The decrease of the loss from ``cur`` to ``new`` as a fraction of the decrease the Gauss–Newton model
+    promised (0 where it promised none)."""
+    # the decrease the Gauss–Newton model promised: 2 δᵀJᵀe − δᵀJᵀJδ for both blocks
+    model = 2 * predicted - float(d_theta @ (cur.jtj @ d_theta) + np.sum((d_basis @ cur.h) * d_basis))
+    return (cur.loss - new.loss) / model if model > 0 else 0.0
+
+
+def _history_entry(
+    relative_loss: float,
+    rel_step: float,
+    damping: float,
+    basis: np.ndarray,
+    q: np.ndarray,
+    gain: float,
+    accepted: bool,
+) -> dict[str, Any]:
+    """One pass's entry of the report's ``iterations``; ``basis_step``: the largest principal angle between
+    the bases ``basis`` and ``q``."""
+    moved = float(np.arccos(np.clip(np.linalg.svd(basis.T @ q, compute_uv=False).min(), -1.0, 1.0)))
+    return {
+        "relative_loss": relative_loss,
+        "relative_step": rel_step,
+        "damping": damping,
+        "basis_step": moved,
+        "gain": gain,
+        "accepted": bool(accepted),
+    }
+
+
 def refine_deep(
     net: Network,
     basis: np.ndarray,
@@ -247,26 +288,12 @@ def refine_deep(
         if rejects == 0 and predicted < PREDICTED_DECREASE * (n_params / cur.n) * cur.loss:
             stop = "predicted decrease below a thousandth of the statistical excess error"
             break
-        new_ws = _unflatten(theta + d_theta, shapes)
-        q, rr = np.linalg.qr(basis + d_basis)
-        new_ws[0] = new_ws[0] @ rr.T  # g'(Qᵀx) = g((B + Δ)ᵀx)
+        new_ws, q = _moved(theta, d_theta, shapes, basis, d_basis)
         new = _accumulate(draw, items, new_ws, q, mapper)
         passes += 1
         accepted = new.loss <= cur.loss
-        # the decrease the Gauss–Newton model promised: 2 δᵀJᵀe − δᵀJᵀJδ for both blocks
-        model = 2 * predicted - float(d_theta @ (cur.jtj @ d_theta) + np.sum((d_basis @ cur.h) * d_basis))
-        gain = (cur.loss - new.loss) / model if model > 0 else 0.0
-        moved = float(np.arccos(np.clip(np.linalg.svd(basis.T @ q, compute_uv=False).min(), -1.0, 1.0)))
-        history.append(
-            {
-                "relative_loss": new.loss / y2,
-                "relative_step": rel_step,
-                "damping": damping,
-                "basis_step": moved,
-                "gain": gain,
-                "accepted": bool(accepted),
-            }
-        )
+        gain = _gain(cur, new, predicted, d_theta, d_basis)
+        history.append(_history_entry(new.loss / y2, rel_step, damping, basis, q, gain, accepted))
         poor = poor + 1 if gain < POOR_GAIN else 0
         if poor >= POOR_STEPS:
             if accepted:

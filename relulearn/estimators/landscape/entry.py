@@ -496,22 +496,15 @@ def _streamed_round(
 ) -> tuple[Any, np.ndarray]:
     """One round of G on the stream from part ``first`` on (:func:`.landscape.stream.streamed_g`), and the β
     of each row found, from fresh samples after the run (parts past every part it used)."""
-    from .stream import streamed_g
+    from .stream import GProblem, StepRules, StreamSizes, streamed_g
 
     res = streamed_g(
         samples,
         mapper,
-        w=w,
-        t0=t[0],
-        t1=t[1],
-        t2=t[2],
-        m=w.shape[0],
-        mu=params.mu,
-        lam=params.lam,
+        problem=GProblem(w=w, t0=t[0], t1=t[1], t2=t[2], m=w.shape[0], mu=params.mu, lam=params.lam),
         seed=seed,
-        beta_max=params.beta_max,
-        beta_min=params.beta_min,
-        first_part=first,
+        sizes=StreamSizes(first_part=first),
+        rules=StepRules(beta_max=params.beta_max, beta_min=params.beta_min),
     )
     v = (res.b / np.linalg.norm(res.b, axis=1, keepdims=True)) @ w
     own_rows, _ = _pilot(samples, mapper, t, v, int(res.report["parts"][1]), PILOT_SAMPLES)

@@ -40,9 +40,12 @@ from .objective_g import distinct_rows
 from .sums import BatchTerms, part_sums
 
 __all__ = [
+    "GProblem",
     "prox_radial",
+    "StepRules",
     "streamed_g",
     "StreamedG",
+    "StreamSizes",
 ]
 
 
@@ -64,6 +67,92 @@ def prox_radial(z: np.ndarray, eta_lam: float, iters: int = 60) -> np.ndarray:
         if np.all(np.abs(step) <= 1e-15 * r):
             break
     return z * (r / np.where(s > 0, s, 1.0))[:, None]
+
+
+@dataclass(frozen=True)
+class GProblem:
+    """The objective :func:`streamed_g` minimizes.
+
+    Attributes
+    ----------
+    w
+        Whitening ``Λ^{-1/2} Qᵀ`` (m × d); ``V = B̃ W``.
+    t0, t1, t2
+        First-pass statistics, for the residual labels.
+    m
+        Number of rows.
+    mu, lam
+        μ and λ of G.
+    """
+
+    w: np.ndarray
+    t0: float
+    t1: np.ndarray
+    t2: np.ndarray
+    m: int
+    mu: float
+    lam: float
+
+
+@dataclass(frozen=True)
+class StreamSizes:
+    """How much :func:`streamed_g` streams, and from which parts.
+
+    Attributes
+    ----------
+    batch
+        Samples of the first step (rounded up to whole parts, at least ``min_parts``).
+    steps
+        Largest number of steps.
+    part_size, min_parts, window
+        Samples per mapped part; fewest parts per step (for the spread); parts mapped at a time.
+    max_samples
+        Budget of samples.
+    first_part
+        Id of the first part used (0 and 1 are the training and validation parts of a SampleDraw).
+    """
+
+    batch: int = 65_536
+    steps: int = 200
+    part_size: int = 16_384
+    min_parts: int = 4
+    max_samples: int = 200_000_000
+    window: int = 64
+    first_part: int = 2
+
+
+@dataclass(frozen=True)
+class StepRules:
+    """The step, batch and stopping rules of :func:`streamed_g`.
+
+    Attributes
+    ----------
+    beta_max, beta_min
+        Curvature scales of the tensor (default: from μ and λ as ``landscape.g_parameters`` sets them,
+        ``β_max = 0.1 λ``, ``β_min = μ λ``).
+    target_angle
+        Requested RMS angle (radians) of a row of B̃ to its minimum.
+    step, theta, growth
+        Step as a fraction of ``1 / (4 β_max)`` (1 is unstable from a random start); norm-test ratio;
+        largest batch growth per step.
+    confirm
+        Consecutive steps on which the stopping test must hold (a saddle has a small gradient too).
+    min_align
+        Least share ``T(b̃_j⁴) / Σ_k T(b̃_j, b̃_j, b̃_k, b̃_k)`` of every row for the noise-floor growth
+        and the stop (1 at the components, ``1 − ½ sin² 2φ`` for a row at angle φ in the plane of two).
+    drift_angle
+        RMS angle by which one step's noise may move a row.
+    """
+
+    beta_max: float | None = None
+    beta_min: float | None = None
+    target_angle: float = 0.05
+    step: float = 0.5
+    theta: float = 3.0
+    growth: float = 4.0
+    confirm: int = 2
+    min_align: float = 0.8
+    drift_angle: float = 0.2
 
 
 @dataclass
@@ -118,17 +207,13 @@ def _stream(
     part_size: int,
     v: np.ndarray,
     w: np.ndarray,
-    mu: float,
-    t0: float,
-    t1: np.ndarray,
-    t2: np.ndarray,
+    problem: GProblem,
     window: int,
 ) -> _Moments:
     """Map :func:`part_sums` over parts ``first, …, first + parts − 1`` (in windows) and sum their
     results in part order; gradients are taken to B̃ (``∂/∂B̃ = (∂/∂V) Wᵀ``) part by part."""
-    fn = partial(
-        part_sums, draw, float(t0), np.asarray(t1, dtype=np.float64), np.asarray(t2, dtype=np.float64), v, float(mu)
-    )
+    t1, t2 = np.asarray(problem.t1, dtype=np.float64), np.asarray(problem.t2, dtype=np.float64)
+    fn = partial(part_sums, draw, float(problem.t0), t1, t2, v, float(problem.mu))
     acc = _Moments()
     items = [(first + i, part_size) for i in range(parts)]
     for a in range(0, parts, window):
@@ -163,30 +248,16 @@ class _Policy:
     drift_angle: float
 
 
-def _policy(
-    m: int,
-    mu: float,
-    lam: float,
-    beta_max: float | None,
-    beta_min: float | None,
-    step: float,
-    *,
-    target_angle: float,
-    theta: float,
-    growth: float,
-    part_size: int,
-    max_samples: int,
-    min_align: float,
-    drift_angle: float,
-) -> _Policy:
+def _policy(problem: GProblem, rules: StepRules, sizes: StreamSizes) -> _Policy:
     """The :class:`_Policy` of :func:`streamed_g`'s arguments (the β's by default from μ and λ)."""
-    beta_max = 0.1 * lam if beta_max is None else float(beta_max)
-    beta_min = mu * lam if beta_min is None else float(beta_min)
-    eta = step / (4.0 * beta_max)
+    mu, lam = problem.mu, problem.lam
+    beta_max = 0.1 * lam if rules.beta_max is None else float(rules.beta_max)
+    beta_min = mu * lam if rules.beta_min is None else float(rules.beta_min)
+    eta = rules.step / (4.0 * beta_max)
     h = 4.0 * beta_min
     contraction = abs(1.0 - eta * h)
     return _Policy(
-        m,
+        problem.m,
         mu,
         lam,
         beta_max,
@@ -194,13 +265,13 @@ def _policy(
         eta,
         h,
         contraction,
-        target_angle,
-        theta,
-        growth,
-        part_size,
-        max_samples,
-        min_align,
-        drift_angle,
+        rules.target_angle,
+        rules.theta,
+        rules.growth,
+        sizes.part_size,
+        sizes.max_samples,
+        rules.min_align,
+        rules.drift_angle,
     )
 
 
@@ -329,30 +400,10 @@ def streamed_g(
     draw: Any,
     mapper: Callable = map,
     *,
-    w: np.ndarray,
-    t0: float,
-    t1: np.ndarray,
-    t2: np.ndarray,
-    m: int,
-    mu: float,
-    lam: float,
+    problem: GProblem,
     seed: int = 0,
-    batch: int = 65_536,
-    steps: int = 200,
-    beta_max: float | None = None,
-    beta_min: float | None = None,
-    target_angle: float = 0.05,
-    step: float = 0.5,
-    theta: float = 3.0,
-    growth: float = 4.0,
-    part_size: int = 16_384,
-    min_parts: int = 4,
-    max_samples: int = 200_000_000,
-    window: int = 64,
-    first_part: int = 2,
-    confirm: int = 2,
-    min_align: float = 0.8,
-    drift_angle: float = 0.2,
+    sizes: StreamSizes = StreamSizes(),
+    rules: StepRules = StepRules(),
     callback: Callable[[int, np.ndarray], Any] | None = None,
 ) -> StreamedG:
     """Minimize G over B̃ (m × m) by proximal stochastic gradient steps on fresh samples.
@@ -379,41 +430,14 @@ def streamed_g(
         Picklable; ``draw.part(p, n)`` returns ``n`` samples ``(x, y)`` of the independent part ``p``.
     mapper
         ``map``-like callable (a cluster's map in a run, the builtin ``map`` in tests).
-    w
-        Whitening ``Λ^{-1/2} Qᵀ`` (m × d); ``V = B̃ W``.
-    t0, t1, t2
-        First-pass statistics, for the residual labels.
-    m
-        Number of rows.
-    mu, lam
-        μ and λ of G.
+    problem
+        The whitening, the first-pass statistics, the number of rows and μ, λ (:class:`GProblem`).
     seed
         The start: ``default_rng([seed, 29])`` Gaussian rows of norm about 1.
-    batch
-        Samples of the first step (rounded up to whole parts, at least ``min_parts``).
-    steps
-        Largest number of steps.
-    beta_max, beta_min
-        Curvature scales of the tensor (default: from μ and λ as ``landscape.g_parameters`` sets them,
-        ``β_max = 0.1 λ``, ``β_min = μ λ``).
-    target_angle
-        Requested RMS angle (radians) of a row of B̃ to its minimum.
-    step, theta, growth
-        Step as a fraction of ``1 / (4 β_max)`` (1 is unstable from a random start); norm-test ratio;
-        largest batch growth per step.
-    part_size, min_parts, window
-        Samples per mapped part; fewest parts per step (for the spread); parts mapped at a time.
-    max_samples
-        Budget of samples.
-    confirm
-        Consecutive steps on which the stopping test must hold (a saddle has a small gradient too).
-    min_align
-        Least share ``T(b̃_j⁴) / Σ_k T(b̃_j, b̃_j, b̃_k, b̃_k)`` of every row for the noise-floor growth
-        and the stop (1 at the components, ``1 − ½ sin² 2φ`` for a row at angle φ in the plane of two).
-    drift_angle
-        RMS angle by which one step's noise may move a row.
-    first_part
-        Id of the first part used (0 and 1 are the training and validation parts of a SampleDraw).
+    sizes
+        The first batch, the most steps and samples, the parts' size and first id (:class:`StreamSizes`).
+    rules
+        The curvature scales, the step, the batch growth and the stopping test (:class:`StepRules`).
     callback
         Called as ``callback(k, b)`` after step k with the new iterate (for diagnostics).
 
@@ -428,29 +452,16 @@ def streamed_g(
         same per step, with ``successive_cos``).
     """
     t_start = time.perf_counter()
-    w = np.asarray(w, dtype=np.float64)
+    m, lam = problem.m, problem.lam
+    w = np.asarray(problem.w, dtype=np.float64)
     if w.shape[0] != m:
         raise ValueError(f"the whitening has {w.shape[0]} rows for m = {m}")
-    policy = _policy(
-        m,
-        mu,
-        lam,
-        beta_max,
-        beta_min,
-        step,
-        target_angle=target_angle,
-        theta=theta,
-        growth=growth,
-        part_size=part_size,
-        max_samples=max_samples,
-        min_align=min_align,
-        drift_angle=drift_angle,
-    )
+    policy = _policy(problem, rules, sizes)
     eta = policy.eta
     rng = np.random.default_rng([seed, 29])
     b = rng.standard_normal((m, m)) / math.sqrt(m)
-    parts = max(min_parts, -(-int(batch) // part_size))
-    next_part = int(first_part)
+    parts = max(sizes.min_parts, -(-int(sizes.batch) // sizes.part_size))
+    next_part = int(sizes.first_part)
     used = 0
     trace: list[dict] = []
     stop = "steps"
@@ -458,8 +469,8 @@ def streamed_g(
     betas = np.zeros(m)
     prev: tuple[np.ndarray, float] | None = None
     tail: list[np.ndarray] = []
-    for k in range(1, steps + 1):
-        acc = _stream(draw, mapper, next_part, parts, part_size, b @ w, w, mu, t0, t1, t2, window)
+    for k in range(1, sizes.steps + 1):
+        acc = _stream(draw, mapper, next_part, parts, sizes.part_size, b @ w, w, problem, sizes.window)
         next_part += parts
         used += acc.n
         if not (math.isfinite(acc.value) and np.all(np.isfinite(acc.grad))):
@@ -472,12 +483,12 @@ def streamed_g(
         if callback is not None:
             callback(k, b)
         # a small gradient alone may be a saddle's: the rows must be the components too, twice running
-        held = held + 1 if a.err <= target_angle * math.sqrt(m) and a.found else 0
-        tail = (tail + [b])[-confirm:] if held else []
-        if held >= confirm:
+        held = held + 1 if a.err <= rules.target_angle * math.sqrt(m) and a.found else 0
+        tail = (tail + [b])[-rules.confirm :] if held else []
+        if held >= rules.confirm:
             stop = "target"
             break
-        if used >= max_samples:
+        if used >= sizes.max_samples:
             stop = "max_samples"
             break
         parts = _grown_parts(parts, used, a, policy)
@@ -485,7 +496,6 @@ def streamed_g(
     if converged:
         b = np.mean(tail, axis=0)  # the iterates that passed the test: their mean has less noise
     seconds = time.perf_counter() - t_start
-    report = _report(
-        policy, k, used, seconds, stop, [int(first_part), next_part], len(tail) if converged else 0, betas, trace
-    )
+    part_range = [int(sizes.first_part), next_part]
+    report = _report(policy, k, used, seconds, stop, part_range, len(tail) if converged else 0, betas, trace)
     return StreamedG(b, report)

@@ -62,6 +62,30 @@ def _split(net: Network) -> tuple[np.ndarray, np.ndarray, float | None]:
     return np.column_stack([net.weights[0], net.biases[0]]), net.weights[1][0], float(net.biases[1][0])
 
 
+def _design(xs: np.ndarray, pattern: np.ndarray, unknowns: int, biased: bool, affine: bool, d_in: int) -> np.ndarray:
+    """The design matrix of :func:`polish`'s least-squares step on the trusted samples ``xs`` (their units'
+    activation ``pattern``): block i is pattern_i * x, then the output bias's ones and the affine part's x, so
+    that one solve finds all unknowns; filled in place (the blocks are n·k·d numbers)."""
+    used, k = pattern.shape
+    d = xs.shape[1]
+    phi = np.empty((used, unknowns))
+    for i in range(k):
+        np.multiply(xs, pattern[:, i : i + 1], out=phi[:, i * d : (i + 1) * d])
+    if biased:
+        phi[:, k * d] = 1.0
+    if affine:
+        phi[:, k * d + 1 :] = xs[:, :d_in]
+    return phi
+
+
+def _polished(dirs: np.ndarray, lam: np.ndarray, c: float | None, d_in: int) -> Network:
+    """The network of unit rows ``dirs`` (``[u_i, b_i]`` with an output bias ``c``) and output weights ``lam``."""
+    lam_out = lam[None, :]
+    if c is not None:
+        return Network((dirs[:, :d_in], lam_out), (dirs[:, d_in], np.array([c])), activation="relu")
+    return Network((dirs, lam_out), activation="relu")
+
+
 def polish(
     net: Network, x: np.ndarray, y: np.ndarray, *, margin: float = 1e-3, max_iter: int = 30, affine: bool = False
 ) -> tuple[Network, PolishReport]:
@@ -130,17 +154,7 @@ def polish(
             raise ValueError(
                 f"polish needs more than {unknowns} samples (the unknowns) away from the unit boundaries; got {used}"
             )
-        xs = x[trusted]
-        # design matrix: block i is pattern_i * x, then the output bias's ones and the affine part's x -> one
-        # least-squares solve for all unknowns; filled in place (the blocks are n·k·d numbers)
-        phi = np.empty((used, unknowns))
-        for i in range(k):
-            np.multiply(xs, pattern[:, i : i + 1], out=phi[:, i * d : (i + 1) * d])
-        if biased:
-            phi[:, k * d] = 1.0
-        if affine:
-            phi[:, k * d + 1 :] = xs[:, :d_in]
-        sol = least_squares(phi, y[trusted])
+        sol = least_squares(_design(x[trusted], pattern, unknowns, biased, affine, d_in), y[trusted])
         w = sol[: k * d].reshape(k, d)
         c = float(sol[k * d]) if biased else None
         lin = sol[k * d + 1 :] if affine else lin
@@ -163,11 +177,7 @@ def polish(
         seen.add(key)
         prev = full_pattern
     res, dirs, w, c, lin = best
-    lam_out = (sign * np.linalg.norm(w, axis=1))[None, :]
-    if biased:
-        out = Network((dirs[:, :d_in], lam_out), (dirs[:, d_in], np.array([c])), activation="relu")
-    else:
-        out = Network((dirs, lam_out), activation="relu")
+    out = _polished(dirs, sign * np.linalg.norm(w, axis=1), c, d_in)
     return out, PolishReport(
         it, stop != "max_iter", res, used, tuple(changes), stop, lin[None, :].copy() if affine else None
     )

@@ -19,6 +19,7 @@ from relulearn.estimators.filtered_pca.deep_local import _loss_grad, _pack
 from relulearn.estimators.filtered_pca.deepfit import (
     Candidate,
     CandidateBudgetError,
+    FitStages,
     architectures,
     candidate_count,
     fit_candidates,
@@ -201,10 +202,7 @@ def test_planted_depth_two_teacher_is_fitted():
         depth=2,
         width=8,
         starts=2,
-        screen_samples=6_000,
-        screen_iter=200,
-        refine=2,
-        refine_iter=1500,
+        stages=FitStages(screen_samples=6_000, screen_iter=200, refine=2, refine_iter=1500),
         seed=0,
     )
     assert len(cands) == candidate_count(2, 8, 2)
@@ -228,7 +226,8 @@ def test_deterministic_whatever_the_mapper():
     t = teacher(3, (3, 3), seed=4)
     z, y = samples(t, 3000, seed=4)
     z_val, y_val = samples(t, 1000, seed=104)
-    kw = dict(depth=2, width=4, starts=2, screen_samples=2000, screen_iter=40, refine=2, refine_iter=60, seed=7)
+    stages = FitStages(screen_samples=2000, screen_iter=40, refine=2, refine_iter=60)
+    kw = dict(depth=2, width=4, starts=2, stages=stages, seed=7)
     a = fit_candidates(z, y, z_val, y_val, mapper=map, **kw)
     with ProcessPoolExecutor(2) as pool:
         b = fit_candidates(z, y, z_val, y_val, mapper=pool.map, **kw)
@@ -258,7 +257,14 @@ def test_a_warm_start_on_an_extended_basis_is_the_same_function_and_only_improve
     y = t.forward(x @ span)[:, 0]
     z_old = x @ old  # the last round: candidates on 3 of the 5 directions
     last = fit_candidates(
-        z_old[:4_000], y[:4_000], z_old[4_000:], y[4_000:], depth=2, width=4, starts=2, refine_iter=100
+        z_old[:4_000],
+        y[:4_000],
+        z_old[4_000:],
+        y[4_000:],
+        depth=2,
+        width=4,
+        starts=2,
+        stages=FitStages(refine_iter=100),
     )[0].network
     stored = {"basis": old.T} | {f"candidate0_W{j}": w for j, w in enumerate(last.weights)}
     (warm,) = _warm_starts([{"residual": stored}], new)
@@ -269,7 +275,15 @@ def test_a_warm_start_on_an_extended_basis_is_the_same_function_and_only_improve
     z, z_val, y_val = x[:4_000] @ new, x[4_000:] @ new, y[4_000:]
     start_loss = relative_loss(warm, z, y[:4_000])
     cands = fit_candidates(
-        z, y[:4_000], z_val, y_val, depth=2, width=4, starts=1, screen_iter=3, refine=0, refine_iter=200, warm=[warm]
+        z,
+        y[:4_000],
+        z_val,
+        y_val,
+        depth=2,
+        width=4,
+        starts=1,
+        stages=FitStages(screen_iter=3, refine=0, refine_iter=200),
+        warm=[warm],
     )
     (w,) = [c for c in cands if c.start == -1]
     assert w.refined and w.widths == tuple(a.shape[0] for a in last.weights[:-1]) and w.train_loss <= start_loss

@@ -14,7 +14,7 @@ import pytest
 
 from relulearn import hermite
 from relulearn.estimators.landscape.objective_g import row_angles
-from relulearn.estimators.landscape.stream import prox_radial, streamed_g
+from relulearn.estimators.landscape.stream import GProblem, StreamSizes, prox_radial, streamed_g
 from relulearn.estimators.landscape.sums import SIGN_C4, batch_sums, batch_terms, part_sums, residual_labels
 
 C = [hermite.relu_hermite_coefficient(l) for l in range(5)]
@@ -123,12 +123,12 @@ def _problem(d: int, seed: int):
     w = (q / np.sqrt(eig)).T
     beta = abs(C[4]) / (C[2] ** 2 * a)
     mu, lam = 0.1 * beta.min() / beta.max(), beta.max() / 0.1
-    return Teacher(u, a, seed), dict(w=w, t0=t0, t1=t1, t2=t2, m=d, mu=mu, lam=lam), q, eig
+    return Teacher(u, a, seed), GProblem(w=w, t0=t0, t1=t1, t2=t2, m=d, mu=mu, lam=lam), q, eig
 
 
 def test_streamed_g_finds_the_rows_of_a_small_teacher():
-    teacher, kw, q, eig = _problem(6, 11)
-    res = streamed_g(teacher, map, seed=4, **kw)
+    teacher, problem, q, eig = _problem(6, 11)
+    res = streamed_g(teacher, map, problem=problem, seed=4)
     assert res.report["converged"] and res.report["stop"] == "target"
     u = (res.b * np.sqrt(eig)) @ q.T  # un-whitened: u ∝ Q Λ^{1/2} b̃
     angles = row_angles(u, teacher.u)
@@ -142,7 +142,7 @@ def test_streamed_g_finds_the_rows_of_a_small_teacher():
 
 
 def test_streamed_g_is_deterministic_and_uses_fresh_parts():
-    teacher, kw, _, _ = _problem(5, 12)
+    teacher, problem, _, _ = _problem(5, 12)
     seen: list[int] = []
 
     def mapper(fn, items):
@@ -150,8 +150,8 @@ def test_streamed_g_is_deterministic_and_uses_fresh_parts():
         seen.extend(p for p, _ in items)
         return [fn(i) for i in items]
 
-    one = streamed_g(teacher, mapper, seed=1, steps=3, **kw)
-    two = streamed_g(teacher, map, seed=1, steps=3, **kw)
+    one = streamed_g(teacher, mapper, problem=problem, seed=1, sizes=StreamSizes(steps=3))
+    two = streamed_g(teacher, map, problem=problem, seed=1, sizes=StreamSizes(steps=3))
     assert np.array_equal(one.b, two.b)
     assert len(seen) == len(set(seen)) and min(seen) == 2
     assert one.report["parts"] == [2, 2 + len(seen)]
