@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import MissingDependencyError
 from ..base import (
     Arrays,
     LearnResult,
@@ -68,6 +69,7 @@ from ..spectral.stored_matrices import matrices_from_store
 from ..spectral.subspace_geometry import directions_in_subspace
 from . import lifted
 from .finish import _finish
+from .orient import ENUMERATE_FREE, LATTICE_EXTRA, lattice_available, needs_lattice
 from .outputs import _learn_outputs
 from .plan import _too_few, check_width, outputs_route
 from .slices import _complete_slices, _count, _decompose, _has_outputs, _lifted_slices, _order2, _per_output
@@ -109,7 +111,22 @@ def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> 
     check_width(options.get("width"), source.d)
     if net is not None and options.get("width") is None:
         check_width(int(net.weights[0].shape[0]), source.d)
+    _check_orientation(
+        options.get("width") or (None if net is None else int(net.weights[0].shape[0])), source.d, outputs or 1
+    )
     return options
+
+
+def _check_orientation(width: int | None, d: int, outputs: int) -> None:
+    """Refuse, before any sample is drawn, a width whose orientation takes the lattice search where its package
+    is not installed (a width the run only finds is named when the search is reached; the store is kept)."""
+    if width is None or not needs_lattice(width, outputs * d) or lattice_available():
+        return
+    raise MissingDependencyError(
+        f"orienting {width} units from the linear terms of {outputs} output(s) in d = {d} ({outputs * d} equations, "
+        f"more than {ENUMERATE_FREE} unknowns beyond them) needs a lattice search (fplll), which this install lacks: "
+        f"{LATTICE_EXTRA}"
+    )
 
 
 def required_statistics(d: int, width: int | None = None, outputs: int | None = None) -> dict:

@@ -27,13 +27,31 @@ from itertools import product
 
 import numpy as np
 
-__all__ = ["Orientation", "orient"]
+__all__ = ["Orientation", "orient", "needs_lattice", "lattice_available", "LATTICE_EXTRA"]
 
 #: free unknowns enumerated exhaustively at most (2^20 pivot solves, vectorised)
 ENUMERATE_FREE = 20
 
 #: an answer's relative residual may be this many times the weights' precision
 ACCEPT = 30.0
+
+#: what installs the lattice search
+LATTICE_EXTRA = "pip install 'relulearn[wide]' (fpylll and cysignals)"
+
+
+def needs_lattice(units: int, equations: int) -> bool:
+    """Whether orienting ``units`` units from ``equations`` linear equations (``m·d``: the linear term of each
+    output) takes the lattice search: more than :data:`ENUMERATE_FREE` unknowns beyond the equations' rank."""
+    return units - min(units, equations) > ENUMERATE_FREE
+
+
+def lattice_available() -> bool:
+    """Whether the lattice search's package (fpylll, the ``wide`` extra) imports."""
+    try:
+        import fpylll  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -146,9 +164,12 @@ def _lattice(w: np.ndarray, target: np.ndarray, precision: float, tol: float) ->
     try:
         from fpylll import BKZ, LLL, IntegerMatrix
     except ImportError:
-        raise ImportError(
-            f"orienting {w.shape[1]} units from {np.linalg.matrix_rank(w)} equations needs a lattice search, which "
-            "uses fplll: pip install 'relulearn[wide]' (fpylll and cysignals)"
+        from ...errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            f"orienting {w.shape[1]} units from {np.linalg.matrix_rank(w)} equations needs a lattice search (fplll), "
+            f"which this install lacks: {LATTICE_EXTRA}, then learn again from the store (relulearn learn STORE "
+            "--method tensor): its statistics are kept"
         ) from None
 
     k = w.shape[1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import yaml
 from numpy.polynomial.hermite_e import hermeval
 
 from relulearn import api
@@ -584,6 +585,57 @@ def test_a_width_past_the_identifiable_limit_is_refused_before_any_store_is_writ
             progress=None,
         )
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_without_the_lattice_extra_a_width_past_its_equations_is_refused_before_any_sample(tmp_path, monkeypatch):
+    """The default install (no fplll): a teacher of 3d = 36 units in d = 12 (more than d + 20: its orientation
+    takes the lattice search) is refused by `plan` and `fit` in one line naming the extra, before any store is
+    written; so is `--width 33` for a network of unknown width. 36 units of 3 outputs (36 equations) orient
+    without it, and the search itself, reached with the extra missing, names it in one line."""
+    import sys
+
+    from relulearn.errors import MissingDependencyError
+    from relulearn.estimators.tensor.orient import orient
+
+    from conftest import relulearn
+
+    monkeypatch.setitem(sys.modules, "fpylll", None)  # what `import fpylll` does where it is not installed
+    planted(5, 12, 36, 1).save(tmp_path / "t.npz")
+    cfg = _yaml(tmp_path / "t.yaml", tmp_path / "t.npz")
+    for argv in (
+        ("plan", cfg, "--method", "tensor"),
+        ("fit", cfg, "--store", tmp_path / "s.zarr", "--method", "tensor", "--out", tmp_path / "m.npz"),
+    ):
+        done = relulearn(*argv)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "orienting 36 units" in line and "pip install 'relulearn[wide]'" in line, line
+    assert not (tmp_path / "s.zarr").exists()
+    with pytest.raises(MissingDependencyError, match=r"orienting 33 units .*relulearn\[wide\]"):
+        api.fit(
+            config_from_dict(file_config(tmp_path / "t.npz", 12, 100_000)),
+            str(tmp_path / "s.zarr"),
+            "tensor",
+            width=33,
+            client="local",
+            progress=None,
+        )
+    assert not (tmp_path / "s.zarr").exists()
+    planted(5, 12, 36, 3).save(tmp_path / "t3.npz")
+    done = relulearn("plan", _yaml(tmp_path / "t3.yaml", tmp_path / "t3.npz"), "--method", "tensor")
+    assert done.returncode == 0, done.stderr
+    rng = np.random.default_rng(40)
+    u, a = rng.standard_normal((40, 10)), rng.standard_normal((1, 40))
+    with pytest.raises(
+        MissingDependencyError, match=r"orienting 40 units from 10 equations .*relulearn\[wide\].*learn again"
+    ):
+        orient(a, u, -(a[:, :20] @ u[:20]), precision=1e-7)
+
+
+def _yaml(path, teacher):
+    """A configuration of the network file ``teacher`` in d = 12."""
+    path.write_text(yaml.safe_dump(file_config(teacher, 12, 100_000)))
+    return path
 
 
 def test_a_width_the_noise_floor_does_not_support_names_the_samples_needed_and_writes_no_pass(tmp_path):
