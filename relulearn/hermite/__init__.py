@@ -10,7 +10,8 @@ The modules, each with one job: :mod:`~relulearn.hermite.polynomials` (``He_k`` 
 activations), :mod:`~relulearn.hermite.packing` (packed symmetric tensors), :mod:`~relulearn.hermite.tensors`
 (Hermite tensors by their matching sum), :mod:`~relulearn.hermite.plan` (the blocked GEMM plan over sorted
 tuples), :mod:`~relulearn.hermite.moments` (raw moments by that plan), :mod:`~relulearn.hermite.contracted`
-(tensors contracted with directions), :mod:`~relulearn.hermite.expansion` (Hermite expansions) and
+(tensors contracted with directions), :mod:`~relulearn.hermite.contracted_labels` (their sums for several label
+columns at once), :mod:`~relulearn.hermite.expansion` (Hermite expansions) and
 :mod:`~relulearn.hermite.batching` (row batches under a memory budget). The public names are re-exported here.
 """
 
