@@ -70,7 +70,17 @@ from . import lifted
 from .finish import _finish
 from .outputs import _learn_outputs
 from .plan import _too_few, check_width, outputs_route
-from .slices import _complete_slices, _count, _decompose, _has_outputs, _lifted_slices, _order2, _per_output
+from .slices import (
+    Units,
+    _complete_slices,
+    _count,
+    _decompose,
+    _has_outputs,
+    _lifted_slices,
+    _order2,
+    _per_output,
+    _projected_slices,
+)
 
 __all__ = [
     "MAX_PASSES",
@@ -206,11 +216,14 @@ def _pass_request(
             "so the network may be wider than d; its units are separated on symmetric matrices",
         )
     g = directions_in_subspace(basis, max(8, 2 * k), seed)
+    # the slices are only read inside the subspace: estimated there, k × k, at (k/d)² of the full family's cost;
+    # the directions in the subspace's coordinates (basis columns orthonormal, g in their span: still unit)
+    section = {"basis": basis.T.tolist(), "orders": list(HIGHER_ORDERS), "directions": (g @ basis).tolist()}
     return PassRequest(
         "tensor-1",
-        {"contracted": {"orders": list(HIGHER_ORDERS), "directions": g.tolist(), "expansion": expansion}},
+        {"projected_contracted": {**section, "expansion": expansion}},
         f"contracted orders {list(HIGHER_ORDERS)} along {len(g)} directions inside the {k}-dimensional subspace, "
-        "on residual labels: the slices of the tensor the units are read from",
+        "on residual labels, estimated in the subspace: the slices of the tensor the units are read from",
     )
 
 
@@ -269,14 +282,17 @@ def learn(
         raise _too_few(sub, width, _count(stats))
     if not passes:
         return _pass_request(stats, outputs, sub.basis, overcomplete, seed)
-    passed = _per_output(passes[0]["hermite" if overcomplete else "contracted"])
+    rows = None  # the pass's subspace basis (k × d) when its slices are in its coordinates
     if overcomplete:
-        sl = _lifted_slices([_order2(a) for a in outputs], passed, d, seed)
+        sl = _lifted_slices([_order2(a) for a in outputs], _per_output(passes[0]["hermite"]), d, seed)
         lsub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width)
         report["lifted_subspace"] = lsub.to_dict(include_basis=False)
         basis = _widened(lsub, sl.matrices, sl.ses, width, report)
-    else:
-        sl = _complete_slices(outputs, passed)
+    elif "projected_contracted" in passes[0]:
+        sl, rows = _projected_slices(outputs, _per_output(passes[0]["projected_contracted"]))
+        basis = np.eye(len(rows))  # the slices span the whole of their k coordinates
+    else:  # a store whose pass holds the full family (estimated before the pass moved into the subspace)
+        sl = _complete_slices(outputs, _per_output(passes[0]["contracted"]))
         basis = sub.basis
     k = basis.shape[1]
     if k == 0:
@@ -284,6 +300,8 @@ def learn(
             "no unit stands above the noise floor of the higher orders at this sample count; estimate with more samples"
         )
     units, report["decomposition"] = _decompose(sl.matrices, sl, basis, seed, d, m)
+    if rows is not None:  # back from the subspace's coordinates: û = Bᵀ (B û) for û in the subspace
+        units = Units(units.directions @ rows, units.beta, units.amp)
     return _finish(
         units,
         overcomplete,
