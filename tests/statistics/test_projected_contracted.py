@@ -206,7 +206,7 @@ def test_the_planner_prices_one_projection_and_one_gemm_for_all_outputs():
     section = {"basis": B.tolist(), "orders": ORDERS, "directions": 5}
     mp = 2 * len(ORDERS) * 5
     work = family_work("projected_contracted", section, D, outputs=2)
-    want = 2.0 * D * K + 2.0 * K * 5 + 2.0 * mp * K * K + 4.0 * mp * K
+    want = 2.0 * D * K + 2.0 * K * 5 + mp * K * (K + 1) + 4.0 * mp * K
     assert work.flops == pytest.approx(want, rel=1e-15)
     # an expansion adds the residual labels' GEMM: x [t1 | V] of every output
     rng = np.random.default_rng(1)

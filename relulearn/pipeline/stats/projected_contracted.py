@@ -77,16 +77,17 @@ class ProjectedContracted(ContractedMoments):
     def work(cls, section: Any, d: int, outputs: int) -> Work:
         """Per sample, for all ``m`` outputs together: the residual labels (``x [t1 | V]``: 2 d (m + s) flops for
         ``s`` expansion vectors), the projection ``z = x Bᵀ`` (2 d k) and ``z·g`` (2 k G), once; the Grams of
-        every output and pair in one GEMM on fresh weighted copies of z (2 m P k²), and the vectors' (4 m P k)."""
+        every output and pair as one GEMM of their weights with the products ``z_a z_b`` (a ≤ b, fresh:
+        ``m P k(k+1)`` flops), and the vectors' (4 m P k). Fresh temporaries: the products and the weights."""
         k = len(option(section, "basis") or [[0]])
         g = count(option(section, "directions") or 8)
-        pairs = len(option(section, "orders") or [2, 4]) * g
-        mp = outputs * pairs
-        gemm = [(2.0 * d * k, k), (2.0 * k * g, g), (2.0 * mp * k * k, k), (4.0 * mp * k, 2 * mp)]
+        mp = outputs * len(option(section, "orders") or [2, 4]) * g
+        tri = k * (k + 1) // 2
+        gemm = [(2.0 * d * k, k), (2.0 * k * g, g), (2.0 * mp * tri, tri), (4.0 * mp * k, 2 * mp)]
         s = _expansion_vectors(option(section, "expansion"), d)
         if s is not None:
             gemm.insert(0, (2.0 * d * (outputs + s), outputs + s))
-        return Work(tuple(gemm), stream=F * (d + mp * k), fresh=F * mp * k)
+        return Work(tuple(gemm), stream=F * d, fresh=F * (tri + 3 * mp))
 
     @classmethod
     def entries(cls, section: Any, d: int, outputs: int) -> tuple[int, int]:
