@@ -7,8 +7,8 @@ For ``y_j = Σ_i A_ji relu(<û_i, x> + β_i) + c_j`` (unit ``û_i``; a unit ``a 
 the signs of the output weights and however many outputs there are:
 
 * **complete widths** (``k ≤ d``): the contracted moments ``M_l^g[j] = T_l[j](g, …, g, ·, ·)`` (orders 2–6,
-  directions ``g`` inside the relevant subspace, d × d each) form one symmetric CP tensor with factors
-  ``û_i``, decomposed in the k-dimensional subspace;
+  directions ``g`` inside the relevant subspace; the higher orders estimated in it, k × k each) form one
+  symmetric CP tensor with factors ``û_i``, decomposed in the k-dimensional subspace;
 * **overcomplete widths** (``d < k ≤ d(d+1)/2``): the full tensors ``T_4``, ``T_5(g)``, ``T_6(g, g)``
   flattened to ``D × D`` matrices on ``Sym²(R^d)`` form one with factors ``û_i û_iᵀ`` (:mod:`.tensor.lifted`);
 * **several outputs at large d** (:func:`.tensor.plan.outputs_route`): the ``m`` slices ``T_2[j]`` alone form one
@@ -25,7 +25,8 @@ The method:
    the network may be wider than d.
 2. One requested pass on residual labels ``y − P_{≤2} y`` (the degree-≤2 expansion from the first pass:
    orders ≥ 3 unchanged, their variance cut about tenfold): contracted orders 3–6 along directions inside
-   ``W`` (complete), or the full Hermite tensors up to order 6, 5 or 4 by d (:func:`.tensor.lifted.max_order`).
+   ``W``, estimated in ``W`` (complete: ``projected_contracted``, k × k slices), or the full Hermite tensors
+   up to order 6, 5 or 4 by d (:func:`.tensor.lifted.max_order`).
 3. The slices, each divided by its noise level, decomposed by Jennrich's algorithm and alternating least
    squares from several starts (:func:`.spectral.cp.decompose`): the directions ``±û_i``.
 4. Each unit's offset and output weights from its weights across the slices (its *profile*, e.g.
