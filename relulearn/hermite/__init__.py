@@ -18,6 +18,7 @@ columns at once), :mod:`~relulearn.hermite.expansion` (Hermite expansions) and
 from __future__ import annotations
 
 from .contracted import contracted_coefficients, contracted_matrix_sums, contracted_scalar_sums, contracted_vector_sums
+from .contracted_labels import contracted_sums_of_labels
 from .expansion import expansion_coefficients, expansion_terms, subtract_expansion
 from .moments import raw_moment_flops, raw_moment_sums, raw_moment_sums_upto
 from .packing import multiplicities, pack, packed_index, packed_trace, unique_indices, unpack
@@ -43,6 +44,7 @@ __all__ = [
     "contracted_matrix_sums",
     "contracted_vector_sums",
     "contracted_scalar_sums",
+    "contracted_sums_of_labels",
     "multiplicities",
     "packed_trace",
     "expansion_coefficients",

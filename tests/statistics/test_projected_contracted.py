@@ -170,23 +170,25 @@ def test_with_an_expansion_the_projected_matrices_are_the_full_familys_on_the_sa
     assert not np.allclose(raw.estimate("projected_contracted", "s")[0], store.estimate("projected_contracted", "s")[0])
 
 
-def test_a_label_vector_with_an_expansion_stores_the_same_bits_in_process_and_on_one_or_two_workers(tmp_path, client):
+@pytest.mark.parametrize("m", [3, None])
+def test_with_an_expansion_the_same_bits_are_stored_in_process_and_on_one_or_two_workers(tmp_path, client, m):
     from distributed import Client, LocalCluster
 
-    d, m = 22, 3
+    d = 22
     rng = np.random.default_rng(9)
     basis = np.linalg.qr(rng.standard_normal((d, K)))[0].T.copy()
     section = {
         "basis": basis.tolist(),
         "orders": [3, 4, 5, 6],
         "directions": G.tolist(),
-        "expansion": [_expansion(rng, d, basis) for _ in range(m)],
+        "expansion": _expansion(rng, d, basis) if m is None else [_expansion(rng, d, basis) for _ in range(m)],
     }
+    teacher = {"kind": "one_hidden_relu", "width": 3} if m is None else {"kind": "two_layer", "width": 3, "outputs": m}
     cfg = make_config(
         seed=4,
         samples=24_000,
         chunk_size=2_000,
-        source={"d": d, "teacher": {"kind": "two_layer", "width": 3, "outputs": m}},
+        source={"d": d, "teacher": teacher},
         statistics={"basic": None, "projected_contracted": section},
         run={"chunks_per_block": 2, "commit_interval": 3600},
     )

@@ -9,7 +9,7 @@ from typing import Any, cast
 import numpy as np
 
 from ...config.families import ProjectedContractedConfig
-from ...hermite.contracted_labels import contracted_sums_of_labels
+from ...hermite import contracted_sums_of_labels
 from ..sources import Stream, generator
 from .base import Statistic, Var
 from .build import FamilyContext
