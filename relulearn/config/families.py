@@ -227,6 +227,12 @@ class ProjectedContractedConfig(_Section):
     directions_seed: int | None = Field(
         None, ge=0, le=SEED_MAX, description="seed of the random direction bank (default: the run's seed)"
     )
+    expansion: ExpansionConfig | list[ExpansionConfig] | None = Field(
+        None,
+        description="a degree-≤2 expansion in the full x subtracted from the labels before the batch is "
+        "projected (residual labels: orders ≥ 3 unchanged, far less variance); one per output for a source "
+        "with several outputs",
+    )
 
     @field_validator("orders")
     @classmethod

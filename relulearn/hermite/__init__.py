@@ -10,13 +10,15 @@ The modules, each with one job: :mod:`~relulearn.hermite.polynomials` (``He_k`` 
 activations), :mod:`~relulearn.hermite.packing` (packed symmetric tensors), :mod:`~relulearn.hermite.tensors`
 (Hermite tensors by their matching sum), :mod:`~relulearn.hermite.plan` (the blocked GEMM plan over sorted
 tuples), :mod:`~relulearn.hermite.moments` (raw moments by that plan), :mod:`~relulearn.hermite.contracted`
-(tensors contracted with directions), :mod:`~relulearn.hermite.expansion` (Hermite expansions) and
+(tensors contracted with directions), :mod:`~relulearn.hermite.contracted_labels` (their sums for several label
+columns at once), :mod:`~relulearn.hermite.expansion` (Hermite expansions) and
 :mod:`~relulearn.hermite.batching` (row batches under a memory budget). The public names are re-exported here.
 """
 
 from __future__ import annotations
 
 from .contracted import contracted_coefficients, contracted_matrix_sums, contracted_scalar_sums, contracted_vector_sums
+from .contracted_labels import contracted_sums_of_labels
 from .expansion import expansion_coefficients, expansion_terms, subtract_expansion
 from .moments import raw_moment_flops, raw_moment_sums, raw_moment_sums_upto
 from .packing import multiplicities, pack, packed_index, packed_trace, unique_indices, unpack
@@ -42,6 +44,7 @@ __all__ = [
     "contracted_matrix_sums",
     "contracted_vector_sums",
     "contracted_scalar_sums",
+    "contracted_sums_of_labels",
     "multiplicities",
     "packed_trace",
     "expansion_coefficients",

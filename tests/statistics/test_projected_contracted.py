@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from stores import assert_bitwise_equal
 
 import relulearn
 from relulearn.config import config_from_dict
 from relulearn.pipeline.cost import Rates, family_work, sums_entries
 from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.plan import partial_bytes
+from relulearn.pipeline.run import estimate
 from relulearn.pipeline.sources import make_source
 from relulearn.runplan import plan_run
 
+from conftest import make_config
 from test_statistics import (
     assert_powerful,
     check_within,
@@ -118,11 +121,101 @@ def test_a_label_vector_has_one_set_per_output(tmp_path):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12 * float(np.abs(want).max()), err_msg=name)
 
 
-def test_the_planner_prices_the_projection_and_the_contracted_work_at_k():
+def _expansion(rng, d: int, basis: np.ndarray) -> dict:
+    """A degree-≤2 expansion in the full x: its T_2 of low rank inside the subspace, as the tensor method asks."""
+    theta, q = np.linalg.eigh(np.diag(rng.standard_normal(len(basis))))
+    return {
+        "t0": float(rng.standard_normal()),
+        "t1": (0.3 * rng.standard_normal(d)).tolist(),
+        "t2_vectors": (q.T @ basis).tolist(),
+        "t2_values": (0.4 * theta).tolist(),
+    }
+
+
+def _with_expansion(statistics: dict, expansion) -> dict:
+    """Both families of ``statistics`` on the same residual labels."""
+    return {k: v if v is None else {**v, "expansion": expansion} for k, v in statistics.items()}
+
+
+@pytest.mark.parametrize("outputs", [None, 3])
+def test_with_an_expansion_the_projected_matrices_are_the_full_familys_on_the_same_residual_labels(tmp_path, outputs):
+    d = 21
+    rng = np.random.default_rng(5)
+    basis = np.linalg.qr(rng.standard_normal((d, K)))[0].T.copy()
+    expansion = _expansion(rng, d, basis) if outputs is None else [_expansion(rng, d, basis) for _ in range(outputs)]
+    teacher = (
+        {"kind": "one_hidden_relu", "width": 3}
+        if outputs is None
+        else {"kind": "two_layer", "width": 3, "outputs": outputs}
+    )
+    cfg = run_config(
+        seed=8,
+        samples=12_000,
+        chunk_size=2_000,
+        d=d,
+        teacher=teacher,
+        statistics=_with_expansion(_statistics(basis, G), expansion),
+    )
+    store = run_in_process(cfg, tmp_path / "store")
+    full = {name: store.estimate("contracted", name)[0] for name in ("M", "v", "s")}
+    for name, want in _lifted(full, basis).items():
+        got = store.estimate("projected_contracted", name)[0]
+        assert got.shape[0] == (outputs or got.shape[0])
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12 * float(np.abs(want).max()), err_msg=name)
+    # the residual labels differ from the raw ones: the expansion was subtracted
+    raw = run_in_process(
+        run_config(seed=8, samples=12_000, chunk_size=2_000, d=d, teacher=teacher, statistics=_statistics(basis, G)),
+        tmp_path / "raw",
+    )
+    assert not np.allclose(raw.estimate("projected_contracted", "s")[0], store.estimate("projected_contracted", "s")[0])
+
+
+@pytest.mark.parametrize("m", [3, None])
+def test_with_an_expansion_the_same_bits_are_stored_in_process_and_on_one_or_two_workers(tmp_path, client, m):
+    from distributed import Client, LocalCluster
+
+    d = 22
+    rng = np.random.default_rng(9)
+    basis = np.linalg.qr(rng.standard_normal((d, K)))[0].T.copy()
+    section = {
+        "basis": basis.tolist(),
+        "orders": [3, 4, 5, 6],
+        "directions": G.tolist(),
+        "expansion": _expansion(rng, d, basis) if m is None else [_expansion(rng, d, basis) for _ in range(m)],
+    }
+    teacher = {"kind": "one_hidden_relu", "width": 3} if m is None else {"kind": "two_layer", "width": 3, "outputs": m}
+    cfg = make_config(
+        seed=4,
+        samples=24_000,
+        chunk_size=2_000,
+        source={"d": d, "teacher": teacher},
+        statistics={"basic": None, "projected_contracted": section},
+        run={"chunks_per_block": 2, "commit_interval": 3600},
+    )
+    ref = str(tmp_path / "local")
+    estimate(cfg, ref, client=None, progress=None)
+    estimate(cfg, str(tmp_path / "two"), client=client, progress=None)
+    assert_bitwise_equal(str(tmp_path / "two"), ref)
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=40) as one,
+        Client(one) as c,
+    ):
+        estimate(cfg, str(tmp_path / "one"), client=c, progress=None)
+    assert_bitwise_equal(str(tmp_path / "one"), ref)
+
+
+def test_the_planner_prices_one_projection_and_one_gemm_for_all_outputs():
     section = {"basis": B.tolist(), "orders": ORDERS, "directions": 5}
-    at_k = family_work("contracted", {"orders": ORDERS, "directions": 5}, K, outputs=2)
+    mp = 2 * len(ORDERS) * 5
     work = family_work("projected_contracted", section, D, outputs=2)
-    assert work.flops == pytest.approx(2 * (2.0 * D * K) + at_k.flops, rel=1e-15)
+    want = 2.0 * D * K + 2.0 * K * 5 + mp * K * (K + 1) + 4.0 * mp * K
+    assert work.flops == pytest.approx(want, rel=1e-15)
+    # an expansion adds the residual labels' GEMM: x [t1 | V] of every output
+    rng = np.random.default_rng(1)
+    expanded = {**section, "expansion": [_expansion(rng, D, B) for _ in range(2)]}
+    assert family_work("projected_contracted", expanded, D, outputs=2).flops == pytest.approx(
+        want + 2.0 * D * (2 + 2 * K), rel=1e-15
+    )
     cfg = config_from_dict(
         {
             "seed": 1,
@@ -138,7 +231,7 @@ def test_the_planner_prices_the_projection_and_the_contracted_work_at_k():
     plan = plan_run(cfg, None, workers=1, rates=RATES)
     (family,) = plan.passes[0].families
     assert (family.name, family.form) == ("projected_contracted", "projected_contracted dense")
-    assert family.flops_per_sample == pytest.approx(2.0 * D * K + family_work("contracted", section, K).flops)
+    assert family.flops_per_sample == pytest.approx(family_work("projected_contracted", section, D).flops)
 
 
 def test_the_xarray_view_describes_every_array(run):

@@ -7,8 +7,8 @@ For ``y_j = Σ_i A_ji relu(<û_i, x> + β_i) + c_j`` (unit ``û_i``; a unit ``a 
 the signs of the output weights and however many outputs there are:
 
 * **complete widths** (``k ≤ d``): the contracted moments ``M_l^g[j] = T_l[j](g, …, g, ·, ·)`` (orders 2–6,
-  directions ``g`` inside the relevant subspace, d × d each) form one symmetric CP tensor with factors
-  ``û_i``, decomposed in the k-dimensional subspace;
+  directions ``g`` inside the relevant subspace; the higher orders estimated in it, k × k each) form one
+  symmetric CP tensor with factors ``û_i``, decomposed in the k-dimensional subspace;
 * **overcomplete widths** (``d < k ≤ d(d+1)/2``): the full tensors ``T_4``, ``T_5(g)``, ``T_6(g, g)``
   flattened to ``D × D`` matrices on ``Sym²(R^d)`` form one with factors ``û_i û_iᵀ`` (:mod:`.tensor.lifted`);
 * **several outputs at large d** (:func:`.tensor.plan.outputs_route`): the ``m`` slices ``T_2[j]`` alone form one
@@ -25,7 +25,8 @@ The method:
    the network may be wider than d.
 2. One requested pass on residual labels ``y − P_{≤2} y`` (the degree-≤2 expansion from the first pass:
    orders ≥ 3 unchanged, their variance cut about tenfold): contracted orders 3–6 along directions inside
-   ``W`` (complete), or the full Hermite tensors up to order 6, 5 or 4 by d (:func:`.tensor.lifted.max_order`).
+   ``W``, estimated in ``W`` (complete: ``projected_contracted``, k × k slices), or the full Hermite tensors
+   up to order 6, 5 or 4 by d (:func:`.tensor.lifted.max_order`).
 3. The slices, each divided by its noise level, decomposed by Jennrich's algorithm and alternating least
    squares from several starts (:func:`.spectral.cp.decompose`): the directions ``±û_i``.
 4. Each unit's offset and output weights from its weights across the slices (its *profile*, e.g.
@@ -72,7 +73,17 @@ from .finish import _finish
 from .orient import ENUMERATE_FREE, LATTICE_EXTRA, lattice_available, needs_lattice
 from .outputs import _learn_outputs
 from .plan import _too_few, check_width, outputs_route
-from .slices import _complete_slices, _count, _decompose, _has_outputs, _lifted_slices, _order2, _per_output
+from .slices import (
+    Units,
+    _complete_slices,
+    _count,
+    _decompose,
+    _has_outputs,
+    _lifted_slices,
+    _order2,
+    _per_output,
+    _projected_slices,
+)
 
 __all__ = [
     "MAX_PASSES",
@@ -223,11 +234,14 @@ def _pass_request(
             "so the network may be wider than d; its units are separated on symmetric matrices",
         )
     g = directions_in_subspace(basis, max(8, 2 * k), seed)
+    # the slices are only read inside the subspace: estimated there, k × k, at (k/d)² of the full family's cost;
+    # the directions in the subspace's coordinates (basis columns orthonormal, g in their span: still unit)
+    section = {"basis": basis.T.tolist(), "orders": list(HIGHER_ORDERS), "directions": (g @ basis).tolist()}
     return PassRequest(
         "tensor-1",
-        {"contracted": {"orders": list(HIGHER_ORDERS), "directions": g.tolist(), "expansion": expansion}},
+        {"projected_contracted": {**section, "expansion": expansion}},
         f"contracted orders {list(HIGHER_ORDERS)} along {len(g)} directions inside the {k}-dimensional subspace, "
-        "on residual labels: the slices of the tensor the units are read from",
+        "on residual labels, estimated in the subspace: the slices of the tensor the units are read from",
     )
 
 
@@ -286,14 +300,17 @@ def learn(
         raise _too_few(sub, width, _count(stats))
     if not passes:
         return _pass_request(stats, outputs, sub.basis, overcomplete, seed)
-    passed = _per_output(passes[0]["hermite" if overcomplete else "contracted"])
+    rows = None  # the pass's subspace basis (k × d) when its slices are in its coordinates
     if overcomplete:
-        sl = _lifted_slices([_order2(a) for a in outputs], passed, d, seed)
+        sl = _lifted_slices([_order2(a) for a in outputs], _per_output(passes[0]["hermite"]), d, seed)
         lsub = spectral.relevant_subspace(list(sl.matrices), list(sl.ses), rank=width)
         report["lifted_subspace"] = lsub.to_dict(include_basis=False)
         basis = _widened(lsub, sl.matrices, sl.ses, width, report)
-    else:
-        sl = _complete_slices(outputs, passed)
+    elif "projected_contracted" in passes[0]:
+        sl, rows = _projected_slices(outputs, _per_output(passes[0]["projected_contracted"]))
+        basis = np.eye(len(rows))  # the slices span the whole of their k coordinates
+    else:  # a store whose pass holds the full family (estimated before the pass moved into the subspace)
+        sl = _complete_slices(outputs, _per_output(passes[0]["contracted"]))
         basis = sub.basis
     k = basis.shape[1]
     if k == 0:
@@ -301,6 +318,8 @@ def learn(
             "no unit stands above the noise floor of the higher orders at this sample count; estimate with more samples"
         )
     units, report["decomposition"] = _decompose(sl.matrices, sl, basis, seed, d, m)
+    if rows is not None:  # back from the subspace's coordinates: û = Bᵀ (B û) for û in the subspace
+        units = Units(units.directions @ rows, units.beta, units.amp)
     return _finish(
         units,
         overcomplete,

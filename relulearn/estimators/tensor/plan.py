@@ -56,9 +56,9 @@ def outputs_route(d: int, outputs: int | None) -> bool:
     mode is the outputs: Jennrich's algorithm separates every pair of units whose output profiles ``A_·i`` are
     not parallel, whatever ``k ≤ d`` (Kruskal; rank ``A = k`` is not needed), and ``T_1`` gives each unit's offset
     and orientation. That costs ``m d²/2`` per sample where the contracted route's two passes cost about
-    ``m d² (9 + 8k)``: past :data:`OUTPUTS_ROUTE_MIN_D` (d = 784, k = 128, m = 10: 3·10⁶ against 5·10⁹
-    multiply-adds per sample) it is the route that finishes. Below it, and for one output, the contracted orders
-    (and the overcomplete route, for widths past d) are used."""
+    ``m (9 d² + 8 k³)`` (the second in the k-dimensional subspace): past :data:`OUTPUTS_ROUTE_MIN_D` (d = 784,
+    k = 128, m = 10: 3·10⁶ against 2·10⁸ multiply-adds per sample) it is the route that finishes. Below it, and
+    for one output, the contracted orders (and the overcomplete route, for widths past d) are used."""
     return outputs is not None and outputs >= 2 and d >= OUTPUTS_ROUTE_MIN_D
 
 

@@ -108,7 +108,8 @@ def _outputs_slices(om: Arrays) -> Slices:
 
 
 def _complete_slices(outputs: list[dict], passed: list[dict]) -> Slices:
-    """Order 2 of each output (first pass) and each (order, direction) of the higher-order pass."""
+    """Order 2 of each output (first pass) and each (order, direction) of the higher-order pass, d × d: a pass of
+    the full ``contracted`` family (stores made before the pass was estimated in the subspace)."""
     mats, ses, out_of, order_of, conts = [], [], [], [], []
     for j, arrays in enumerate(outputs):
         m2, s2 = _order2(arrays)
@@ -118,17 +119,59 @@ def _complete_slices(outputs: list[dict], passed: list[dict]) -> Slices:
         order_of.append(2)
         conts.append(np.zeros((0, len(m2))))
     for j, arrays in enumerate(passed):
-        g = np.asarray(arrays["direction"], dtype=np.float64)
-        po, pd = np.asarray(arrays["pair_order"]).astype(int), np.asarray(arrays["pair_direction"]).astype(int)
-        for p in range(len(po)):
-            if po[p] == 2:
-                continue
-            mats.append(np.asarray(arrays["M"][p]))
-            ses.append(np.asarray(arrays["M_se"][p]))
-            out_of.append(j)
-            order_of.append(int(po[p]))
-            conts.append(np.repeat(g[pd[p]][None, :], po[p] - 2, 0))
+        mat, se, order, cont = _pass_pairs(arrays)
+        mats += mat
+        ses += se
+        out_of += [j] * len(mat)
+        order_of += order
+        conts += cont
     return Slices(np.asarray(mats), np.asarray(ses), np.asarray(out_of), np.asarray(order_of), tuple(conts), False)
+
+
+def _projected_slices(outputs: list[dict], passed: list[dict]) -> tuple[Slices, np.ndarray]:
+    """The complete route's slices in the coordinates of the pass's subspace (``projected_contracted``: k × k),
+    and its basis ``B`` (rows, k × d): a unit ``û`` of the subspace is ``B û`` there.
+
+    Order 2 of each output (first pass, d × d) is restricted to the subspace, ``B M_2 Bᵀ``, with the standard
+    errors :func:`_noise_scale` gives each entry of a restricted matrix (entries taken as independent); the
+    pass's slices, estimated in the subspace, come with their own standard errors. Only the sum of an
+    in-subspace slice's entry variances is read (:func:`_noise_scale` with the identity basis), and that sum is
+    ``E‖noise‖²_F``, the same in any orthonormal coordinates of the subspace: the decomposition's own basis of
+    it may differ from ``B`` by a rotation without changing the slices' weights. Lifting the k × k standard
+    errors to d × d instead would not be right: an entry's standard error does not transform linearly."""
+    basis = np.asarray(passed[0]["basis"], dtype=np.float64)
+    mats, ses, out_of, order_of, conts = [], [], [], [], []
+    k = len(basis)
+    for j, arrays in enumerate(outputs):
+        m2, s2 = _order2(arrays)
+        mats.append(basis @ m2 @ basis.T)
+        ses.append(np.sqrt(np.einsum("ad,de,be->ab", basis**2, s2**2, basis**2, optimize=True)))
+        out_of.append(j)
+        order_of.append(2)
+        conts.append(np.zeros((0, k)))
+    for j, arrays in enumerate(passed):
+        mat, se, order, cont = _pass_pairs(arrays)
+        mats += mat
+        ses += se
+        out_of += [j] * len(mat)
+        order_of += order
+        conts += cont
+    sl = Slices(np.asarray(mats), np.asarray(ses), np.asarray(out_of), np.asarray(order_of), tuple(conts), False)
+    return sl, basis
+
+
+def _pass_pairs(arrays: dict) -> tuple[list, list, list, list]:
+    """One output's (order, direction) pairs of the pass past order 2: matrices, standard errors, orders, and
+    each one's contraction directions (its direction, ``order − 2`` times)."""
+    g = np.asarray(arrays["direction"], dtype=np.float64)
+    po, pd = np.asarray(arrays["pair_order"]).astype(int), np.asarray(arrays["pair_direction"]).astype(int)
+    keep = [p for p in range(len(po)) if po[p] != 2]
+    return (
+        [np.asarray(arrays["M"][p]) for p in keep],
+        [np.asarray(arrays["M_se"][p]) for p in keep],
+        [int(po[p]) for p in keep],
+        [np.repeat(g[pd[p]][None, :], po[p] - 2, 0) for p in keep],
+    )
 
 
 def _lifted_slices(order2: list[tuple[np.ndarray, np.ndarray]], passed: list[dict], d: int, seed: int) -> Slices:

@@ -1,5 +1,6 @@
 """Expansions of the labels of degree ≤ 2 (a section's ``expansion`` key), checked: what the ``hermite``,
-``contracted``, ``projected_hermite`` and ``sketch`` families subtract from the labels (residual labels).
+``contracted``, ``projected_contracted``, ``projected_hermite`` and ``sketch`` families subtract from the labels
+(residual labels).
 """
 
 from __future__ import annotations

@@ -63,6 +63,11 @@ class PerOutput(Statistic):
 
     def update(self, acc, x, y):
         first = self.inner[0]
+        if hasattr(first, "update_outputs"):
+            # a family that computes all outputs together (projected_contracted: one projection of the
+            # batch, one GEMM for every output's sums) gets the stacked accumulator whole
+            first.update_outputs(self.inner, acc, x, y)
+            return
         if hasattr(first, "label_free_sums"):
             # sums that do not involve the label (basic's x, xxᵀ) once for all outputs, not m times:
             # the same batch arrays are added to every output, so each output's bits are unchanged

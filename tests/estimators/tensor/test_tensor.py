@@ -10,7 +10,7 @@ from numpy.polynomial.hermite_e import hermeval
 
 from relulearn import api
 from relulearn.config import config_from_dict
-from relulearn.estimators.base import BudgetError, TooFewSamplesError
+from relulearn.estimators.base import BudgetError, PassRequest, TooFewSamplesError
 from relulearn.estimators.polish.cg import matrix_free, polish_outputs_cg
 from relulearn.estimators.polish.dense import polish_outputs
 from relulearn.estimators.spectral import stage as spectral
@@ -676,3 +676,51 @@ def test_noisy_labels_reach_the_least_squares_ideal(tmp_path):
     excess = float(np.mean((teacher.forward(x) - learned.forward(x)) ** 2))
     p = 6 * (12 + 1) + 6 + 1
     assert excess <= 2 * sigma**2 * p / n
+
+
+def _full_family_pass(cfg: dict, projected: dict, url: str) -> dict:
+    """The pass an earlier version stored: the full ``contracted`` family along the same directions (lifted
+    out of the subspace, ``Bᵀg``) with the same residual labels, on the same samples."""
+    from relulearn import open_store
+    from relulearn.pipeline.run import estimate
+
+    basis, g = np.asarray(projected["basis"]), np.asarray(projected["directions"])
+    section = {"orders": projected["orders"], "directions": (g @ basis).tolist(), "expansion": projected["expansion"]}
+    estimate(config_from_dict({**cfg, "statistics": {"contracted": section}}), url, client=None, progress=None)
+    return open_store(url).all_arrays()
+
+
+@pytest.mark.parametrize(("seed", "k", "m", "biased"), [(3, 6, 3, True), (4, 5, 1, False)])
+def test_a_planted_network_at_d_20_is_learned_exactly_from_the_pass_in_the_subspace_and_from_a_full_one(
+    tmp_path, seed, k, m, biased
+):
+    """d = 20 (the subspace's products are real BLAS calls), width k < d: the pass is estimated in the
+    subspace (``projected_contracted``, k × k) and gives every parameter to machine precision; a store whose
+    pass holds the full family (estimated before the pass moved into the subspace) still does."""
+    from relulearn import open_store
+    from relulearn.api.execution import HeldOut
+    from relulearn.estimators.tensor import entry
+    from relulearn.pipeline.sources import make_source
+
+    d = 20
+    teacher = planted(seed, d, k, m)
+    if not biased:
+        teacher = Network(teacher.weights, None, activation="relu")
+    teacher.save(tmp_path / "t.npz")
+    cfg = file_config(tmp_path / "t.npz", d, 400_000)
+    done = api.fit(
+        config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), progress=None
+    )
+    (tensor_pass,) = done["passes"]
+    run = open_store(tensor_pass["store"])
+    assert tensor_pass["name"] == "tensor-1" and "contracted" not in run.statistics
+    projected = run.meta["config"]["statistics"]["projected_contracted"]  # the pass in the subspace
+    assert np.asarray(run.arrays("projected_contracted")["M"]).shape[-2:] == (k, k)
+    assert compare(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-10
+    # the same fit from a pass of the full family (d × d slices)
+    stored = open_store(str(tmp_path / "s.zarr"))
+    full = _full_family_pass({**stored.meta["config"]}, projected, str(tmp_path / "full.zarr"))
+    store_cfg = config_from_dict(stored.meta["config"])
+    result = entry.learn(stored.all_arrays(), [full], HeldOut(make_source(store_cfg), store_cfg.seed), seed=2)
+    assert not isinstance(result, PassRequest)
+    assert compare(teacher, result.network).relative_error <= 1e-10
