@@ -607,9 +607,11 @@ def test_a_frozen_writer_whose_lease_was_taken_says_so(tmp_path):
     the run; woken up, the frozen writer stops in one line saying its lease was taken (not that a file could
     not be written), and the store is bitwise an uninterrupted run's."""
     # a commit every 0.1 s: the freeze lands in a block's computation, not between a commit's last lease check
-    # and its head switch (a writer frozen there switches the head when it wakes; leases cannot fence that)
+    # and its head switch (a writer frozen there switches the head when it wakes; leases cannot fence that).
+    # 960,000 samples: a second or more of blocks on an idle machine (96,000 took 0.12 s, less than two commit
+    # intervals: the first commit was the last, and the freeze came after the run's work)
     cfg_path = write_config(
-        tmp_path / "busy.yaml", dict(BUSY, samples=96_000, run=dict(BUSY["run"], commit_interval=0.1))
+        tmp_path / "busy.yaml", dict(BUSY, samples=960_000, run=dict(BUSY["run"], commit_interval=0.1))
     )
     url, ref = str(tmp_path / "run.zarr"), str(tmp_path / "ref.zarr")
     args = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]
