@@ -21,7 +21,9 @@ What legitimately differs between two runs of one commit is ignored, and only th
 
 - the store's ``created`` and ``updated`` timestamps, a record's ``recorded`` and its time in its file name, and
   the root document's own digest (``integrity.digest``: it covers those timestamps);
-- ``seconds`` in a record and, in what a command prints, every duration, rate and ETA (wall time);
+- ``seconds`` in a record and, in what a command prints, every duration, rate and ETA (wall time): a number
+  followed by ``s``, ``ms``, ``min``, ``h`` or ``samples/s``, an ``ETA``, the value of a field named
+  ``*seconds*`` or ``*per_second*``;
 - the store's ``head`` (its generation's name), ``commits`` (their count) and the ledger's ``commit`` array
   (which commit took each chunk) with its checksum: a run commits every ``commit_interval`` seconds of wall
   time, so how many commits a run makes depends on the machine's speed; the head generation's contents are
@@ -67,13 +69,17 @@ IGNORED = {
     "wall time: their number depends on the machine's speed (the head generation is compared whatever its name)",
     "store platforms": "software versions (numpy, BLAS)",
     "record seconds; the time in a record's file name": "wall time",
-    "durations, rates and ETAs in what a command prints": "wall time",
+    "durations, rates and ETAs in what a command prints (a number followed by s, ms, min, h or samples/s; "
+    "the value of a field named *seconds* or *per_second*)": "wall time",
     "the worktree's and the run folder's paths": "paths (written <tree> and <work>)",
 }
 _THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 _RECORD_TIME = re.compile(r"-\d{8}T\d{6}(\.\d+)?Z")
 # a number followed by a unit of time or a rate, and an ETA, as the command line prints them
-_WALL_TIME = re.compile(r"\d[\d,.]*(e[+-]?\d+)? ?(s|ms|min|h|samples/s)\b|ETA( at most)? \d\d:\d\d:\d\d")
+_NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?(?:e[+-]?\d+)?"
+_WALL_TIME = re.compile(rf"{_NUMBER} ?(?:s|ms|min|h|samples/s)\b|ETA(?: at most)? \d\d:\d\d:\d\d")
+# a field of a table or a JSON document that holds one (`seconds  18.4`, `"samples_per_second": 5.4e4`)
+_WALL_TIME_FIELD = re.compile(rf"(\b\w*(?:seconds|per_second)\b\"?:?\s+)-?{_NUMBER}")
 
 
 # ----------------------------------------------------------------- the examples' commands
@@ -224,7 +230,7 @@ def side_facts(work: Path, tree: Path) -> dict[str, dict[str, Any]]:
         model[rel.as_posix()] = file_facts(path)
     output = {}
     for i, done in enumerate(json.loads((work / OUTPUTS).read_text())):
-        printed = _WALL_TIME.sub("<time>", _masked(done["stdout"], work, tree))
+        printed = _WALL_TIME.sub("<time>", _WALL_TIME_FIELD.sub(r"\1<time>", _masked(done["stdout"], work, tree)))
         output[f"{i}: {done['command']}"] = (done["code"], printed)
     return {"store": store, "model": model, "output": output}
 
