@@ -368,11 +368,12 @@ def _intact(url: str, before: dict) -> None:
     assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before)
 
 
-@pytest.fixture
-def small_store(tmp_path, families) -> tuple[Path, str, dict]:
-    """A committed half-run to check that refused commands leave it as it was."""
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory, families) -> tuple[Path, str, dict]:
+    """A committed half-run to check that refused commands leave it as it was: made once for the module, as the
+    commands of the tests that use it are all refused (a change by one fails it and every later one)."""
     cfg_path, _ = families
-    url = str(tmp_path / "half.zarr")
+    url = str(tmp_path_factory.mktemp("half") / "half.zarr")
     estimate(load_config(cfg_path), url, samples=40_000, client="local", progress=None)
     return cfg_path, url, store_arrays(url)
 
