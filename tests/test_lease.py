@@ -232,6 +232,7 @@ def test_a_writer_killed_on_another_host_is_resumed_after_the_heartbeat_timeout(
         assert doc is not None and doc["pid"] == writer.pid
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
         (Path(url) / "lease.json").write_text(json.dumps(dict(doc, host="node-elsewhere", heartbeat=now)))
+        stale_at = time.monotonic() + timeout + 0.5  # the heartbeat is older than the timeout from then on
         before = {p: p.read_bytes() for p in sorted(Path(url).rglob("*")) if p.is_file()}
         committed = _committed(url)
         assert 0 < committed < run["samples"]
@@ -241,7 +242,7 @@ def test_a_writer_killed_on_another_host_is_resumed_after_the_heartbeat_timeout(
             assert f"process {writer.pid}" in refused.stderr and "on node-elsewhere" in refused.stderr
             assert "RELULEARN_LEASE_TIMEOUT" in refused.stderr and "--break-lock" in refused.stderr
             assert {p: p.read_bytes() for p in sorted(Path(url).rglob("*")) if p.is_file()} == before
-            time.sleep(timeout + 0.5)
+            time.sleep(max(0.0, stale_at - time.monotonic()))  # (the refused command took part of the wait)
             done = _run([*args, "--json"], env)
         else:
             done = _run([*args, "--json", "--break-lock"], env)
