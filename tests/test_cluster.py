@@ -4,6 +4,7 @@ the death of the driver, a worker or the scheduler."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -558,7 +559,8 @@ def _listeners_of_a_running_estimate(tmp_path: Path, *extra: str) -> tuple[dict[
             assert line or proc.poll() is None, f"the run ended: {proc.stderr.read()}"
         listening = _listeners(proc.pid)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # (a run that ended early left no group to kill)
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=60)
     return listening, line.split("dashboard: ", 1)[1].strip()
 
