@@ -18,7 +18,6 @@ from relulearn.network import Network
 WRITER = """
 import sys
 import numpy as np
-import pytest
 from relulearn.network import Network
 rng = np.random.default_rng(int(sys.argv[2]))
 net = Network((rng.standard_normal((1500, 1500)), rng.standard_normal((1, 1500))), activation="relu")

@@ -232,6 +232,7 @@ def test_a_writer_killed_on_another_host_is_resumed_after_the_heartbeat_timeout(
         assert doc is not None and doc["pid"] == writer.pid
         now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
         (Path(url) / "lease.json").write_text(json.dumps(dict(doc, host="node-elsewhere", heartbeat=now)))
+        stale_at = time.monotonic() + timeout + 0.5  # the heartbeat is older than the timeout from then on
         before = {p: p.read_bytes() for p in sorted(Path(url).rglob("*")) if p.is_file()}
         committed = _committed(url)
         assert 0 < committed < run["samples"]
@@ -241,7 +242,7 @@ def test_a_writer_killed_on_another_host_is_resumed_after_the_heartbeat_timeout(
             assert f"process {writer.pid}" in refused.stderr and "on node-elsewhere" in refused.stderr
             assert "RELULEARN_LEASE_TIMEOUT" in refused.stderr and "--break-lock" in refused.stderr
             assert {p: p.read_bytes() for p in sorted(Path(url).rglob("*")) if p.is_file()} == before
-            time.sleep(timeout + 0.5)
+            time.sleep(max(0.0, stale_at - time.monotonic()))  # (the refused command took part of the wait)
             done = _run([*args, "--json"], env)
         else:
             done = _run([*args, "--json", "--break-lock"], env)
@@ -607,9 +608,11 @@ def test_a_frozen_writer_whose_lease_was_taken_says_so(tmp_path):
     the run; woken up, the frozen writer stops in one line saying its lease was taken (not that a file could
     not be written), and the store is bitwise an uninterrupted run's."""
     # a commit every 0.1 s: the freeze lands in a block's computation, not between a commit's last lease check
-    # and its head switch (a writer frozen there switches the head when it wakes; leases cannot fence that)
+    # and its head switch (a writer frozen there switches the head when it wakes; leases cannot fence that).
+    # 960,000 samples: a second or more of blocks on an idle machine (96,000 took 0.12 s, less than two commit
+    # intervals: the first commit was the last, and the freeze came after the run's work)
     cfg_path = write_config(
-        tmp_path / "busy.yaml", dict(BUSY, samples=96_000, run=dict(BUSY["run"], commit_interval=0.1))
+        tmp_path / "busy.yaml", dict(BUSY, samples=960_000, run=dict(BUSY["run"], commit_interval=0.1))
     )
     url, ref = str(tmp_path / "run.zarr"), str(tmp_path / "ref.zarr")
     args = [PYTHON, "-m", "relulearn.cli", "estimate", str(cfg_path), "--store", url, "--in-process", "--quiet"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,22 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture
-def learned(tmp_path) -> Path:
-    """A store of TWO_UNITS with two learn records and one curve record."""
-    store = tmp_path / "s.zarr"
+@pytest.fixture(scope="module")
+def learned_once(tmp_path_factory) -> Path:
+    """A store of TWO_UNITS with two learn records and one curve record, learned once for the module: the tests
+    damage and write into copies of it (:func:`learned`)."""
+    store = tmp_path_factory.mktemp("learned") / "s.zarr"
     cfg = config_from_dict(TWO_UNITS)
     for n in (20_000, 40_000):
         api.fit(cfg, str(store), "moments", width=2, samples=n, client="local", progress=None)
     RunStore(str(store)).add_record("curve", {"key": {"method": "moments"}, "samples": 20_000})
     return store
+
+
+@pytest.fixture
+def learned(learned_once, tmp_path) -> Path:
+    """A copy of :func:`learned_once` of the test's own (the store holds no path of its folder)."""
+    return Path(shutil.copytree(learned_once, tmp_path / "s.zarr"))
 
 
 def _damage(store: Path) -> dict[str, str]:

@@ -4,6 +4,7 @@ the death of the driver, a worker or the scheduler."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -368,11 +369,12 @@ def _intact(url: str, before: dict) -> None:
     assert all(np.array_equal(before[k], after[k], equal_nan=True) for k in before)
 
 
-@pytest.fixture
-def small_store(tmp_path, families) -> tuple[Path, str, dict]:
-    """A committed half-run to check that refused commands leave it as it was."""
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory, families) -> tuple[Path, str, dict]:
+    """A committed half-run to check that refused commands leave it as it was: made once for the module, as the
+    commands of the tests that use it are all refused (a change by one fails it and every later one)."""
     cfg_path, _ = families
-    url = str(tmp_path / "half.zarr")
+    url = str(tmp_path_factory.mktemp("half") / "half.zarr")
     estimate(load_config(cfg_path), url, samples=40_000, client="local", progress=None)
     return cfg_path, url, store_arrays(url)
 
@@ -527,7 +529,8 @@ def _loopback(ip: str) -> bool:
 
 def _listeners_of_a_running_estimate(tmp_path: Path, *extra: str) -> tuple[dict[int, list[tuple[str, int]]], str]:
     """Start `relulearn estimate --workers 2` as a user would, read the sockets its process tree listens on
-    once the cluster is up (the dashboard line is printed), then stop it with Ctrl-C."""
+    once the cluster is up (the dashboard line is printed), then kill its process group: how a run stops is
+    not what this reads (Ctrl-C has its tests), and a graceful stop of the cluster took seconds per run."""
     tmp_path.mkdir()
     cfg = write_config(tmp_path / "run.yaml", all_families(samples=100_000_000, statistics={"basic": {}}))
     proc = subprocess.Popen(
@@ -547,6 +550,7 @@ def _listeners_of_a_running_estimate(tmp_path: Path, *extra: str) -> tuple[dict[
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: the driver, its nannies and workers are killed at once
     )
     try:
         line = ""
@@ -554,11 +558,10 @@ def _listeners_of_a_running_estimate(tmp_path: Path, *extra: str) -> tuple[dict[
             line = proc.stderr.readline()
             assert line or proc.poll() is None, f"the run ended: {proc.stderr.read()}"
         listening = _listeners(proc.pid)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        with contextlib.suppress(ProcessLookupError):  # (a run that ended early left no group to kill)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
     return listening, line.split("dashboard: ", 1)[1].strip()
 
 

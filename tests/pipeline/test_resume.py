@@ -206,7 +206,13 @@ def test_sigterm_commits_merged_blocks(tmp_path):
         "1000",
     ]
     proc = subprocess.Popen(cmd, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4.0)
+    # the run has started once it holds the store's lease; a second later it has merged blocks (a block takes
+    # milliseconds here). A fixed 4 s from the start spent most of them in blocks the reference then computed again
+    deadline = time.monotonic() + 60
+    while not (Path(url) / "lease.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, f"the run did not stop on SIGTERM (exit {proc.returncode}): {err}"
