@@ -2,7 +2,7 @@
 """Show that two commits behave the same: run every example of ``examples/`` on both and compare the bits.
 
 Each revision is checked out into a temporary ``git worktree``. Every example runs there as
-``tests/test_examples.py`` runs it: the ``relulearn`` commands of its leading comment, from a folder holding a
+``tests/docs/test_examples.py`` runs it: the ``relulearn`` commands of its leading comment, from a folder holding a
 copy of that revision's ``examples/`` (the commands that name an object store or a scheduler skipped, ``evaluate``
 given ``--json``), here in one process per example and revision (``relulearn.cli.main``) with ``PYTHONPATH`` at
 the worktree and one BLAS thread (``OMP_NUM_THREADS`` and its kin set to 1, so a multi-threaded BLAS's order of
@@ -84,7 +84,7 @@ _WALL_TIME_FIELD = re.compile(rf"(\b\w*(?:seconds|per_second)\b\"?:?\s+)-?{_NUMB
 
 # ----------------------------------------------------------------- the examples' commands
 def commands(example: Path) -> list[list[str]]:
-    """The commands of an example's leading comment that ``tests/test_examples.py`` runs, as argument lists:
+    """The commands of an example's leading comment that ``tests/docs/test_examples.py`` runs, as argument lists:
     not those for a cluster (an object store, a scheduler), ``evaluate`` with ``--json``."""
     lines = []
     for line in example.read_text().splitlines():
