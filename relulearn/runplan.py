@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config import ConfigError
-from .estimators.base import method_entry, sketchable
+from .estimators.base import method_entry, plans_passes, sketchable
 from .pipeline.cost import Rates, SourceCost, counted_source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
 
@@ -251,7 +251,9 @@ def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int
     """The routes of a method by form (``dense``, and ``sketch`` for a method that may sketch), pilots sized to
     the run's ``samples``."""
     d = cfg.source.d
-    out = {"dense": Route(size_pilots(mod.required_statistics(d, width, **extra), samples, d))}
+    # the passes the learn asks for after the first (tensor's second pass), shaped before any sample is drawn
+    asked = tuple(mod.planned_passes(d, width, extra.get("outputs"))) if plans_passes(mod) else ()
+    out = {"dense": Route(size_pilots(mod.required_statistics(d, width, **extra), samples, d), asked)}
     if sketchable(mod):
         sketched = size_pilots(mod.required_statistics(d, width, **dict(extra, sketched=True)), samples, d)
         out["sketch"] = Route(sketched, tuple(mod.sketch_passes(d, width)))

@@ -217,3 +217,48 @@ def test_fit_on_an_existing_store_keeps_the_statistics_it_was_started_with(tmp_p
     kept = api.fit(config_from_dict(raw), store, "moments", client="local", dry_run=True)
     assert kept["plan"]["statistics"] == {"basic": None, "sketch": {"rank": 12, "second": {}}}
     assert kept["plan"]["choice"] is None and "as the store holds them" in " ".join(kept["plan"]["notes"])
+
+
+def _tensor_section(d: int, k: int, m: int) -> dict:
+    """A second pass as the tensor learn asks for it (``_pass_request``'s shapes: a k-row basis, 2k directions in
+    its coordinates, one expansion of k eigenpairs per output), with values."""
+    rng = np.random.default_rng(k)
+    one = {"t0": 0.1, "t1": [0.0] * d, "t2_vectors": rng.standard_normal((k, d)).tolist(), "t2_values": [0.5] * k}
+    return {
+        "basis": rng.standard_normal((k, d)).tolist(),
+        "orders": [3, 4, 5, 6],
+        "directions": rng.standard_normal((max(8, 2 * k), k)).tolist(),
+        "expansion": [one] * m if m > 1 else one,
+    }
+
+
+@pytest.mark.parametrize("d,width,m,k", [(20, 7, 1, 7), (61, 16, 10, 16), (40, None, 3, 40)])
+def test_the_tensor_plan_projects_the_second_pass_in_the_subspace(d, width, m, k):
+    """``fit --method tensor`` always runs a second pass (``projected_contracted`` in the k-dimensional subspace):
+    the plan projects it, priced as the pass the learn asks for, at k = width (or d, the most it reads, when no
+    width is given), and counts it in the projected total (it was missing: plans 4× short on trained networks)."""
+    raw = {"seed": 1, "samples": 1_000_000, "chunk_size": 50_000}
+    raw["source"] = {"d": d, "teacher": {"kind": "two_layer", "width": 5, "outputs": m}}
+    plan = plan_run(
+        config_from_dict(raw), "tensor", width=width, workers=1, rates=RATES, extra={"outputs": m}, outputs=m
+    )
+    assert [(p.name, p.optional) for p in plan.passes] == [("estimate", False), ("tensor-1", False)]
+    second = plan.passes[1]
+    assert [f.name for f in second.families] == ["projected_contracted"]
+    real = family_work("projected_contracted", _tensor_section(d, k, m), d, m)
+    assert second.families[0].seconds_per_sample == pytest.approx(RATES.seconds(real), rel=1e-12)
+    assert second.families[0].partial_bytes == 8 * sum(
+        sums_entries({"projected_contracted": _tensor_section(d, k, m)}, d, m)["projected_contracted"]
+    )
+    assert plan.projected_seconds == pytest.approx(sum(p.projected_seconds for p in plan.passes))
+
+
+def test_the_tensor_plan_projects_the_full_hermite_tensors_for_a_width_past_d_and_no_pass_on_the_outputs_route():
+    wide = plan_run(cfg_of(10), "tensor", width=32, workers=1, rates=RATES)
+    assert [p.name for p in wide.passes] == ["estimate", "tensor-lifted"]
+    assert [f.form for f in wide.passes[1].families] == ["hermite dense"]
+    assert wide.passes[1].families[0].flops_per_sample == family_work("hermite", {"max_order": 6}, 10).flops
+    raw = {"seed": 1, "samples": 1_000_000, "chunk_size": 50_000}
+    raw["source"] = {"d": 784, "teacher": {"kind": "two_layer", "width": 5, "outputs": 10}}
+    outputs = plan_run(config_from_dict(raw), "tensor", workers=1, rates=RATES, extra={"outputs": 10}, outputs=10)
+    assert [p.name for p in outputs.passes] == ["estimate"]

@@ -90,6 +90,7 @@ __all__ = [
     "HIGHER_ORDERS",
     "check_setting",
     "required_statistics",
+    "planned_passes",
     "learn",
     "lacks",
 ]
@@ -148,6 +149,34 @@ def required_statistics(d: int, width: int | None = None, outputs: int | None = 
     if outputs_route(d, outputs):
         return {"basic": {}, "output_moments": {}}
     return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True}}
+
+
+def planned_passes(d: int, width: int | None = None, outputs: int | None = None) -> list[tuple[str, dict, bool]]:
+    """The pass the learn asks for after the first, for planning (:mod:`relulearn.runplan`): ``(name, statistics,
+    optional)`` with the shapes :func:`_pass_request` gives it (its basis, directions and expansions
+    placeholders). The subspace's rank ``k`` is known only from the first pass: ``width`` when given, else d
+    (the most the complete route reads, an upper bound on its cost). A ``width`` past d (where
+    :func:`.tensor.lifted.lifted_route` allows it) asks for the full Hermite tensors; the outputs route for none."""
+    if outputs_route(d, outputs):
+        return []
+    m = int(outputs or 1)
+    if width is not None and width > d and lifted.lifted_route(d):
+        hermite = {"max_order": lifted.max_order(d), "expansion": _planned_expansion(d, m)}
+        return [("tensor-lifted", {"hermite": hermite}, False)]
+    k = min(int(width or d), d)
+    section = {
+        "basis": [[0.0]] * k,
+        "orders": list(HIGHER_ORDERS),
+        "directions": [[0.0]] * max(8, 2 * k),
+        "expansion": _planned_expansion(k, m),
+    }
+    return [("tensor-1", {"projected_contracted": section}, False)]
+
+
+def _planned_expansion(k: int, outputs: int) -> dict | list[dict]:
+    """One expansion per output with ``k`` eigenpairs of ``T_2`` (as :func:`_expansion` gives them), placeholders."""
+    one = {"t2_vectors": [[0.0]] * k, "t2_values": [0.0] * k}
+    return [one] * outputs if outputs > 1 else one
 
 
 def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
