@@ -211,12 +211,17 @@ class SketchableEntry(MethodEntry, Protocol):
 
 
 class PlannedPassesEntry(MethodEntry, Protocol):
-    """A method whose learn asks for passes the planner can shape before the first pass (``fit`` projects them)."""
+    """A method whose learn asks for passes the planner can shape before the first pass (``fit`` projects them),
+    and states its own costs after them."""
 
     def planned_passes(
         self, d: int, width: int | None = None, outputs: int | None = None
     ) -> list[tuple[str, dict, bool]]:
         """The passes the learn asks for, for planning: ``(name, statistics, optional)``."""
+        ...
+
+    def learn_costs(self, d: int, width: int | None = None, outputs: int | None = None, samples: int = 0) -> list[str]:
+        """The learn's own costs after the passes, in words (the plan's notes)."""
         ...
 
 

@@ -262,3 +262,24 @@ def test_the_tensor_plan_projects_the_full_hermite_tensors_for_a_width_past_d_an
     raw["source"] = {"d": 784, "teacher": {"kind": "two_layer", "width": 5, "outputs": 10}}
     outputs = plan_run(config_from_dict(raw), "tensor", workers=1, rates=RATES, extra={"outputs": 10}, outputs=10)
     assert [p.name for p in outputs.passes] == ["estimate"]
+
+
+def test_where_the_tensor_run_goes_is_chosen_by_its_first_pass_and_the_plan_states_the_learns_costs():
+    """The learn chooses where its own pass runs (a cluster only for one that pays for its start): the plan's
+    choice of this process or a local cluster is the first pass's, as before the second pass was projected; the
+    notes state the learn's bounded sample and, with one output, the refinement's passes over the samples."""
+    cfg = cfg_of(40, 2_000_000)
+    plan = plan_run(cfg, "tensor", workers=2, rates=RATES, choose_where=True)
+    first = plan_run(
+        cfg_of(40, 2_000_000, {"basic": {}, "contracted": plan.statistics["contracted"]}),
+        "tensor",
+        workers=2,
+        rates=RATES,
+        choose_where=True,
+    )
+    assert [p.name for p in plan.passes] == ["estimate", "tensor-1"]
+    assert (plan.runs_in, plan.runs_in_reason) == (first.runs_in, first.runs_in_reason)
+    assert any(
+        n.startswith("the learn after the passes (not projected) draws 86,050 bounded samples") for n in plan.notes
+    )
+    assert any("up to 40 passes over the 2,000,000 samples" in n for n in plan.notes)
