@@ -332,10 +332,10 @@ def plan_run(
     else:
         route, passes, choice = _chosen_route(setting, method_entry(method), width, dict(extra or {}), workers)
     where, why = "local cluster", None
+    ours = len(passes) - len(route.asked)  # the passes before those the learn asks for
     if choose_where:
         alone = setting.project(route, 1)
         # the learn chooses where its own passes run (a local cluster only for one that pays for its start)
-        ours = len(passes) - len(route.asked)
         where, why = _where(passes[:ours], alone[:ours], workers)
         if where == "in process":
             passes, workers = alone, 1
@@ -343,7 +343,9 @@ def plan_run(
     if method is not None and not configured:
         notes += tuple(_learn_costs(method_entry(method), cfg, width, setting, dict(extra or {})))
     plan = RunPlan(method, int(cfg.source.d), setting.samples, workers, tuple(passes), rates, choice, notes, where, why)
-    _check_memory(plan)
+    # the memory of a pass the learn asks for is checked when it asks, at the subspace it found (the plan's
+    # shapes may be an upper bound: k = d without a width)
+    _check_memory(replace(plan, passes=plan.passes[:ours]))
     _check_hours(cfg, plan)
     return plan
 

@@ -283,3 +283,19 @@ def test_where_the_tensor_run_goes_is_chosen_by_its_first_pass_and_the_plan_stat
         n.startswith("the learn after the passes (not projected) draws 86,050 bounded samples") for n in plan.notes
     )
     assert any("up to 40 passes over the 2,000,000 samples" in n for n in plan.notes)
+
+
+def test_the_memory_of_the_tensor_second_pass_is_left_to_the_learn_that_knows_its_subspace(monkeypatch):
+    """Without a width the second pass is projected at k = d, an upper bound: a machine that holds the first pass
+    but not that bound is not refused by the plan (the pass's memory is checked when the learn asks for it)."""
+    import relulearn.pipeline.sizes as sizes
+
+    raw = {"seed": 1, "samples": 1_000_000, "chunk_size": 50_000}
+    raw["source"] = {"d": 60, "teacher": {"kind": "two_layer", "width": 5, "outputs": 10}}
+    cfg = config_from_dict(raw)
+    free = plan_run(cfg, "tensor", workers=1, rates=RATES, extra={"outputs": 10}, outputs=10)
+    first, second = free.passes
+    assert second.worker_bytes > 10 * first.worker_bytes
+    monkeypatch.setattr(sizes, "machine_memory", lambda: 2 * first.worker_bytes + first.driver_bytes)
+    kept = plan_run(cfg, "tensor", workers=1, rates=RATES, extra={"outputs": 10}, outputs=10)
+    assert [p.name for p in kept.passes] == ["estimate", "tensor-1"]
