@@ -6,12 +6,15 @@ choice it makes. For a method whose second-moment families have a dense and a sk
 dense families in one pass, or their sketch and the subspace passes it adds (counting those it may add) — and
 takes the faster of those whose block partial fits ``run.worker_memory``, the dense one on a tie. With a
 ``statistics`` section it projects that section's pass.
+A method whose learn asks for further passes it can shape beforehand (``planned_passes``: tensor's second pass)
+has them projected after its own, and its learn's costs after the passes stated in the plan's notes.
 A run projected past ``run.max_hours`` is refused before any work, with the sample count that would fit.
 
 Where the run goes (:func:`where_to_run`), when nothing forces it (no client, ``workers``, scheduler or
 ``DASK_SCHEDULER_ADDRESS``): in this process, unless a local cluster is projected to save more time than it costs
 to start (:func:`local_cluster_seconds`): the passes that always run are projected on one worker and on the local
-cluster's workers, and the cluster is started only when ``in process > on the cluster + its start``.
+cluster's workers, and the cluster is started only when ``in process > on the cluster + its start`` (the passes a
+learn asks for are left out: it chooses where each of them runs).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .config import ConfigError
-from .estimators.base import method_entry, sketchable
+from .estimators.base import method_entry, plans_passes, sketchable
 from .pipeline.cost import Rates, SourceCost, counted_source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
 
@@ -212,6 +215,8 @@ class Route:
     statistics: dict
     extra: tuple[tuple[str, dict, bool], ...] = ()
     section: Any = None
+    #: the passes the learn asks for after these (projected last): where each runs the learn chooses by itself
+    asked: tuple[tuple[str, dict, bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -229,7 +234,7 @@ class PassSetting:
         """The passes of ``route`` on ``workers`` single-threaded workers, each holding the statistics it runs."""
         first = self._one("estimate", route.statistics if route.section is None else route.section, False, workers)
         plans = [replace(first, statistics=route.statistics)]
-        for name, stats, optional in route.extra:
+        for name, stats, optional in route.extra + route.asked:
             plans.append(replace(self._one(name, stats, optional, workers), statistics=stats))
         return plans
 
@@ -251,7 +256,9 @@ def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int
     """The routes of a method by form (``dense``, and ``sketch`` for a method that may sketch), pilots sized to
     the run's ``samples``."""
     d = cfg.source.d
-    out = {"dense": Route(size_pilots(mod.required_statistics(d, width, **extra), samples, d))}
+    # the passes the learn asks for after the first (tensor's second pass), shaped before any sample is drawn
+    asked = tuple(mod.planned_passes(d, width, extra.get("outputs"))) if plans_passes(mod) else ()
+    out = {"dense": Route(size_pilots(mod.required_statistics(d, width, **extra), samples, d), asked=asked)}
     if sketchable(mod):
         sketched = size_pilots(mod.required_statistics(d, width, **dict(extra, sketched=True)), samples, d)
         out["sketch"] = Route(sketched, tuple(mod.sketch_passes(d, width)))
@@ -325,14 +332,20 @@ def plan_run(
     else:
         route, passes, choice = _chosen_route(setting, method_entry(method), width, dict(extra or {}), workers)
     where, why = "local cluster", None
+    ours = len(passes) - len(route.asked)  # the passes before those the learn asks for
     if choose_where:
         alone = setting.project(route, 1)
-        where, why = _where(passes, alone, workers)
+        # the learn chooses where its own passes run (a local cluster only for one that pays for its start)
+        where, why = _where(passes[:ours], alone[:ours], workers)
         if where == "in process":
             passes, workers = alone, 1
-    notes = (CONFIGURED_NOTE,) if configured and method is not None else ()
+    notes: tuple[str, ...] = (CONFIGURED_NOTE,) if configured and method is not None else ()
+    if method is not None and not configured:
+        notes += tuple(_learn_costs(method_entry(method), cfg, width, setting, dict(extra or {})))
     plan = RunPlan(method, int(cfg.source.d), setting.samples, workers, tuple(passes), rates, choice, notes, where, why)
-    _check_memory(plan)
+    # the memory of a pass the learn asks for is checked when it asks, at the subspace it found (the plan's
+    # shapes may be an upper bound: k = d without a width)
+    _check_memory(replace(plan, passes=plan.passes[:ours]))
     _check_hours(cfg, plan)
     return plan
 
@@ -378,6 +391,13 @@ def _chosen_route(
     projected = {form: setting.project(route, workers) for form, route in routes.items()}
     form, choice = _choose(setting.cfg, mod, width, projected)
     return routes[form], projected[form], choice
+
+
+def _learn_costs(mod: Any, cfg: Any, width: int | None, setting: PassSetting, extra: dict) -> list[str]:
+    """The learn's own costs after the passes as the method states them (none for a method that does not)."""
+    if not plans_passes(mod):
+        return []
+    return list(mod.learn_costs(int(cfg.source.d), width, extra.get("outputs"), setting.samples))
 
 
 def check_plan_sizes(cfg: Any, method: str | None) -> None:

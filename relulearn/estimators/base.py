@@ -33,7 +33,9 @@ __all__ = [
     "LearnResult",
     "MethodEntry",
     "SketchableEntry",
+    "PlannedPassesEntry",
     "sketchable",
+    "plans_passes",
     "method_entry",
 ]
 
@@ -208,6 +210,21 @@ class SketchableEntry(MethodEntry, Protocol):
         ...
 
 
+class PlannedPassesEntry(MethodEntry, Protocol):
+    """A method whose learn asks for passes the planner can shape before the first pass (``fit`` projects them),
+    and states its own costs after them."""
+
+    def planned_passes(
+        self, d: int, width: int | None = None, outputs: int | None = None
+    ) -> list[tuple[str, dict, bool]]:
+        """The passes the learn asks for, for planning: ``(name, statistics, optional)``."""
+        ...
+
+    def learn_costs(self, d: int, width: int | None = None, outputs: int | None = None, samples: int = 0) -> list[str]:
+        """The learn's own costs after the passes, in words (the plan's notes)."""
+        ...
+
+
 def method_entry(name: str) -> MethodEntry:
     """The entry module of method ``name`` (:func:`relulearn.methods.method_module`, imported when first asked
     for), typed as the interface every entry provides (mypy checks each: :mod:`relulearn.estimators.conformance`)."""
@@ -219,3 +236,8 @@ def method_entry(name: str) -> MethodEntry:
 def sketchable(entry: MethodEntry) -> TypeGuard[SketchableEntry]:
     """Whether a method's entry module may sketch its d × d families (it declares ``DENSE_FAMILIES``)."""
     return hasattr(entry, "DENSE_FAMILIES")
+
+
+def plans_passes(entry: MethodEntry) -> TypeGuard[PlannedPassesEntry]:
+    """Whether a method's entry module shapes the passes its learn asks for (it declares ``planned_passes``)."""
+    return hasattr(entry, "planned_passes")

@@ -217,3 +217,85 @@ def test_fit_on_an_existing_store_keeps_the_statistics_it_was_started_with(tmp_p
     kept = api.fit(config_from_dict(raw), store, "moments", client="local", dry_run=True)
     assert kept["plan"]["statistics"] == {"basic": None, "sketch": {"rank": 12, "second": {}}}
     assert kept["plan"]["choice"] is None and "as the store holds them" in " ".join(kept["plan"]["notes"])
+
+
+def _tensor_section(d: int, k: int, m: int) -> dict:
+    """A second pass as the tensor learn asks for it (``_pass_request``'s shapes: a k-row basis, 2k directions in
+    its coordinates, one expansion of k eigenpairs per output), with values."""
+    rng = np.random.default_rng(k)
+    one = {"t0": 0.1, "t1": [0.0] * d, "t2_vectors": rng.standard_normal((k, d)).tolist(), "t2_values": [0.5] * k}
+    return {
+        "basis": rng.standard_normal((k, d)).tolist(),
+        "orders": [3, 4, 5, 6],
+        "directions": rng.standard_normal((max(8, 2 * k), k)).tolist(),
+        "expansion": [one] * m if m > 1 else one,
+    }
+
+
+@pytest.mark.parametrize("d,width,m,k", [(20, 7, 1, 7), (61, 16, 10, 16), (40, None, 3, 40)])
+def test_the_tensor_plan_projects_the_second_pass_in_the_subspace(d, width, m, k):
+    """``fit --method tensor`` always runs a second pass (``projected_contracted`` in the k-dimensional subspace):
+    the plan projects it, priced as the pass the learn asks for, at k = width (or d, the most it reads, when no
+    width is given), and counts it in the projected total (it was missing: plans 4× short on trained networks)."""
+    raw = {"seed": 1, "samples": 1_000_000, "chunk_size": 50_000}
+    raw["source"] = {"d": d, "teacher": {"kind": "two_layer", "width": 5, "outputs": m}}
+    plan = plan_run(
+        config_from_dict(raw), "tensor", width=width, workers=1, rates=RATES, extra={"outputs": m}, outputs=m
+    )
+    assert [(p.name, p.optional) for p in plan.passes] == [("estimate", False), ("tensor-1", False)]
+    second = plan.passes[1]
+    assert [f.name for f in second.families] == ["projected_contracted"]
+    real = family_work("projected_contracted", _tensor_section(d, k, m), d, m)
+    assert second.families[0].seconds_per_sample == pytest.approx(RATES.seconds(real), rel=1e-12)
+    assert second.families[0].partial_bytes == 8 * sum(
+        sums_entries({"projected_contracted": _tensor_section(d, k, m)}, d, m)["projected_contracted"]
+    )
+    assert plan.projected_seconds == pytest.approx(sum(p.projected_seconds for p in plan.passes))
+
+
+def test_the_tensor_plan_projects_the_full_hermite_tensors_for_a_width_past_d_and_no_pass_on_the_outputs_route():
+    wide = plan_run(cfg_of(10), "tensor", width=32, workers=1, rates=RATES)
+    assert [p.name for p in wide.passes] == ["estimate", "tensor-lifted"]
+    assert [f.form for f in wide.passes[1].families] == ["hermite dense"]
+    assert wide.passes[1].families[0].flops_per_sample == family_work("hermite", {"max_order": 6}, 10).flops
+    raw = {"seed": 1, "samples": 1_000_000, "chunk_size": 50_000}
+    raw["source"] = {"d": 784, "teacher": {"kind": "two_layer", "width": 5, "outputs": 10}}
+    outputs = plan_run(config_from_dict(raw), "tensor", workers=1, rates=RATES, extra={"outputs": 10}, outputs=10)
+    assert [p.name for p in outputs.passes] == ["estimate"]
+
+
+def test_where_the_tensor_run_goes_is_chosen_by_its_first_pass_and_the_plan_states_the_learns_costs():
+    """The learn chooses where its own pass runs (a cluster only for one that pays for its start): the plan's
+    choice of this process or a local cluster is the first pass's, as before the second pass was projected; the
+    notes state the learn's bounded sample and, with one output, the refinement's passes over the samples."""
+    cfg = cfg_of(40, 2_000_000)
+    plan = plan_run(cfg, "tensor", workers=2, rates=RATES, choose_where=True)
+    first = plan_run(
+        cfg_of(40, 2_000_000, {"basic": {}, "contracted": plan.statistics["contracted"]}),
+        "tensor",
+        workers=2,
+        rates=RATES,
+        choose_where=True,
+    )
+    assert [p.name for p in plan.passes] == ["estimate", "tensor-1"]
+    assert (plan.runs_in, plan.runs_in_reason) == (first.runs_in, first.runs_in_reason)
+    assert any(
+        n.startswith("the learn after the passes (not projected) draws 86,050 bounded samples") for n in plan.notes
+    )
+    assert any("up to 40 passes over the 2,000,000 samples" in n for n in plan.notes)
+
+
+def test_the_memory_of_the_tensor_second_pass_is_left_to_the_learn_that_knows_its_subspace(monkeypatch):
+    """Without a width the second pass is projected at k = d, an upper bound: a machine that holds the first pass
+    but not that bound is not refused by the plan (the pass's memory is checked when the learn asks for it)."""
+    import relulearn.pipeline.sizes as sizes
+
+    raw = {"seed": 1, "samples": 1_000_000, "chunk_size": 50_000}
+    raw["source"] = {"d": 60, "teacher": {"kind": "two_layer", "width": 5, "outputs": 10}}
+    cfg = config_from_dict(raw)
+    free = plan_run(cfg, "tensor", workers=1, rates=RATES, extra={"outputs": 10}, outputs=10)
+    first, second = free.passes
+    assert second.worker_bytes > 10 * first.worker_bytes
+    monkeypatch.setattr(sizes, "machine_memory", lambda: 2 * first.worker_bytes + first.driver_bytes)
+    kept = plan_run(cfg, "tensor", workers=1, rates=RATES, extra={"outputs": 10}, outputs=10)
+    assert [p.name for p in kept.passes] == ["estimate", "tensor-1"]

@@ -64,6 +64,7 @@ from ..base import (
     configured_lack,
     section_get,
 )
+from ..polish.streamed import MAX_PASSES as REFINE_PASSES
 from ..spectral import stage as spectral
 from ..spectral.signal import no_signal
 from ..spectral.stored_matrices import matrices_from_store
@@ -72,7 +73,7 @@ from . import lifted
 from .finish import _finish
 from .orient import ENUMERATE_FREE, LATTICE_EXTRA, lattice_available, needs_lattice
 from .outputs import _learn_outputs
-from .plan import _too_few, check_width, outputs_route
+from .plan import _too_few, check_width, outputs_route, sample_sizes
 from .slices import (
     Units,
     _complete_slices,
@@ -90,6 +91,8 @@ __all__ = [
     "HIGHER_ORDERS",
     "check_setting",
     "required_statistics",
+    "planned_passes",
+    "learn_costs",
     "learn",
     "lacks",
 ]
@@ -148,6 +151,57 @@ def required_statistics(d: int, width: int | None = None, outputs: int | None = 
     if outputs_route(d, outputs):
         return {"basic": {}, "output_moments": {}}
     return {"basic": {}, "contracted": {"orders": [2, 4], "directions": 8, "control": True}}
+
+
+def planned_passes(d: int, width: int | None = None, outputs: int | None = None) -> list[tuple[str, dict, bool]]:
+    """The pass the learn asks for after the first, for planning (:mod:`relulearn.runplan`): ``(name, statistics,
+    optional)`` with the shapes :func:`_pass_request` gives it (its basis, directions and expansions
+    placeholders). The subspace's rank ``k`` is known only from the first pass: ``width`` when given, else d
+    (the most the complete route reads, an upper bound on its cost). A ``width`` past d (where
+    :func:`.tensor.lifted.lifted_route` allows it) asks for the full Hermite tensors; the outputs route for none."""
+    if outputs_route(d, outputs):
+        return []
+    m = int(outputs or 1)
+    if width is not None and width > d and lifted.lifted_route(d):
+        hermite = {"max_order": lifted.max_order(d), "expansion": _planned_expansion(d, m)}
+        return [("tensor-lifted", {"hermite": hermite}, False)]
+    k = min(int(width or d), d)
+    section = {
+        "basis": [[0.0]] * k,
+        "orders": list(HIGHER_ORDERS),
+        "directions": [[0.0]] * max(8, 2 * k),
+        "expansion": _planned_expansion(k, m),
+    }
+    return [("tensor-1", {"projected_contracted": section}, False)]
+
+
+def learn_costs(d: int, width: int | None = None, outputs: int | None = None, samples: int = 0) -> list[str]:
+    """The learn's own costs after the passes, in words for the plan (not projected: how much of them runs depends
+    on what the passes find): the bounded sample of the polish, the streamed refinement's passes (one output),
+    the residual rounds (widths past d) or the control rounds (the outputs route)."""
+    m = int(outputs or 1)
+    k = int(width or d)
+    n_train, n_val = sample_sizes(d, k, m)
+    out = [
+        f"the learn after the passes (not projected) draws {n_train + n_val:,} bounded samples for the polish "
+        f"(width {k}: {k * (d + 1) + m * (k + 1) + m * d:,} unknowns), and more for rarely active units"
+    ]
+    if outputs_route(d, outputs):
+        out.append("where T_2 leaves units under its noise floor, control rounds re-estimate it on fresh samples")
+    elif width is not None and width > d and lifted.lifted_route(d):
+        out.append("residual rounds estimate the tensors of what the network leaves on fresh samples")
+    if m == 1:
+        out.append(
+            f"with one output, unless the polish is exact on its validation samples, a streamed refinement of up to "
+            f"{REFINE_PASSES} passes over the {samples:,} samples, each drawing them from the source again"
+        )
+    return out
+
+
+def _planned_expansion(k: int, outputs: int) -> dict | list[dict]:
+    """One expansion per output with ``k`` eigenpairs of ``T_2`` (as :func:`_expansion` gives them), placeholders."""
+    one = {"t2_vectors": [[0.0]] * k, "t2_values": [0.0] * k}
+    return [one] * outputs if outputs > 1 else one
 
 
 def lacks(sections: Mapping[str, Any], outputs: int | None = None) -> MissingStatisticError | None:
