@@ -23,20 +23,22 @@ from .work import F, Work, count, gram_work, option
 __all__ = ["ContractedMoments", "direction_bank", "linear_control"]
 
 
-def direction_bank(cfg: ContractedConfig, d: int, run_seed: int) -> np.ndarray:
-    """The unit directions g of the contracted statistic, shape (G, d)."""
+def direction_bank(
+    cfg: Any, d: int, run_seed: int, where: str = "statistics.contracted", entries: str = "d={d} entries"
+) -> np.ndarray:
+    """The unit directions g of a contracted statistic (``cfg``: its section, with ``directions`` and
+    ``directions_seed``), shape (G, d): drawn from the directions' stream, or given. ``where`` and ``entries``
+    word the error for a given bank of the wrong width."""
     if isinstance(cfg.directions, int):
         seed = run_seed if cfg.directions_seed is None else cfg.directions_seed
         g = generator(seed, Stream.DIRECTIONS).standard_normal((cfg.directions, d))
     else:
         g = np.asarray(cfg.directions, dtype=np.float64)
         if g.ndim != 2 or g.shape[1] != d:
-            raise ValueError(
-                f"statistics.contracted.directions has shape {g.shape}; each direction needs d={d} entries"
-            )
+            raise ValueError(f"{where}.directions has shape {g.shape}; each direction needs {entries.format(d=d)}")
     norms = np.linalg.norm(g, axis=1)
     if np.any(norms == 0) or not np.all(np.isfinite(norms)):
-        raise ValueError("statistics.contracted.directions has a zero or non-finite row")
+        raise ValueError(f"{where}.directions has a zero or non-finite row")
     return g / norms[:, None]
 
 

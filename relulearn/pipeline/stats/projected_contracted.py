@@ -10,10 +10,9 @@ import numpy as np
 
 from ...config.families import ProjectedContractedConfig
 from ...hermite import contracted_sums_of_labels
-from ..sources import Stream, generator
 from .base import Statistic, Var
 from .build import FamilyContext
-from .contracted import ContractedMoments
+from .contracted import ContractedMoments, direction_bank
 from .expansion import low_rank_expansion, output_expansion
 from .work import F, Work, count, option
 
@@ -181,16 +180,4 @@ def _basis(section: ProjectedContractedConfig, d: int) -> np.ndarray:
 
 def _direction_bank(section: ProjectedContractedConfig, k: int, run_seed: int) -> np.ndarray:
     """The unit directions g of the subspace, shape (G, k): drawn from the directions' stream, or given."""
-    if isinstance(section.directions, int):
-        seed = run_seed if section.directions_seed is None else section.directions_seed
-        g = generator(seed, Stream.DIRECTIONS).standard_normal((section.directions, k))
-    else:
-        g = np.asarray(section.directions, dtype=np.float64)
-        if g.ndim != 2 or g.shape[1] != k:
-            raise ValueError(
-                f"{_WHERE}.directions has shape {g.shape}; each direction needs k={k} entries (one per basis row)"
-            )
-    norms = np.linalg.norm(g, axis=1)
-    if np.any(norms == 0) or not np.all(np.isfinite(norms)):
-        raise ValueError(f"{_WHERE}.directions has a zero or non-finite row")
-    return g / norms[:, None]
+    return direction_bank(section, k, run_seed, _WHERE, "k={d} entries (one per basis row)")
