@@ -5,14 +5,14 @@ variates resolved (drawn by their pilot passes, or read from the store).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
 from ..config import RunConfig
-from .sources import Source, label_outputs
+from .sources import Source, check_finite, label_outputs, pilot_batches
 from .stats.base import Statistic
-from .stats.build import FamilyContext
+from .stats.build import FamilyContext, Pilot
 from .stats.per_output import stored_outputs
 from .stats.registry import FAMILIES
 
@@ -53,6 +53,20 @@ def _build_statistics(
             return cache[name]
 
     m = label_outputs(source) if source is not None else stored_outputs(sections, stored) if stored else None
-    ctx = FamilyContext(cfg, source, stored, m)
+    ctx = FamilyContext(cfg, None if source is None else _pilot(source, cfg.seed), stored, m)
     # in the configuration's order: the pilot passes draw from their streams in the same order as ever
     return [FAMILIES[name].from_config(section, ctx) for name, section in sections.items()]
+
+
+def _pilot(source: Source, seed: int) -> Pilot:
+    """The pilot pass of ``source`` (:func:`.sources.pilot_batches`, the same samples on every call), each batch
+    checked for NaN and inf (an error names the row)."""
+
+    def pilot(n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        row = 0
+        for x, y in pilot_batches(source, seed, n):
+            check_finite(x, y, None, row)
+            row += len(y)
+            yield x, y
+
+    return pilot

@@ -5,16 +5,16 @@ its direction bank and the pilot pass of its control variate.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from ... import hermite
 from ...config import ContractedConfig
+from ..batches import Stream, generator
 from ..plan import check_directions
-from ..sources import Source, Stream, check_finite, generator, pilot_batches
 from .base import Statistic, Var
-from .build import FamilyContext
+from .build import FamilyContext, drawn
 from .expansion import low_rank_expansion, output_expansion
 from .family import Family
 from .per_output import of_output
@@ -104,7 +104,7 @@ class ContractedMoments(Family):
             control = (
                 (stored(cls.name)["control_mean"], stored(cls.name)["control_beta"])
                 if stored
-                else linear_control(cast(Source, ctx.source), cfg.seed, section.control_samples)
+                else linear_control(drawn(ctx.pilot)(section.control_samples))
             )
         return ctx.per_output(
             lambda j: ContractedMoments(
@@ -175,14 +175,11 @@ class ContractedMoments(Family):
         return out
 
 
-def linear_control(source: Source, seed: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(ȳ, β)`` with ``β = E[y x]`` over the pilot pass: the labels' expansion of degree ≤ 1 under Gaussian
-    inputs (per output, stacked, for a vector source: shapes (m,) and (m, d))."""
+def linear_control(batches: Iterable[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(ȳ, β)`` with ``β = E[y x]`` over the pilot pass's ``batches``: the labels' expansion of degree ≤ 1 under
+    Gaussian inputs (per output, stacked, for a vector source: shapes (m,) and (m, d))."""
     count, s0, s1 = 0, 0.0, 0.0
-    row = 0
-    for x, y in pilot_batches(source, seed, n):
-        check_finite(x, y, None, row)
-        row += len(y)
+    for x, y in batches:
         count += len(y)
         s0 = s0 + y.sum(axis=0)
         s1 = s1 + (y.T @ x if y.ndim == 2 else y @ x)

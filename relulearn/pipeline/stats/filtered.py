@@ -4,14 +4,13 @@ binned Gram products and suffix sums the residual and sketch families share.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from ...config import FilteredConfig
-from ..sources import Source
 from .base import Statistic, Var
-from .build import FamilyContext
+from .build import FamilyContext, Pilot, drawn
 from .family import Family
 from .per_output import of_output
 from .pilot import label_scores, pilot_scores
@@ -20,8 +19,9 @@ from .work import Work, gram_work, grid_size, option
 __all__ = ["FilteredMoments", "threshold_grid", "binned_gram", "suffix_sums"]
 
 
-def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """The τ grid: given thresholds, or quantiles of |y| over a pilot pass.
+def threshold_grid(cfg: FilteredConfig, pilot: Pilot, outputs: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The τ grid: given thresholds, or quantiles of |y| over the pilot pass (``pilot``: see
+    :class:`.build.FamilyContext`).
 
     Returns ``(tau, quantiles)``; ``quantiles`` is None when τ was given. For a source with
     ``m`` outputs and quantiles, ``tau`` has shape (m, T): the quantiles of each ``|A_j|``.
@@ -29,7 +29,7 @@ def threshold_grid(cfg: FilteredConfig, source: Source, seed: int) -> tuple[np.n
     if cfg.thresholds is not None:
         return np.asarray(cfg.thresholds, dtype=np.float64), None
     q = np.asarray(cfg.quantiles, dtype=np.float64)
-    scores = pilot_scores(source, seed, cfg.pilot_samples, label_scores(source, lambda x, y: np.abs(y)))
+    scores = pilot_scores(pilot(cfg.pilot_samples), label_scores(outputs, lambda x, y: np.abs(y)))
     if scores.ndim == 1:
         return np.quantile(scores, q), q
     # one output at a time, on the same contiguous 1-d arrays as for a scalar source
@@ -83,7 +83,7 @@ class FilteredMoments(Family):
             arrays = ctx.stored(cls.name)
             tau, q = arrays["tau"], arrays.get("quantile")
         else:
-            tau, q = threshold_grid(section, cast(Source, ctx.source), ctx.cfg.seed)
+            tau, q = threshold_grid(section, drawn(ctx.pilot), ctx.outputs)
         d = ctx.d
         return ctx.per_output(lambda j: FilteredMoments(d, of_output(tau, j, 1), of_output(q, j, 1)))
 

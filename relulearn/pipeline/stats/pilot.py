@@ -4,33 +4,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
-
-from ..sources import Source, check_finite, label_outputs, pilot_batches
 
 __all__ = ["pilot_scores", "label_scores"]
 
 
 def pilot_scores(
-    source: Source, seed: int, n: int, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    batches: Iterable[tuple[np.ndarray, np.ndarray]], score: Callable[[np.ndarray, np.ndarray], np.ndarray]
 ) -> np.ndarray:
-    """``score(x, y)`` (shape (..., rows)) over the pilot pass, concatenated along rows."""
-    parts, row = [], 0
-    for x, y in pilot_batches(source, seed, n):
-        check_finite(x, y, None, row)
-        parts.append(score(x, y))
-        row += len(y)
-    return np.concatenate(parts, axis=-1)
+    """``score(x, y)`` (shape (..., rows)) over the pilot pass's ``batches``, concatenated along rows."""
+    return np.concatenate([score(x, y) for x, y in batches], axis=-1)
 
 
 def label_scores(
-    source: Source, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    outputs: int | None, score: Callable[[np.ndarray, np.ndarray], np.ndarray]
 ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """``score`` of a scalar label, applied to every output of a vector source and stacked
-    along a leading ``output`` axis; ``score`` itself for a scalar source."""
-    m = label_outputs(source)
+    """``score`` of a scalar label, applied to each of the ``outputs`` of a label vector and stacked along a
+    leading ``output`` axis; ``score`` itself for a scalar label (``outputs`` None)."""
+    m = outputs
     if m is None:
         return score
     return lambda x, y: np.stack([score(x, y[:, j]) for j in range(m)])

@@ -4,15 +4,14 @@ projected off it; the checks of its basis and candidates and its τ grid, which 
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from ...config import ResidualConfig
 from ...network import Network
-from ..sources import Source
 from .base import Statistic, Var
-from .build import FamilyContext
+from .build import FamilyContext, Pilot, drawn
 from .family import Family
 from .filtered import binned_gram, suffix_sums
 from .per_output import of_output
@@ -67,7 +66,11 @@ def residual_setup(cfg: ResidualConfig, d: int, where: str = "statistics.residua
 
 
 def residual_grid(
-    cfg: ResidualConfig, source: Source, seed: int, basis: np.ndarray, candidates: list[Network]
+    cfg: ResidualConfig,
+    pilot: Pilot,
+    outputs: int | None,
+    basis: np.ndarray,
+    candidates: list[Network],
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """The τ grid per candidate, shape (C, T): given thresholds, or quantiles of each
     candidate's |residual| over the pilot pass (then (m, C, T) for a source with m outputs)."""
@@ -79,7 +82,7 @@ def residual_grid(
         return residual_scores(y, x @ basis.T, candidates)
 
     q = np.asarray(cfg.quantiles, dtype=np.float64)
-    all_scores = pilot_scores(source, seed, cfg.pilot_samples, label_scores(source, scores))
+    all_scores = pilot_scores(pilot(cfg.pilot_samples), label_scores(outputs, scores))
     if all_scores.ndim == 2:
         return np.quantile(all_scores, q, axis=1).T.copy(), q
     return np.stack([np.quantile(s, q, axis=1).T.copy() for s in all_scores]), q
@@ -134,7 +137,7 @@ class ResidualFilteredMoments(Family):
             arrays = ctx.stored(cls.name)
             tau, q = arrays["tau"], arrays.get("quantile")
         else:
-            tau, q = residual_grid(section, cast(Source, ctx.source), ctx.cfg.seed, basis, nets)
+            tau, q = residual_grid(section, drawn(ctx.pilot), ctx.outputs, basis, nets)
         return ctx.per_output(
             lambda j: ResidualFilteredMoments(d, basis, nets, of_output(tau, j, 2), of_output(q, j, 1))
         )

@@ -38,9 +38,9 @@ import numpy as np
 from ... import hermite
 from ...config import SKETCH_DEFAULT_RANK, RunConfig, SketchConfig, check_sketch_rank
 from ...network import Network
-from ..sources import Source, Stream, generator
+from ..batches import Stream, generator
 from .base import Statistic, Var
-from .build import FamilyContext
+from .build import FamilyContext, Pilot, drawn
 from .contracted import direction_bank
 from .expansion import low_rank_expansion
 from .family import Family
@@ -175,7 +175,7 @@ class SketchMoments(Family):
     def from_config(cls, section: SketchConfig, ctx: FamilyContext) -> Statistic:
         """The ``sketch`` section's statistic: Ω, its direction bank and τ grids resolved once
         (:func:`sketch_setup`), then one statistic per output."""
-        setup = sketch_setup(section, ctx.cfg, ctx.source, ctx.stored(cls.name) if ctx.stored else None)
+        setup = sketch_setup(section, ctx.cfg, ctx.pilot, ctx.outputs, ctx.stored(cls.name) if ctx.stored else None)
         return ctx.per_output(setup.statistic)
 
     @classmethod
@@ -527,7 +527,11 @@ class SketchSetup:
 
 
 def sketch_setup(
-    section: SketchConfig, cfg: RunConfig, source: Source | None, stored: Mapping[str, np.ndarray] | None = None
+    section: SketchConfig,
+    cfg: RunConfig,
+    pilot: Pilot | None,
+    outputs: int | None,
+    stored: Mapping[str, np.ndarray] | None = None,
 ) -> SketchSetup:
     """Resolve a ``statistics.sketch`` section: the test matrix, direction bank and τ grid drawn from
     the run's seed (the τ grid from one pilot pass), or read from ``stored`` (the committed group) on
@@ -554,7 +558,7 @@ def sketch_setup(
         if stored:
             tau, q = stored["tau"], stored.get("quantile")
         else:
-            tau, q = threshold_grid(section.filtered, cast(Source, source), cfg.seed)
+            tau, q = threshold_grid(section.filtered, drawn(pilot), outputs)
     expansion = None
     if section.second is not None and section.second.expansion is not None:
         expansion = low_rank_expansion(section.second.expansion, d, "statistics.sketch.second")
@@ -564,6 +568,6 @@ def sketch_setup(
         if stored:
             r_tau, r_q = stored["residual_tau"], stored.get("residual_quantile")
         else:
-            r_tau, r_q = residual_grid(section.residual, cast(Source, source), cfg.seed, rb, nets)
+            r_tau, r_q = residual_grid(section.residual, drawn(pilot), outputs, rb, nets)
         residual = (rb, nets, np.asarray(r_tau, dtype=np.float64), r_q)
     return SketchSetup(omega, is_basis, section.second is not None, expansion, contracted, tau, q, residual)
