@@ -110,14 +110,20 @@ def _outputs_slices(om: Arrays) -> Slices:
 def _complete_slices(outputs: list[dict], passed: list[dict]) -> Slices:
     """Order 2 of each output (first pass) and each (order, direction) of the higher-order pass, d × d: a pass of
     the full ``contracted`` family (stores made before the pass was estimated in the subspace)."""
+    order2 = [_order2(arrays) for arrays in outputs]
+    return _slices(order2, passed, len(order2[0][0]))
+
+
+def _slices(order2: list[tuple[np.ndarray, np.ndarray]], passed: list[dict], dim: int) -> Slices:
+    """The slices of ``order2`` (each output's ``T_2`` and its standard errors) and of each output's pass
+    (``passed``: its (order, direction) pairs of order ≥ 3), in coordinates of dimension ``dim``."""
     mats, ses, out_of, order_of, conts = [], [], [], [], []
-    for j, arrays in enumerate(outputs):
-        m2, s2 = _order2(arrays)
+    for j, (m2, s2) in enumerate(order2):
         mats.append(m2)
         ses.append(s2)
         out_of.append(j)
         order_of.append(2)
-        conts.append(np.zeros((0, len(m2))))
+        conts.append(np.zeros((0, dim)))
     for j, arrays in enumerate(passed):
         mat, se, order, cont = _pass_pairs(arrays)
         mats += mat
@@ -140,24 +146,13 @@ def _projected_slices(outputs: list[dict], passed: list[dict]) -> tuple[Slices, 
     it may differ from ``B`` by a rotation without changing the slices' weights. Lifting the k × k standard
     errors to d × d instead would not be right: an entry's standard error does not transform linearly."""
     basis = np.asarray(passed[0]["basis"], dtype=np.float64)
-    mats, ses, out_of, order_of, conts = [], [], [], [], []
-    k = len(basis)
-    for j, arrays in enumerate(outputs):
+    order2 = []
+    for arrays in outputs:
         m2, s2 = _order2(arrays)
-        mats.append(basis @ m2 @ basis.T)
-        ses.append(np.sqrt(np.einsum("ad,de,be->ab", basis**2, s2**2, basis**2, optimize=True)))
-        out_of.append(j)
-        order_of.append(2)
-        conts.append(np.zeros((0, k)))
-    for j, arrays in enumerate(passed):
-        mat, se, order, cont = _pass_pairs(arrays)
-        mats += mat
-        ses += se
-        out_of += [j] * len(mat)
-        order_of += order
-        conts += cont
-    sl = Slices(np.asarray(mats), np.asarray(ses), np.asarray(out_of), np.asarray(order_of), tuple(conts), False)
-    return sl, basis
+        order2.append(
+            (basis @ m2 @ basis.T, np.sqrt(np.einsum("ad,de,be->ab", basis**2, s2**2, basis**2, optimize=True)))
+        )
+    return _slices(order2, passed, len(basis)), basis
 
 
 def _pass_pairs(arrays: dict) -> tuple[list, list, list, list]:
