@@ -8,11 +8,11 @@ from typing import Any
 
 from ..config import RunConfig, load_config
 from ..estimators.base import method_entry, sketchable
-from ..methods import METHODS
+from ..methods import METHODS, OPTIONS
 from ..pipeline.run import estimate as _estimate
 from ..storage import RunStore, StoreError
 from .execution import Where, samples_to_run, working
-from .keywords import checked_options, split_keywords, takes_keywords
+from .keywords import checked_options, refuse_unknown, split_keywords, takes_keywords
 from .learning import check_setting, learn_with, setting_source
 from .runs import planned_workers
 
@@ -209,6 +209,11 @@ def plan(
     """
     from .planning import measured_plan
 
+    if method is None and (method_options or width is not None):
+        given = ", ".join(sorted([*method_options, *(["width"] if width is not None else [])]))
+        raise TypeError(f"plan() takes method options ({given}) only with a method: plan(config, method, ...)")
+    if method is not None:
+        refuse_unknown("api.plan", method, method_options, list(OPTIONS))
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     n_workers = planned_workers(None, workers)
     choose = workers is None  # where fit and estimate would run (a configured scheduler aside)

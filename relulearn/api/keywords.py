@@ -95,17 +95,25 @@ def split_keywords(function: str, method: str, keywords: dict[str, Any]) -> tupl
         For the option of another method (as ``--method`` refuses its flag).
     """
     execution = {f.name for f in fields(Execution)}
+    refuse_unknown(function, method, keywords, [*OPTIONS, *execution])
+    options = checked_options(method, **{k: keywords.get(k) for k in OPTIONS})
+    return options, Execution(**{k: v for k, v in keywords.items() if k in execution})
+
+
+def refuse_unknown(function: str, method: str, keywords: dict[str, Any], valid: list[str]) -> None:
+    """Refuse the first of ``keywords`` not in ``valid``: a :class:`TypeError` naming the closest valid one and the
+    method's options, as Python words an unexpected keyword argument (``function``: its name under
+    ``relulearn``, e.g. ``fit`` or ``api.plan``)."""
     for name in keywords:
-        if name not in OPTIONS and name not in execution:
-            close = difflib.get_close_matches(name, [*OPTIONS, *execution], n=1, cutoff=0.5)
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             taken = ", ".join(["width", *(k for k in METHODS[method].options if k != "width")])
             raise TypeError(
-                f"{function}() got an unexpected keyword argument {name!r}{hint} (--method {method} takes {taken}; "
+                f"{function.rpartition('.')[2]}() got an unexpected keyword argument {name!r}{hint} "
+                f"(--method {method} takes {taken}; "
                 f"see help(relulearn.{function}))"
             )
-    options = checked_options(method, **{k: keywords.get(k) for k in OPTIONS})
-    return options, Execution(**{k: v for k, v in keywords.items() if k in execution})
 
 
 def checked_options(method: str, **given: Any) -> dict[str, Any]:

@@ -239,6 +239,8 @@ def _curve(args: argparse.Namespace) -> dict[str, Any] | int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    if args.method is None and args.width is not None:  # estimate's plan has no width: it was silently ignored
+        raise ValueError("--width is an option of a method's plan: add --method M (relulearn plan CONFIG --method M)")
     result = api.plan(args.config, args.method, samples=args.samples, width=args.width, workers=args.workers)
     if args.json:
         print(json.dumps({k: v for k, v in result.items() if k != "lines"}, indent=2))

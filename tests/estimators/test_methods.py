@@ -90,6 +90,20 @@ def test_fit_learn_and_curve_show_every_option_and_refuse_a_misspelled_keyword_n
         api.learn("no.zarr", depth=2)
 
 
+def test_plan_refuses_a_misspelled_option_and_options_without_a_method_before_reading_the_configuration():
+    """`relulearn.api.plan` checks its method options as fit does (it used to say `--widht applies to --method
+    only`), and refuses method options when it plans an `estimate` (no method), where they would be ignored."""
+    with pytest.raises(TypeError, match=r"plan\(\) got an unexpected keyword argument 'widht'; did you mean "
+                       r"'width'\? .*help\(relulearn\.api\.plan\)"):  # fmt: skip
+        api.plan("no.yaml", "tensor", widht=3)
+    with pytest.raises(TypeError, match=r"plan\(\) takes method options \(depth, width\) only with a method"):
+        api.plan("no.yaml", width=3, depth=2)
+    done = relulearn("plan", ROOT / "examples" / "small.yaml", "--width", "3")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "relulearn: error: --width is an option of a method's plan: add --method M (relulearn plan CONFIG --method M)"
+    ], done.stderr
+
+
 def test_a_declaration_with_an_unknown_option_is_refused():
     with pytest.raises(ValueError, match=r"unknown options \['colour'\]"):
         Method("x", "x", "s", "l", "f", "p", "i", {"colour": "?"}, "XRegressor")
