@@ -26,11 +26,12 @@ estimator class in :mod:`relulearn.regressors`; see the contributing page of the
 from __future__ import annotations
 
 import importlib
+import textwrap
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
 
-__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module", "option_help"]
+__all__ = ["METHODS", "OPTIONS", "Method", "Option", "method_module", "option_help", "parameter_lines"]
 
 
 @dataclass(frozen=True)
@@ -288,6 +289,13 @@ def option_help(name: str) -> str:
         if name in m.options:
             said.setdefault(m.options[name], []).append(m.name)
     return "; ".join(f"{', '.join(names)}: {text}" for text, names in said.items())
+
+
+def parameter_lines(name: str, kind: str, text: str) -> list[str]:
+    """A numpydoc parameter entry: ``name : kind``, then ``text`` wrapped and indented (the parameter lists
+    generated for the Python API and the scikit-learn estimators)."""
+    wrapped = textwrap.wrap(text, 112, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
+    return [f"{name} : {kind}", *wrapped]
 
 
 def method_module(name: str) -> ModuleType:

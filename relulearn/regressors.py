@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import tempfile
-import textwrap
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from .methods import METHODS, OPTIONS
+from .methods import METHODS, OPTIONS, parameter_lines
 
 __all__ = [
     "MomentsRegressor",
@@ -111,19 +110,15 @@ def _docstring(summary: str, method: str) -> str:
     """An estimator's docstring: ``summary``, then its parameters as its method declares them, then its attributes."""
     lines = ["Parameters", "----------"]
     for name, text in METHODS[method].options.items():
-        lines += [f"{name} : {_doc_type(OPTIONS[name].annotation)}", *_wrapped(text)]
+        lines += parameter_lines(name, _doc_type(OPTIONS[name].annotation), text)
     for name, _, annotation, text in _RUN_PARAMETERS:
-        lines += [f"{name} : {_doc_type(annotation)}", *_wrapped(text)]
+        lines += parameter_lines(name, _doc_type(annotation), text)
     return "\n\n".join([inspect.cleandoc(summary), "\n".join(lines), _ATTRIBUTES]) + "\n"
 
 
 def _doc_type(annotation: str) -> str:
     """A parameter's type as numpydoc lists it: ``int, optional`` for ``int | None``."""
     return {"Any": "distributed.Client, optional"}.get(annotation, annotation.replace(" | None", ", optional"))
-
-
-def _wrapped(text: str) -> list[str]:
-    return textwrap.wrap(text, 112, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
 
 
 class _Regressor(RegressorMixin, BaseEstimator):

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import textwrap
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from ..methods import METHODS, OPTIONS, option_help
+from ..methods import METHODS, OPTIONS, option_help, parameter_lines
 from .execution import EXECUTION_HELP, Execution
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -42,16 +41,12 @@ def _option_lines() -> list[str]:
     for name, o in OPTIONS.items():
         kind = "{" + ", ".join(map(repr, o.choices)) + "}" if o.choices else o.annotation.replace(" | None", "")
         kind += ", optional"
-        lines += [f"{name} : {kind}", *_wrapped(f"{option_help(name)}; None: the method's default.")]
+        lines += parameter_lines(name, kind, f"{option_help(name)}; None: the method's default.")
     return lines
 
 
 def _execution_lines() -> list[str]:
-    return [line for name, (kind, text) in EXECUTION_HELP.items() for line in (f"{name} : {kind}", *_wrapped(text))]
-
-
-def _wrapped(text: str) -> list[str]:
-    return textwrap.wrap(text, 112, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False)
+    return [line for name, (kind, text) in EXECUTION_HELP.items() for line in parameter_lines(name, kind, text)]
 
 
 def _with_parameters(doc: str, lines: list[str]) -> str:

@@ -85,4 +85,4 @@ def contracted_sums_of_labels(
     mats -= gp[:, :, None] * vb[:, :, None, :] + vb[:, :, :, None] * gp[:, None, :]
     mats += wc_sum[:, :, None, None] * (gp[:, :, None] * gp[:, None, :])
     vectors = v1 - w2_sum[:, :, None] * gp
-    return 0.5 * (mats + mats.swapaxes(-1, -2)), vectors, scalars.copy()
+    return mats, vectors, scalars.copy()  # exactly symmetric: each term is (products commute)
