@@ -85,9 +85,13 @@ class ArrayReader:
                 out = np.asarray(arr[start:stop])
             else:
                 out = _read_parquet(self.url, self.storage_options, self.stamp, self.columns, start, stop)
-        except (ArrayFileError, ArrayHeaderError, DataChangedError):
+        except DataChangedError:
             raise
         except Exception as err:  # a damaged chunk or page: zarr's codecs and pyarrow raise many kinds
+            if self.stamps:  # a file rewritten in place reads as damaged half-way: the change is the cause
+                check_stamps(self.url, self.storage_options, self.stamps, objects)
+            if isinstance(err, (ArrayFileError, ArrayHeaderError)):
+                raise
             if self.kind == "zarr":
                 raise _damaged_chunk(self.url, arr, keys, err) from None
             raise ArrayFileError(
