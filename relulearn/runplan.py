@@ -252,12 +252,15 @@ class PassSetting:
         )
 
 
-def _candidates(mod: Any, cfg: Any, width: int | None, extra: dict, samples: int) -> dict[str, Route]:
+def _candidates(
+    mod: Any, cfg: Any, width: int | None, extra: dict, samples: int, teacher: int | None = None
+) -> dict[str, Route]:
     """The routes of a method by form (``dense``, and ``sketch`` for a method that may sketch), pilots sized to
-    the run's ``samples``."""
+    the run's ``samples``; the passes the learn asks for shaped by ``width``, else by the ``teacher``'s width."""
     d = cfg.source.d
     # the passes the learn asks for after the first (tensor's second pass), shaped before any sample is drawn
-    asked = tuple(mod.planned_passes(d, width, extra.get("outputs"))) if plans_passes(mod) else ()
+    shape = width if width is not None else teacher
+    asked = tuple(mod.planned_passes(d, shape, extra.get("outputs"))) if plans_passes(mod) else ()
     out = {"dense": Route(size_pilots(mod.required_statistics(d, width, **extra), samples, d), asked=asked)}
     if sketchable(mod):
         sketched = size_pilots(mod.required_statistics(d, width, **dict(extra, sketched=True)), samples, d)
@@ -277,6 +280,7 @@ def plan_run(
     source: SourceCost | None = None,
     outputs: int | None = None,
     choose_where: bool = False,
+    teacher_width: int | None = None,
 ) -> RunPlan:
     """The plan of ``relulearn fit`` (``method`` given) or ``relulearn estimate`` (``method`` None) for ``cfg``:
     the passes ``fit`` runs, each with the statistics it accumulates, its samples and its form.
@@ -313,6 +317,10 @@ def plan_run(
         Choose between this process and a local cluster of ``workers`` (nothing forces either): the plan's
         ``runs_in`` is ``"in process"`` (and its passes projected on one worker) unless the cluster is projected to
         save more than it costs to start (:func:`local_cluster_seconds`).
+    teacher_width
+        The teacher's hidden width where the source tells it (:func:`relulearn.estimators.base.teacher_width`: a
+        planted or file network, an ONNX graph): without ``width``, it shapes the passes the learn asks for and
+        the learn's costs (the statistics of the first pass stay those of ``width``, as ``fit`` runs them).
 
     Raises
     ------
@@ -330,7 +338,9 @@ def plan_run(
         route, choice = _configured_route(cfg), None
         passes = setting.project(route, workers)
     else:
-        route, passes, choice = _chosen_route(setting, method_entry(method), width, dict(extra or {}), workers)
+        route, passes, choice = _chosen_route(
+            setting, method_entry(method), width, dict(extra or {}), workers, teacher_width
+        )
     where, why = "local cluster", None
     ours = len(passes) - len(route.asked)  # the passes before those the learn asks for
     if choose_where:
@@ -341,7 +351,8 @@ def plan_run(
             passes, workers = alone, 1
     notes: tuple[str, ...] = (CONFIGURED_NOTE,) if configured and method is not None else ()
     if method is not None and not configured:
-        notes += tuple(_learn_costs(method_entry(method), cfg, width, setting, dict(extra or {})))
+        shape = width if width is not None else teacher_width
+        notes += tuple(_learn_costs(method_entry(method), cfg, shape, setting, dict(extra or {})))
     plan = RunPlan(method, int(cfg.source.d), setting.samples, workers, tuple(passes), rates, choice, notes, where, why)
     # the memory of a pass the learn asks for is checked when it asks, at the subspace it found (the plan's
     # shapes may be an upper bound: k = d without a width)
@@ -384,10 +395,10 @@ def _configured_route(cfg: Any) -> Route:
 
 
 def _chosen_route(
-    setting: PassSetting, mod: Any, width: int | None, extra: dict, workers: int
+    setting: PassSetting, mod: Any, width: int | None, extra: dict, workers: int, teacher: int | None = None
 ) -> tuple[Route, list[PassPlan], dict | None]:
     """A method's route: each of its forms projected, and the fastest that fits ``run.worker_memory`` chosen."""
-    routes = _candidates(mod, setting.cfg, width, extra, setting.samples)
+    routes = _candidates(mod, setting.cfg, width, extra, setting.samples, teacher)
     projected = {form: setting.project(route, workers) for form, route in routes.items()}
     form, choice = _choose(setting.cfg, mod, width, projected)
     return routes[form], projected[form], choice

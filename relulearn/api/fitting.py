@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig, load_config
-from ..estimators.base import method_entry, sketchable
+from ..estimators.base import method_entry, sketchable, teacher_width
 from ..methods import METHODS, OPTIONS
 from ..pipeline.run import estimate as _estimate
 from ..storage import RunStore, StoreError
@@ -179,6 +179,7 @@ def _plan_fit(
     extra = {k: options.get(k) for k in METHODS[method].fit_options}
     extra.update({k: getattr(setting, k, None) for k in METHODS[method].source_options})
     kw: dict[str, Any] = dict(width=width, workers=workers, extra=extra, outputs=getattr(setting, "outputs", None))
+    kw["teacher_width"] = teacher_width(setting)  # shapes the passes the learn asks for, when the source tells it
     target = -(-int(cfg.samples if samples is None else samples) // cfg.chunk_size) * cfg.chunk_size
     todo = target if store is None or not choose_where else samples_to_run(store, target)
     plan = measured_plan(cfg, method, samples=samples, choose_where=choose_where and todo == target, **kw)

@@ -37,6 +37,7 @@ __all__ = [
     "sketchable",
     "plans_passes",
     "method_entry",
+    "teacher_width",
 ]
 
 Arrays = Mapping[str, np.ndarray]
@@ -241,3 +242,15 @@ def sketchable(entry: MethodEntry) -> TypeGuard[SketchableEntry]:
 def plans_passes(entry: MethodEntry) -> TypeGuard[PlannedPassesEntry]:
     """Whether a method's entry module shapes the passes its learn asks for (it declares ``planned_passes``)."""
     return hasattr(entry, "planned_passes")
+
+
+def teacher_width(source: Any) -> int | None:
+    """The hidden width of a one-hidden-layer teacher the source can say before any sample: a network planted or
+    read from a file (its first weight matrix), or an ONNX model with one activation layer whose width its graph
+    fixes (``hidden_widths``); None for anything else (a callable, a deeper network, data). Planning and the
+    checks made before a run read it; no method learns from it."""
+    net = getattr(source, "network", None)
+    if net is not None:
+        return int(net.weights[0].shape[0]) if net.depth == 1 else None
+    widths = source.hidden_widths() if hasattr(source, "hidden_widths") else None
+    return widths[0] if widths is not None and len(widths) == 1 else None

@@ -295,6 +295,29 @@ class OnnxSource(_BlackBox):
             return None
         return [n.op_type for n in onnx.load_from_string(self.model).graph.node if n.op_type in _ACTIVATIONS]
 
+    def hidden_widths(self) -> list[int | None] | None:
+        """The width of each activation layer's output in graph order (None for one whose width the graph's
+        shapes leave open), read by ONNX shape inference; None where the ``onnx`` package is not installed or the
+        graph's shapes cannot be inferred. What planning reads of a black box; the learn never uses it."""
+        try:
+            import onnx
+            from onnx import shape_inference
+        except ImportError:
+            return None
+        try:
+            graph = shape_inference.infer_shapes(onnx.load_from_string(self.model)).graph
+        except Exception:  # noqa: BLE001 - an exotic graph: its widths are simply not known
+            return None
+        shapes = {v.name: v.type.tensor_type.shape for v in [*graph.value_info, *graph.output]}
+        out: list[int | None] = []
+        for node in graph.node:
+            if node.op_type not in _ACTIVATIONS:
+                continue
+            dims = shapes[node.output[0]].dim if node.output[0] in shapes else []
+            last = dims[-1] if len(dims) else None
+            out.append(int(last.dim_value) if last is not None and last.HasField("dim_value") else None)
+        return out
+
 
 #: ONNX operators that are a network's nonlinearity (one per hidden layer)
 _ACTIVATIONS = {

@@ -535,6 +535,52 @@ def onnx_config(path, d: int = 10, **source) -> dict:
 
 
 @pytest.mark.extra("onnx", "sklearn")
+def test_the_hidden_width_an_onnx_graph_fixes_shapes_the_plan_of_the_passes_the_learn_asks_for(tmp_path):
+    """skl2onnx's graph of a 4-unit MLP and a Gemm graph of 6 units in d = 10 say their widths (ONNX shape
+    inference); tensor's plan without --width then prices its second pass at that width, exactly as with
+    ``width`` given (the first pass is the same either way), and below the upper bound k = d it assumes
+    otherwise."""
+    from relulearn.estimators.base import teacher_width
+    from relulearn.pipeline.blackbox import onnx_source
+
+    mlp_onnx(tmp_path)
+    assert onnx_source(tmp_path / "mlp.onnx", 10, 0.0, None).hidden_widths() == [4]
+    rng = np.random.default_rng(3)
+    onnx_graph(tmp_path, rng.standard_normal((6, 10)), rng.standard_normal((1, 6)))
+    assert teacher_width(onnx_source(tmp_path / "g.onnx", 10, 0.0, None)) == 6
+    cfg = config_from_dict(onnx_config(tmp_path / "g.onnx"))
+    told, given = api.plan(cfg, "tensor"), api.plan(cfg, "tensor", width=6)
+    assert [p["name"] for p in told["passes"]] == ["estimate", "tensor-1"]
+    assert told["passes"][1]["families"] == given["passes"][1]["families"]
+    assert told["passes"][0]["families"] == given["passes"][0]["families"]
+    bound = api.plan(cfg, "tensor", width=10)["passes"][1]["families"][0]["flops_per_sample"]
+    assert told["passes"][1]["families"][0]["flops_per_sample"] < bound
+
+
+@pytest.mark.extra("onnx")
+def test_without_the_lattice_extra_an_onnx_teacher_past_its_equations_is_refused_before_any_sample(
+    tmp_path, monkeypatch
+):
+    """The default install (no fplll) and an ONNX graph of 3d = 36 units in d = 12, its width in the graph
+    only: `plan` and `fit` refuse it in one line naming the extra, and no store is written."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "fpylll", None)  # what `import fpylll` does where it is not installed
+    rng = np.random.default_rng(4)
+    onnx_graph(tmp_path, rng.standard_normal((36, 12)), rng.standard_normal((1, 36)))
+    (tmp_path / "c.yaml").write_text(json.dumps(onnx_config(tmp_path / "g.onnx", 12)))
+    for argv in (
+        ("plan", tmp_path / "c.yaml", "--method", "tensor"),
+        ("fit", tmp_path / "c.yaml", "--store", tmp_path / "s.zarr", "--method", "tensor", "--out", tmp_path / "m"),
+    ):
+        done = relulearn(*argv)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "orienting 36 units" in line and "pip install 'relulearn[wide]'" in line, line
+    assert not (tmp_path / "s.zarr").exists()
+
+
+@pytest.mark.extra("onnx", "sklearn")
 def test_a_scikit_learn_mlp_exported_to_onnx_is_extracted_to_its_float32_rounding(client, tmp_path):
     """The float32 model sees float32 inputs and answers in float32; the network learned from its answers
     matches the model's float64 weights to that rounding: parameter error ≤ 1e-6, test error ≤ 1e-10."""

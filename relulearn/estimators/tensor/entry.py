@@ -63,6 +63,7 @@ from ..base import (
     Samples,
     configured_lack,
     section_get,
+    teacher_width,
 )
 from ..polish.streamed import MAX_PASSES as REFINE_PASSES
 from ..spectral import stage as spectral
@@ -122,12 +123,9 @@ def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> 
             f"{len(acts)} activation layer(s) ({', '.join(acts) or 'none'}): use --method filtered-pca for deep ReLU "
             "networks, --method polynomial for other activations"
         )
-    check_width(options.get("width"), source.d)
-    if net is not None and options.get("width") is None:
-        check_width(int(net.weights[0].shape[0]), source.d)
-    _check_orientation(
-        options.get("width") or (None if net is None else int(net.weights[0].shape[0])), source.d, outputs or 1
-    )
+    width = options.get("width") or teacher_width(source)  # a teacher's own width is checked up front too
+    check_width(width, source.d)
+    _check_orientation(width, source.d, outputs or 1)
     return options
 
 
