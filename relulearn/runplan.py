@@ -27,9 +27,11 @@ from .config import ConfigError
 from .estimators.base import method_entry, plans_passes, sketchable
 from .pipeline.cost import Rates, SourceCost, counted_source_cost
 from .pipeline.projection import PassPlan, format_bytes, format_seconds, project_pass, seconds_split
+from .pipeline.stats.work import Work
 
 __all__ = [
     "RunPlan",
+    "LearnPlan",
     "PassSetting",
     "Route",
     "plan_run",
@@ -42,6 +44,39 @@ __all__ = [
 
 class TooLongError(ConfigError):
     """A run projected to take longer than ``run.max_hours``: refused before any work."""
+
+
+#: seconds of one numpy call's fixed cost (argument checks, dispatch, a small temporary): what a step of many
+#: calls on small arrays costs beyond its flops and bytes
+CALL_SECONDS = 5e-6
+
+
+@dataclass(frozen=True)
+class LearnPlan:
+    """The learn's own steps after the passes, priced: per step its name, what it does in words, the projected
+    seconds of one repetition, and its repetitions expected (an exact recovery's usual way) and at most
+    (:class:`relulearn.estimators.base.LearnStep`)."""
+
+    steps: tuple[tuple[str, str, float, int, int], ...]
+
+    @property
+    def seconds(self) -> float:
+        """Projected seconds of the steps an exact recovery usually takes."""
+        return float(sum(each * expected for _, _, each, expected, _ in self.steps))
+
+    @property
+    def seconds_max(self) -> float:
+        """Projected seconds with every step at its bound."""
+        return float(sum(each * most for _, _, each, _, most in self.steps))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "seconds": self.seconds,
+            "seconds_max": self.seconds_max,
+            "steps": [
+                {"name": n, "words": w, "seconds_each": e, "expected": x, "most": m} for n, w, e, x, m in self.steps
+            ],
+        }
 
 
 @dataclass(frozen=True)
@@ -63,6 +98,8 @@ class RunPlan:
     #: ``runs_in_reason`` says why, when the planner chose
     runs_in: str = "local cluster"
     runs_in_reason: str | None = None
+    #: the learn's own steps after the passes, priced (a method that states them; None: not projected)
+    learn: LearnPlan | None = None
 
     @property
     def statistics(self) -> dict:
@@ -71,12 +108,16 @@ class RunPlan:
 
     @property
     def projected_seconds(self) -> float:
-        """Wall time of the passes that always run (the learn's own computation is not projected)."""
-        return float(sum(p.projected_seconds for p in self.passes if not p.optional))
+        """Wall time of the passes that always run and of the learn's steps as an exact recovery usually takes
+        them (:attr:`learn`; a method that states none: the passes alone)."""
+        learn = self.learn.seconds if self.learn is not None else 0.0
+        return float(sum(p.projected_seconds for p in self.passes if not p.optional)) + learn
 
     @property
     def projected_seconds_max(self) -> float:
-        return float(sum(p.projected_seconds for p in self.passes))
+        """Wall time with every optional pass and every learn step at its bound."""
+        learn = self.learn.seconds_max if self.learn is not None else 0.0
+        return float(sum(p.projected_seconds for p in self.passes)) + learn
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,6 +135,7 @@ class RunPlan:
             "notes": list(self.notes),
             "runs_in": self.runs_in,
             "runs_in_reason": self.runs_in_reason,
+            "learn": None if self.learn is None else self.learn.to_dict(),
         }
 
     def summary(self) -> str:
@@ -139,6 +181,7 @@ class RunPlan:
                 f"{name:<{wn}}{fams:<{wf}}{gflop:>13.3g}{format_bytes(p.worker_bytes):>12}"
                 f"{format_seconds(p.projected_seconds):>12}"
             )
+        out += self._learn_lines()
         total = f"{format_seconds(self.projected_seconds)}"
         if self.projected_seconds_max > self.projected_seconds:
             total += f" (up to {format_seconds(self.projected_seconds_max)}; * runs only if the method asks)"
@@ -159,7 +202,24 @@ class RunPlan:
         if self.runs_in_reason is not None:
             out.append(f"runs {self.runs_in} — {self.runs_in_reason}")
         out += [f"note: {n}" for n in self.notes]
-        out.append("learning after the passes is not projected")
+        if self.learn is None and self.method is not None:
+            out.append("learning after the passes is not projected")
+        return out
+
+    def _learn_lines(self) -> list[str]:
+        """The learn's steps as rows under the passes: repetitions expected (and at most), and their time."""
+        if self.learn is None:
+            return []
+        rows = [
+            (name, f"{expected} (≤ {most})", each * expected, each * most)
+            for name, _, each, expected, most in self.learn.steps
+        ]
+        wn = max([len("learn step"), *(len(r[0]) for r in rows)]) + 2
+        head = f"{'learn step':<{wn}}{'repetitions':>14}{'projected':>12}{'at most':>12}"
+        out = ["", head, "-" * len(head)]
+        for name, reps, expected, most in rows:
+            shown = format_seconds(expected) if expected > 0 else "-"
+            out.append(f"{name:<{wn}}{reps:>14}{shown:>12}{format_seconds(most):>12}")
         return out
 
 
@@ -342,6 +402,7 @@ def plan_run(
             setting, method_entry(method), width, dict(extra or {}), workers, teacher_width
         )
     where, why = "local cluster", None
+    learn: LearnPlan | None = None
     ours = len(passes) - len(route.asked)  # the passes before those the learn asks for
     if choose_where:
         alone = setting.project(route, 1)
@@ -353,7 +414,10 @@ def plan_run(
     if method is not None and not configured:
         shape = width if width is not None else teacher_width
         notes += tuple(_learn_costs(method_entry(method), cfg, shape, setting, dict(extra or {})))
-    plan = RunPlan(method, int(cfg.source.d), setting.samples, workers, tuple(passes), rates, choice, notes, where, why)
+        learn = _learn_plan(method_entry(method), shape, setting, dict(extra or {}), workers)
+    plan = RunPlan(
+        method, int(cfg.source.d), setting.samples, workers, tuple(passes), rates, choice, notes, where, why, learn
+    )
     # the memory of a pass the learn asks for is checked when it asks, at the subspace it found (the plan's
     # shapes may be an upper bound: k = d without a width)
     _check_memory(replace(plan, passes=plan.passes[:ours]))
@@ -402,6 +466,33 @@ def _chosen_route(
     projected = {form: setting.project(route, workers) for form, route in routes.items()}
     form, choice = _choose(setting.cfg, mod, width, projected)
     return routes[form], projected[form], choice
+
+
+def _learn_plan(mod: Any, width: int | None, setting: PassSetting, extra: dict, workers: int) -> LearnPlan | None:
+    """The learn's steps as the method states them (:class:`relulearn.estimators.base.LearnStep`), priced: work on
+    the driver by this machine's rates (one core) and :data:`CALL_SECONDS` per numpy call; a step that samples as
+    a pass over its samples on the run's ``workers``. None for a method that states no steps."""
+    if not hasattr(mod, "learn_steps"):
+        return None
+    d = int(setting.cfg.source.d)
+    priced = []
+    for step in mod.learn_steps(d, width, extra.get("outputs", setting.outputs), setting.samples):
+        if step.statistics is not None:
+            each = project_pass(
+                setting.cfg,
+                setting.rates,
+                workers=workers,
+                samples=step.samples,
+                statistics=step.statistics,
+                name=step.name,
+                source=setting.source,
+                outputs=setting.outputs,
+            ).projected_seconds
+        else:
+            work = Work(step.gemm, stream=step.stream, fresh=step.fresh)
+            each = setting.rates.seconds(work) + step.calls * CALL_SECONDS
+        priced.append((step.name, step.words, float(each), int(step.expected), int(step.most)))
+    return LearnPlan(tuple(priced))
 
 
 def _learn_costs(mod: Any, cfg: Any, width: int | None, setting: PassSetting, extra: dict) -> list[str]:

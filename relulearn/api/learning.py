@@ -100,15 +100,14 @@ def learn_with(
             break
         url = _pass_url(store, result.name, result.statistics)
         pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
-        when = (projected or {}).get(result.name)
-        if progress is not None:
-            print(
-                f"pass '{result.name}': {result.reason}"
-                + (f" (projected {format_seconds(when)})" if when is not None else ""),
-                file=progress,
-            )
+        planned = (projected or {}).get(result.name)
+        alone, on = _pass_seconds(pass_cfg, run.samples, where.workers, outputs)
         if where.may_start:  # a local cluster only where this pass pays for its start
-            where.for_pass(*_pass_seconds(pass_cfg, run.samples, where.workers, outputs))
+            where.for_pass(alone, on)
+        # projected again at the shapes the pass really has (the plan's may be bounds: k = d without a width)
+        when = alone if where.client is None else on
+        if progress is not None:
+            print(f"pass '{result.name}': {result.reason} ({_moved(when, planned)})", file=progress)
         # a pass is a store of its own, written under its own lease
         summary = _estimate(
             pass_cfg,
@@ -141,6 +140,17 @@ def learn_with(
     }
     _record_learn(store, done, net)
     return done
+
+
+#: a pass re-projected this far (as a ratio) from the plan's projection is said to have moved
+MOVED = 1.3
+
+
+def _moved(now: float, planned: float | None) -> str:
+    """The words of a pass's projection: where it moved from the plan's (past :data:`MOVED` either way), both."""
+    if planned is None or planned <= 0 or 1 / MOVED <= now / planned <= MOVED:
+        return f"projected {format_seconds(now)}"
+    return f"projected {format_seconds(now)} at the shapes it has; the plan said {format_seconds(planned)}"
 
 
 def _pass_seconds(cfg: RunConfig, samples: int, workers: int, outputs: int | None) -> tuple[float, float]:

@@ -38,6 +38,7 @@ __all__ = [
     "plans_passes",
     "method_entry",
     "teacher_width",
+    "LearnStep",
 ]
 
 Arrays = Mapping[str, np.ndarray]
@@ -224,6 +225,35 @@ class PlannedPassesEntry(MethodEntry, Protocol):
     def learn_costs(self, d: int, width: int | None = None, outputs: int | None = None, samples: int = 0) -> list[str]:
         """The learn's own costs after the passes, in words (the plan's notes)."""
         ...
+
+    def learn_steps(
+        self, d: int, width: int | None = None, outputs: int | None = None, samples: int = 0
+    ) -> list[LearnStep]:
+        """The learn's own steps after the passes, for the plan to price (:class:`LearnStep`)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LearnStep:
+    """One step of a learn after its passes, as the planner prices it (:mod:`relulearn.runplan`): ``expected``
+    repetitions on the way an exact recovery usually goes, ``most`` at most (0: the step runs only when the
+    first result falls short).
+
+    A step is either work on the driver, per repetition ``gemm`` (flops by product size), ``stream`` (bytes
+    worked in place), ``fresh`` (bytes written into new arrays) and ``calls`` (numpy calls, whose fixed cost
+    matters for small arrays); or a pass over ``samples`` fresh samples of the source accumulating
+    ``statistics`` (a section as :func:`relulearn.runplan.plan_run` projects one), priced as a pass is."""
+
+    name: str
+    expected: int
+    most: int
+    gemm: tuple[tuple[float, int], ...] = ()
+    stream: float = 0.0
+    fresh: float = 0.0
+    calls: int = 0
+    statistics: dict | None = None
+    samples: int = 0
+    words: str = ""
 
 
 def method_entry(name: str) -> MethodEntry:

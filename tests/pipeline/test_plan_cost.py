@@ -250,7 +250,8 @@ def test_the_tensor_plan_projects_the_second_pass_in_the_subspace(d, width, m, k
     assert second.families[0].partial_bytes == 8 * sum(
         sums_entries({"projected_contracted": _tensor_section(d, k, m)}, d, m)["projected_contracted"]
     )
-    assert plan.projected_seconds == pytest.approx(sum(p.projected_seconds for p in plan.passes))
+    passes = sum(p.projected_seconds for p in plan.passes)
+    assert plan.learn is not None and plan.projected_seconds == pytest.approx(passes + plan.learn.seconds)
 
 
 def test_the_tensor_plan_projects_the_full_hermite_tensors_for_a_width_past_d_and_no_pass_on_the_outputs_route():
@@ -267,7 +268,8 @@ def test_the_tensor_plan_projects_the_full_hermite_tensors_for_a_width_past_d_an
 def test_where_the_tensor_run_goes_is_chosen_by_its_first_pass_and_the_plan_states_the_learns_costs():
     """The learn chooses where its own pass runs (a cluster only for one that pays for its start): the plan's
     choice of this process or a local cluster is the first pass's, as before the second pass was projected; the
-    notes state the learn's bounded sample and, with one output, the refinement's passes over the samples."""
+    notes state the learn's bounded sample and, with one output, the refinement's passes over the samples; the
+    learn's steps are priced and added to the passes' time (the refinement only to the bound)."""
     cfg = cfg_of(40, 2_000_000)
     plan = plan_run(cfg, "tensor", workers=2, rates=RATES, choose_where=True)
     first = plan_run(
@@ -279,10 +281,17 @@ def test_where_the_tensor_run_goes_is_chosen_by_its_first_pass_and_the_plan_stat
     )
     assert [p.name for p in plan.passes] == ["estimate", "tensor-1"]
     assert (plan.runs_in, plan.runs_in_reason) == (first.runs_in, first.runs_in_reason)
-    assert any(
-        n.startswith("the learn after the passes (not projected) draws 86,050 bounded samples") for n in plan.notes
-    )
+    assert any(n.startswith("the learn after the passes draws 86,050 bounded samples") for n in plan.notes)
     assert any("up to 40 passes over the 2,000,000 samples" in n for n in plan.notes)
+    learn = plan.learn
+    assert learn is not None and [s[0] for s in learn.steps] == ["decomposition", "polish", "refinement"]
+    passes = sum(p.projected_seconds for p in plan.passes)
+    assert plan.projected_seconds == pytest.approx(passes + learn.seconds, rel=1e-12)
+    assert plan.projected_seconds_max == pytest.approx(passes + learn.seconds_max, rel=1e-12)
+    refinement = learn.steps[2]
+    assert refinement[3] == 0 and refinement[4] == 40 and learn.seconds_max > learn.seconds + 39 * refinement[2]
+    assert any(line.startswith("polish ") for line in plan.lines())
+    assert "learning after the passes is not projected" not in plan.lines()
 
 
 def test_the_memory_of_the_tensor_second_pass_is_left_to_the_learn_that_knows_its_subspace(monkeypatch):

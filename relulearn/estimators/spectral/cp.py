@@ -126,16 +126,45 @@ def _als(s: np.ndarray, b: np.ndarray, sweeps: int) -> np.ndarray:
     symmetrised factor ``(B + C)/2`` (columns sign-aligned, unit norm).
 
     Each update solves its normal equations: the Gram of a Khatri–Rao product is the Hadamard product of the
-    factors' Grams (``(B ⊙ C)ᵀ(B ⊙ C) = BᵀB ∗ CᵀC``), so a sweep costs ``O(m k³)``, not a least-squares
-    solve of a ``k² × k`` or ``mk × k`` design."""
+    factors' Grams (``(B ⊙ C)ᵀ(B ⊙ C) = BᵀB ∗ CᵀC``), and each right-hand side is one GEMM with the slices
+    unfolded as ``m × k²``: ``α``'s against the columns ``vec(b_i c_iᵀ)``, and the sums ``M_i = Σ_j α_ji S_j``
+    that both factors' right-hand sides (``M_i c_i``, ``M_iᵀ b_i``) read. With more slices than ``k²`` the
+    unfolding is replaced by the ``R`` of its QR factorisation first: ``α`` lies in the unfolding's column
+    space, so every iterate is the same in exact arithmetic, at ``k²`` rows instead of ``m``."""
+    m, k, _ = s.shape
+    if m <= k:  # few slices: the sums M_i (k³ numbers) would cost more than the slices' products
+        return _als_few(s, b, sweeps)
+    flat = s.reshape(m, k * k)
+    if m > k * k:
+        flat = np.asarray(np.linalg.qr(flat, mode="r"))
+    bb, cc = b.copy(), b.copy()
+    r = b.shape[1]
+    for _ in range(sweeps):
+        kr = (bb[:, None, :] * cc[None, :, :]).reshape(k * k, r)  # column i: vec(b_i c_iᵀ), row-major as S_j
+        alpha = _solve_gram(flat @ kr, (bb.T @ bb) * (cc.T @ cc))
+        sums = (alpha.T @ flat).reshape(r, k, k)  # M_i = Σ_j α_ji S_j
+        bb = _solve_gram((sums @ cc.T[:, :, None])[:, :, 0].T, (alpha.T @ alpha) * (cc.T @ cc))
+        cc = _solve_gram((bb.T[:, None, :] @ sums)[:, 0, :].T, (alpha.T @ alpha) * (bb.T @ bb))
+        bb, cc = _unit_columns(bb), _unit_columns(cc)
+    return _symmetrised(bb, cc)
+
+
+def _als_few(s: np.ndarray, b: np.ndarray, sweeps: int) -> np.ndarray:
+    """:func:`_als` for at most ``k`` slices: the right-hand sides from the products ``S_j C`` (one GEMM per
+    slice serves both ``α``'s and ``B``'s), ``O(m k³)`` a sweep without forming the k sums ``M_i``."""
     bb, cc = b.copy(), b.copy()
     st = np.ascontiguousarray(s.transpose(0, 2, 1))
     for _ in range(sweeps):
-        sc = s @ cc  # (m, k, r): one GEMM per slice serves both the weights' and B's right-hand sides
+        sc = s @ cc  # (m, k, r)
         alpha = _solve_gram(np.sum(bb[None] * sc, axis=1), (bb.T @ bb) * (cc.T @ cc))
         bb = _solve_gram(np.einsum("jai,ji->ai", sc, alpha), (alpha.T @ alpha) * (cc.T @ cc))
         cc = _solve_gram(np.einsum("jbi,ji->bi", st @ bb, alpha), (alpha.T @ alpha) * (bb.T @ bb))
         bb, cc = _unit_columns(bb), _unit_columns(cc)
+    return _symmetrised(bb, cc)
+
+
+def _symmetrised(bb: np.ndarray, cc: np.ndarray) -> np.ndarray:
+    """``(B + C)/2`` with each pair of columns sign-aligned first, unit columns."""
     sign = np.sign(np.sum(bb * cc, axis=0))
     return _unit_columns(bb + np.where(sign == 0, 1.0, sign) * cc)
 

@@ -57,6 +57,7 @@ from ...errors import MissingDependencyError
 from ..base import (
     Arrays,
     LearnResult,
+    LearnStep,
     MissingStatisticError,
     NoSignalError,
     PassRequest,
@@ -70,7 +71,7 @@ from ..spectral import stage as spectral
 from ..spectral.signal import no_signal
 from ..spectral.stored_matrices import matrices_from_store
 from ..spectral.subspace_geometry import directions_in_subspace
-from . import lifted
+from . import costs, lifted
 from .finish import _finish
 from .orient import ENUMERATE_FREE, LATTICE_EXTRA, lattice_available, needs_lattice
 from .outputs import _learn_outputs
@@ -94,6 +95,7 @@ __all__ = [
     "required_statistics",
     "planned_passes",
     "learn_costs",
+    "learn_steps",
     "learn",
     "lacks",
 ]
@@ -173,15 +175,21 @@ def planned_passes(d: int, width: int | None = None, outputs: int | None = None)
     return [("tensor-1", {"projected_contracted": section}, False)]
 
 
+def learn_steps(d: int, width: int | None = None, outputs: int | None = None, samples: int = 0) -> list[LearnStep]:
+    """The learn's own steps after the passes, for the plan to price (:func:`.tensor.costs.learn_steps`)."""
+    return costs.learn_steps(d, width, outputs, samples)
+
+
 def learn_costs(d: int, width: int | None = None, outputs: int | None = None, samples: int = 0) -> list[str]:
-    """The learn's own costs after the passes, in words for the plan (not projected: how much of them runs depends
-    on what the passes find): the bounded sample of the polish, the streamed refinement's passes (one output),
-    the residual rounds (widths past d) or the control rounds (the outputs route)."""
+    """The learn's own costs after the passes, in words for the plan: the bounded sample of the polish, the
+    streamed refinement's passes (one output), the residual rounds (widths past d) or the control rounds (the
+    outputs route); their time is projected from :func:`learn_steps`, a range where it depends on what the
+    passes find."""
     m = int(outputs or 1)
     k = int(width or d)
     n_train, n_val = sample_sizes(d, k, m)
     out = [
-        f"the learn after the passes (not projected) draws {n_train + n_val:,} bounded samples for the polish "
+        f"the learn after the passes draws {n_train + n_val:,} bounded samples for the polish "
         f"(width {k}: {k * (d + 1) + m * (k + 1) + m * d:,} unknowns), and more for rarely active units"
     ]
     if outputs_route(d, outputs):

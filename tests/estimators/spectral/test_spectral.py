@@ -509,3 +509,22 @@ def test_joint_range_never_counts_noise_over_many_matrices():
     assert found.rank == r
     assert principal_angles(q, found.basis).max() < 0.1
     assert joint_range(noise, ses).rank == 0
+
+
+@pytest.mark.parametrize("slices, k", [(40, 24), (700, 24), (90, 60)])
+def test_als_on_the_unfolded_slices_takes_the_iterates_of_the_slice_by_slice_form(slices, k):
+    """More slices than k: ALS works on the m × k² unfolding (its QR's R past k² rows), whose iterates are
+    those of the slice-by-slice products in exact arithmetic; on a noisy CP tensor they agree to rounding
+    after 30 sweeps, and recover its factor."""
+    from relulearn.estimators.spectral.cp import _als, _als_few
+
+    rng = np.random.default_rng(slices)
+    factor = np.linalg.qr(rng.standard_normal((k, k)))[0]
+    weights = rng.standard_normal((slices, k))
+    s = np.einsum("ji,ai,bi->jab", weights, factor, factor) + 1e-4 * rng.standard_normal((slices, k, k))
+    s = 0.5 * (s + s.transpose(0, 2, 1))
+    start = np.linalg.qr(factor + 0.05 * rng.standard_normal((k, k)))[0]
+    unfolded, slicewise = _als(s, start, 30), _als_few(s, start, 30)
+    assert np.max(np.abs(unfolded - slicewise)) < 1e-11
+    cos = np.abs(unfolded.T @ factor).max(axis=0)
+    assert np.all(cos > 1 - 1e-6)

@@ -1,0 +1,160 @@
+"""What the tensor method's learn costs after its passes, for the plan (:func:`learn_steps`): the decomposition of
+the slices, the polish on the bounded sample, and the further sampling some routes ask for (residual rounds,
+control rounds, the streamed refinement), each as a :class:`~relulearn.estimators.base.LearnStep` the planner
+prices with this machine's rates.
+
+The counts follow the code they stand for (:mod:`.slices`, :mod:`.finish`, :mod:`.outputs`,
+:mod:`relulearn.estimators.polish`); the repetitions an exact recovery usually takes (``expected``) were
+measured on trained networks (scikit-learn MLPs exported to ONNX, d = 10–50, widths 16–32, 1–10 outputs): the
+affine polish took 5–8 Gauss–Newton steps of 90–110 conjugate-gradient iterations each, and the lifted route's
+polishes ran to their bound before one residual round made the network exact.
+"""
+
+from __future__ import annotations
+
+from ..base import LearnStep
+from ..polish.cg import DENSE_UNKNOWNS, matrix_free
+from ..polish.streamed import MAX_PASSES as REFINE_PASSES
+from . import lifted
+from .finish import RESIDUAL_ROUNDS, RESIDUAL_SAMPLES
+from .outputs import CONTROL_ROUNDS
+from .plan import outputs_route, sample_sizes
+from .slices import DRAWS, LIFTED_DIRECTIONS, STARTS, SWEEPS
+
+__all__ = [
+    "learn_steps",
+    "RESIDUAL_ROUNDS_EXPECTED",
+    "HIGHER_ORDER_COUNT",
+    "GN_STEPS",
+    "GN_STEPS_MOST",
+    "CG_ITERATIONS",
+]
+
+#: residual rounds the lifted route takes (measured: 1 at d = 10, width 32 and at d = 13, width 64 with 10⁸
+#: samples a pass, 3 with 2.5·10⁷; at most :data:`.tensor.finish.RESIDUAL_ROUNDS`)
+RESIDUAL_ROUNDS_EXPECTED = 1
+
+#: orders of the complete route's second pass (:data:`.tensor.entry.HIGHER_ORDERS`: 3, 4, 5, 6)
+HIGHER_ORDER_COUNT = 4
+
+#: Gauss–Newton steps of a polish that ends exact (measured 5–8), and at most (``max_iter``)
+GN_STEPS, GN_STEPS_MOST = 8, 30
+
+#: conjugate-gradient iterations of a matrix-free Gauss–Newton step (measured 90–110 on exact recoveries; at
+#: most :data:`relulearn.estimators.polish.cg.CG_ITER`)
+CG_ITERATIONS = 100
+
+F = 8  # bytes of a float64
+
+
+def learn_steps(d: int, width: int | None = None, outputs: int | None = None, samples: int = 0) -> list[LearnStep]:
+    """The learn's steps after the passes for a network of ``width`` units (None: d, the most the complete route
+    reads) on inputs of dimension ``d`` with ``outputs`` outputs, from a store of ``samples`` samples."""
+    m = int(outputs or 1)
+    k = int(width or d)
+    if outputs_route(d, outputs):
+        control = LearnStep(
+            "control rounds",
+            0,
+            CONTROL_ROUNDS,
+            statistics={"output_moments": {}},
+            samples=samples,
+            words=f"up to {CONTROL_ROUNDS} rounds of {samples:,} fresh samples where T_2 leaves units unresolved",
+        )
+        return [_decomposition(m, k, "decomposition of the outputs' T_2", 1, 1 + CONTROL_ROUNDS), control] + _polish(
+            d, k, m, 1
+        )
+    if k > d and lifted.lifted_route(d):
+        rounds = LearnStep(
+            "residual rounds",
+            RESIDUAL_ROUNDS_EXPECTED,
+            RESIDUAL_ROUNDS,
+            statistics={"hermite": {"max_order": lifted.max_order(d)}},
+            samples=RESIDUAL_SAMPLES,
+            words=f"the tensors of what the network leaves, on {RESIDUAL_SAMPLES:,} fresh samples a round",
+        )
+        each = 1 + RESIDUAL_ROUNDS_EXPECTED, 1 + RESIDUAL_ROUNDS  # the first network's, and each round's
+        steps = [_decomposition(m * (1 + 2 * LIFTED_DIRECTIONS), k, "lifted decomposition", *each), rounds]
+        return steps + _polish(d, k, m, each[0], exact=False) + _refinement(d, k, m, samples)
+    slices = m * (HIGHER_ORDER_COUNT * max(8, 2 * k) + 1)
+    return [_decomposition(slices, k, "decomposition", 1, 1)] + _polish(d, k, m, 1) + _refinement(d, k, m, samples)
+
+
+def _decomposition(slices: int, k: int, words: str, expected: int, most: int) -> LearnStep:
+    """Jennrich's draws and :data:`.slices.STARTS` ALS runs of :data:`.slices.SWEEPS` sweeps on ``slices`` k × k
+    slices (:func:`relulearn.estimators.spectral.cp.decompose`), as one repetition, ``expected`` and at most
+    ``most`` of them (the lifted route decomposes again in each residual round). A sweep of more than k slices
+    is three GEMMs with the unfolding (at most k² rows) and k matrix–vector products with the k × k sums; of
+    fewer, two products per slice and elementwise sums over them."""
+    sweeps, draws = STARTS * SWEEPS, DRAWS + STARTS
+    k3, k2 = float(k) ** 3, float(k) ** 2
+    if slices > k:
+        rows = min(slices, k * k)
+        sweep_flops, stream, fresh = 4.0 * rows * k3, 2.0 * F * k3, 2.0 * F * k3
+        once = 2.0 * slices * k2 * k2 if slices > k * k else 0.0  # the unfolding's QR, once per run
+    else:
+        sweep_flops, stream, fresh = 4.0 * slices * k3, 4.0 * F * slices * k2, 3.0 * F * slices * k2
+        once = 0.0
+    draw_flops = 2.0 * slices * k3 + 30.0 * k3
+    return LearnStep(
+        "decomposition",
+        expected,
+        most,
+        gemm=((sweeps * sweep_flops + STARTS * once + draws * draw_flops, k),),
+        stream=sweeps * stream + draws * 4.0 * F * slices * k2,
+        fresh=sweeps * fresh,
+        calls=sweeps * 20 + draws * 30,
+        words=f"{words}: {slices:,} slices of rank {k}, {STARTS} runs of {SWEEPS} ALS sweeps",
+    )
+
+
+def _polish(d: int, k: int, m: int, rounds: int, exact: bool = True) -> list[LearnStep]:
+    """The polish on the bounded sample's training rows, ``rounds`` networks of it expected: on an exact recovery
+    one affine polish of :data:`GN_STEPS` Gauss–Newton steps (the polish after the orientation is skipped on an
+    exact fit); where the network is not exact yet (``exact`` false: the lifted route before its last residual
+    round), both polishes to their bound :data:`GN_STEPS_MOST`. At most both, to their bound, in every round."""
+    n = sample_sizes(d, k, m)[0]
+    p = k * (d + 1) + m * (k + 1) + m * d
+    # each step's residual on every sample, with backtracking: about two forward passes
+    forward = (2.0 * 2.0 * n * ((d + 1) * k + k * m), k)
+    if m == 1 and p <= DENSE_UNKNOWNS and not matrix_free(p, m):
+        step_gemm: tuple[tuple[float, int], ...] = ((2.0 * n * p * p, p), forward)
+        step_fresh = 2.0 * F * n * p
+        calls = 40
+        how = f"least squares on {n:,} × {p:,}"
+    else:
+        cg = CG_ITERATIONS * (4.0 * n * (d + 1) * k + 4.0 * n * k * m)
+        step_gemm = ((cg, k), forward)
+        step_fresh = CG_ITERATIONS * 6.0 * F * n * k
+        calls = CG_ITERATIONS * 40
+        how = f"conjugate gradients on {n:,} samples"
+    expected = rounds * (GN_STEPS if exact else 2 * GN_STEPS_MOST)
+    most = 2 * GN_STEPS_MOST * (rounds if exact else 1 + RESIDUAL_ROUNDS)
+    return [
+        LearnStep(
+            "polish",
+            expected,
+            most,
+            gemm=step_gemm,
+            fresh=step_fresh,
+            calls=calls,
+            words=f"Gauss–Newton steps of {p:,} unknowns ({how})",
+        )
+    ]
+
+
+def _refinement(d: int, k: int, m: int, samples: int) -> list[LearnStep]:
+    """One output: the streamed refinement, run only when the polish is not exact on its validation samples, of
+    up to :data:`relulearn.estimators.polish.streamed.MAX_PASSES` passes over the store's samples."""
+    if m != 1 or samples <= 0:
+        return []
+    return [
+        LearnStep(
+            "refinement",
+            0,
+            REFINE_PASSES,
+            statistics={},
+            samples=samples,
+            words=f"a streamed refinement, unless the polish is exact: up to {REFINE_PASSES} passes of {samples:,}",
+        )
+    ]
