@@ -5,7 +5,8 @@ For each teacher (an ``MLPRegressor`` trained on a data set scikit-learn ships, 
 skl2onnx in float32, intercepts kept; or a PyTorch network trained on the same data and exported by
 ``torch.onnx``), on ONE shared two-worker ``LocalCluster``:
 
-* relulearn: ``api.fit(config, store, "tensor")`` on the ONNX teacher; the queries it used (both passes, the
+* relulearn: ``api.plan`` and then ``api.fit(config, store, "tensor")`` on the ONNX teacher; the plan's projection
+  of each pass, of the learn and of the whole fit against the measured times; the queries it used (both passes, the
   bounded samples of polish and of the residual rounds, the streamed refinement's passes), its wall time, and
   against the teacher's float64 weights the parameter error (up to permutation and positive rescaling, biases
   and output weights included) and the relative test error on 10⁵ fresh Gaussian inputs;
@@ -47,10 +48,11 @@ TEACHERS = [
     ("wine-8", "wine", 8, 2_000_000, "sklearn"),
     ("wine-16", "wine", 16, 4_000_000, "sklearn"),
     ("wine-32", "wine", 32, 10_000_000, "sklearn"),
-    ("wine-64", "wine", 64, 100_000_000, "sklearn"),
+    ("wine-64", "wine", 64, 20_000_000, "sklearn"),
     ("cancer-16", "breast_cancer", 16, 2_000_000, "sklearn"),
     ("cancer-64", "breast_cancer", 64, 20_000_000, "sklearn"),
     ("torch-wine-24", "wine", 24, 10_000_000, "torch"),
+    ("regression60-24", "regression60", 24, 2_000_000, "outputs"),
     ("digits-128", "digits", 128, 2**20, "digits"),
     ("digits-512", "digits", 512, 2**20, "digits"),
 ]
@@ -152,7 +154,29 @@ def digits_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
     return Network((w[0], w[2]), (w[1], w[3])), path
 
 
-TRAINERS = {"sklearn": trained_teacher, "torch": torch_teacher, "digits": digits_teacher}
+def outputs_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
+    """An MLPRegressor of ``width`` ReLU units on scikit-learn's ``make_regression`` with 60 features and 10
+    targets (standardised), exported as a float32 ``Gemm → Relu → Gemm`` graph (skl2onnx flattens a
+    multi-output MLP's outputs to one column): its float64 network and the ONNX file."""
+    from heldout import onnx_export
+    from sklearn import datasets
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.neural_network import MLPRegressor
+
+    x, y = datasets.make_regression(n_samples=4000, n_features=60, n_targets=10, noise=1.0, random_state=6)
+    x, y = (x - x.mean(axis=0)) / x.std(axis=0), (y - y.mean(axis=0)) / y.std(axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=2000, random_state=0).fit(x, y)
+    net = Network(
+        (mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(), mlp.intercepts_[1].copy())
+    )
+    path = folder / f"{data}-{width}.onnx"
+    onnx_export(net, path)
+    return net, path
+
+
+TRAINERS = {"sklearn": trained_teacher, "torch": torch_teacher, "digits": digits_teacher, "outputs": outputs_teacher}
 
 
 def queries(done: dict[str, Any], outputs: int = 1) -> int:
@@ -195,14 +219,25 @@ def run_relulearn(teacher: Network, onnx: Path, samples: int, client: Any, workd
         "run": {"commit_interval": 1e9},
     }
     store, out = workdir / f"{onnx.stem}.zarr", workdir / f"{onnx.stem}.npz"
+    plan = api.plan(config_from_dict(cfg), "tensor", workers=2)  # on the two workers the fit is given
     t0 = time.perf_counter()
     done = api.fit(config_from_dict(cfg), str(store), "tensor", out=str(out), client=client, progress=None)
     seconds = time.perf_counter() - t0
     rep = done["report"]
+    measured = [{"name": "estimate", "seconds": done["estimate"]["seconds"]}]
+    measured += [{"name": p["name"], "seconds": p["seconds"]} for p in done["passes"]]
     rec = {
         "samples_per_pass": samples,
         "queries": queries(done, teacher.output_dim),
         "seconds": seconds,
+        "plan": {
+            "projected_seconds": plan["projected_seconds"],
+            "projected_seconds_max": plan["projected_seconds_max"],
+            "passes": [{"name": p["name"], "seconds": p["projected_seconds"]} for p in plan["passes"]],
+            "learn": plan["learn"],
+        },
+        "passes": measured,
+        "learn_seconds": seconds - sum(p["seconds"] for p in measured),
         "route": rep["route"],
         "width_found": rep["width_found"],
         "chosen": rep["chosen"],
@@ -314,15 +349,22 @@ def table(result: dict[str, Any]) -> str:
         return "" if v is None else format(v, fmt)
 
     lines = [
-        "| teacher | d | width | relulearn queries | s | param. error | test error | student queries | s "
-        "| param. error | test error |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| teacher | d | width | m | relulearn queries | passes: projected → measured s | s (projected) "
+        "| param. error | test error | student queries | s | param. error | test error |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["teachers"]:
         a, b = r["relulearn"], r["student"]
+        plan = a.get("plan")
+        passes = "not projected (run before the plan was recorded)"
+        if plan is not None:
+            passes = "; ".join(
+                f"{p['name']} {p['seconds']:.0f} → {m['seconds']:.0f}" for p, m in zip(plan["passes"], a["passes"])
+            )
+        projected = "" if plan is None else f" ({plan['projected_seconds']:.0f})"
         lines.append(
-            f"| {r['name']} | {r['d']} | {r['width']} | {f(a.get('queries'), '.2e')} | "
-            f"{f(a.get('seconds'), '.0f')} | {f(a.get('parameter_error'))} | "
+            f"| {r['name']} | {r['d']} | {r['width']} | {r.get('outputs', 1)} | {f(a.get('queries'), '.2e')} | "
+            f"{passes} | {f(a.get('seconds'), '.0f')}{projected} | {f(a.get('parameter_error'))} | "
             f"{f(a.get('relative_test_error'))} "
             f"| {f(b.get('queries'), '.2e')} | {f(b.get('seconds'), '.0f')} | {f(b.get('parameter_error'))} | "
             f"{f(b.get('relative_test_error'))} |"
@@ -353,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             samples = samples // 10 if args.quick else samples
             teacher, onnx = TRAINERS[trainer](data, width, workdir)
             rec = {"name": name, "data": data, "trainer": trainer, "d": teacher.input_dim, "width": width}
+            rec["outputs"] = teacher.output_dim
             rec["relulearn"] = run_relulearn(teacher, onnx, samples, client, workdir)
             rec["student"] = run_student(teacher, onnx, width, rec["relulearn"]["queries"], args.student_seconds)
             result["teachers"].append(rec)

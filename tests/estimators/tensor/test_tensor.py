@@ -3,6 +3,8 @@ contracted Hermite moments of several orders, then polish."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 import yaml
@@ -708,9 +710,13 @@ def test_a_planted_network_at_d_20_is_learned_exactly_from_the_pass_in_the_subsp
         teacher = Network(teacher.weights, None, activation="relu")
     teacher.save(tmp_path / "t.npz")
     cfg = file_config(tmp_path / "t.npz", d, 400_000)
+    said = io.StringIO()
     done = api.fit(
-        config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), progress=None
+        config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), progress=said
     )
+    # the plan read the file's width: the pass it projected is the one the learn asked for (not re-projected)
+    (line,) = [ln for ln in said.getvalue().splitlines() if ln.startswith("pass 'tensor-1'")]
+    assert f"inside the {k}-dimensional subspace" in line and "(projected " in line and "plan said" not in line
     (tensor_pass,) = done["passes"]
     run = open_store(tensor_pass["store"])
     assert tensor_pass["name"] == "tensor-1" and "contracted" not in run.statistics
@@ -724,3 +730,13 @@ def test_a_planted_network_at_d_20_is_learned_exactly_from_the_pass_in_the_subsp
     result = entry.learn(stored.all_arrays(), [full], HeldOut(make_source(store_cfg), store_cfg.seed), seed=2)
     assert not isinstance(result, PassRequest)
     assert compare(teacher, result.network).relative_error <= 1e-10
+
+
+def test_a_pass_projected_again_says_when_it_moved_from_the_plan():
+    """Within 30 % of the plan's projection a pass's line gives its projection; past it, both."""
+    from relulearn.api.learning import _moved
+
+    assert _moved(10.0, 12.0) == "projected 10 s"
+    assert _moved(10.0, None) == "projected 10 s"
+    assert _moved(10.0, 40.0) == "projected 10 s at the shapes it has; the plan said 40 s"
+    assert _moved(30.0, 10.0) == "projected 30 s at the shapes it has; the plan said 10 s"
