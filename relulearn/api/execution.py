@@ -71,6 +71,14 @@ class HeldOut:
     source: Any
     seed: int
 
+    @property
+    def noiseless(self) -> bool:
+        """Whether the labels are a teacher's answers without added noise (``source.noise_std`` 0 and not a data
+        file's labels, which no one promises are exact): a method may then search what its network leaves."""
+        from ..pipeline.sources import data_of
+
+        return float(getattr(self.source, "noise_std", 1.0)) == 0.0 and data_of(self.source) is None
+
     def __call__(self, n_train: int, n_val: int) -> Samples:
         x, y = self.part(0, n_train)
         xv, yv = self.part(1, n_val)

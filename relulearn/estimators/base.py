@@ -133,6 +133,11 @@ class SampleDraw(Protocol):
 
     def part(self, p: int, n: int) -> tuple[np.ndarray, np.ndarray]: ...
 
+    @property
+    def noiseless(self) -> bool:
+        """Whether the labels are a teacher's exact answers (no noise added, not a data file's labels)."""
+        ...
+
 
 def part_batches(draw: Any, p: int, n: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Part ``p`` of ``draw`` batch by batch when the draw streams it (an optional

@@ -67,19 +67,30 @@ def learn_steps(d: int, width: int | None = None, outputs: int | None = None, sa
             d, k, m, 1
         )
     if k > d and lifted.lifted_route(d):
-        rounds = LearnStep(
-            "residual rounds",
-            RESIDUAL_ROUNDS_EXPECTED,
-            RESIDUAL_ROUNDS,
-            statistics={"hermite": {"max_order": lifted.max_order(d)}},
-            samples=RESIDUAL_SAMPLES,
-            words=f"the tensors of what the network leaves, on {RESIDUAL_SAMPLES:,} fresh samples a round",
-        )
+        rounds = _residual_rounds(d, RESIDUAL_ROUNDS_EXPECTED)
         each = 1 + RESIDUAL_ROUNDS_EXPECTED, 1 + RESIDUAL_ROUNDS  # the first network's, and each round's
         steps = [_decomposition(m * (1 + 2 * LIFTED_DIRECTIONS), k, "lifted decomposition", *each), rounds]
-        return steps + _polish(d, k, m, each[0], exact=False) + _refinement(d, k, m, samples)
+        return steps + _polish(d, k, m, each[0], exact=False, most_rounds=each[1]) + _refinement(d, k, m, samples)
     slices = m * (HIGHER_ORDER_COUNT * max(8, 2 * k) + 1)
-    return [_decomposition(slices, k, "decomposition", 1, 1)] + _polish(d, k, m, 1) + _refinement(d, k, m, samples)
+    if not lifted.lifted_route(d):
+        return [_decomposition(slices, k, "decomposition", 1, 1)] + _polish(d, k, m, 1) + _refinement(d, k, m, samples)
+    # noiseless labels the network does not fit: the units it misses are looked for in residual rounds
+    steps = [_decomposition(slices, k, "decomposition", 1, 1 + RESIDUAL_ROUNDS), _residual_rounds(d, 0)]
+    return steps + _polish(d, k, m, 1, most_rounds=1 + RESIDUAL_ROUNDS) + _refinement(d, k, m, samples)
+
+
+def _residual_rounds(d: int, expected: int) -> LearnStep:
+    """The residual rounds: each the tensors of what the network leaves on fresh samples (a pass of the
+    ``hermite`` family to :func:`.tensor.lifted.max_order`), then a decomposition and the polish of the grown
+    network."""
+    return LearnStep(
+        "residual rounds",
+        expected,
+        RESIDUAL_ROUNDS,
+        statistics={"hermite": {"max_order": lifted.max_order(d)}},
+        samples=RESIDUAL_SAMPLES,
+        words=f"the tensors of what the network leaves, on {RESIDUAL_SAMPLES:,} fresh samples a round",
+    )
 
 
 def _decomposition(slices: int, k: int, words: str, expected: int, most: int) -> LearnStep:
@@ -110,7 +121,7 @@ def _decomposition(slices: int, k: int, words: str, expected: int, most: int) ->
     )
 
 
-def _polish(d: int, k: int, m: int, rounds: int, exact: bool = True) -> list[LearnStep]:
+def _polish(d: int, k: int, m: int, rounds: int, exact: bool = True, most_rounds: int = 1) -> list[LearnStep]:
     """The polish on the bounded sample's training rows, ``rounds`` networks of it expected: on an exact recovery
     one affine polish of :data:`GN_STEPS` Gauss–Newton steps (the polish after the orientation is skipped on an
     exact fit); where the network is not exact yet (``exact`` false: the lifted route before its last residual
@@ -131,7 +142,7 @@ def _polish(d: int, k: int, m: int, rounds: int, exact: bool = True) -> list[Lea
         calls = CG_ITERATIONS * 40
         how = f"conjugate gradients on {n:,} samples"
     expected = rounds * (GN_STEPS if exact else 2 * GN_STEPS_MOST)
-    most = 2 * GN_STEPS_MOST * (rounds if exact else 1 + RESIDUAL_ROUNDS)
+    most = 2 * GN_STEPS_MOST * max(rounds, most_rounds)
     return [
         LearnStep(
             "polish",

@@ -201,7 +201,8 @@ def _finish(
     seed: int,
 ) -> LearnResult:
     """From the decomposition's units to the network: polish on a bounded sample (rows added for rarely active
-    units), prune, residual rounds (overcomplete route), the streamed refinement (one output, noisy labels)."""
+    units), prune, residual rounds (the overcomplete route, and the complete one on noiseless labels where the
+    lifted tensors are affordable), the streamed refinement (one output, noisy labels)."""
     k, d = units.directions.shape
     m = units.amp.shape[0]
     n_train, n_val = sample_sizes(d, k, m)
@@ -219,7 +220,10 @@ def _finish(
         net, report["network_pruned"] = _network(_units_of(net), x_train, y)
     losses = {"decomposition": loss(net)}
     rounds: list[dict] = []
-    if overcomplete:
+    # the overcomplete route always looks for the units its network misses; the complete route too where the
+    # labels are a teacher's exact answers and the residual tensors are affordable (two nearly parallel units
+    # can share one direction of the first pass: what the network leaves holds the other)
+    if overcomplete or (lifted.lifted_route(d) and getattr(samples, "noiseless", False)):
         net = _residual_rounds(net, x_train, y, loss, losses, rounds, samples, mapper, d=d, m=m, width=width, seed=seed)
     report["residual_rounds"] = rounds
     report["validation_relative_loss"] = losses
@@ -262,7 +266,7 @@ def _residual_rounds(
     width: int | None,
     seed: int,
 ) -> Network:
-    """The residual rounds of the lifted route (at most :data:`RESIDUAL_ROUNDS`): while the network does not fit
+    """The residual rounds (at most :data:`RESIDUAL_ROUNDS`): while the network does not fit
     the validation samples, the units it misses are added and the grown network polished; kept while it fits
     better. Records each round's validation loss in ``losses`` (``residual-<i>``) and its report in ``rounds``;
     returns the best network."""

@@ -740,3 +740,39 @@ def test_a_pass_projected_again_says_when_it_moved_from_the_plan():
     assert _moved(10.0, None) == "projected 10 s"
     assert _moved(10.0, 40.0) == "projected 10 s at the shapes it has; the plan said 40 s"
     assert _moved(30.0, 10.0) == "projected 30 s at the shapes it has; the plan said 10 s"
+
+
+def test_two_nearly_parallel_units_are_told_apart_by_a_residual_round_on_noiseless_labels(tmp_path):
+    """Five units at d = 12, two of them 0.2 rad apart: the first pass sees one direction for the pair (rank 4),
+    the network of four units leaves 2·10⁻³ of the labels, and the residual round finds the fifth in what it
+    leaves (the tensors of the residual labels on fresh samples: far less noise than the stored ones). With noise
+    on the labels no round runs (what the network leaves is then noise)."""
+    rng = np.random.default_rng(1)
+    d = 12
+    u = rng.standard_normal((4, d))
+    u /= np.linalg.norm(u, axis=1)[:, None]
+    v = rng.standard_normal(d)
+    v -= (v @ u[0]) * u[0]
+    u = np.vstack([u, np.cos(0.2) * u[0] + np.sin(0.2) * v / np.linalg.norm(v)])
+    teacher = Network((u, np.array([[1.0, -0.8, 0.7, 1.2, 0.9]])), (np.array([0.3, -0.2, 0.1, 0.4, -0.5]), [0.1]))
+    teacher.save(tmp_path / "t.npz")
+    done = api.fit(
+        config_from_dict(file_config(tmp_path / "t.npz", d, 400_000)),
+        str(tmp_path / "s.zarr"),
+        "tensor",
+        out=str(tmp_path / "m.npz"),
+        client="local",
+        progress=None,
+    )
+    report = done["report"]
+    assert report["subspace"]["rank"] == 4 and report["validation_relative_loss"]["decomposition"] > 1e-4
+    assert report["chosen"] == "residual-1" and report["residual_rounds"][0]["new"] == 1
+    assert compare(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-10
+    noisy = api.fit(
+        config_from_dict(file_config(tmp_path / "t.npz", d, 400_000, noise_std=0.01)),
+        str(tmp_path / "n.zarr"),
+        "tensor",
+        client="local",
+        progress=None,
+    )
+    assert noisy["report"]["residual_rounds"] == []
