@@ -5,10 +5,12 @@ prices with this machine's rates.
 
 The counts follow the code they stand for (:mod:`.slices`, :mod:`.finish`, :mod:`.outputs`,
 :mod:`relulearn.estimators.polish`); the repetitions an exact recovery usually takes (``expected``) were
-measured on trained networks (scikit-learn MLPs exported to ONNX, d = 10–100, widths 16–32, 1–10 outputs): the
+measured on trained networks (scikit-learn MLPs exported to ONNX, d = 10–100, widths 8–64, 1–10 outputs): the
 affine polish took 5–12 Gauss–Newton steps of 81–226 conjugate-gradient iterations each (the spread is the
-teacher's conditioning, which no plan knows: the learn of the same shape can take 3× the expected time), and
-the lifted route's polishes ran to their bound before one residual round made the network exact.
+teacher's conditioning, which no plan knows: the learn of the same shape can take 3× the expected time). The
+expected way is an exact first network, as at d = 30, width 64 (4 + 4 steps); where the first pass leaves the
+lifted route short of exact (d = 10, width 32 at 2·10⁶ samples) both polishes run to their bound and a residual
+round follows: 3–4× the expected learn, within the bound.
 """
 
 from __future__ import annotations
@@ -24,16 +26,11 @@ from .slices import DRAWS, LIFTED_DIRECTIONS, STARTS, SWEEPS
 
 __all__ = [
     "learn_steps",
-    "RESIDUAL_ROUNDS_EXPECTED",
     "HIGHER_ORDER_COUNT",
     "GN_STEPS",
     "GN_STEPS_MOST",
     "CG_ITERATIONS",
 ]
-
-#: residual rounds the lifted route takes (measured: 1 at d = 10, width 32 and at d = 13, width 64 with 10⁸
-#: samples a pass, 3 with 2.5·10⁷; at most :data:`.tensor.finish.RESIDUAL_ROUNDS`)
-RESIDUAL_ROUNDS_EXPECTED = 1
 
 #: orders of the complete route's second pass (:data:`.tensor.entry.HIGHER_ORDERS`: 3, 4, 5, 6)
 HIGHER_ORDER_COUNT = 4
@@ -67,10 +64,12 @@ def learn_steps(d: int, width: int | None = None, outputs: int | None = None, sa
             d, k, m, 1
         )
     if k > d and lifted.lifted_route(d):
-        rounds = _residual_rounds(d, RESIDUAL_ROUNDS_EXPECTED)
-        each = 1 + RESIDUAL_ROUNDS_EXPECTED, 1 + RESIDUAL_ROUNDS  # the first network's, and each round's
-        steps = [_decomposition(m * (1 + 2 * LIFTED_DIRECTIONS), k, "lifted decomposition", *each), rounds]
-        return steps + _polish(d, k, m, each[0], exact=False, most_rounds=each[1]) + _refinement(d, k, m, samples)
+        # expected: the first network exact; at most every residual round, each network's polishes to their bound
+        steps = [
+            _decomposition(m * (1 + 2 * LIFTED_DIRECTIONS), k, "lifted decomposition", 1, 1 + RESIDUAL_ROUNDS),
+            _residual_rounds(d, 0),
+        ]
+        return steps + _polish(d, k, m, 1, most_rounds=1 + RESIDUAL_ROUNDS) + _refinement(d, k, m, samples)
     slices = m * (HIGHER_ORDER_COUNT * max(8, 2 * k) + 1)
     if not lifted.lifted_route(d):
         return [_decomposition(slices, k, "decomposition", 1, 1)] + _polish(d, k, m, 1) + _refinement(d, k, m, samples)
@@ -121,17 +120,18 @@ def _decomposition(slices: int, k: int, words: str, expected: int, most: int) ->
     )
 
 
-def _polish(d: int, k: int, m: int, rounds: int, exact: bool = True, most_rounds: int = 1) -> list[LearnStep]:
-    """The polish on the bounded sample's training rows, ``rounds`` networks of it expected: on an exact recovery
-    one affine polish of :data:`GN_STEPS` Gauss–Newton steps (the polish after the orientation is skipped on an
-    exact fit); where the network is not exact yet (``exact`` false: the lifted route before its last residual
-    round), both polishes to their bound :data:`GN_STEPS_MOST`. At most both, to their bound, in every round."""
+def _polish(d: int, k: int, m: int, rounds: int, most_rounds: int = 1) -> list[LearnStep]:
+    """The polish on the bounded sample's training rows, ``rounds`` networks of it expected, each of
+    :data:`GN_STEPS` Gauss–Newton steps (an exact recovery: the affine polish, and the polish after the
+    orientation, often skipped); at most both polishes to their bound :data:`GN_STEPS_MOST` for each of
+    ``most_rounds`` networks (the first and each residual round's)."""
     n = sample_sizes(d, k, m)[0]
     p = k * (d + 1) + m * (k + 1) + m * d
     # each step's residual on every sample, with backtracking: about two forward passes
     forward = (2.0 * 2.0 * n * ((d + 1) * k + k * m), k)
     if m == 1 and p <= DENSE_UNKNOWNS and not matrix_free(p, m):
-        step_gemm: tuple[tuple[float, int], ...] = ((2.0 * n * p * p, p), forward)
+        # the design's Gram (one symmetric product, n p²), its eigendecomposition (about 9 p³) and the design
+        step_gemm: tuple[tuple[float, int], ...] = ((float(n) * p * p + 9.0 * p**3, p), forward)
         step_fresh = 2.0 * F * n * p
         calls = 40
         how = f"least squares on {n:,} × {p:,}"
@@ -141,7 +141,7 @@ def _polish(d: int, k: int, m: int, rounds: int, exact: bool = True, most_rounds
         step_fresh = CG_ITERATIONS * 6.0 * F * n * k
         calls = CG_ITERATIONS * 40
         how = f"conjugate gradients on {n:,} samples"
-    expected = rounds * (GN_STEPS if exact else 2 * GN_STEPS_MOST)
+    expected = rounds * GN_STEPS
     most = 2 * GN_STEPS_MOST * max(rounds, most_rounds)
     return [
         LearnStep(
