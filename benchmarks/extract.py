@@ -157,23 +157,11 @@ def digits_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
 def outputs_teacher(data: str, width: int, folder: Path) -> tuple[Network, Path]:
     """An MLPRegressor of ``width`` ReLU units on scikit-learn's ``make_regression`` with 60 features and 10
     targets (standardised), exported as a float32 ``Gemm → Relu → Gemm`` graph (skl2onnx flattens a
-    multi-output MLP's outputs to one column): its float64 network and the ONNX file."""
-    from heldout import onnx_export
-    from sklearn import datasets
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPRegressor
+    multi-output MLP's outputs to one column): ``benchmarks/heldout.py``'s teachers, its float64 network and the
+    ONNX file."""
+    from heldout import teacher
 
-    x, y = datasets.make_regression(n_samples=4000, n_features=60, n_targets=10, noise=1.0, random_state=6)
-    x, y = (x - x.mean(axis=0)) / x.std(axis=0), (y - y.mean(axis=0)) / y.std(axis=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        mlp = MLPRegressor(hidden_layer_sizes=(width,), max_iter=2000, random_state=0).fit(x, y)
-    net = Network(
-        (mlp.coefs_[0].T.copy(), mlp.coefs_[1].T.copy()), (mlp.intercepts_[0].copy(), mlp.intercepts_[1].copy())
-    )
-    path = folder / f"{data}-{width}.onnx"
-    onnx_export(net, path)
-    return net, path
+    return teacher(data, width, folder)
 
 
 TRAINERS = {"sklearn": trained_teacher, "torch": torch_teacher, "digits": digits_teacher, "outputs": outputs_teacher}
