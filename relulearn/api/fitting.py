@@ -69,7 +69,7 @@ def fit(
     # the plan is what runs: its first pass here (cfg holds its statistics, fit_config put them there), the
     # passes after it as the method asks for them, each with its projection
     first = run_plan.passes[0]
-    projected = {p.name: p.projected_seconds for p in run_plan.passes}
+    projected = {p.name: (p.projected_seconds, p.workers) for p in run_plan.passes}
 
     def run(where: Where, lease: Any) -> dict[str, Any]:
         summary = _estimate(

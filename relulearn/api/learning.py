@@ -72,7 +72,7 @@ def learn_with(
     out: str | None,
     progress: TextIO | None,
     break_lock: bool = False,
-    projected: dict[str, float] | None = None,
+    projected: dict[str, tuple[float, int]] | None = None,
 ) -> dict[str, Any]:
     from ..config import config_from_dict
     from ..pipeline.sources import label_outputs, make_source
@@ -100,14 +100,16 @@ def learn_with(
             break
         url = _pass_url(store, result.name, result.statistics)
         pass_cfg = config_from_dict(dict(cfg.to_dict(), statistics=result.statistics), where="of a requested pass")
-        planned = (projected or {}).get(result.name)
         alone, on = _pass_seconds(pass_cfg, run.samples, where.workers, outputs)
         if where.may_start:  # a local cluster only where this pass pays for its start
             where.for_pass(alone, on)
-        # projected again at the shapes the pass really has (the plan's may be bounds: k = d without a width)
+        # projected again at the shapes the pass really has (the plan's may be bounds: k = d without a width),
+        # where it runs; whether it moved is judged on as many workers as the plan projected it
         when = alone if where.client is None else on
         if progress is not None:
-            print(f"pass '{result.name}': {result.reason} ({_moved(when, planned)})", file=progress)
+            planned, planned_workers = (projected or {}).get(result.name, (None, 1))
+            same = alone if planned_workers == 1 else on
+            print(f"pass '{result.name}': {result.reason} ({_moved(when, same, planned)})", file=progress)
         # a pass is a store of its own, written under its own lease
         summary = _estimate(
             pass_cfg,
@@ -146,9 +148,10 @@ def learn_with(
 MOVED = 1.3
 
 
-def _moved(now: float, planned: float | None) -> str:
-    """The words of a pass's projection: where it moved from the plan's (past :data:`MOVED` either way), both."""
-    if planned is None or planned <= 0 or 1 / MOVED <= now / planned <= MOVED:
+def _moved(now: float, same: float, planned: float | None) -> str:
+    """The words of a pass's projection ``now`` where it runs: and where its projection on the plan's workers,
+    ``same``, moved from the plan's (past :data:`MOVED` either way), both."""
+    if planned is None or planned <= 0 or 1 / MOVED <= same / planned <= MOVED:
         return f"projected {format_seconds(now)}"
     return f"projected {format_seconds(now)} at the shapes it has; the plan said {format_seconds(planned)}"
 

@@ -733,13 +733,16 @@ def test_a_planted_network_at_d_20_is_learned_exactly_from_the_pass_in_the_subsp
 
 
 def test_a_pass_projected_again_says_when_it_moved_from_the_plan():
-    """Within 30 % of the plan's projection a pass's line gives its projection; past it, both."""
+    """Within 30 % of the plan's projection (on the plan's workers) a pass's line gives its projection where it
+    runs; past it, both."""
     from relulearn.api.learning import _moved
 
-    assert _moved(10.0, 12.0) == "projected 10 s"
-    assert _moved(10.0, None) == "projected 10 s"
-    assert _moved(10.0, 40.0) == "projected 10 s at the shapes it has; the plan said 40 s"
-    assert _moved(30.0, 10.0) == "projected 30 s at the shapes it has; the plan said 10 s"
+    assert _moved(10.0, 10.0, 12.0) == "projected 10 s"
+    assert _moved(10.0, 10.0, None) == "projected 10 s"
+    assert _moved(10.0, 10.0, 40.0) == "projected 10 s at the shapes it has; the plan said 40 s"
+    assert _moved(30.0, 30.0, 10.0) == "projected 30 s at the shapes it has; the plan said 10 s"
+    # run in process (10 s) where the plan projected two workers (40 s, as the pass is projected there now)
+    assert _moved(10.0, 39.0, 40.0) == "projected 10 s"
 
 
 def test_two_nearly_parallel_units_are_told_apart_by_a_residual_round_on_noiseless_labels(tmp_path):
