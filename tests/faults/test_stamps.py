@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
+from datafiles import RUN, after_first_commit, samples
 from stores import assert_bitwise_equal
 
 from relulearn import api
@@ -21,21 +20,6 @@ from relulearn.pipeline.stamps import DataChangedError
 from conftest import relulearn
 
 FIX = "restore the file, or start a new store for the new data"
-
-#: many small blocks, each committed: a file replaced after the first commit is met by a later block
-RUN = {
-    "seed": 0,
-    "samples": 24_000,
-    "chunk_size": 400,
-    "statistics": {"basic": {}},
-    "run": {"chunks_per_block": 1, "commit_interval": 0},
-}
-
-
-def samples(seed: int, rows: int = 24_000, d: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((rows, d))
-    return x, np.maximum(x @ rng.standard_normal(d), 0.0)
 
 
 def config(folder: Path, d: int = 4) -> Path:
@@ -59,20 +43,6 @@ def rewrite(path: Path, arr: np.ndarray, how: str) -> None:
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = os.stat(path)
     assert after.st_size == before.st_size and (how == "save" or after.st_mtime_ns == before.st_mtime_ns)
-
-
-def after_first_commit(store: Path, action) -> threading.Thread:
-    """Run ``action`` in a thread once the store's first commit is there (its root document)."""
-
-    def watch() -> None:
-        deadline = time.monotonic() + 60
-        while not (store / "zarr.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.001)
-        action()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
 
 
 # ------------------------------------------------------------------ a reader's checks

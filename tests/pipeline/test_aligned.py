@@ -5,21 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from transport import unaligned
 
 from relulearn.aligned import ALIGNMENT, fresh, fresh_map, is_aligned
 from relulearn.pipeline.families import build_statistics
 from relulearn.pipeline.sources import make_source
 
 from conftest import make_config
-
-
-def unaligned(a: np.ndarray, offset: int = 11) -> np.ndarray:
-    """``a`` placed at ``offset`` bytes into a buffer, as Dask's transport may deliver it."""
-    buf = bytearray(a.nbytes + 64)
-    start = (-np.frombuffer(buf, np.uint8).ctypes.data + offset) % 64
-    out = np.frombuffer(buf, dtype=a.dtype, count=a.size, offset=start).reshape(a.shape)
-    out[...] = a
-    return out
 
 
 def test_unaligned_arrays_come_back_aligned_and_equal():

@@ -311,7 +311,7 @@ def arrays_in(obj, seen=None) -> list[np.ndarray]:
 def test_tasks_compute_with_aligned_copies_of_per_output_statistics():
     """What a block task computes with (docs/design.md §4): every array of the per-output
     statistics (each output's τ grids, bases, candidates) and of the source, freshly aligned."""
-    from test_aligned import unaligned
+    from transport import unaligned
 
     from relulearn.aligned import fresh, is_aligned
 

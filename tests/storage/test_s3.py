@@ -289,7 +289,7 @@ def test_a_data_file_on_s3_read_through_nested_storage_options(s3, fmt, tmp_path
     """``source.data.storage_options: {client_kwargs: {endpoint_url: ...}}`` (nested: the usual way to reach an S3
     endpoint) reaches the server with no AWS_ENDPOINT_URL set; the statistics equal bit for bit those of the same
     file read from a local path."""
-    from test_data import planted_data, write
+    from datafiles import planted_data, write
 
     *_, x, y = planted_data(seed=4, rows=20_000, d=4)
     local = write(fmt, tmp_path, x, y)
@@ -769,7 +769,7 @@ def test_a_zarr_data_array_on_s3_with_one_chunk_rewritten_is_refused_for_that_ch
 def test_a_run_reading_data_from_s3_stops_when_an_object_is_overwritten(s3, tmp_path):
     """Data on S3, the store on a local disk: y.npy overwritten after the first commit stops the run with exit 2
     in one line naming the object; what was committed holds the old labels only."""
-    from test_stamps import RUN, after_first_commit, samples
+    from datafiles import RUN, after_first_commit, samples
 
     x, y = samples(7)
     _put_npy(s3, "run-data/x.npy", x)
