@@ -344,7 +344,7 @@ def table(result: dict[str, Any]) -> str:
     for r in result["teachers"]:
         a, b = r["relulearn"], r["student"]
         plan = a.get("plan")
-        passes = "not projected (run before the plan was recorded)"
+        passes = "not projected (a record made before the plan was)"
         if plan is not None:
             passes = "; ".join(
                 f"{p['name']} {p['seconds']:.0f} → {m['seconds']:.0f}" for p, m in zip(plan["passes"], a["passes"])

@@ -702,6 +702,7 @@ def test_a_planted_network_at_d_20_is_learned_exactly_from_the_pass_in_the_subsp
     from relulearn import open_store
     from relulearn.api.execution import HeldOut
     from relulearn.estimators.tensor import entry
+    from relulearn.pipeline.cost import family_work
     from relulearn.pipeline.sources import make_source
 
     d = 20
@@ -714,13 +715,15 @@ def test_a_planted_network_at_d_20_is_learned_exactly_from_the_pass_in_the_subsp
     done = api.fit(
         config_from_dict(cfg), str(tmp_path / "s.zarr"), "tensor", out=str(tmp_path / "m.npz"), progress=said
     )
-    # the plan read the file's width: the pass it projected is the one the learn asked for (not re-projected)
     (line,) = [ln for ln in said.getvalue().splitlines() if ln.startswith("pass 'tensor-1'")]
-    assert f"inside the {k}-dimensional subspace" in line and "(projected " in line and "plan said" not in line
+    assert f"inside the {k}-dimensional subspace" in line and "(projected " in line
     (tensor_pass,) = done["passes"]
     run = open_store(tensor_pass["store"])
     assert tensor_pass["name"] == "tensor-1" and "contracted" not in run.statistics
     projected = run.meta["config"]["statistics"]["projected_contracted"]  # the pass in the subspace
+    # the plan read the file's width: it priced the pass the learn asked for, per sample to the flop
+    planned = done["plan"]["passes"][1]["families"][0]
+    assert planned["flops_per_sample"] == family_work("projected_contracted", projected, d, m).flops
     assert np.asarray(run.arrays("projected_contracted")["M"]).shape[-2:] == (k, k)
     assert compare(teacher, Network.load(tmp_path / "m.npz")).relative_error <= 1e-10
     # the same fit from a pass of the full family (d × d slices)
