@@ -40,6 +40,10 @@ NEW_UNIT_ANGLE = 0.2
 #: standard errors), and the first part id it draws (parts 0 and 1 are the training and validation samples)
 RESIDUAL_SAMPLES, RESIDUAL_PART = 2_000_000, 2
 
+#: the single-output polish stops when 5 steps gained under 5 % (:data:`.polish.dense.STALL_GAIN`): at the labels'
+#: floor, or where the network is not the answer yet and a residual round will grow it
+STALL = 5
+
 #: after polish, a unit whose output weights are below this fraction of the largest unit's is dropped
 PRUNE = 1e-6
 
@@ -60,7 +64,9 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
     sol = np.linalg.lstsq(feats, y, rcond=None)[0]
     start = Network((units.directions.copy(), sol[:k].T.copy()), (units.beta.copy(), sol[-1].copy()), activation="relu")
     try:
-        loose, prep = polish(start, x, y[:, 0], affine=True) if single else polish_outputs(start, x, y, affine=True)
+        loose, prep = (
+            polish(start, x, y[:, 0], affine=True, stall=STALL) if single else polish_outputs(start, x, y, affine=True)
+        )
     except (ValueError, np.linalg.LinAlgError) as err:
         report["affine_polish"] = {"error": str(err)}
         return start, report
@@ -92,7 +98,7 @@ def _network(units: Units, x: np.ndarray, y: np.ndarray) -> tuple[Network, dict]
             }
             return oriented, report
     try:
-        net, prep = polish(oriented, x, y[:, 0]) if single else polish_outputs(oriented, x, y)
+        net, prep = polish(oriented, x, y[:, 0], stall=STALL) if single else polish_outputs(oriented, x, y)
         report["polish"] = prep.__dict__
     except (ValueError, np.linalg.LinAlgError) as err:
         report["polish"] = {"error": str(err)}
