@@ -138,8 +138,7 @@ def polish(
     d_in = x.shape[1]
     if biased:  # a unit relu(u·x + b) is relu(ũ·x̃) on x̃ = [x, 1]; the output bias is one more unknown
         x = np.column_stack([x, np.ones(len(x))])
-    keep_units = lam != 0
-    u, lam = u[keep_units], lam[keep_units]
+    u, lam = u[lam != 0], lam[lam != 0]
     k, d = u.shape
     sign = np.sign(lam)
     dirs = u / np.linalg.norm(u, axis=1, keepdims=True)
