@@ -33,7 +33,7 @@ from conftest import PYTHON, cli_env, make_config, relulearn
 #: statistics alone take a fraction of a second in process
 BUSY = {
     "seed": 11,
-    "samples": 32_000,
+    "samples": 96_000,  # 48 committed blocks: the run outlasts a second writer and 20 attempts on a busy machine
     "chunk_size": 2_000,
     "source": {"d": 20, "teacher": {"kind": "one_hidden_relu", "width": 3}, "noise_std": 0.1},
     "statistics": {
