@@ -9,8 +9,8 @@ measured on trained networks (scikit-learn MLPs exported to ONNX, d = 10–100, 
 affine polish took 5–12 Gauss–Newton steps of 81–226 conjugate-gradient iterations each (the spread is the
 teacher's conditioning, which no plan knows: the learn of the same shape can take 3× the expected time). The
 expected way is an exact first network, as at d = 30, width 64 (4 + 4 steps); where the first pass leaves the
-lifted route short of exact (d = 10, width 32 at 2·10⁶ samples) both polishes run to their bound and a residual
-round follows: 3–4× the expected learn, within the bound.
+lifted route short of exact (d = 10, width 32 at 2·10⁶ samples) the polishes stop on their stall and a residual
+round follows: about 6× the expected learn, within the bound.
 """
 
 from __future__ import annotations
