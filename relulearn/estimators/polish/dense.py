@@ -15,18 +15,15 @@ import numpy as np
 from ... import progress
 from ...network import Network
 from .cg import matrix_free, polish_outputs_cg, start_rows, trusted_samples
+from .products import RCOND_NORMAL, ProductsSystem, solve_normal
 from .report import PolishReport
 
-__all__ = ["PolishReport", "polish", "polish_outputs", "least_squares"]
+__all__ = ["PolishReport", "polish", "polish_outputs", "least_squares", "RCOND_NORMAL"]
 
 #: a polish with a ``stall`` window stops once its best residual is above this fraction of its value that many
 #: steps before: measured on a float32 teacher's lifted route (d = 10, width 32), polishes at the labels' floor
 #: kept it to 4 digits for 25 steps, and one far off lost under 1 % a step for 25 steps
 STALL_GAIN = 0.95
-
-#: eigenvalues of a normal matrix below this fraction of its largest are dropped (the design's singular values
-#: below 3·10⁻⁷ of its largest: directions the samples do not determine), as a rank-revealing solve would
-RCOND_NORMAL = 1e-13
 
 
 def least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -34,7 +31,8 @@ def least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     By the normal equations: ``aᵀa`` is one symmetric BLAS-3 product (``n p²`` flops; numpy's SVD-based
     ``lstsq`` spends ten times as long at n = 20,000, p = 266), solved on its eigenvectors with eigenvalues
-    above :data:`RCOND_NORMAL` of the largest, then refined once on the residual ``b − a s``: a refinement
+    above :data:`RCOND_NORMAL` of the largest (by its Cholesky factor where none is below:
+    :func:`.polish.products.solve_normal`), then refined once on the residual ``b − a s``: a refinement
     step multiplies the error by ``cond(a)² ε``, so wherever the design's kept directions have ``cond(a)`` under
     about 10⁶ the solution is as accurate as a QR's, and noiseless labels are fitted to their rounding.
 
@@ -50,12 +48,7 @@ def least_squares(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     np.ndarray
         ``(p,)``.
     """
-    lam, v = np.linalg.eigh(a.T @ a)
-    inv = np.zeros_like(lam)
-    keep = lam > RCOND_NORMAL * max(float(lam[-1]), 0.0)
-    inv[keep] = 1.0 / lam[keep]
-    s = v @ (inv * (v.T @ (a.T @ b)))
-    return s + v @ (inv * (v.T @ (a.T @ (b - a @ s))))
+    return solve_normal(a.T @ a, a.T @ b, lambda s: a.T @ (b - a @ s))
 
 
 def _split(net: Network) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -65,22 +58,6 @@ def _split(net: Network) -> tuple[np.ndarray, np.ndarray, float | None]:
     if net.biases is None:
         return net.weights[0], net.weights[1][0], None
     return np.column_stack([net.weights[0], net.biases[0]]), net.weights[1][0], float(net.biases[1][0])
-
-
-def _design(xs: np.ndarray, pattern: np.ndarray, unknowns: int, biased: bool, affine: bool, d_in: int) -> np.ndarray:
-    """The design matrix of :func:`polish`'s least-squares step on the trusted samples ``xs`` (their units'
-    activation ``pattern``): block i is pattern_i * x, then the output bias's ones and the affine part's x, so
-    that one solve finds all unknowns; filled in place (the blocks are n·k·d numbers)."""
-    used, k = pattern.shape
-    d = xs.shape[1]
-    phi = np.empty((used, unknowns))
-    for i in range(k):
-        np.multiply(xs, pattern[:, i : i + 1], out=phi[:, i * d : (i + 1) * d])
-    if biased:
-        phi[:, k * d] = 1.0
-    if affine:
-        phi[:, k * d + 1 :] = xs[:, :d_in]
-    return phi
 
 
 def _polished(dirs: np.ndarray, lam: np.ndarray, c: float | None, d_in: int) -> Network:
@@ -159,18 +136,18 @@ def polish(
     stop = "max_iter"
     used = 0
     it = 0
+    system = ProductsSystem(x, k, biased, affine, d_in)
     for it in range(1, max_iter + 1):
         progress.step("exact polish: Gauss–Newton steps", it - 1, max_iter)
         proj = x @ dirs.T  # (n, k)
         trusted = np.all(np.abs(proj) >= margin, axis=1)
-        pattern = proj[trusted] > 0
         used = int(trusted.sum())
-        unknowns = k * d + int(biased) + (d_in if affine else 0)
-        if used < unknowns:
+        if used < system.unknowns:
             raise ValueError(
-                f"polish needs more than {unknowns} samples (the unknowns) away from the unit boundaries; got {used}"
+                f"polish needs more than {system.unknowns} samples (the unknowns) away from the unit boundaries; "
+                f"got {used}"
             )
-        sol = least_squares(_design(x[trusted], pattern, unknowns, biased, affine, d_in), y[trusted])
+        sol = system.solve(trusted, proj > 0, y)
         w = sol[: k * d].reshape(k, d)
         c = float(sol[k * d]) if biased else None
         lin = sol[k * d + 1 :] if affine else lin
