@@ -281,15 +281,16 @@ def test_where_the_tensor_run_goes_is_chosen_by_its_first_pass_and_the_plan_stat
     )
     assert [p.name for p in plan.passes] == ["estimate", "tensor-1"]
     assert (plan.runs_in, plan.runs_in_reason) == (first.runs_in, first.runs_in_reason)
-    assert any(n.startswith("the learn after the passes draws 86,050 bounded samples") for n in plan.notes)
+    # 1,721 unknowns: 20,000 training rows (10 an unknown, at least 20,000) and 17,210 validation rows
+    assert any(n.startswith("the learn after the passes draws 37,210 bounded samples") for n in plan.notes)
     assert any("up to 40 passes over the 2,000,000 samples" in n for n in plan.notes)
     learn = plan.learn
     names = [s[0] for s in learn.steps] if learn is not None else []
-    assert learn is not None and names == ["decomposition", "residual rounds", "polish", "refinement"]
+    assert learn is not None and names == ["decomposition", "residual rounds", "normal matrix", "polish", "refinement"]
     passes = sum(p.projected_seconds for p in plan.passes)
     assert plan.projected_seconds == pytest.approx(passes + learn.seconds, rel=1e-12)
     assert plan.projected_seconds_max == pytest.approx(passes + learn.seconds_max, rel=1e-12)
-    rounds, refinement = learn.steps[1], learn.steps[3]
+    rounds, refinement = learn.steps[1], learn.steps[4]
     assert rounds[3] == 0 and rounds[4] == 4  # noiseless labels the network misses: in the bound only
     assert refinement[3] == 0 and refinement[4] == 40 and learn.seconds_max > learn.seconds + 39 * refinement[2]
     assert any(line.startswith("polish ") for line in plan.lines())
