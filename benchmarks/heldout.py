@@ -156,6 +156,7 @@ def run(name: str, folder: Path) -> dict:
     # no --width: a trained net may hold units below the noise floor; the fit learns those it supports
     argv = ["fit", str(config), "--store", str(store), "--method", "tensor"]
     fit, fit_wall = _cli([*argv, "--out", str(out), "--json", "-q"], folder)
+    (folder / f"{name}.fit.json").write_text(json.dumps(fit, default=str))
     load_end = list(os.getloadavg())
     model = Network.load(out)
     # fit's JSON: the estimate pass, the passes the method asked for, and the whole command (passes and learn)
@@ -200,6 +201,8 @@ def run(name: str, folder: Path) -> dict:
             "refinement": {k: report.get("refinement", {}).get(k) for k in ("samples", "parts", "passes", "stop")},
             "residual_rounds": len(report.get("residual_rounds", [])),
             "control_rounds": len(report.get("control_rounds", [])),
+            "merged": "network_merged" in report,
+            "dropped_spare": len(report.get("dropped_spare", [])),
         },
         "parameter_error": compare(net, model).relative_error,
         "test_error": test_error(net, model),
@@ -237,12 +240,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="*", default=list(NETWORKS), choices=list(NETWORKS))
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep its teachers, stores and models")
     args = parser.parse_args()
     result: dict = {"when": utc_now(), "machine": {"cpu": cpu_model(), "cores": os.cpu_count()}, "networks": []}
     with tempfile.TemporaryDirectory() as tmp:
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         for name in args.only:
             try:
-                row = run(name, Path(tmp))
+                row = run(name, folder)
             except Exception as exc:  # a failed fit is a result too: record it, go on
                 row = {"name": name, "error": str(exc)[-3000:]}
             result["networks"].append(row)

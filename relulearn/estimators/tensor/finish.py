@@ -47,6 +47,13 @@ STALL = 5
 #: after polish, a unit whose output weights are below this fraction of the largest unit's is dropped
 PRUNE = 1e-6
 
+#: in a network that fits exactly, units whose output weights (times their rows' norms) are below this fraction of
+#: the largest unit's are dropped when the network fits as exactly without them (:func:`_spare_units_dropped`)
+FLOOR_UNIT = 1e-3
+
+#: a unit whose offset is this many times its slope's norm is on (or off) for all but 6·10⁻¹⁶ of Gaussian inputs
+CONSTANT_BETA = 8.0
+
 #: two units whose unit-norm hidden rows ``[u, b]`` differ by less than this in ``1 − cos`` are one unit split
 SAME_ROW = 1e-10
 
@@ -163,6 +170,57 @@ def _pruned(net: Network, width: int | None) -> tuple[Network, list[int]]:
     return Network((net.weights[0][keep], net.weights[1][:, keep]), biases, activation="relu"), dropped
 
 
+def _antipodes_merged(net: Network) -> Network | None:
+    """``net`` with each pair of units whose hidden rows ``[u, b]`` are antiparallel merged into one, or None when
+    it has no such pair. ``A' relu(−s) = A' relu(s) − A' s``: the pair is one unit of output weights ``A + A'``
+    beside a linear term, which is left out here (the affine polish fits it and the orientation removes it). A
+    residual round that meets a misoriented unit can fit it exactly this way, with a partner that carries the
+    linear term: the function is right, the network wider than the teacher's."""
+    rows = np.column_stack([net.weights[0], np.zeros(len(net.weights[0])) if net.biases is None else net.biases[0]])
+    norms = np.linalg.norm(rows, axis=1)
+    unit = rows / norms[:, None]
+    out = net.weights[1] * norms[None, :]  # output weights of the unit-norm rows
+    keep = np.ones(len(rows), dtype=bool)
+    for i, j in zip(*np.nonzero(np.triu(unit @ unit.T < -1.0 + SAME_ROW, 1))):
+        if keep[i] and keep[j]:
+            out[:, i] += out[:, j]
+            keep[j] = False
+    if keep.all():
+        return None
+    return Network(
+        (unit[keep, :-1], out[:, keep]),
+        (unit[keep, -1], np.zeros(net.output_dim) if net.biases is None else net.biases[1]),
+        activation="relu",
+    )
+
+
+def _spare_units_dropped(net: Network, loss: Callable[[Network], float]) -> tuple[Network, list[int]]:
+    """An exact network without the units it does not need, when it fits the validation samples as exactly
+    without them (``loss`` below :data:`FIT_LOSS`): units of output weights below :data:`FLOOR_UNIT` of the
+    largest (they fit the labels' rounding, a float32 teacher's, which a residual round's grown network can
+    absorb into units it does not need), units whose offset puts them off on every input (``β < −``
+    :data:`CONSTANT_BETA`), and units on for every input whose slope is that weak — those are a constant, which
+    goes into the output bias (a polish with a free output bias can leave part of it in such a unit). The units
+    dropped (indices)."""
+    u, a = net.weights
+    b = np.zeros(len(u)) if net.biases is None else net.biases[0]
+    c = np.zeros(net.output_dim) if net.biases is None else net.biases[1]
+    slope = np.linalg.norm(u, axis=1)
+    beta = b / np.where(slope > 0, slope, 1e-300)
+    on, off = beta > CONSTANT_BETA, beta < -CONSTANT_BETA
+    # what a unit adds that no output bias can: its whole row, or the slope of one that is always on
+    strength = np.linalg.norm(a, axis=0) * np.where(on, slope, np.hypot(slope, b))
+    drop = off | (strength < FLOOR_UNIT * strength[~(on | off)].max(initial=0.0))
+    if not drop.any():
+        return net, []
+    keep = ~drop
+    c = c + a[:, drop & on] @ b[drop & on]
+    slim = Network((u[keep], a[:, keep]), (b[keep], c), activation=net.activation)
+    if loss(slim) >= FIT_LOSS:
+        return net, []
+    return slim, np.flatnonzero(drop).tolist()
+
+
 def _missing_units(
     net: Network, samples: Any, mapper: Callable, d: int, m: int, seed: int, report: dict
 ) -> Units | None:
@@ -245,6 +303,7 @@ def _finish(
     if "control_rounds" in report:
         report["summary"]["control rounds"] = len(report["control_rounds"])
     if min(losses.values()) < FIT_LOSS:
+        net = _narrowed(net, x_train, y, loss, width, report)
         report["refinement"] = {"skipped": "polish fits the validation samples to the teacher's rounding"}
     elif m == 1:
         total = _count(stats) if refine_samples is None else int(refine_samples)
@@ -255,6 +314,23 @@ def _finish(
         }
     _widths(report, net, width, source, losses)
     return LearnResult(net, report)
+
+
+def _narrowed(
+    net: Network, x: np.ndarray, y: np.ndarray, loss: Callable[[Network], float], width: int | None, report: dict
+) -> Network:
+    """An exact network with no more units than it needs: antiparallel pairs merged and the network oriented and
+    polished again (:func:`_antipodes_merged`; kept if it fits as exactly), then units at the labels' floor
+    and constant ones dropped (:func:`_spare_units_dropped`). What was done in ``report``."""
+    merged = _antipodes_merged(net)
+    if merged is not None:
+        candidate, report["network_merged"] = _network(_units_of(merged), x, y)
+        candidate, _ = _pruned(candidate, width)
+        report["network_merged"]["validation_relative_loss"] = merged_loss = loss(candidate)
+        if merged_loss < FIT_LOSS:
+            net = candidate
+    net, report["dropped_spare"] = _spare_units_dropped(net, loss)
+    return net
 
 
 def _residual_rounds(

@@ -782,3 +782,75 @@ def test_two_nearly_parallel_units_are_told_apart_by_a_residual_round_on_noisele
         progress=None,
     )
     assert noisy["report"]["residual_rounds"] == []
+
+
+def test_units_an_exact_network_does_not_need_are_dropped_and_a_constant_one_goes_into_the_output_bias():
+    """A float32 teacher's rounding can be fitted by spare units of output weight near the floor, a polish with a
+    free output bias can leave part of it in a unit that is on for every input (offset 10⁶ times its slope), and a
+    unit can be off for every input: the exact network keeps the teacher's units bit for bit, the constant moves
+    into the output bias; units that carry signal stay."""
+    from relulearn.estimators.tensor.finish import FIT_LOSS, _spare_units_dropped
+
+    rng = np.random.default_rng(3)
+    teacher = planted(5, 20, 12, 1)
+    spare = planted(6, 20, 3, 1)
+    slopes = np.vstack([spare.weights[0], 1e-6 * spare.weights[0][:1], spare.weights[0][1:2]])
+    offsets = np.r_[spare.biases[0], 0.4, -9.0 * np.linalg.norm(spare.weights[0][1])]
+    grown = Network(
+        (
+            np.vstack([teacher.weights[0], slopes]),
+            np.hstack([teacher.weights[1], 1e-7 * spare.weights[1], [[1.5, 2.0]]]),
+        ),
+        (np.r_[teacher.biases[0], offsets], teacher.biases[1] - 1.5 * 0.4),
+    )
+    x = rng.standard_normal((20_000, 20))
+    y = teacher.forward(x).astype(np.float32).astype(np.float64)
+
+    def loss(net: Network) -> float:
+        return float(np.mean((y - net.forward(x)) ** 2) / np.mean(y**2))
+
+    assert loss(grown) < FIT_LOSS
+    slim, dropped = _spare_units_dropped(grown, loss)
+    assert dropped == [12, 13, 14, 15, 16]
+    assert np.array_equal(slim.weights[0], teacher.weights[0]) and np.array_equal(slim.weights[1], teacher.weights[1])
+    assert np.array_equal(slim.biases[0], teacher.biases[0])
+    assert abs(slim.biases[1][0] - teacher.biases[1][0]) <= 1e-15 * abs(teacher.biases[1][0]) + 1e-15
+    # the same units with weights under the floor's fraction that still matter to labels they are part of: the
+    # network without them no longer fits, and they stay
+    heavy = Network((grown.weights[0][:15], np.hstack([teacher.weights[1], 1e-4 * spare.weights[1]])), None)
+    heavy = Network(heavy.weights, (grown.biases[0][:15], teacher.biases[1]))
+    y = heavy.forward(x)
+    assert _spare_units_dropped(heavy, loss)[1] == []
+
+
+def test_an_exact_network_with_antiparallel_pairs_is_narrowed_to_the_teacher():
+    """A residual round can fit a misoriented unit exactly by adding units antiparallel to others, whose linear
+    parts (``A' relu(−s) = A' relu(s) − A' s``) make up the missing ``A s``: the function is the teacher's, the
+    network 21 units wider. Merging the pairs, orienting and polishing again gives the teacher's network (d = 20,
+    30 units: the orientation has 10 unknowns past its 20 equations)."""
+    from relulearn.estimators.tensor.finish import FIT_LOSS, _narrowed
+
+    d, k = 20, 30
+    teacher = planted(7, d, k, 1)
+    rows = np.column_stack([teacher.weights[0], teacher.biases[0]])
+    a = teacher.weights[1][0]
+    # unit 0 misoriented: a0 relu(−h0) needs + a0 h0·x̃, made of d + 1 antiparallel partners of units 1..21
+    partners = np.arange(1, d + 2)
+    coef = np.linalg.solve(rows[partners].T, -a[0] * rows[0])  # Σ −c_j h_j = a0 h0
+    wide_rows = np.vstack([-rows[:1], rows[1:], -rows[partners]])
+    moved = np.isin(np.arange(1, k), partners) * np.r_[coef, np.zeros(k - 1 - len(partners))]
+    wide_a = np.r_[a[0], a[1:] - moved, coef]
+    wide = Network((wide_rows[:, :-1], wide_a[None, :]), (wide_rows[:, -1], teacher.biases[1]))
+    rng = np.random.default_rng(8)
+    x, x_val = rng.standard_normal((30_000, d)), rng.standard_normal((10_000, d))
+    y, y_val = teacher.forward(x), teacher.forward(x_val)
+
+    def loss(net: Network) -> float:
+        return float(np.mean((y_val - net.forward(x_val)) ** 2) / np.mean(y_val**2))
+
+    assert loss(wide) < 1e-20 and wide.weights[0].shape[0] == k + d + 1
+    report: dict = {}
+    narrow = _narrowed(wide, x, y, loss, None, report)
+    assert narrow.weights[0].shape[0] == k
+    assert loss(narrow) < FIT_LOSS
+    assert compare(teacher, narrow).relative_error <= 1e-10
