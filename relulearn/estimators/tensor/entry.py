@@ -128,6 +128,11 @@ def check_setting(source: Any, options: dict[str, Any], outputs: int | None) -> 
     width = options.get("width") or teacher_width(source)  # a teacher's own width is checked up front too
     check_width(width, source.d)
     _check_orientation(width, source.d, outputs or 1)
+    if options.get("width") is None and width is not None and width > source.d and lifted.lifted_route(source.d):
+        # a teacher wider than d is learned at its width on the lifted route: the first pass's rank can fall short
+        # of d where units crowd a few directions (a trained net of width 40 at d = 20 on 5 informative inputs:
+        # rank 16), and the complete route would then take 16 units for 40
+        return {**options, "width": width}
     return options
 
 

@@ -854,3 +854,19 @@ def test_an_exact_network_with_antiparallel_pairs_is_narrowed_to_the_teacher():
     assert narrow.weights[0].shape[0] == k
     assert loss(narrow) < FIT_LOSS
     assert compare(teacher, narrow).relative_error <= 1e-10
+
+
+def test_a_teacher_wider_than_its_input_is_learned_at_its_width_on_the_lifted_route(tmp_path):
+    """Without --width, a teacher whose width the source tells and which is wider than d is learned at that width
+    (the lifted route), whatever rank the first pass finds; a --width asked for, and a teacher no wider than d,
+    leave the options as they are (the noise floor chooses)."""
+    from relulearn.estimators.tensor.entry import check_setting
+    from relulearn.pipeline.sources import make_source
+
+    planted(5, 12, 30, 1).save(tmp_path / "wide.npz")
+    planted(5, 12, 10, 1).save(tmp_path / "narrow.npz")
+    wide = make_source(config_from_dict(file_config(tmp_path / "wide.npz", 12, 100_000)))
+    narrow = make_source(config_from_dict(file_config(tmp_path / "narrow.npz", 12, 100_000)))
+    assert check_setting(wide, {}, None) == {"width": 30}
+    assert check_setting(wide, {"width": 24}, None) == {"width": 24}
+    assert check_setting(narrow, {}, None) == {}
