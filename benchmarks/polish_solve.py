@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     print("| d | k | n | unknowns | summed each step s | updated s | × | residual (each step / updated) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for d, k in CASES + (LARGE if args.large else []):
         r = case(d, k, args.rounds)
         rows.append(r)
