@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ... import hermite
+from ...errors import MissingDependencyError
 from ...network import Network
 from ..base import Arrays, LearnResult, NoSignalError, Samples
 from ..polish.cg import DENSE_UNKNOWNS
@@ -324,11 +325,15 @@ def _narrowed(
     and constant ones dropped (:func:`_spare_units_dropped`). What was done in ``report``."""
     merged = _antipodes_merged(net)
     if merged is not None:
-        candidate, report["network_merged"] = _network(_units_of(merged), x, y)
-        candidate, _ = _pruned(candidate, width)
-        report["network_merged"]["validation_relative_loss"] = merged_loss = loss(candidate)
-        if merged_loss < FIT_LOSS:
-            net = candidate
+        try:
+            candidate, report["network_merged"] = _network(_units_of(merged), x, y)
+        except (MissingDependencyError, NoSignalError) as err:  # the exact network stands as it is
+            report["network_merged"] = {"error": str(err)}
+        else:
+            candidate, _ = _pruned(candidate, width)
+            report["network_merged"]["validation_relative_loss"] = merged_loss = loss(candidate)
+            if merged_loss < FIT_LOSS:
+                net = candidate
     net, report["dropped_spare"] = _spare_units_dropped(net, loss)
     return net
 
