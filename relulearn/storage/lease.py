@@ -61,6 +61,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -93,6 +94,11 @@ HEARTBEAT_SECONDS = 5.0
 LEASE_TIMEOUT = float(os.environ.get("RELULEARN_LEASE_TIMEOUT", "600"))
 #: the largest ``lease.json`` read (a writer's document is under 1 kB): a larger one is no writer's
 MAX_LEASE_BYTES = 64 * 1024
+
+#: attempts at taking a lease that changes under the reader (released, or swapped in by another writer breaking
+#: the same stale lease), with a pause after each lost compare-and-swap: on a loaded machine six writers breaking
+#: one stale lease at once lost three quick attempts to the winner's swap, and were refused without its name
+TAKE_ATTEMPTS, TAKE_PAUSE = 10, 0.02
 #: the largest process id a lease may name (``kill(2)`` takes a C int)
 _PID_MAX = 2**31 - 1
 #: seconds after which a guard left by a writer that died while breaking a lease is removed
@@ -686,7 +692,7 @@ class Lease:
         stale: str | None = None
         with _object_store_errors(url, "write"):
             doc = _document(url)
-            for _ in range(3):  # a lease released or taken between the attempt and the read is retried
+            for _ in range(TAKE_ATTEMPTS):  # a lease released or taken between the attempt and the read is retried
                 if doc.create(data, token):
                     log.debug("took the lease of %s", url)
                     return cls(url, info, doc, heartbeat)
@@ -714,6 +720,10 @@ class Lease:
                         "; its last commit is resumed" if gone else " (--break-lock)",
                     )
                     return cls(url, info, doc, heartbeat)
+                time.sleep(TAKE_PAUSE)  # another writer is swapping its lease in: let it finish
+            latest = _parse_found(doc.read(), str(doc.path))
+            if isinstance(latest, LeaseInfo) and latest.stale_reason(timeout) is None:
+                raise StoreLockedError(url, latest, None)  # the writer that took it, by name
             raise StoreLockedError(url, found, stale, broken=True)
 
     # ---------------------------------------------------------------- while held
