@@ -99,6 +99,7 @@ MAX_LEASE_BYTES = 64 * 1024
 #: the same stale lease), with a pause after each lost compare-and-swap: on a loaded machine six writers breaking
 #: one stale lease at once lost three quick attempts to the winner's swap, and were refused without its name
 TAKE_ATTEMPTS, TAKE_PAUSE = 10, 0.02
+
 #: the largest process id a lease may name (``kill(2)`` takes a C int)
 _PID_MAX = 2**31 - 1
 #: seconds after which a guard left by a writer that died while breaking a lease is removed

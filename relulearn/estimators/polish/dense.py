@@ -133,13 +133,11 @@ def polish(
     seen: set[bytes] = set()
     changes: list[int] = []
     prev = None
-    stop = "max_iter"
-    used = 0
-    it = 0
+    stop, used, it = "max_iter", 0, 0
     system = ProductsSystem(x, k, biased, affine, d_in)
+    proj = x @ dirs.T  # (n, k): each step's projections, from the directions the step before left
     for it in range(1, max_iter + 1):
         progress.step("exact polish: Gauss–Newton steps", it - 1, max_iter)
-        proj = x @ dirs.T  # (n, k)
         trusted = np.all(np.abs(proj) >= margin, axis=1)
         used = int(trusted.sum())
         if used < system.unknowns:
@@ -161,7 +159,8 @@ def polish(
         if stall is not None and len(bests) > stall and bests[-1] > STALL_GAIN * bests[-1 - stall]:
             stop = "stalled"
             break
-        full_pattern = (x @ dirs.T) > 0
+        proj = x @ dirs.T
+        full_pattern = proj > 0
         if prev is not None:
             changes.append(int((full_pattern != prev).sum()))
             if changes[-1] == 0:

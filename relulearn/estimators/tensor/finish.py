@@ -334,6 +334,8 @@ def _narrowed(
             report["network_merged"]["validation_relative_loss"] = merged_loss = loss(candidate)
             if merged_loss < FIT_LOSS:
                 net = candidate
+                report["validation_relative_loss"]["merged"] = merged_loss
+                report["chosen"] = "merged"
     net, report["dropped_spare"] = _spare_units_dropped(net, loss)
     return net
 

@@ -849,8 +849,9 @@ def test_an_exact_network_with_antiparallel_pairs_is_narrowed_to_the_teacher():
         return float(np.mean((y_val - net.forward(x_val)) ** 2) / np.mean(y_val**2))
 
     assert loss(wide) < 1e-20 and wide.weights[0].shape[0] == k + d + 1
-    report: dict = {}
+    report: dict = {"validation_relative_loss": {"decomposition": loss(wide)}, "chosen": "decomposition"}
     narrow = _narrowed(wide, x, y, loss, None, report)
+    assert report["chosen"] == "merged" and report["validation_relative_loss"]["merged"] == loss(narrow)
     assert narrow.weights[0].shape[0] == k
     assert loss(narrow) < FIT_LOSS
     assert compare(teacher, narrow).relative_error <= 1e-10
